@@ -1,0 +1,193 @@
+// Package config reads settings from the environment. Every reader names
+// the setting in its error, an unknown value is an error and never a
+// default, and a binary collects all problems before refusing to start.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Env reads settings and remembers every problem it met.
+type Env struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+// FromOS reads the process environment.
+func FromOS() *Env { return &Env{lookup: os.LookupEnv} }
+
+// FromMap reads a fixed map (tests).
+func FromMap(m map[string]string) *Env {
+	return &Env{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
+}
+
+// Err is the first problem, as one line naming the setting; nil if none.
+func (e *Env) Err() error {
+	if len(e.errs) == 0 {
+		return nil
+	}
+	return e.errs[0]
+}
+
+// Errs lists every problem.
+func (e *Env) Errs() []error { return e.errs }
+
+func (e *Env) fail(name, format string, args ...any) {
+	e.errs = append(e.errs, fmt.Errorf("setting %s: %s", name, fmt.Sprintf(format, args...)))
+}
+
+func (e *Env) raw(name string) (string, bool) {
+	v, ok := e.lookup(name)
+	if !ok || strings.TrimSpace(v) == "" {
+		return "", false
+	}
+	return v, true
+}
+
+// String returns the setting or def when unset.
+func (e *Env) String(name, def string) string {
+	if v, ok := e.raw(name); ok {
+		return v
+	}
+	return def
+}
+
+// Required returns the setting or records that it is missing.
+func (e *Env) Required(name string) string {
+	v, ok := e.raw(name)
+	if !ok {
+		e.fail(name, "required but not set")
+	}
+	return v
+}
+
+// Secret is a required setting of at least minLength characters.
+func (e *Env) Secret(name string, minLength int) string {
+	v := e.Required(name)
+	if v != "" && len(v) < minLength {
+		e.fail(name, "must be at least %d characters, got %d", minLength, len(v))
+	}
+	return v
+}
+
+// Duration parses Go duration syntax ("5s", "2m"); it must be positive.
+func (e *Env) Duration(name string, def time.Duration) time.Duration {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		e.fail(name, "%q is not a duration like 5s or 2m", v)
+		return def
+	}
+	if d <= 0 {
+		e.fail(name, "%q must be positive", v)
+		return def
+	}
+	return d
+}
+
+// Int parses an integer within [minimum, maximum].
+func (e *Env) Int(name string, def, minimum, maximum int) int {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		e.fail(name, "%q is not an integer", v)
+		return def
+	}
+	if n < minimum || n > maximum {
+		e.fail(name, "%d is outside %d..%d", n, minimum, maximum)
+		return def
+	}
+	return n
+}
+
+// Bool accepts true/false/1/0.
+func (e *Env) Bool(name string, def bool) bool {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		e.fail(name, "%q is not true or false", v)
+		return def
+	}
+	return b
+}
+
+// OneOf accepts only the listed values.
+func (e *Env) OneOf(name, def string, allowed ...string) string {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	for _, a := range allowed {
+		if v == a {
+			return v
+		}
+	}
+	e.fail(name, "%q is not one of %s", v, strings.Join(allowed, ", "))
+	return def
+}
+
+// URL parses an absolute URL with one of the schemes; empty is allowed
+// when def is empty.
+func (e *Env) URL(name, def string, schemes ...string) string {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" && u.Scheme != "unix" {
+		e.fail(name, "%q is not an absolute URL", redact(v))
+		return def
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			return v
+		}
+	}
+	e.fail(name, "scheme %q is not one of %s", u.Scheme, strings.Join(schemes, ", "))
+	return def
+}
+
+// Parse applies a custom parser and records its error against name.
+func Parse[T any](e *Env, name string, def T, parse func(string) (T, error)) T {
+	v, ok := e.raw(name)
+	if !ok {
+		return def
+	}
+	out, err := parse(v)
+	if err != nil {
+		e.fail(name, "%v", err)
+		return def
+	}
+	return out
+}
+
+// redact hides credentials in a URL before it is logged.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	u.User = url.User(u.User.Username())
+	return u.String()
+}
+
+// Redact is exported for binaries that print where they connect.
+func Redact(s string) string { return redact(s) }
+
+// ErrUsage marks a command-line mistake (exit code 2).
+var ErrUsage = errors.New("usage")

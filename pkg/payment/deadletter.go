@@ -1,0 +1,34 @@
+package payment
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// DeadLetterSource says which part of settle gave up on an event.
+type DeadLetterSource string
+
+const (
+	SourceWorker   DeadLetterSource = "worker"   // the task failed for good
+	SourceRecovery DeadLetterSource = "recovery" // stale recovery ran out of attempts
+	SourceLedger   DeadLetterSource = "ledger"   // the ledger could not apply it
+	SourceChain    DeadLetterSource = "chain"    // the chain path could not decide it
+	SourceDrain    DeadLetterSource = "drain"    // came back from the Redis fallback
+)
+
+// DeadLetter is one failed attempt, as written to dead_letter_queue, or to
+// the Redis fallback list (as JSON) when PostgreSQL is unreachable.
+type DeadLetter struct {
+	EventID    string           `json:"event_id"`
+	EventType  string           `json:"event_type"`
+	UserID     int64            `json:"user_id,omitempty"`
+	Asset      string           `json:"asset,omitempty"`
+	Amount     string           `json:"amount,omitempty"`
+	Error      string           `json:"error"`
+	Attempt    int              `json:"attempt"`
+	Generation int              `json:"generation"`
+	Source     DeadLetterSource `json:"source"`
+	TraceID    string           `json:"trace_id,omitempty"`
+	Payload    json.RawMessage  `json:"payload,omitempty"`
+	CreatedAt  time.Time        `json:"created_at"`
+}

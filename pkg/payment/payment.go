@@ -1,0 +1,153 @@
+// Package payment holds the domain of settle: event types, the status
+// machine, outcomes, idempotency keys and error kinds. It depends on no
+// database, queue or HTTP package.
+package payment
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+)
+
+// EventType says what an event does to a balance.
+type EventType string
+
+const (
+	Deposit           EventType = "deposit"
+	Airdrop           EventType = "airdrop"
+	Withdrawal        EventType = "withdrawal"
+	WithdrawalFee     EventType = "withdrawal_fee"
+	ReorgCompensation EventType = "reorg_compensation"
+)
+
+// EventTypes lists every type the ledger knows, in a fixed order.
+var EventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee, ReorgCompensation}
+
+// WebhookEventTypes are the types a caller may submit; compensations are
+// only ever created by settle itself.
+var WebhookEventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee}
+
+// ParseWebhookEventType accepts only the whitelisted caller-facing types.
+func ParseWebhookEventType(s string) (EventType, bool) {
+	for _, t := range WebhookEventTypes {
+		if string(t) == s {
+			return t, true
+		}
+	}
+	return "", false
+}
+
+// Known reports whether the ledger can process the type.
+func (t EventType) Known() bool {
+	for _, k := range EventTypes {
+		if k == t {
+			return true
+		}
+	}
+	return false
+}
+
+// Credit reports whether the type adds to the balance; the others debit it.
+func (t EventType) Credit() bool { return t == Deposit || t == Airdrop }
+
+// ChainGated reports whether an event of this type with a tx_hash waits for
+// the chain's finality policy before it is credited.
+func (t EventType) ChainGated() bool { return t.Credit() }
+
+// Outcome is the business result recorded in processed_events and on the
+// terminal event.
+type Outcome string
+
+const (
+	OutcomePending           Outcome = "pending"
+	OutcomeSuccess           Outcome = "success"
+	OutcomeInsufficientFunds Outcome = "insufficient_funds"
+	OutcomeReorged           Outcome = "reorged"
+	OutcomeReverted          Outcome = "reverted"
+	OutcomeNotFound          Outcome = "not_found"
+	OutcomeMismatch          Outcome = "mismatch"
+	// OutcomeDeadLettered marks a failure that a human must look at: the
+	// event has a dead_letter_queue row.
+	OutcomeDeadLettered Outcome = "dead_lettered"
+)
+
+// BusinessFailures are the outcomes that end an event failed without a DLQ
+// row: the system worked, the payment simply cannot go through.
+var BusinessFailures = []Outcome{OutcomeInsufficientFunds, OutcomeReorged, OutcomeReverted, OutcomeNotFound, OutcomeMismatch}
+
+// IdempotencyKey is the lowercase hex SHA-256 of the length-prefixed
+// fields: a 4-byte big-endian length and the UTF-8 bytes of the event id,
+// then the same for the event type. Length prefixes make the encoding
+// injective; "a::b" joins and NUL separators both collided.
+func IdempotencyKey(eventID string, eventType EventType) string {
+	h := sha256.New()
+	writeField(h, eventID)
+	writeField(h, string(eventType))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+type byteWriter interface{ Write([]byte) (int, error) }
+
+func writeField(w byteWriter, field string) {
+	var length [4]byte
+	binary.BigEndian.PutUint32(length[:], uint32(len(field)))
+	_, _ = w.Write(length[:])
+	_, _ = w.Write([]byte(field))
+}
+
+// Content is what identifies an event's meaning: a redelivery with the same
+// event id must carry the same content, or it is a conflict.
+type Content struct {
+	Type   EventType
+	UserID int64
+	Asset  string
+	Amount decimal.Decimal
+	TxHash string // lowercase, or empty
+}
+
+// Hash is a SHA-256 over the length-prefixed canonical fields; amounts are
+// compared by value ("50" equals "50.0") because they are canonicalised.
+func (c Content) Hash() []byte {
+	h := sha256.New()
+	writeField(h, string(c.Type))
+	writeField(h, strconv.FormatInt(c.UserID, 10))
+	writeField(h, c.Asset)
+	writeField(h, money.Canonical(c.Amount))
+	writeField(h, strings.ToLower(c.TxHash))
+	return h.Sum(nil)
+}
+
+// CompensationEventID names the event that reverses a reorged deposit.
+func CompensationEventID(originalEventID string) string {
+	return "reorg:" + originalEventID
+}
+
+// Event is a payment event as the ledger processes it.
+type Event struct {
+	ID     string
+	Type   EventType
+	UserID int64
+	Asset  string
+	Amount decimal.Decimal
+	TxHash string
+	// Generation counts the times the event was handed to the queue
+	// afresh (stale recovery, DLQ replay); a task of an older generation
+	// is stale and does nothing.
+	Generation int
+	TraceID    string
+}
+
+// Key is the event's idempotency key.
+func (e Event) Key() string { return IdempotencyKey(e.ID, e.Type) }
+
+// String names the event in logs and errors, never with its amount.
+func (e Event) String() string {
+	return fmt.Sprintf("%s/%s", e.ID, e.Type)
+}

@@ -1,0 +1,134 @@
+// Package postgres is settle's storage: the outbox, the ledger, the DLQ
+// and the maintenance queries, on PostgreSQL through pgx. No other package
+// imports pgx.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Options tune the pool; zero values take the defaults.
+type Options struct {
+	// ConnsMax bounds the pool (pgxpool's pool_max_conns in the URL wins).
+	ConnsMax int32
+	// ApplicationName shows up in pg_stat_activity.
+	ApplicationName string
+}
+
+// DB is a connection pool plus the statements that run on it.
+type DB struct {
+	pool *pgxpool.Pool
+}
+
+// Open connects and checks the connection once. The URL may carry any
+// pgx setting; behind PgBouncer in transaction pooling, add
+// default_query_exec_mode=cache_describe (see README, "PgBouncer").
+func Open(ctx context.Context, url string, opts Options) (*DB, error) {
+	config, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if opts.ConnsMax > 0 && !hasParam(url, "pool_max_conns") {
+		config.MaxConns = opts.ConnsMax
+	}
+	if opts.ApplicationName != "" && config.ConnConfig.RuntimeParams["application_name"] == "" {
+		config.ConnConfig.RuntimeParams["application_name"] = opts.ApplicationName
+	}
+	if config.ConnConfig.ConnectTimeout == 0 {
+		config.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	// A connection that sat idle is pinged before use (pgxpool's default
+	// past one second idle); one released inside a transaction is closed by
+	// pgxpool rather than reused.
+	config.PingTimeout = 2 * time.Second
+	config.HealthCheckPeriod = 15 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, config)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	db := &DB{pool: pool}
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return db, nil
+}
+
+// Close releases every connection.
+func (db *DB) Close() { db.pool.Close() }
+
+// Ping checks that PostgreSQL answers.
+func (db *DB) Ping(ctx context.Context) error { return db.pool.Ping(ctx) }
+
+// Stats exposes the pool's counters for metrics.
+func (db *DB) Stats() *pgxpool.Stat { return db.pool.Stat() }
+
+func hasParam(url, name string) bool { return strings.Contains(url, name+"=") }
+
+// PostgreSQL error codes settle reacts to.
+const (
+	codeUniqueViolation     = "23505"
+	codeForeignKeyViolation = "23503"
+	codeCheckViolation      = "23514"
+	codeLockNotAvailable    = "55P03"
+	codeQueryCanceled       = "57014" // statement_timeout
+	codeDeadlockDetected    = "40P01"
+	codeSerializationFail   = "40001"
+	codeUndefinedTable      = "42P01"
+	codeAdminShutdown       = "57P01"
+	codeCannotConnectNow    = "57P03"
+)
+
+// classify maps a driver error to the domain's kinds. Lock and statement
+// timeouts, deadlocks and serialisation failures are retryable. An error
+// the server did not send (no *pgconn.PgError: a refused, reset or closed
+// connection, a timeout on the wire) is an outage. A server error passes
+// through with its operation attached.
+func classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable) {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case codeLockNotAvailable, codeQueryCanceled, codeDeadlockDetected, codeSerializationFail:
+			return payment.Retryable(op, err)
+		case codeAdminShutdown, codeCannotConnectNow:
+			return payment.Unavailable(op, err)
+		}
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return payment.Unavailable(op, err)
+}
+
+func isCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+func isUndefinedTable(err error) bool { return isCode(err, codeUndefinedTable) }
+
+// querier is what a statement runs on: the pool or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}

@@ -1,0 +1,124 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// insertRaceRetries bounds re-running the insert when a concurrent
+// delivery of the same event committed between our snapshot and our
+// insert (seen as "nothing inserted, nothing found").
+const insertRaceRetries = 3
+
+// Source names where an event came from.
+type Source string
+
+const (
+	SourcePayments Source = "payments"
+	SourceAlchemy  Source = "alchemy"
+	SourceReorg    Source = "reorg"
+)
+
+// NewEvent is an accepted, validated event about to enter the outbox.
+type NewEvent struct {
+	Event     payment.Event
+	Source    Source
+	ToAddress string // lowercase; set for chain deposits whose recipient is known
+	Related   string // the original of a compensation
+}
+
+// InsertEvent commits the event as pending and wakes the enqueuer in the
+// same statement. It reports false for a redelivery with identical
+// content, payment.ErrConflict for the same id with other content, and
+// payment.ErrUnknownUser or ErrUnknownAsset when those do not exist.
+func (db *DB) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
+	return insertEvent(ctx, db.pool, e)
+}
+
+func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
+	ev := e.Event
+	content := payment.Content{Type: ev.Type, UserID: ev.UserID, Asset: ev.Asset, Amount: ev.Amount, TxHash: ev.TxHash}
+	hash := content.Hash()
+	stmt := q("insert_event")
+	for range insertRaceRetries {
+		var inserted int64
+		var existing []byte
+		var userExists, assetExists bool
+		err := qr.QueryRow(ctx, stmt.text, ev.ID, string(ev.Type), ev.UserID, ev.Asset, ev.Amount.String(),
+			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress)).
+			Scan(&inserted, &existing, &userExists, &assetExists)
+		if err != nil {
+			return false, classify(stmt.name, err)
+		}
+		switch {
+		case inserted == 1:
+			return true, nil
+		case existing != nil && bytes.Equal(existing, hash):
+			return false, nil
+		case existing != nil:
+			return false, fmt.Errorf("event %s: %w: it was delivered before with other content", ev.ID, payment.ErrConflict)
+		case !userExists:
+			return false, fmt.Errorf("%w %d", payment.ErrUnknownUser, ev.UserID)
+		case !assetExists:
+			return false, fmt.Errorf("%w %q", payment.ErrUnknownAsset, ev.Asset)
+		}
+	}
+	return false, payment.Retryable(stmt.name, errors.New("concurrent delivery of the same event kept racing"))
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// EventView is an event as the API shows it.
+type EventView struct {
+	ID          string
+	Type        payment.EventType
+	UserID      int64
+	Asset       string
+	Amount      decimal.Decimal
+	Status      payment.Status
+	RetryCount  int
+	Generation  int
+	TxHash      string
+	TraceID     string
+	Source      string
+	Related     string
+	Outcome     string
+	Error       string
+	ChainState  string
+	BlockNumber *int64
+	NextCheckAt *time.Time
+	CheckCount  int
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Event reads one event; payment.ErrNotFound if there is none.
+func (db *DB) Event(ctx context.Context, id string) (EventView, error) {
+	stmt := q("get_event")
+	var v EventView
+	var eventType, status, amount string
+	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&v.ID, &eventType, &v.UserID, &v.Asset, &amount, &status,
+		&v.RetryCount, &v.Generation, &v.TxHash, &v.TraceID, &v.Source, &v.Related, &v.Outcome, &v.Error,
+		&v.ChainState, &v.BlockNumber, &v.NextCheckAt, &v.CheckCount, &v.CreatedAt, &v.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return EventView{}, fmt.Errorf("event %s: %w", id, payment.ErrNotFound)
+	}
+	if err != nil {
+		return EventView{}, classify(stmt.name, err)
+	}
+	v.Type, v.Status, v.Amount = payment.EventType(eventType), payment.Status(status), decimal.RequireFromString(amount)
+	return v, nil
+}

@@ -1,0 +1,819 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Ledger timeouts of the seed: a batch waits at most this long for a row
+// lock, and no statement runs longer. Both end in a retryable error.
+const (
+	LedgerLockTimeoutDefault      = 2 * time.Second
+	LedgerStatementTimeoutDefault = 5 * time.Second
+	// LedgerBatchMax bounds one transaction; callers split larger sets.
+	LedgerBatchMax = 500
+	// rollbackTimeout bounds the ROLLBACK after a failed batch, which runs
+	// even when the caller's context is gone.
+	rollbackTimeout = 2 * time.Second
+)
+
+// LedgerOptions tune ApplyBatch.
+type LedgerOptions struct {
+	LockTimeout      time.Duration
+	StatementTimeout time.Duration
+	// Notify writes user notifications into notification_outbox in the
+	// same transaction (only when someone delivers them).
+	Notify bool
+}
+
+func (o LedgerOptions) withDefaults() LedgerOptions {
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = LedgerLockTimeoutDefault
+	}
+	if o.StatementTimeout <= 0 {
+		o.StatementTimeout = LedgerStatementTimeoutDefault
+	}
+	return o
+}
+
+// ChainEvidence is what the chain said about a credited deposit.
+type ChainEvidence struct {
+	BlockNumber int64
+	BlockHash   string
+	// Watch: credited before finality; the reorg watcher follows it until
+	// its block is finalized. False with a block means already final.
+	Watch bool
+}
+
+// LedgerItem asks for one event to be applied. Event comes from the task:
+// its id and generation select the row; its other fields must match the
+// row, and the row's values are the ones that move money.
+type LedgerItem struct {
+	Event payment.Event
+	Chain *ChainEvidence
+}
+
+// LedgerResultKind says what a batch did for an item.
+type LedgerResultKind int
+
+const (
+	// Applied: this transaction made the event terminal with Outcome.
+	Applied LedgerResultKind = iota + 1
+	// AlreadyDone: the event was terminal before (a redelivery).
+	AlreadyDone
+	// Stale: the task belongs to an older generation, or the event is not
+	// in a state this task may touch; nothing to do.
+	Stale
+	// Rejected: the task cannot be applied (unknown event, payload that
+	// does not match the event); Err says why. The event is untouched.
+	Rejected
+	// Retry: this item could not be settled in this transaction; run it
+	// again later. Err says why.
+	Retry
+)
+
+func (k LedgerResultKind) String() string {
+	switch k {
+	case Applied:
+		return "applied"
+	case AlreadyDone:
+		return "already_done"
+	case Stale:
+		return "stale"
+	case Rejected:
+		return "rejected"
+	case Retry:
+		return "retry"
+	}
+	return "unknown"
+}
+
+// LedgerResult is the fate of one item.
+type LedgerResult struct {
+	Kind    LedgerResultKind
+	Status  payment.Status
+	Outcome payment.Outcome
+	// Err explains Rejected, Retry and a dead_lettered outcome.
+	Err error
+	// DeadLetterID is set when the ledger wrote a DLQ row for the item.
+	DeadLetterID int64
+	// Alert is set when a human should hear of this outcome right away
+	// (a reorg compensation the balance cannot cover, a broken invariant).
+	Alert string
+	// CreatedAt is when the event was accepted, for latency metrics.
+	CreatedAt time.Time
+	// Event holds the authoritative values when the event was claimed.
+	Event payment.Event
+}
+
+// claimedEvent is a row the ledger claimed, with the values that count.
+type claimedEvent struct {
+	event     payment.Event
+	related   string
+	createdAt time.Time
+	key       string
+	item      int // index into the deduplicated items
+}
+
+// ApplyBatch applies events in one transaction: lock the balances rows in
+// order, claim the events, insert their idempotency keys, move money, write
+// the journal, the outcomes and the notifications, commit. A returned
+// error means nothing was committed and every item may be retried; per-item
+// fates are in the results otherwise.
+func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOptions) ([]LedgerResult, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
+	if len(items) > LedgerBatchMax {
+		return nil, fmt.Errorf("ledger batch of %d exceeds %d", len(items), LedgerBatchMax)
+	}
+	opts = opts.withDefaults()
+
+	// Identical tasks (same event, same generation) share one fate.
+	unique, alias := dedupeItems(items)
+	excluded := map[int]error{}
+	for attempt := 0; ; attempt++ {
+		results, retryItems, err := db.applyOnce(ctx, unique, excluded, opts)
+		if err != nil {
+			return nil, err
+		}
+		if len(retryItems) == 0 || attempt >= 2 {
+			out := make([]LedgerResult, len(items))
+			for i := range items {
+				out[i] = results[alias[i]]
+			}
+			return out, nil
+		}
+		// Items that cannot settle in this transaction would be left
+		// 'processing' at commit; roll back and run the rest without them.
+		for idx, why := range retryItems {
+			excluded[idx] = why
+		}
+	}
+}
+
+func dedupeItems(items []LedgerItem) ([]LedgerItem, []int) {
+	type identity struct {
+		id         string
+		generation int
+	}
+	first := map[identity]int{}
+	var unique []LedgerItem
+	alias := make([]int, len(items))
+	for i, item := range items {
+		id := identity{item.Event.ID, item.Event.Generation}
+		if j, ok := first[id]; ok {
+			alias[i] = j
+			continue
+		}
+		first[id] = len(unique)
+		alias[i] = len(unique)
+		unique = append(unique, item)
+	}
+	return unique, alias
+}
+
+// applyOnce runs one transaction over items minus excluded. retryItems
+// names items that forced a rollback and must be excluded next time.
+func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[int]error, opts LedgerOptions) (results []LedgerResult, retryItems map[int]error, err error) {
+	results = make([]LedgerResult, len(items))
+	var live []int
+	for i := range items {
+		if why, ok := excluded[i]; ok {
+			results[i] = LedgerResult{Kind: Retry, Err: why}
+			continue
+		}
+		live = append(live, i)
+	}
+	if len(live) == 0 {
+		return results, nil, nil
+	}
+
+	conn, err := db.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, classify("ledger acquire", err)
+	}
+	defer conn.Release()
+	committed := false
+	defer func() {
+		if !committed {
+			rollback(conn)
+		}
+	}()
+
+	// Round trip 1: begin, timeouts, lazy balance rows, row locks.
+	pairs := balancePairs(items, live)
+	users, assets := make([]int64, len(pairs)), make([]string, len(pairs))
+	for i, p := range pairs {
+		users[i], assets[i] = p.user, p.asset
+	}
+	batch := &pgx.Batch{}
+	batch.Queue("BEGIN")
+	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	batch.Queue(q("ledger_ensure_balances").text, users, assets)
+	batch.Queue(q("ledger_lock_balances").text, users, assets)
+	balances := map[balanceKey]decimal.Decimal{}
+	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
+		for range 3 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k balanceKey
+			var text string
+			if err := rows.Scan(&k.user, &k.asset, &text); err != nil {
+				return err
+			}
+			balances[k] = decimal.RequireFromString(text)
+		}
+		return rows.Err()
+	}); err != nil {
+		return nil, nil, classify("ledger lock balances", err)
+	}
+
+	// Round trip 2: claim the events this generation owns.
+	claimed, err := claimEvents(ctx, conn, items, live, results)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(claimed) == 0 {
+		committed = true
+		return results, nil, commit(ctx, conn)
+	}
+
+	// Round trip 3: idempotency keys; a key that exists sends its event
+	// down the replay path.
+	replays, err := insertKeys(ctx, conn, claimed)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	chain := map[int]*ChainEvidence{}
+	for _, c := range claimed {
+		chain[c.item] = items[c.item].Chain
+	}
+	plan := planBatch(claimed, chain, replays, balances)
+	if len(plan.retry) > 0 {
+		return nil, plan.retry, nil
+	}
+	for idx, r := range plan.results {
+		results[idx] = r
+	}
+
+	// Round trip 4: every write, then COMMIT, pipelined. Anything
+	// unexpected (a journal row that already exists, a balance that would
+	// go negative) raises an error that aborts the transaction, so the
+	// queued COMMIT becomes a rollback.
+	batch = &pgx.Batch{}
+	plan.queueWrites(batch, opts.Notify)
+	batch.Queue("COMMIT")
+	var dlqIDs []int64
+	err = readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
+		for _, kind := range plan.writeKinds {
+			if kind == writeDLQ {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				for rows.Next() {
+					var id int64
+					if err := rows.Scan(&id); err != nil {
+						rows.Close()
+						return err
+					}
+					dlqIDs = append(dlqIDs, id)
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return err
+				}
+				continue
+			}
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		tag, err := br.Exec()
+		if err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("transaction ended with %s", tag)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, classify("ledger write", err)
+	}
+	committed = true
+	for i, idx := range plan.dlqItems {
+		if i < len(dlqIDs) {
+			results[idx].DeadLetterID = dlqIDs[i]
+		}
+	}
+	return results, nil, nil
+}
+
+type balanceKey struct {
+	user  int64
+	asset string
+}
+
+func balancePairs(items []LedgerItem, live []int) []balanceKey {
+	seen := map[balanceKey]bool{}
+	var pairs []balanceKey
+	for _, i := range live {
+		k := balanceKey{items[i].Event.UserID, items[i].Event.Asset}
+		if !seen[k] {
+			seen[k] = true
+			pairs = append(pairs, k)
+		}
+	}
+	sort.Slice(pairs, func(i, j int) bool {
+		if pairs[i].user != pairs[j].user {
+			return pairs[i].user < pairs[j].user
+		}
+		return pairs[i].asset < pairs[j].asset
+	})
+	return pairs
+}
+
+func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, live []int, results []LedgerResult) ([]claimedEvent, error) {
+	n := len(live)
+	ids, types, assets, amounts := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	generations, users := make([]int32, n), make([]int64, n)
+	type identity struct {
+		id         string
+		generation int
+	}
+	itemOf := map[identity]int{}
+	for k, i := range live {
+		e := items[i].Event
+		ids[k], types[k], assets[k], amounts[k] = e.ID, string(e.Type), e.Asset, e.Amount.String()
+		generations[k], users[k] = int32(e.Generation), e.UserID
+		itemOf[identity{e.ID, e.Generation}] = i
+	}
+	var claimed []claimedEvent
+	moved, refused, err := transition(ctx, conn, q("ledger_claim"), ids, func(rows pgx.Rows) (string, error) {
+		var c claimedEvent
+		var eventType, amount string
+		var generation int32
+		if err := rows.Scan(&c.event.ID, &generation, &eventType, &c.event.UserID, &c.event.Asset, &amount,
+			&c.event.TraceID, &c.related, &c.createdAt); err != nil {
+			return "", err
+		}
+		c.event.Type = payment.EventType(eventType)
+		c.event.Amount = decimal.RequireFromString(amount)
+		c.event.Generation = int(generation)
+		c.item = itemOf[identity{c.event.ID, c.event.Generation}]
+		c.key = payment.IdempotencyKey(c.event.ID, c.event.Type)
+		claimed = append(claimed, c)
+		return c.event.ID, nil
+	}, ids, generations, types, users, assets, amounts)
+	if err != nil {
+		return nil, err
+	}
+	claimedItem := map[int]bool{}
+	for _, c := range claimed {
+		claimedItem[c.item] = true
+	}
+	for _, i := range live {
+		if claimedItem[i] {
+			continue
+		}
+		task := items[i].Event
+		r := refused[task.ID]
+		switch {
+		case moved[task.ID]:
+			// Another generation's task claimed the event in this batch.
+			results[i] = LedgerResult{Kind: Stale, Status: payment.StatusProcessing}
+		case !r.Found:
+			results[i] = LedgerResult{Kind: Rejected, Err: fmt.Errorf("event %s: %w", task.ID, payment.ErrNotFound)}
+		case r.Status.Terminal():
+			results[i] = LedgerResult{Kind: AlreadyDone, Status: r.Status}
+		case r.Status == payment.StatusEnqueued && r.Generation == task.Generation:
+			// The live task of an enqueued event that it could not claim:
+			// its payload does not describe the stored event.
+			results[i] = LedgerResult{Kind: Rejected, Status: r.Status,
+				Err: payment.Invalid("task payload for event %s does not match the stored event", task.ID)}
+		default:
+			results[i] = LedgerResult{Kind: Stale, Status: r.Status}
+		}
+	}
+	return claimed, nil
+}
+
+// insertKeys inserts the claimed events' idempotency keys and returns the
+// recorded outcome of every key that already existed: those events take
+// the replay path.
+func insertKeys(ctx context.Context, conn *pgxpool.Conn, claimed []claimedEvent) (map[string]payment.Outcome, error) {
+	keys, ids := make([]string, len(claimed)), make([]string, len(claimed))
+	for i, c := range claimed {
+		keys[i], ids[i] = c.key, c.event.ID
+	}
+	stmt := q("ledger_insert_keys")
+	rows, err := conn.Query(ctx, stmt.text, keys, ids)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	inserted := map[string]bool{}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			rows.Close()
+			return nil, classify(stmt.name, err)
+		}
+		inserted[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	var existing []string
+	for _, k := range keys {
+		if !inserted[k] {
+			existing = append(existing, k)
+		}
+	}
+	if len(existing) == 0 {
+		return nil, nil
+	}
+	stmt = q("ledger_key_outcomes")
+	rows, err = conn.Query(ctx, stmt.text, existing)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	out := map[string]payment.Outcome{}
+	for rows.Next() {
+		var k, outcome string
+		if err := rows.Scan(&k, &outcome); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		out[k] = payment.Outcome(outcome)
+	}
+	return out, classify(stmt.name, rows.Err())
+}
+
+// Notification kinds written to notification_outbox.
+const (
+	NotifyDepositCredited     = "deposit_credited"
+	NotifyWithdrawalConfirmed = "withdrawal_confirmed"
+	NotifyInsufficientFunds   = "insufficient_funds"
+	NotifyDepositReversed     = "deposit_reversed"
+)
+
+type writeKind int
+
+const (
+	writeBalances writeKind = iota
+	writeJournal
+	writeOutcomes
+	writeConfirm
+	writeFail
+	writeDLQ
+	writeNotifications
+)
+
+// batchPlan is everything one transaction will write, decided in Go from
+// the locked balances before a single write is sent.
+type batchPlan struct {
+	results map[int]LedgerResult
+	retry   map[int]error
+
+	deltas  map[balanceKey]decimal.Decimal
+	journal []journalRow
+	// outcomes of idempotency keys, by key
+	outcomes     map[string]payment.Outcome
+	confirms     []confirmRow
+	fails        []failRow
+	deadLetters  []payment.DeadLetter
+	dlqItems     []int
+	notification []notificationRow
+
+	writeKinds []writeKind
+}
+
+type journalRow struct {
+	user      int64
+	asset     string
+	amount    decimal.Decimal
+	eventType payment.EventType
+	source    string
+}
+
+type confirmRow struct {
+	id    string
+	chain *ChainEvidence
+}
+
+type failRow struct {
+	id      string
+	outcome payment.Outcome
+	err     string
+}
+
+type notificationRow struct {
+	deliveryID string
+	eventID    string
+	user       int64
+	kind       string
+	payload    string
+	traceID    string
+}
+
+// planBatch decides each claimed event's fate against the running
+// balances, in (user, asset, accepted-at) order so that a user's
+// withdrawals are served first come, first served.
+func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal) *batchPlan {
+	p := &batchPlan{
+		results:  map[int]LedgerResult{},
+		retry:    map[int]error{},
+		deltas:   map[balanceKey]decimal.Decimal{},
+		outcomes: map[string]payment.Outcome{},
+	}
+	sort.SliceStable(claimed, func(i, j int) bool {
+		a, b := claimed[i], claimed[j]
+		if a.event.UserID != b.event.UserID {
+			return a.event.UserID < b.event.UserID
+		}
+		if a.event.Asset != b.event.Asset {
+			return a.event.Asset < b.event.Asset
+		}
+		if !a.createdAt.Equal(b.createdAt) {
+			return a.createdAt.Before(b.createdAt)
+		}
+		return a.event.ID < b.event.ID
+	})
+	for _, c := range claimed {
+		result := LedgerResult{Kind: Applied, CreatedAt: c.createdAt, Event: c.event}
+		if prior, seen := replays[c.key]; seen && prior != payment.OutcomeDeadLettered {
+			// Replay path: the key was written before; bring the event to
+			// the status its recorded outcome implies, without moving money.
+			switch {
+			case prior == payment.OutcomeSuccess:
+				p.confirms = append(p.confirms, confirmRow{id: c.event.ID})
+				result.Status, result.Outcome = payment.StatusConfirmed, prior
+			case prior == payment.OutcomePending:
+				// A pending key that committed belongs to no live
+				// transaction; retry later and let the zombie check report it.
+				p.retry[c.item] = payment.Retryable("ledger replay", fmt.Errorf("idempotency key of %s is still pending", c.event.ID))
+				continue
+			default:
+				p.fails = append(p.fails, failRow{id: c.event.ID, outcome: prior})
+				result.Status, result.Outcome = payment.StatusFailed, prior
+			}
+			p.results[c.item] = result
+			continue
+		}
+		p.apply(c, chain[c.item], balances, &result)
+		p.results[c.item] = result
+	}
+	p.order()
+	return p
+}
+
+// apply moves money for a first-time event (or one whose last attempt was
+// dead-lettered and a human replayed it).
+func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) {
+	e := c.event
+	k := balanceKey{e.UserID, e.Asset}
+	balance, exists := balances[k]
+	if !exists {
+		p.deadLetter(c, result, fmt.Sprintf("user %d or asset %s is unknown", e.UserID, e.Asset), "")
+		return
+	}
+	if e.Type.Credit() {
+		next := balance.Add(e.Amount)
+		if !money.FitsBalance(next) {
+			p.deadLetter(c, result, fmt.Sprintf("crediting %s %s would take the balance of user %d past 10^20", e.Amount, e.Asset, e.UserID), "")
+			return
+		}
+		p.post(c, e.Amount, next, balances)
+		p.confirms = append(p.confirms, confirmRow{id: e.ID, chain: chain})
+		p.notify(c, NotifyDepositCredited, next)
+		result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
+		return
+	}
+	if balance.LessThan(e.Amount) {
+		if e.Type == payment.ReorgCompensation {
+			reason := fmt.Sprintf("reorg compensation of %s %s exceeds the balance of user %d (%s): settle by hand", e.Amount, e.Asset, e.UserID, balance)
+			p.deadLetter(c, result, reason, reason)
+			return
+		}
+		p.outcomes[c.key] = payment.OutcomeInsufficientFunds
+		p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeInsufficientFunds})
+		p.notify(c, NotifyInsufficientFunds, balance)
+		result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeInsufficientFunds
+		return
+	}
+	next := balance.Sub(e.Amount)
+	p.post(c, e.Amount.Neg(), next, balances)
+	p.confirms = append(p.confirms, confirmRow{id: e.ID})
+	kind := NotifyWithdrawalConfirmed
+	if e.Type == payment.ReorgCompensation {
+		kind = NotifyDepositReversed
+	}
+	p.notify(c, kind, next)
+	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
+}
+
+func (p *batchPlan) post(c claimedEvent, signed, next decimal.Decimal, balances map[balanceKey]decimal.Decimal) {
+	e := c.event
+	k := balanceKey{e.UserID, e.Asset}
+	balances[k] = next
+	p.deltas[k] = p.deltas[k].Add(signed)
+	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type, source: e.ID})
+	p.outcomes[c.key] = payment.OutcomeSuccess
+}
+
+func (p *batchPlan) deadLetter(c claimedEvent, result *LedgerResult, reason, alert string) {
+	e := c.event
+	p.outcomes[c.key] = payment.OutcomeDeadLettered
+	p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeDeadLettered, err: reason})
+	p.deadLetters = append(p.deadLetters, payment.DeadLetter{
+		EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
+		Error: reason, Generation: e.Generation, Source: payment.SourceLedger, TraceID: e.TraceID,
+	})
+	p.dlqItems = append(p.dlqItems, c.item)
+	result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeDeadLettered
+	result.Err = errors.New(reason)
+	result.Alert = alert
+}
+
+func (p *batchPlan) notify(c claimedEvent, kind string, balance decimal.Decimal) {
+	e := c.event
+	payload, _ := json.Marshal(map[string]any{
+		"delivery_id": kind + ":" + e.ID,
+		"kind":        kind,
+		"event_id":    e.ID,
+		"event_type":  e.Type,
+		"user_id":     e.UserID,
+		"asset":       e.Asset,
+		"amount":      e.Amount.String(),
+		"balance":     balance.String(),
+	})
+	p.notification = append(p.notification, notificationRow{
+		deliveryID: kind + ":" + e.ID, eventID: e.ID, user: e.UserID, kind: kind, payload: string(payload), traceID: e.TraceID,
+	})
+}
+
+// order fixes which writes the transaction carries, in pipeline order.
+func (p *batchPlan) order() {
+	add := func(ok bool, kind writeKind) {
+		if ok {
+			p.writeKinds = append(p.writeKinds, kind)
+		}
+	}
+	add(len(p.deltas) > 0, writeBalances)
+	add(len(p.journal) > 0, writeJournal)
+	add(len(p.outcomes) > 0, writeOutcomes)
+	add(len(p.confirms) > 0, writeConfirm)
+	add(len(p.fails) > 0, writeFail)
+	add(len(p.deadLetters) > 0, writeDLQ)
+	add(len(p.notification) > 0, writeNotifications)
+}
+
+// queueWrites adds the planned statements to batch, in writeKinds order.
+func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
+	var kinds []writeKind
+	for _, kind := range p.writeKinds {
+		switch kind {
+		case writeBalances:
+			keys := make([]balanceKey, 0, len(p.deltas))
+			for k := range p.deltas {
+				keys = append(keys, k)
+			}
+			sort.Slice(keys, func(i, j int) bool {
+				if keys[i].user != keys[j].user {
+					return keys[i].user < keys[j].user
+				}
+				return keys[i].asset < keys[j].asset
+			})
+			users, assets, deltas := make([]int64, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+			for i, k := range keys {
+				users[i], assets[i], deltas[i] = k.user, k.asset, p.deltas[k].String()
+			}
+			batch.Queue(q("ledger_update_balances").text, users, assets, deltas)
+		case writeJournal:
+			n := len(p.journal)
+			users, assets, amounts, types, sources := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			for i, j := range p.journal {
+				users[i], assets[i], amounts[i], types[i], sources[i] = j.user, j.asset, j.amount.String(), string(j.eventType), j.source
+			}
+			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
+		case writeOutcomes:
+			keys, outcomes := make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes))
+			for k, o := range p.outcomes {
+				keys, outcomes = append(keys, k), append(outcomes, string(o))
+			}
+			batch.Queue(q("ledger_set_outcomes").text, keys, outcomes)
+		case writeConfirm:
+			n := len(p.confirms)
+			ids, blocks, hashes, states := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n)
+			for i, c := range p.confirms {
+				ids[i] = c.id
+				if c.chain != nil {
+					block := c.chain.BlockNumber
+					blocks[i], hashes[i] = &block, c.chain.BlockHash
+					states[i] = "final"
+					if c.chain.Watch {
+						states[i] = "watching"
+					}
+				}
+			}
+			queueTransition(batch, q("ledger_confirm"), ids, blocks, hashes, states)
+		case writeFail:
+			n := len(p.fails)
+			ids, outcomes, reasons := make([]string, n), make([]string, n), make([]string, n)
+			for i, f := range p.fails {
+				ids[i], outcomes[i], reasons[i] = f.id, string(f.outcome), f.err
+			}
+			queueTransition(batch, q("ledger_fail"), ids, outcomes, reasons)
+		case writeDLQ:
+			queueDeadLetters(batch, p.deadLetters)
+		case writeNotifications:
+			if !notify {
+				continue
+			}
+			n := len(p.notification)
+			deliveries, events, users, kinds, payloads, traces := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
+			for i, r := range p.notification {
+				deliveries[i], events[i], users[i], kinds[i], payloads[i], traces[i] = r.deliveryID, r.eventID, r.user, r.kind, r.payload, r.traceID
+			}
+			batch.Queue(q("insert_notifications").text, deliveries, events, users, kinds, payloads, traces)
+		}
+		kinds = append(kinds, kind)
+	}
+	p.writeKinds = kinds
+}
+
+// queueDeadLetters adds one insert of DLQ rows to batch; it returns ids.
+func queueDeadLetters(batch *pgx.Batch, letters []payment.DeadLetter) {
+	n := len(letters)
+	ids, types, users, assets, amounts, errs := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
+	attempts, generations := make([]int32, n), make([]int32, n)
+	sources, traces, payloads := make([]string, n), make([]string, n), make([]string, n)
+	created := make([]*time.Time, n)
+	for i, d := range letters {
+		ids[i], types[i], users[i], assets[i], amounts[i], errs[i] = d.EventID, d.EventType, d.UserID, d.Asset, d.Amount, d.Error
+		attempts[i], generations[i] = int32(d.Attempt), int32(d.Generation)
+		sources[i], traces[i], payloads[i] = string(d.Source), d.TraceID, string(d.Payload)
+		if !d.CreatedAt.IsZero() {
+			t := d.CreatedAt
+			created[i] = &t
+		}
+	}
+	batch.Queue(q("insert_dlq").text, ids, types, users, assets, amounts, errs, attempts, generations, sources, traces, payloads, created)
+}
+
+func durationSetting(d time.Duration) string {
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}
+
+// readBatch sends batch on conn and hands its results to read.
+func readBatch(ctx context.Context, conn *pgxpool.Conn, batch *pgx.Batch, read func(pgx.BatchResults) error) error {
+	br := conn.SendBatch(ctx, batch)
+	err := read(br)
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	return err
+}
+
+func commit(ctx context.Context, conn *pgxpool.Conn) error {
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err != nil {
+		return classify("ledger commit", err)
+	}
+	if tag.String() != "COMMIT" {
+		return classify("ledger commit", fmt.Errorf("transaction ended with %s", tag))
+	}
+	return nil
+}
+
+// rollback ends a failed transaction; a connection that cannot even roll
+// back is closed so the pool never hands it out again.
+func rollback(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+	defer cancel()
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		return
+	}
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Conn().Close(ctx)
+	}
+}

@@ -1,0 +1,115 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// OutboxClaimMax bounds one claim; the scheduler's batch setting must not
+// exceed it.
+const OutboxClaimMax = 5000
+
+// Claimed is an event the enqueuer moved to 'enqueued' and must now hand
+// to the queue.
+type Claimed struct {
+	Event     payment.Event
+	CreatedAt time.Time
+}
+
+// ClaimOutbox moves up to pendingMax pending events and up to dueMax
+// waiting deposits whose re-check is due to 'enqueued', and commits. The
+// caller enqueues them only after this returns: a worker must never see a
+// task before the database says 'enqueued'. If enqueueing then fails, the
+// rows stay 'enqueued' and stale recovery brings them back.
+func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
+	if pendingMax < 0 || dueMax < 0 || pendingMax+dueMax > OutboxClaimMax {
+		return nil, fmt.Errorf("claim of %d+%d outside 0..%d", pendingMax, dueMax, OutboxClaimMax)
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return nil, classify("claim outbox", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var claimed []Claimed
+	_, _, err = transition(ctx, tx, q("claim_outbox"), nil, func(rows pgx.Rows) (string, error) {
+		c, err := scanClaimed(rows)
+		claimed = append(claimed, c)
+		return c.Event.ID, err
+	}, pendingMax, dueMax)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		claimed, err = db.claimRowByRow(ctx, pendingMax, dueMax)
+		if err != nil {
+			return nil, err
+		}
+		return claimed, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classify("claim outbox commit", err)
+	}
+	return claimed, nil
+}
+
+// claimRowByRow is the fallback when the set-based claim fails: each row
+// moves in its own savepoint, and a row that fails stays where it is.
+func (db *DB) claimRowByRow(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return nil, classify("claim outbox", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	stmt := q("outbox_candidates")
+	rows, err := tx.Query(ctx, stmt.text, pendingMax, dueMax)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	var claimed []Claimed
+	for _, id := range ids {
+		sp, err := tx.Begin(ctx) // SAVEPOINT
+		if err != nil {
+			return nil, classify("savepoint", err)
+		}
+		var one []Claimed
+		_, _, err = transition(ctx, sp, q("claim_one"), nil, func(rows pgx.Rows) (string, error) {
+			c, err := scanClaimed(rows)
+			one = append(one, c)
+			return c.Event.ID, err
+		}, id)
+		if err != nil {
+			_ = sp.Rollback(ctx) // ROLLBACK TO SAVEPOINT: this row stays behind
+			continue
+		}
+		if err := sp.Commit(ctx); err != nil { // RELEASE SAVEPOINT
+			return nil, classify("release savepoint", err)
+		}
+		claimed = append(claimed, one...)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classify("claim outbox commit", err)
+	}
+	return claimed, nil
+}
+
+func scanClaimed(rows pgx.Rows) (Claimed, error) {
+	var c Claimed
+	var eventType, amount string
+	var generation int32
+	if err := rows.Scan(&c.Event.ID, &eventType, &c.Event.UserID, &c.Event.Asset, &amount, &c.Event.TxHash,
+		&c.Event.TraceID, &generation, &c.CreatedAt); err != nil {
+		return c, err
+	}
+	c.Event.Type = payment.EventType(eventType)
+	c.Event.Amount = decimal.RequireFromString(amount)
+	c.Event.Generation = int(generation)
+	return c, nil
+}

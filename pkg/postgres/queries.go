@@ -1,0 +1,139 @@
+package postgres
+
+import (
+	"bufio"
+	"embed"
+	"fmt"
+	"io/fs"
+	"strings"
+	"sync"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// The SQL lives in queries/*.sql, one statement per "-- name: x" block.
+// A statement that writes payment_events.status must declare the edges it
+// performs with "-- transition: from[,from] -> to"; the declaration is
+// checked against payment.CanTransition when the package loads, and such a
+// statement can only be run through transition (transition.go).
+//
+//go:embed queries/*.sql
+var queryFiles embed.FS
+
+type query struct {
+	name string
+	text string
+	// from and to are set for status-writing statements.
+	from []payment.Status
+	to   payment.Status
+}
+
+var (
+	queriesByName = mustParseQueries(queryFiles)
+	queriesUsedMu sync.Mutex
+	queriesUsed   = map[string]bool{}
+)
+
+// q returns the named statement; a missing name is a programming error
+// caught the moment the package initialises.
+func q(name string) query {
+	found, ok := queriesByName[name]
+	if !ok {
+		panic(fmt.Sprintf("postgres: no query named %q in queries/*.sql", name))
+	}
+	queriesUsedMu.Lock()
+	queriesUsed[name] = true
+	queriesUsedMu.Unlock()
+	return found
+}
+
+func mustParseQueries(files fs.FS) map[string]query {
+	parsed, err := parseQueries(files)
+	if err != nil {
+		panic(err)
+	}
+	return parsed
+}
+
+func parseQueries(files fs.FS) (map[string]query, error) {
+	names, err := fs.Glob(files, "queries/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]query{}
+	for _, file := range names {
+		data, err := fs.ReadFile(files, file)
+		if err != nil {
+			return nil, err
+		}
+		var current *query
+		var body strings.Builder
+		flush := func() error {
+			if current == nil {
+				return nil
+			}
+			current.text = strings.TrimSpace(body.String())
+			if current.text == "" {
+				return fmt.Errorf("%s: query %q is empty", file, current.name)
+			}
+			if _, dup := out[current.name]; dup {
+				return fmt.Errorf("%s: query %q defined twice", file, current.name)
+			}
+			writesStatus := strings.Contains(current.text, "SET status") || strings.Contains(current.text, "status = $to") || strings.Contains(current.text, "SET\n    status")
+			if writesStatus && current.to == "" {
+				return fmt.Errorf("%s: query %q writes status without a -- transition: line", file, current.name)
+			}
+			out[current.name] = *current
+			body.Reset()
+			return nil
+		}
+		scanner := bufio.NewScanner(strings.NewReader(string(data)))
+		for scanner.Scan() {
+			line := scanner.Text()
+			trimmed := strings.TrimSpace(line)
+			switch {
+			case strings.HasPrefix(trimmed, "-- name:"):
+				if err := flush(); err != nil {
+					return nil, err
+				}
+				current = &query{name: strings.TrimSpace(strings.TrimPrefix(trimmed, "-- name:"))}
+			case strings.HasPrefix(trimmed, "-- transition:"):
+				if current == nil {
+					return nil, fmt.Errorf("%s: transition line outside a query", file)
+				}
+				from, to, err := parseEdge(strings.TrimPrefix(trimmed, "-- transition:"))
+				if err != nil {
+					return nil, fmt.Errorf("%s: query %q: %w", file, current.name, err)
+				}
+				current.from, current.to = from, to
+			case current != nil:
+				body.WriteString(line)
+				body.WriteByte('\n')
+			}
+		}
+		if err := flush(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func parseEdge(text string) ([]payment.Status, payment.Status, error) {
+	left, right, ok := strings.Cut(text, "->")
+	if !ok {
+		return nil, "", fmt.Errorf("transition %q lacks ->", text)
+	}
+	to := payment.Status(strings.TrimSpace(right))
+	if !to.Valid() {
+		return nil, "", fmt.Errorf("unknown status %q", to)
+	}
+	var from []payment.Status
+	for _, f := range strings.Split(left, ",") {
+		s := payment.Status(strings.TrimSpace(f))
+		if !payment.CanTransition(s, to) {
+			return nil, "", fmt.Errorf("%s -> %s is not an allowed transition", s, to)
+		}
+		from = append(from, s)
+	}
+	return from, to, nil
+}

@@ -1,0 +1,38 @@
+-- name: insert_event
+-- One statement, so one round trip and an atomic commit: the row and the
+-- wake-up of the enqueuer commit together or not at all. The subqueries
+-- run on the statement's snapshot, so existing_hash never sees the row
+-- this statement inserts; a row committed by a racing insert after the
+-- snapshot shows up as "nothing inserted, nothing found", and the caller
+-- runs the statement again.
+WITH ins AS (
+    INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address)
+    SELECT $1, $2, $3, $4, $5::numeric, $6, $7, $8, $9, $10
+    WHERE EXISTS (SELECT 1 FROM users WHERE id = $3)
+      AND EXISTS (SELECT 1 FROM assets WHERE code = $4)
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+), wake AS (
+    SELECT pg_notify('settle_outbox', '') FROM ins
+)
+SELECT
+    -- wake has one row per inserted row; counting it runs pg_notify.
+    (SELECT count(*) FROM wake) AS inserted,
+    (SELECT content_hash FROM payment_events WHERE event_id = $1) AS existing_hash,
+    EXISTS (SELECT 1 FROM users WHERE id = $3) AS user_exists,
+    EXISTS (SELECT 1 FROM assets WHERE code = $4) AS asset_exists;
+
+-- name: get_event
+SELECT event_id, event_type, user_id, asset, amount::text, status, retry_count, generation,
+       COALESCE(tx_hash, ''), trace_id, source, COALESCE(related_event_id, ''),
+       COALESCE(outcome, ''), COALESCE(error, ''), COALESCE(chain_state, ''),
+       block_number, next_check_at, check_count, created_at, updated_at
+FROM payment_events
+WHERE event_id = $1;
+
+-- name: event_states
+-- The actual state of events a transition did not move, for the caller to
+-- classify.
+SELECT event_id, status, generation
+FROM payment_events
+WHERE event_id = ANY($1::text[]);

@@ -1,0 +1,115 @@
+-- The ledger transaction, step by step (ledger.go runs them in order).
+-- Locks are always taken in the same global order: balances rows sorted by
+-- (user_id, asset) first, then event rows, then idempotency keys sorted.
+-- Two batches touching the same users therefore queue behind each other
+-- instead of deadlocking.
+
+-- name: ledger_settings
+SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true);
+
+-- name: ledger_ensure_balances
+-- Balance rows are created lazily, in lock order, for known users and
+-- assets only; an unknown user or asset simply gets no row.
+INSERT INTO balances (user_id, asset)
+SELECT t.user_id, t.asset
+FROM unnest($1::bigint[], $2::text[]) AS t(user_id, asset)
+WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = t.user_id)
+  AND EXISTS (SELECT 1 FROM assets a WHERE a.code = t.asset)
+ORDER BY t.user_id, t.asset
+ON CONFLICT (user_id, asset) DO NOTHING;
+
+-- name: ledger_lock_balances
+-- LockRows sits above the Sort, so rows are locked in (user_id, asset)
+-- order. Waiting is bounded by lock_timeout, after which the batch fails
+-- as retryable (55P03).
+SELECT b.user_id, b.asset, b.balance::text
+FROM balances b
+JOIN unnest($1::bigint[], $2::text[]) AS t(user_id, asset)
+  ON b.user_id = t.user_id AND b.asset = t.asset
+ORDER BY b.user_id, b.asset
+FOR UPDATE OF b;
+
+-- name: ledger_claim
+-- transition: enqueued -> processing
+-- Only the live generation's task may claim an event, and only if it
+-- describes the stored row exactly; the values that move money are the
+-- row's.
+UPDATE payment_events p
+SET status = 'processing', updated_at = now()
+FROM unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[])
+     AS t(event_id, generation, event_type, user_id, asset, amount)
+WHERE p.event_id = t.event_id AND p.status = 'enqueued' AND p.generation = t.generation
+  AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
+RETURNING p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
+          COALESCE(p.related_event_id, ''), p.created_at;
+
+-- name: ledger_insert_keys
+INSERT INTO processed_events (idempotency_key, event_id)
+SELECT t.idempotency_key, t.event_id
+FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, event_id)
+ORDER BY t.idempotency_key
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING idempotency_key;
+
+-- name: ledger_key_outcomes
+SELECT idempotency_key, outcome
+FROM processed_events
+WHERE idempotency_key = ANY($1::text[]);
+
+-- name: ledger_update_balances
+-- Deltas, not absolute values: the CHECK (balance >= 0) is the last guard
+-- should the arithmetic above ever be wrong.
+UPDATE balances b
+SET balance = b.balance + t.delta::numeric, updated_at = now()
+FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(user_id, asset, delta)
+WHERE b.user_id = t.user_id AND b.asset = t.asset;
+
+-- name: ledger_insert_journal
+INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id)
+SELECT t.user_id, t.asset, t.amount::numeric, t.event_type, t.source_event_id
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
+     AS t(user_id, asset, amount, event_type, source_event_id);
+
+-- name: ledger_set_outcomes
+UPDATE processed_events p
+SET outcome = t.outcome, updated_at = now()
+FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, outcome)
+WHERE p.idempotency_key = t.idempotency_key;
+
+-- name: ledger_confirm
+-- transition: processing -> confirmed
+-- Pipelined ahead of COMMIT, so it asserts that every claimed row moved:
+-- a shortfall aborts the transaction instead of committing half a batch.
+WITH moved AS (
+    UPDATE payment_events p
+    SET status = 'confirmed', outcome = 'success', error = NULL, retry_count = 0, updated_at = now(),
+        block_number = COALESCE(t.block_number, p.block_number),
+        block_hash = COALESCE(NULLIF(t.block_hash, ''), p.block_hash),
+        chain_state = NULLIF(t.chain_state, '')
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(event_id, block_number, block_hash, chain_state)
+    WHERE p.event_id = t.event_id AND p.status = 'processing'
+    RETURNING p.event_id
+)
+SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_confirm moved ' || count(*) || ' of ' || cardinality($1::text[]))
+FROM moved;
+
+-- name: ledger_fail
+-- transition: processing -> failed
+WITH moved AS (
+    UPDATE payment_events p
+    SET status = 'failed', outcome = t.outcome, error = NULLIF(t.error, ''), updated_at = now()
+    FROM unnest($1::text[], $2::text[], $3::text[]) AS t(event_id, outcome, error)
+    WHERE p.event_id = t.event_id AND p.status = 'processing'
+    RETURNING p.event_id
+)
+SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_fail moved ' || count(*) || ' of ' || cardinality($1::text[]))
+FROM moved;
+
+-- name: insert_notifications
+-- delivery_id is unique: however often an event is delivered, it yields
+-- one notification.
+INSERT INTO notification_outbox (delivery_id, event_id, user_id, kind, payload, trace_id)
+SELECT t.delivery_id, t.event_id, t.user_id, t.kind, t.payload::jsonb, t.trace_id
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
+     AS t(delivery_id, event_id, user_id, kind, payload, trace_id)
+ON CONFLICT (delivery_id) DO NOTHING;

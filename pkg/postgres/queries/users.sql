@@ -1,0 +1,53 @@
+-- name: create_user
+INSERT INTO users (id) VALUES ($1) ON CONFLICT (id) DO NOTHING;
+
+-- name: user_exists
+SELECT EXISTS (SELECT 1 FROM users WHERE id = $1);
+
+-- name: set_initial_balance
+-- Seeds a balance a user held before settle's journal began. Allowed only
+-- while the journal has no row for that (user, asset): afterwards the
+-- invariant balance = initial_balance + SUM(journal) would have to be
+-- rewritten, which is a migration, not an operation.
+INSERT INTO balances (user_id, asset, balance, initial_balance)
+SELECT $1, $2, $3::numeric, $3::numeric
+WHERE NOT EXISTS (SELECT 1 FROM balance_events WHERE user_id = $1 AND asset = $2)
+ON CONFLICT (user_id, asset) DO UPDATE
+    SET balance = EXCLUDED.balance, initial_balance = EXCLUDED.initial_balance, updated_at = now()
+    WHERE NOT EXISTS (SELECT 1 FROM balance_events WHERE user_id = $1 AND asset = $2);
+
+-- name: list_balances
+SELECT asset, balance::text
+FROM balances
+WHERE user_id = $1
+ORDER BY asset;
+
+-- name: list_assets
+SELECT code, network, COALESCE(contract_address, ''), decimals
+FROM assets
+ORDER BY code;
+
+-- name: insert_deposit_address
+-- Returns the owner, whether just inserted or registered before.
+WITH ins AS (
+    INSERT INTO deposit_addresses (network, address, user_id)
+    SELECT $1, $2, $3
+    WHERE EXISTS (SELECT 1 FROM users WHERE id = $3)
+    ON CONFLICT (network, address) DO NOTHING
+    RETURNING user_id
+)
+SELECT
+    (SELECT user_id FROM ins) AS inserted_user,
+    (SELECT user_id FROM deposit_addresses WHERE network = $1 AND address = $2) AS existing_user,
+    EXISTS (SELECT 1 FROM users WHERE id = $3) AS user_exists;
+
+-- name: deposit_address_owners
+-- Owners of the given addresses on one network, for the Alchemy webhook.
+SELECT address, user_id
+FROM deposit_addresses
+WHERE network = $1 AND address = ANY($2::text[]);
+
+-- name: user_deposit_addresses
+SELECT address
+FROM deposit_addresses
+WHERE network = $1 AND user_id = $2;

@@ -1,0 +1,164 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// CreateUser registers a user; false if it existed already.
+func (db *DB) CreateUser(ctx context.Context, id int64) (bool, error) {
+	if id <= 0 {
+		return false, payment.Invalid("user id %d must be positive", id)
+	}
+	stmt := q("create_user")
+	tag, err := db.pool.Exec(ctx, stmt.text, id)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// UserExists reports whether the user is registered.
+func (db *DB) UserExists(ctx context.Context, id int64) (bool, error) {
+	stmt := q("user_exists")
+	var ok bool
+	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&ok)
+	return ok, classify(stmt.name, err)
+}
+
+// SetInitialBalance seeds what a user held before settle's journal began;
+// refused once the journal has a row for that balance.
+func (db *DB) SetInitialBalance(ctx context.Context, user int64, asset string, amount decimal.Decimal) error {
+	if amount.Sign() < 0 {
+		return payment.Invalid("initial balance %s is negative", amount)
+	}
+	stmt := q("set_initial_balance")
+	tag, err := db.pool.Exec(ctx, stmt.text, user, asset, amount.String())
+	if err != nil {
+		if isCode(err, codeForeignKeyViolation) {
+			return fmt.Errorf("user %d or asset %s: %w", user, asset, payment.ErrInvalid)
+		}
+		return classify(stmt.name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return payment.Invalid("balance of user %d in %s already has journal entries; its initial balance is fixed", user, asset)
+	}
+	return nil
+}
+
+// Balance is one (asset, amount) of a user.
+type Balance struct {
+	Asset   string
+	Balance decimal.Decimal
+}
+
+// Balances lists a user's balances.
+func (db *DB) Balances(ctx context.Context, user int64) ([]Balance, error) {
+	stmt := q("list_balances")
+	rows, err := db.pool.Query(ctx, stmt.text, user)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var out []Balance
+	for rows.Next() {
+		var b Balance
+		var text string
+		if err := rows.Scan(&b.Asset, &text); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		b.Balance = decimal.RequireFromString(text)
+		out = append(out, b)
+	}
+	return out, classify(stmt.name, rows.Err())
+}
+
+// Assets reads the asset registry.
+func (db *DB) Assets(ctx context.Context) (*payment.Registry, error) {
+	stmt := q("list_assets")
+	rows, err := db.pool.Query(ctx, stmt.text)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var assets []payment.Asset
+	for rows.Next() {
+		var a payment.Asset
+		var decimals int16
+		if err := rows.Scan(&a.Code, &a.Network, &a.Contract, &decimals); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		a.Decimals = int(decimals)
+		assets = append(assets, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	return payment.NewRegistry(assets), nil
+}
+
+// AddDepositAddress registers address (lowercase) on network for user.
+// It reports true when newly registered, false when it already belonged
+// to that user; payment.ErrConflict when it belongs to another.
+func (db *DB) AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error) {
+	stmt := q("insert_deposit_address")
+	var inserted, existing *int64
+	var userExists bool
+	if err := db.pool.QueryRow(ctx, stmt.text, network, address, user).Scan(&inserted, &existing, &userExists); err != nil {
+		return false, classify(stmt.name, err)
+	}
+	switch {
+	case inserted != nil:
+		return true, nil
+	case existing != nil && *existing == user:
+		return false, nil
+	case existing != nil:
+		return false, fmt.Errorf("address %s on %s: %w: registered to another user", address, network, payment.ErrConflict)
+	case !userExists:
+		return false, fmt.Errorf("%w %d", payment.ErrUnknownUser, user)
+	}
+	return false, payment.Retryable(stmt.name, fmt.Errorf("address %s registered concurrently", address))
+}
+
+// DepositAddressOwners maps addresses (lowercase) on network to users.
+func (db *DB) DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error) {
+	stmt := q("deposit_address_owners")
+	rows, err := db.pool.Query(ctx, stmt.text, network, addresses)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var addr string
+		var user int64
+		if err := rows.Scan(&addr, &user); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		out[addr] = user
+	}
+	return out, classify(stmt.name, rows.Err())
+}
+
+// UserDepositAddresses lists a user's addresses on network.
+func (db *DB) UserDepositAddresses(ctx context.Context, network string, user int64) ([]string, error) {
+	stmt := q("user_deposit_addresses")
+	rows, err := db.pool.Query(ctx, stmt.text, network, user)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var addr string
+		if err := rows.Scan(&addr); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		out = append(out, addr)
+	}
+	return out, classify(stmt.name, rows.Err())
+}
