@@ -20,7 +20,7 @@ func TestParse(t *testing.T) {
 		{in: "50", scale: 18, want: "50"},
 		{in: "50.1", scale: 18, want: "50.1"},
 		{in: "0.000000000000000001", scale: 18, want: "0.000000000000000001"},
-		{in: "50.0000000000000000000", scale: 18, want: "50"},                  // 19 zeros normalise away
+		{in: "50.0000000000000000000", scale: 18, want: "50"},                   // 19 zeros normalise away
 		{in: "1.0000000000000000000000000000000000000000", scale: 6, want: "1"}, // trailing zeros never count
 		{in: "99999999999999999999.999999999999999999", scale: 18, want: "99999999999999999999.999999999999999999"},
 		{in: "1e19", scale: 18, want: "10000000000000000000"},
@@ -106,7 +106,7 @@ func TestFromBaseUnits(t *testing.T) {
 		{hex: "0x0F4240", decimals: 6, want: "1"}, // 1,000,000 USDC base units
 		{hex: "0x2faf080", decimals: 8, want: "0.5"},
 		{hex: "0x" + strings.Repeat("0", 63) + "1", decimals: 0, want: "1"},
-		{hex: "0x", decimals: 18, err: money.ErrSyntax},   // NFT transfers carry no value
+		{hex: "0x", decimals: 18, err: money.ErrSyntax}, // NFT transfers carry no value
 		{hex: "0x0", decimals: 18, err: money.ErrNotPositive},
 		{hex: "0x00", decimals: 6, err: money.ErrNotPositive},
 		{hex: "de0b6b3a7640000", decimals: 18, err: money.ErrSyntax},

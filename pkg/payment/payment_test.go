@@ -69,18 +69,18 @@ func TestContentHashComparesAmountsNumerically(t *testing.T) {
 
 func TestTransitionTable(t *testing.T) {
 	allowed := map[[2]payment.Status]bool{
-		{payment.StatusPending, payment.StatusEnqueued}:           true,
-		{payment.StatusPending, payment.StatusFailed}:             true,
-		{payment.StatusEnqueued, payment.StatusProcessing}:        true,
-		{payment.StatusEnqueued, payment.StatusFailed}:            true,
-		{payment.StatusEnqueued, payment.StatusPending}:           true,
-		{payment.StatusEnqueued, payment.StatusConfirmed}:         true,
-		{payment.StatusEnqueued, payment.StatusAwaitingFinality}:  true,
-		{payment.StatusProcessing, payment.StatusConfirmed}:       true,
-		{payment.StatusProcessing, payment.StatusFailed}:          true,
-		{payment.StatusAwaitingFinality, payment.StatusEnqueued}:  true,
-		{payment.StatusAwaitingFinality, payment.StatusFailed}:    true,
-		{payment.StatusFailed, payment.StatusPending}:             true,
+		{payment.StatusPending, payment.StatusEnqueued}:          true,
+		{payment.StatusPending, payment.StatusFailed}:            true,
+		{payment.StatusEnqueued, payment.StatusProcessing}:       true,
+		{payment.StatusEnqueued, payment.StatusFailed}:           true,
+		{payment.StatusEnqueued, payment.StatusPending}:          true,
+		{payment.StatusEnqueued, payment.StatusConfirmed}:        true,
+		{payment.StatusEnqueued, payment.StatusAwaitingFinality}: true,
+		{payment.StatusProcessing, payment.StatusConfirmed}:      true,
+		{payment.StatusProcessing, payment.StatusFailed}:         true,
+		{payment.StatusAwaitingFinality, payment.StatusEnqueued}: true,
+		{payment.StatusAwaitingFinality, payment.StatusFailed}:   true,
+		{payment.StatusFailed, payment.StatusPending}:            true,
 	}
 	for _, from := range payment.Statuses {
 		for _, to := range payment.Statuses {
