@@ -53,7 +53,7 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 		var existing []byte
 		var userExists, assetExists bool
 		err := qr.QueryRow(ctx, stmt.text, ev.ID, string(ev.Type), ev.UserID, ev.Asset, ev.Amount.String(),
-			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress)).
+			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress), nullable(e.Related)).
 			Scan(&inserted, &existing, &userExists, &assetExists)
 		if err != nil {
 			return false, classify(stmt.name, err)

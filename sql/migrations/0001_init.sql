@@ -59,7 +59,9 @@ CREATE INDEX deposit_addresses_user ON deposit_addresses (user_id);
 -- deleted; the API checks both inside the insert statement, and the
 -- ledger locks the balances row, which does have its foreign keys.
 CREATE TABLE payment_events (
-    event_id         text           PRIMARY KEY CHECK (length(event_id) BETWEEN 1 AND 200),
+    -- Callers may send ids of up to 200 characters; settle's own
+    -- compensations prefix "reorg:" to the original's id.
+    event_id         text           PRIMARY KEY CHECK (length(event_id) BETWEEN 1 AND 256),
     event_type       text           NOT NULL CHECK (event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation')),
     user_id          bigint         NOT NULL,
     asset            text           NOT NULL,

@@ -6,8 +6,8 @@
 -- snapshot shows up as "nothing inserted, nothing found", and the caller
 -- runs the statement again.
 WITH ins AS (
-    INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address)
-    SELECT $1, $2, $3, $4, $5::numeric, $6, $7, $8, $9, $10
+    INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address, related_event_id)
+    SELECT $1, $2, $3, $4, $5::numeric, $6, $7, $8, $9, $10, $11
     WHERE EXISTS (SELECT 1 FROM users WHERE id = $3)
       AND EXISTS (SELECT 1 FROM assets WHERE code = $4)
     ON CONFLICT (event_id) DO NOTHING

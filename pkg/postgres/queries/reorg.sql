@@ -1,0 +1,25 @@
+-- name: lock_event
+SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), trace_id, generation
+FROM payment_events
+WHERE event_id = $1
+FOR UPDATE;
+
+-- name: void_uncredited
+-- transition: pending, enqueued, awaiting_finality -> failed
+-- A deposit whose transaction left the chain before it was credited.
+UPDATE payment_events
+SET status = 'failed', outcome = 'reorged', error = $2, chain_state = 'reorged', next_check_at = NULL, updated_at = now()
+WHERE event_id = $1 AND status IN ('pending', 'enqueued', 'awaiting_finality')
+RETURNING event_id;
+
+-- name: record_outcome
+-- The idempotency record of an event decided outside the ledger batch.
+INSERT INTO processed_events (idempotency_key, event_id, outcome)
+VALUES ($1, $2, $3)
+ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, updated_at = now()
+WHERE processed_events.outcome = 'pending';
+
+-- name: mark_reorged
+UPDATE payment_events
+SET chain_state = 'reorged', error = $2, updated_at = now()
+WHERE event_id = $1;

@@ -1,0 +1,111 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Reversal says what ReverseDeposit did.
+type Reversal int
+
+const (
+	// Voided: the deposit was not credited yet; it ended failed/reorged.
+	Voided Reversal = iota + 1
+	// Compensating: the deposit was credited; its compensation event
+	// (reorg:<id>) is in the outbox, or was already.
+	Compensating
+	// AlreadyFailed: the deposit had failed before; nothing to reverse.
+	AlreadyFailed
+)
+
+func (r Reversal) String() string {
+	switch r {
+	case Voided:
+		return "voided"
+	case Compensating:
+		return "compensating"
+	case AlreadyFailed:
+		return "already_failed"
+	}
+	return "unknown"
+}
+
+// ReverseDeposit handles a deposit whose transaction is no longer in the
+// canonical chain (receipt gone, block hash changed, or the provider's
+// removed: true). Uncredited, it fails with outcome reorged. Credited, it
+// gets a compensation event that debits it through the normal flow; the
+// compensation's id is fixed, so a reorg reported twice compensates once.
+// The event row is locked first, so a ledger batch crediting it right now
+// finishes before this decides.
+func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (Reversal, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return 0, classify("reverse deposit", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+
+	stmt := q("lock_event")
+	var e payment.Event
+	var eventType, amount, status string
+	var generation int32
+	err = tx.QueryRow(ctx, stmt.text, eventID).Scan(&e.ID, &eventType, &e.UserID, &e.Asset, &amount, &status, &e.TxHash, &e.TraceID, &generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("deposit %s: %w", eventID, payment.ErrNotFound)
+	}
+	if err != nil {
+		return 0, classify(stmt.name, err)
+	}
+	e.Type, e.Amount = payment.EventType(eventType), decimal.RequireFromString(amount)
+	if !e.Type.Credit() {
+		return 0, payment.Invalid("event %s is a %s, not a deposit", eventID, e.Type)
+	}
+	if traceID == "" {
+		traceID = e.TraceID
+	}
+
+	var result Reversal
+	switch payment.Status(status) {
+	case payment.StatusFailed:
+		return AlreadyFailed, nil
+	case payment.StatusConfirmed:
+		compensation := NewEvent{
+			Event: payment.Event{
+				ID: payment.CompensationEventID(e.ID), Type: payment.ReorgCompensation,
+				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID,
+			},
+			Source:  SourceReorg,
+			Related: e.ID,
+		}
+		if _, err := insertEvent(ctx, tx, compensation); err != nil && !errors.Is(err, payment.ErrConflict) {
+			return 0, err
+		}
+		stmt := q("mark_reorged")
+		if _, err := tx.Exec(ctx, stmt.text, e.ID, reason); err != nil {
+			return 0, classify(stmt.name, err)
+		}
+		result = Compensating
+	default:
+		_, refused, err := transition(ctx, tx, q("void_uncredited"), []string{e.ID}, nil, e.ID, reason)
+		if err != nil {
+			return 0, err
+		}
+		if r, ok := refused[e.ID]; ok {
+			return 0, r.Err(e.ID, []payment.Status{payment.Status(status)}, payment.StatusFailed)
+		}
+		stmt := q("record_outcome")
+		if _, err := tx.Exec(ctx, stmt.text, e.Key(), e.ID, string(payment.OutcomeReorged)); err != nil {
+			return 0, classify(stmt.name, err)
+		}
+		result = Voided
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, classify("reverse deposit commit", err)
+	}
+	return result, nil
+}
