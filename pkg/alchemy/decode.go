@@ -1,0 +1,388 @@
+package alchemy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+)
+
+// TypeAddressActivity is the only webhook type that carries transfers we
+// credit; any other type is acknowledged and ignored.
+const TypeAddressActivity = "ADDRESS_ACTIVITY"
+
+// Bounds on what one payload may hold. The HTTP layer bounds the body's
+// bytes; these bound the work done per payload.
+const (
+	// ActivitiesMax is the most activities one payload may carry.
+	ActivitiesMax = 10_000
+	// networkLengthMax matches the deposit_addresses.network CHECK.
+	networkLengthMax = 64
+	// traceAddressLengthMax bounds typeTraceAddress ("CALL_0_1_…"), so
+	// that an event id always fits (see EventIDLengthMax).
+	traceAddressLengthMax = 96
+	// logIndexHexDigitsMax: a log index is a uint64 quantity.
+	logIndexHexDigitsMax = 16
+	// EventIDLengthMax is the longest id Transfers derives; it leaves
+	// room for the "reorg:" prefix of a compensation within the
+	// payment_events.event_id bound of 256 characters.
+	EventIDLengthMax = 250
+	// EventIDPrefix starts every event id derived from an Alchemy transfer.
+	EventIDPrefix = "alchemy:"
+)
+
+// ErrPayload marks a body that is not an Address Activity payload at all
+// (not JSON, no event object, too many activities). A single activity that
+// cannot be read is ignored instead, so it never blocks the others.
+var ErrPayload = errors.New("malformed alchemy payload")
+
+// Payload is a decoded webhook: the envelope plus its activities, still
+// raw, because each one is judged on its own.
+type Payload struct {
+	WebhookID  string
+	ID         string
+	Type       string
+	Network    string
+	Activities []json.RawMessage
+}
+
+type envelope struct {
+	WebhookID string          `json:"webhookId"`
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	Event     json.RawMessage `json:"event"`
+}
+
+type event struct {
+	Network  string          `json:"network"`
+	Activity json.RawMessage `json:"activity"`
+}
+
+// Decode reads the envelope of a webhook body. Unknown fields are
+// tolerated everywhere: Alchemy adds fields over time.
+func Decode(body []byte) (Payload, error) {
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
+	}
+	if isNull(env.Event) {
+		return Payload{}, fmt.Errorf("%w: no event object", ErrPayload)
+	}
+	var ev event
+	if err := json.Unmarshal(env.Event, &ev); err != nil {
+		return Payload{}, fmt.Errorf("%w: event: %w", ErrPayload, err)
+	}
+	p := Payload{WebhookID: env.WebhookID, ID: env.ID, Type: env.Type, Network: ev.Network}
+	if isNull(ev.Activity) {
+		// Alchemy sends errors (e.g. capacity exhausted) in an event
+		// without activities; there is nothing to credit.
+		return p, nil
+	}
+	if err := json.Unmarshal(ev.Activity, &p.Activities); err != nil {
+		return Payload{}, fmt.Errorf("%w: activity is not an array: %w", ErrPayload, err)
+	}
+	if len(p.Activities) > ActivitiesMax {
+		return Payload{}, fmt.Errorf("%w: %d activities, at most %d", ErrPayload, len(p.Activities), ActivitiesMax)
+	}
+	if p.Type == TypeAddressActivity && len(p.Activities) > 0 && !validNetwork(p.Network) {
+		return Payload{}, fmt.Errorf("%w: network %q", ErrPayload, truncate(p.Network))
+	}
+	return p, nil
+}
+
+// Reason says why an activity was not turned into a transfer. The set is
+// fixed, so it can label a metric.
+type Reason string
+
+const (
+	ReasonNotAddressActivity  Reason = "not_address_activity"
+	ReasonMalformed           Reason = "malformed"
+	ReasonNFT                 Reason = "nft"
+	ReasonUnsupportedCategory Reason = "unsupported_category"
+	ReasonUnknownAsset        Reason = "unknown_asset"
+	ReasonContractMismatch    Reason = "contract_mismatch"
+	ReasonZeroAmount          Reason = "zero_amount"
+	ReasonAmountOutOfRange    Reason = "amount_out_of_range"
+)
+
+// Reasons lists every Reason, for metrics.
+var Reasons = []Reason{
+	ReasonNotAddressActivity, ReasonMalformed, ReasonNFT, ReasonUnsupportedCategory,
+	ReasonUnknownAsset, ReasonContractMismatch, ReasonZeroAmount, ReasonAmountOutOfRange,
+}
+
+// Transfer is a fungible transfer that could be a deposit: the caller
+// still has to find the recipient among the deposit addresses.
+type Transfer struct {
+	// EventID is stable across redeliveries: it is derived from the
+	// transfer's identity (network, transaction, category, and log index
+	// or trace address), never from the delivery.
+	EventID   string
+	Network   string
+	TxHash    string // lowercase
+	ToAddress string // lowercase
+	Asset     payment.Asset
+	// Amount is rawContract.rawValue / 10^decimals, exactly; the float
+	// "value" field is never read.
+	Amount decimal.Decimal
+	// Removed: the log was removed by a reorg; the deposit must be
+	// reversed rather than credited.
+	Removed bool
+}
+
+// Ignored is an activity that is not a transfer we credit.
+type Ignored struct {
+	Index  int
+	Reason Reason
+}
+
+// Assets is what Transfers needs from the asset registry.
+type Assets interface {
+	Native(network string) (payment.Asset, bool)
+	ByContract(network, contract string) (payment.Asset, bool)
+}
+
+// Transfers judges every activity of p: a fungible transfer of a known
+// asset becomes a Transfer; anything else is Ignored with its reason.
+func Transfers(p Payload, assets Assets) ([]Transfer, []Ignored) {
+	var transfers []Transfer
+	var ignored []Ignored
+	for i, raw := range p.Activities {
+		if p.Type != TypeAddressActivity {
+			ignored = append(ignored, Ignored{Index: i, Reason: ReasonNotAddressActivity})
+			continue
+		}
+		t, reason := transfer(p.Network, raw, assets)
+		if reason != "" {
+			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			continue
+		}
+		transfers = append(transfers, t)
+	}
+	return transfers, ignored
+}
+
+type rawContract struct {
+	RawValue *string `json:"rawValue"`
+	Address  *string `json:"address"`
+}
+
+type activityLog struct {
+	Address         *string `json:"address"`
+	TransactionHash *string `json:"transactionHash"`
+	LogIndex        *string `json:"logIndex"`
+	Removed         bool    `json:"removed"`
+}
+
+type activity struct {
+	Hash             string          `json:"hash"`
+	ToAddress        string          `json:"toAddress"`
+	Category         string          `json:"category"`
+	ERC721TokenID    json.RawMessage `json:"erc721TokenId"`
+	ERC1155Metadata  json.RawMessage `json:"erc1155Metadata"`
+	RawContract      *rawContract    `json:"rawContract"`
+	TypeTraceAddress *string         `json:"typeTraceAddress"`
+	Log              *activityLog    `json:"log"`
+}
+
+// Category kinds as they appear in the event id.
+const (
+	kindExternal = "external"
+	kindInternal = "internal"
+	kindToken    = "token"
+)
+
+func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+	var a activity
+	if err := json.Unmarshal(raw, &a); err != nil {
+		return Transfer{}, ReasonMalformed
+	}
+	category := strings.ToLower(a.Category)
+	// NFTs are never credited, whatever else the activity says.
+	if !isNull(a.ERC721TokenID) || !isNull(a.ERC1155Metadata) ||
+		category == "erc721" || category == "erc1155" || category == "specialnft" ||
+		(a.RawContract != nil && a.RawContract.RawValue != nil && strings.EqualFold(*a.RawContract.RawValue, "0x")) {
+		return Transfer{}, ReasonNFT
+	}
+	txHash, ok := normalizeTxHash(a.Hash)
+	if !ok && a.Hash == "" && a.Log != nil && a.Log.TransactionHash != nil {
+		txHash, ok = normalizeTxHash(*a.Log.TransactionHash)
+	}
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	if a.Log != nil && a.Log.TransactionHash != nil && !strings.EqualFold(*a.Log.TransactionHash, txHash) {
+		return Transfer{}, ReasonMalformed
+	}
+	to, ok := normalizeAddress(a.ToAddress)
+	if !ok || a.RawContract == nil || a.RawContract.RawValue == nil {
+		return Transfer{}, ReasonMalformed
+	}
+	contract := ""
+	if a.RawContract.Address != nil {
+		contract = *a.RawContract.Address
+	}
+
+	var kind, detail string
+	var asset payment.Asset
+	switch category {
+	case kindExternal, kindInternal:
+		// The native coin carries no contract; one that names a contract
+		// is not what its category claims.
+		if contract != "" {
+			return Transfer{}, ReasonContractMismatch
+		}
+		kind = category
+		if category == kindInternal {
+			if a.TypeTraceAddress == nil || !validTraceAddress(*a.TypeTraceAddress) {
+				return Transfer{}, ReasonMalformed
+			}
+			detail = *a.TypeTraceAddress
+		}
+		if asset, ok = assets.Native(network); !ok {
+			return Transfer{}, ReasonUnknownAsset
+		}
+	case kindToken, "erc20":
+		kind = kindToken
+		if a.Log == nil || a.Log.LogIndex == nil {
+			return Transfer{}, ReasonMalformed
+		}
+		index, ok := parseQuantity(*a.Log.LogIndex)
+		if !ok {
+			return Transfer{}, ReasonMalformed
+		}
+		detail = strconv.FormatUint(index, 10)
+		normalized, ok := normalizeAddress(contract)
+		if !ok {
+			return Transfer{}, ReasonMalformed
+		}
+		// The log is what the chain emitted; a payload whose contract
+		// and log disagree is not trusted.
+		if a.Log.Address != nil && !strings.EqualFold(*a.Log.Address, normalized) {
+			return Transfer{}, ReasonContractMismatch
+		}
+		// A token is recognised by its contract, never by its symbol.
+		if asset, ok = assets.ByContract(network, normalized); !ok {
+			return Transfer{}, ReasonUnknownAsset
+		}
+	default:
+		return Transfer{}, ReasonUnsupportedCategory
+	}
+
+	amount, err := money.FromBaseUnits(*a.RawContract.RawValue, asset.Decimals)
+	switch {
+	case errors.Is(err, money.ErrNotPositive):
+		return Transfer{}, ReasonZeroAmount
+	case errors.Is(err, money.ErrTooLarge):
+		return Transfer{}, ReasonAmountOutOfRange
+	case err != nil:
+		return Transfer{}, ReasonMalformed
+	}
+	removed := a.Log != nil && a.Log.Removed
+	return Transfer{
+		EventID:   eventID(network, txHash, kind, detail),
+		Network:   network,
+		TxHash:    txHash,
+		ToAddress: to,
+		Asset:     asset,
+		Amount:    amount,
+		Removed:   removed,
+	}, ""
+}
+
+// eventID names a transfer: alchemy:<network>:<tx hash>:<kind>[:<detail>],
+// where detail is the decimal log index of a token transfer or the trace
+// address of an internal one. An ETH transfer and a token transfer in one
+// transaction therefore get two ids.
+func eventID(network, txHash, kind, detail string) string {
+	id := EventIDPrefix + network + ":" + txHash + ":" + kind
+	if detail != "" {
+		id += ":" + detail
+	}
+	return id
+}
+
+func isNull(raw json.RawMessage) bool {
+	trimmed := bytes.TrimSpace(raw)
+	return len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null"))
+}
+
+func validNetwork(s string) bool {
+	if len(s) == 0 || len(s) > networkLengthMax || s[0] < 'A' || s[0] > 'Z' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func validTraceAddress(s string) bool {
+	if len(s) == 0 || len(s) > traceAddressLengthMax {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// parseQuantity reads an Ethereum hex quantity ("0x6e") as a uint64.
+func parseQuantity(s string) (uint64, bool) {
+	if len(s) < 3 || len(s) > 2+logIndexHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s[2:], 16, 64)
+	return n, err == nil
+}
+
+func normalizeHex(s string, digits int) (string, bool) {
+	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
+		return "", false
+	}
+	for i := 2; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return "", false
+		}
+	}
+	return "0x" + strings.ToLower(s[2:]), true
+}
+
+func normalizeTxHash(s string) (string, bool) { return normalizeHex(s, 64) }
+
+func normalizeAddress(s string) (string, bool) { return normalizeHex(s, 40) }
+
+// NormalizeAddress checks a 0x + 40 hex address in any letter case and
+// returns it lowercase.
+func NormalizeAddress(s string) (string, bool) { return normalizeAddress(s) }
+
+// NormalizeTxHash checks a 0x + 64 hex transaction hash in any letter
+// case and returns it lowercase.
+func NormalizeTxHash(s string) (string, bool) { return normalizeTxHash(s) }
+
+// ValidNetwork reports whether s is a network name like ETH_MAINNET.
+func ValidNetwork(s string) bool { return validNetwork(s) }
+
+// truncateLengthMax bounds outside text quoted in an error.
+const truncateLengthMax = 64
+
+func truncate(s string) string {
+	if len(s) <= truncateLengthMax {
+		return s
+	}
+	return s[:truncateLengthMax] + "…"
+}
