@@ -1,0 +1,387 @@
+package chain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+const (
+	// RecipientsMax bounds the deposit addresses one deposit may name.
+	RecipientsMax = 64
+	// reasonAddressesMax bounds how many addresses a Mismatch reason lists.
+	reasonAddressesMax = 5
+)
+
+// VerdictState is CheckDeposit's answer.
+type VerdictState string
+
+const (
+	// Credit: the policy holds and the receipt is what the deposit claims.
+	Credit VerdictState = "credit"
+	// Wait: not decidable yet (no receipt, or the policy does not hold).
+	Wait VerdictState = "wait"
+	// Reverted: the transaction failed (receipt status 0).
+	Reverted VerdictState = "reverted"
+	// Mismatch: a token deposit whose receipt has no matching Transfer log.
+	Mismatch VerdictState = "mismatch"
+)
+
+// Verdict is what the chain says about a deposit.
+type Verdict struct {
+	State VerdictState
+	// BlockNumber and BlockHash locate the receipt when one was seen.
+	BlockNumber uint64
+	BlockHash   string
+	// Finalized: the block is at or below the finalized block. A Credit
+	// with Finalized false must be watched for reorgs until it is.
+	Finalized bool
+	// ReceiptSeen: a receipt exists (for Wait: mined, policy not met yet;
+	// false: not mined, unknown, or dropped by a reorg).
+	ReceiptSeen bool
+	// Reason says why, in words fit for a log line or a DLQ row.
+	Reason string
+}
+
+// Deposit is what a webhook claims about a deposit with a transaction.
+type Deposit struct {
+	TxHash string
+	// Token is the ERC-20 contract address; empty for native ETH.
+	Token string
+	// Recipients are the acceptable receiving addresses; for a token the
+	// Transfer log's `to` must be one of them.
+	Recipients []string
+	// Amount in base units; checked for tokens only.
+	Amount *big.Int
+}
+
+// CanonicalState is StillCanonical's answer.
+type CanonicalState string
+
+const (
+	// Final: the block is finalized and still has the same hash.
+	Final CanonicalState = "final"
+	// Canonical: in the chain at the same hash, not final yet.
+	Canonical CanonicalState = "canonical"
+	// Gone: the receipt is missing, or the block at that height changed.
+	Gone CanonicalState = "gone"
+)
+
+// CheckerOptions configure NewChecker. Zero values take the defaults.
+type CheckerOptions struct {
+	// Redis holds the finality cache; nil disables it.
+	Redis      redis.UniversalClient
+	Registerer prometheus.Registerer
+	FinalTTL   time.Duration
+	// NotFinalTTL is how long "not final yet" is believed without asking
+	// the chain again; negative disables the hint.
+	NotFinalTTL time.Duration
+}
+
+// Checker decides deposits against the chain.
+type Checker struct {
+	client *Client
+	cache  *finalityCache
+}
+
+// NewChecker builds a Checker on a Client.
+func NewChecker(client *Client, opts CheckerOptions) *Checker {
+	if opts.FinalTTL <= 0 {
+		opts.FinalTTL = FinalTTLDefault
+	}
+	if opts.NotFinalTTL == 0 {
+		opts.NotFinalTTL = NotFinalTTLDefault
+	}
+	return &Checker{
+		client: client,
+		cache: &finalityCache{
+			rdb: opts.Redis, finalTTL: opts.FinalTTL, notFinalTTL: opts.NotFinalTTL,
+			metrics: newCacheMetrics(opts.Registerer),
+		},
+	}
+}
+
+// Client is the checker's RPC client.
+func (c *Checker) Client() *Client { return c.client }
+
+// CheckDeposit decides a deposit under policy p. An error means the chain
+// could not be asked (breaker open, timeout, refused connection: it is
+// payment.ErrUnavailable, so wait and ask again) or the deposit itself is
+// malformed (payment.ErrInvalid).
+//
+// Every terminal verdict (Credit, Reverted, Mismatch) waits for the
+// policy: a receipt in a block that may still be reorged is not the
+// chain's last word, whichever way it points.
+func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdict, error) {
+	d, err := d.normalized()
+	if err != nil {
+		return Verdict{}, err
+	}
+	if !p.Valid() {
+		return Verdict{}, payment.Invalid("deposit finality policy is not set")
+	}
+	if r, ok := c.cache.final(ctx, d.TxHash); ok {
+		var latest uint64
+		if p.Kind() == Confirmations {
+			h, err := c.client.HeaderByTag(ctx, TagLatest)
+			if err != nil {
+				return Verdict{}, err
+			}
+			latest = h.Number
+		}
+		return decide(d, p, r, true, latest), nil
+	}
+	if hint, ok := c.cache.notFinal(ctx, d.TxHash, p); ok {
+		return Verdict{
+			State: Wait, ReceiptSeen: true, BlockNumber: hint.BlockNumber, BlockHash: hint.BlockHash,
+			Reason: fmt.Sprintf("mined in block %d; policy %s did not hold at the last check (rechecked at most every %s)", hint.BlockNumber, p, c.cache.notFinalTTL),
+		}, nil
+	}
+
+	// The finalized (and latest) headers are read before the receipt:
+	// a receipt read afterwards in a block at or below that finalized
+	// height is in the finalized chain, with no window for a reorg in
+	// between.
+	finalized, haveFinalized, err := c.finalizedNumber(ctx)
+	if err != nil {
+		return Verdict{}, err
+	}
+	var latest uint64
+	if p.Kind() == Confirmations {
+		h, err := c.client.HeaderByTag(ctx, TagLatest)
+		if err != nil {
+			return Verdict{}, err
+		}
+		latest = h.Number
+	}
+	r, err := c.client.Receipt(ctx, d.TxHash)
+	if errors.Is(err, ErrReceiptNotFound) {
+		return Verdict{State: Wait, Reason: "no receipt: not mined yet, unknown to the node, or dropped by a reorg"}, nil
+	}
+	if err != nil {
+		return Verdict{}, err
+	}
+	isFinal := haveFinalized && r.BlockNumber <= finalized
+	if isFinal {
+		c.cache.putFinal(ctx, r)
+	}
+	v := decide(d, p, r, isFinal, latest)
+	if v.State == Wait {
+		c.cache.putNotFinal(ctx, d.TxHash, p, notFinalRecord{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash})
+	}
+	return v, nil
+}
+
+// StillCanonical tells the reorg watcher whether a credited transaction
+// is still where it was seen: Final (finalized at the same hash; stop
+// watching), Canonical (same hash, not final yet), or Gone (no receipt,
+// or another block at that height). An error means the chain could not be
+// asked, or gave answers that contradict each other; ask again later.
+func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (CanonicalState, error) {
+	txHash, err := ParseTxHash(txHash)
+	if err != nil {
+		return "", err
+	}
+	blockHash, err = parseHex(blockHash, hashHexLength, "block hash")
+	if err != nil {
+		return "", payment.Invalid("%w", err)
+	}
+	if r, ok := c.cache.final(ctx, txHash); ok {
+		if r.BlockNumber == blockNumber && r.BlockHash == blockHash {
+			return Final, nil
+		}
+		return Gone, nil
+	}
+	// Finalized first, for the same reason as in CheckDeposit.
+	finalized, haveFinalized, err := c.finalizedNumber(ctx)
+	if err != nil {
+		return "", err
+	}
+	r, err := c.client.Receipt(ctx, txHash)
+	if errors.Is(err, ErrReceiptNotFound) {
+		return Gone, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if r.BlockNumber != blockNumber || r.BlockHash != blockHash {
+		return Gone, nil
+	}
+	// The receipt index could lag the chain on some nodes; the header at
+	// that height is the chain's own word on what is canonical there.
+	h, err := c.client.HeaderByNumber(ctx, blockNumber)
+	if errors.Is(err, ErrBlockNotFound) {
+		return "", payment.Unavailable("chain still canonical",
+			fmt.Errorf("the node has a receipt in block %d but no block at that height", blockNumber))
+	}
+	if err != nil {
+		return "", err
+	}
+	if h.Hash != blockHash {
+		return Gone, nil
+	}
+	if haveFinalized && blockNumber <= finalized {
+		c.cache.putFinal(ctx, r)
+		return Final, nil
+	}
+	return Canonical, nil
+}
+
+// finalizedNumber is the finalized block's height; have is false while
+// the node has no finalized block.
+func (c *Checker) finalizedNumber(ctx context.Context) (number uint64, have bool, err error) {
+	h, err := c.client.HeaderByTag(ctx, TagFinalized)
+	if errors.Is(err, ErrBlockNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return h.Number, true, nil
+}
+
+// decide applies the policy, then the receipt's status, then (for a
+// token) the Transfer logs.
+func decide(d Deposit, p Policy, r *Receipt, isFinal bool, latest uint64) Verdict {
+	v := Verdict{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, Finalized: isFinal, ReceiptSeen: true}
+	holds, why := policyHolds(p, r.BlockNumber, isFinal, latest)
+	if !holds {
+		v.State, v.Reason = Wait, why
+		if r.Status != 1 {
+			v.Reason += "; the receipt says reverted, decided once the policy holds"
+		}
+		return v
+	}
+	if r.Status != 1 {
+		v.State, v.Reason = Reverted, fmt.Sprintf("transaction reverted (receipt status %d) in block %d", r.Status, r.BlockNumber)
+		return v
+	}
+	if d.Token != "" {
+		if ok, mismatch := matchTransfer(d, r.Transfers); !ok {
+			v.State, v.Reason = Mismatch, mismatch
+			return v
+		}
+	}
+	v.State, v.Reason = Credit, why
+	return v
+}
+
+func policyHolds(p Policy, block uint64, isFinal bool, latest uint64) (bool, string) {
+	switch p.Kind() {
+	case Finalized:
+		if isFinal {
+			return true, fmt.Sprintf("block %d is finalized", block)
+		}
+		return false, fmt.Sprintf("block %d is not finalized yet", block)
+	case Confirmations:
+		var confirmations uint64
+		if latest >= block {
+			confirmations = latest - block + 1
+		}
+		if confirmations >= p.Confirmations() {
+			return true, fmt.Sprintf("block %d has %d confirmations (policy %s)", block, confirmations, p)
+		}
+		return false, fmt.Sprintf("block %d has %d of %d confirmations", block, confirmations, p.Confirmations())
+	}
+	return true, fmt.Sprintf("mined in block %d (policy none)", block)
+}
+
+// matchTransfer looks for the Transfer log the deposit claims: from the
+// token contract, to one of the recipients, for exactly the amount. The
+// reason names the first of those that nothing satisfied.
+func matchTransfer(d Deposit, transfers []Transfer) (bool, string) {
+	if len(transfers) == 0 {
+		return false, "the receipt has no ERC-20 Transfer log"
+	}
+	var fromToken []Transfer
+	for _, t := range transfers {
+		if t.Contract == d.Token {
+			fromToken = append(fromToken, t)
+		}
+	}
+	if len(fromToken) == 0 {
+		return false, fmt.Sprintf("no Transfer log from token contract %s (the receipt's Transfer logs come from %s)",
+			d.Token, listAddresses(transfers, func(t Transfer) string { return t.Contract }))
+	}
+	var toRecipient []Transfer
+	for _, t := range fromToken {
+		if slices.Contains(d.Recipients, t.To) {
+			toRecipient = append(toRecipient, t)
+		}
+	}
+	if len(toRecipient) == 0 {
+		return false, fmt.Sprintf("no Transfer log of %s to %s (its Transfer logs go to %s)",
+			d.Token, strings.Join(d.Recipients, ", "), listAddresses(fromToken, func(t Transfer) string { return t.To }))
+	}
+	for _, t := range toRecipient {
+		if t.Value.Cmp(d.Amount) == 0 {
+			return true, ""
+		}
+	}
+	values := make([]string, 0, min(len(toRecipient), reasonAddressesMax))
+	for i, t := range toRecipient {
+		if i == reasonAddressesMax {
+			values = append(values, fmt.Sprintf("and %d more", len(toRecipient)-i))
+			break
+		}
+		values = append(values, t.Value.String())
+	}
+	return false, fmt.Sprintf("Transfer log of %s to %s carries %s base units, the deposit says %s",
+		d.Token, toRecipient[0].To, strings.Join(values, ", "), d.Amount)
+}
+
+// listAddresses names the distinct addresses pick returns, at most
+// reasonAddressesMax of them.
+func listAddresses(transfers []Transfer, pick func(Transfer) string) string {
+	var seen []string
+	for _, t := range transfers {
+		if a := pick(t); !slices.Contains(seen, a) {
+			seen = append(seen, a)
+		}
+	}
+	if len(seen) > reasonAddressesMax {
+		return strings.Join(seen[:reasonAddressesMax], ", ") + fmt.Sprintf(" and %d more", len(seen)-reasonAddressesMax)
+	}
+	return strings.Join(seen, ", ")
+}
+
+// normalized validates a deposit and lowercases its hex.
+func (d Deposit) normalized() (Deposit, error) {
+	out := Deposit{Amount: d.Amount}
+	var err error
+	if out.TxHash, err = ParseTxHash(d.TxHash); err != nil {
+		return Deposit{}, err
+	}
+	if len(d.Recipients) > RecipientsMax {
+		return Deposit{}, payment.Invalid("deposit names %d recipients, at most %d", len(d.Recipients), RecipientsMax)
+	}
+	for _, r := range d.Recipients {
+		a, err := ParseAddress(r)
+		if err != nil {
+			return Deposit{}, err
+		}
+		out.Recipients = append(out.Recipients, a)
+	}
+	if d.Token == "" {
+		return out, nil
+	}
+	if out.Token, err = ParseAddress(d.Token); err != nil {
+		return Deposit{}, err
+	}
+	if len(out.Recipients) == 0 {
+		return Deposit{}, payment.Invalid("token deposit without a recipient address")
+	}
+	if d.Amount == nil || d.Amount.Sign() <= 0 {
+		return Deposit{}, payment.Invalid("token deposit without a positive amount")
+	}
+	return out, nil
+}

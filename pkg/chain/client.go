@@ -1,0 +1,278 @@
+package chain
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/ethereum/go-ethereum/rpc"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+const (
+	// CallTimeoutDefault bounds one RPC call; a node slower than this
+	// counts as failing.
+	CallTimeoutDefault = 5 * time.Second
+	// httpIdleConnsMax keeps enough idle connections to the node for a
+	// worker's concurrent calls (net/http keeps 2 by default, which would
+	// re-dial on every burst).
+	httpIdleConnsMax   = 64
+	httpIdleTimeout    = 90 * time.Second
+	httpDialTimeout    = 5 * time.Second
+	httpTLSHandshake   = 5 * time.Second
+	httpResponseHeader = CallTimeoutDefault
+)
+
+// RPC method names, as metric labels.
+const (
+	methodReceipt = "eth_getTransactionReceipt"
+	methodBlock   = "eth_getBlockByNumber"
+)
+
+// BlockTag names a moving block.
+type BlockTag string
+
+const (
+	TagLatest    BlockTag = "latest"
+	TagSafe      BlockTag = "safe"
+	TagFinalized BlockTag = "finalized"
+)
+
+// Receipt is what settle reads from a transaction receipt.
+type Receipt struct {
+	TxHash      string
+	Status      uint64 // 1 success, 0 reverted
+	BlockNumber uint64
+	BlockHash   string
+	// Transfers are the receipt's ERC-20 Transfer logs, in log order.
+	Transfers []Transfer
+}
+
+// Transfer is one ERC-20 Transfer(address indexed from, address indexed
+// to, uint256 value) log.
+type Transfer struct {
+	Contract string // lowercase address of the emitting contract
+	From     string
+	To       string
+	Value    *big.Int
+	LogIndex uint
+}
+
+// transferTopic is keccak256("Transfer(address,address,uint256)").
+var transferTopic = common.HexToHash("0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef")
+
+// ClientOptions configure Dial. Zero values take the defaults.
+type ClientOptions struct {
+	// Redis holds the breaker's shared state; nil leaves each process
+	// with its own in-process breaker.
+	Redis       redis.UniversalClient
+	Registerer  prometheus.Registerer
+	Alerter     Alerter
+	Logger      zerolog.Logger // for what happens outside a call (in-process breaker transitions)
+	CallTimeout time.Duration
+	Breaker     BreakerSettings
+	// HTTPClient replaces the default transport (tests, proxies).
+	HTTPClient *http.Client
+}
+
+// Client is an Ethereum JSON-RPC client behind the circuit breaker: every
+// call has a deadline, is counted and timed, and fails fast with
+// ErrBreakerOpen while the breaker is open.
+type Client struct {
+	rpc         *rpc.Client
+	eth         *ethclient.Client
+	breaker     *breaker
+	metrics     *clientMetrics
+	callTimeout time.Duration
+}
+
+// Dial prepares a client for an http(s) JSON-RPC endpoint. It does not
+// contact the node: a worker must start while the node is down, and the
+// breaker deals with the outage.
+func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("ethereum rpc url must be an http:// or https:// URL")
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = CallTimeoutDefault
+	}
+	settings := opts.Breaker.withDefaults()
+	if settings.ProbeTTL <= opts.CallTimeout {
+		// A probe outliving its slot would let a second probe out.
+		return nil, fmt.Errorf("breaker probe TTL %s must exceed the call timeout %s", settings.ProbeTTL, opts.CallTimeout)
+	}
+	httpClient := opts.HTTPClient
+	if httpClient == nil {
+		httpClient = &http.Client{Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: httpDialTimeout}).DialContext,
+			MaxIdleConns:          httpIdleConnsMax,
+			MaxIdleConnsPerHost:   httpIdleConnsMax,
+			IdleConnTimeout:       httpIdleTimeout,
+			TLSHandshakeTimeout:   httpTLSHandshake,
+			ResponseHeaderTimeout: max(httpResponseHeader, opts.CallTimeout),
+		}}
+	}
+	rc, err := rpc.DialOptions(ctx, rawURL, rpc.WithHTTPClient(httpClient))
+	if err != nil {
+		return nil, fmt.Errorf("ethereum rpc client: %w", err)
+	}
+	metrics := newClientMetrics(opts.Registerer)
+	return &Client{
+		rpc:         rc,
+		eth:         ethclient.NewClient(rc),
+		breaker:     newBreaker(settings, opts.Redis, metrics, opts.Alerter, opts.Logger),
+		metrics:     metrics,
+		callTimeout: opts.CallTimeout,
+	}, nil
+}
+
+// Close releases the connections.
+func (c *Client) Close() { c.rpc.Close() }
+
+// Receipt fetches a transaction's receipt; ErrReceiptNotFound when the
+// node has none.
+func (c *Client) Receipt(ctx context.Context, txHash string) (*Receipt, error) {
+	hash, err := ParseTxHash(txHash)
+	if err != nil {
+		return nil, err
+	}
+	var r *types.Receipt
+	err = c.call(ctx, methodReceipt, func(ctx context.Context) error {
+		var err error
+		r, err = c.eth.TransactionReceipt(ctx, common.HexToHash(hash))
+		if errors.Is(err, ethereum.NotFound) {
+			return ErrReceiptNotFound
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	receipt, err := convertReceipt(r, hash)
+	if err != nil {
+		return nil, payment.Unavailable("chain "+methodReceipt, err)
+	}
+	return receipt, nil
+}
+
+// HeaderByTag fetches the latest, safe or finalized header.
+func (c *Client) HeaderByTag(ctx context.Context, tag BlockTag) (Header, error) {
+	switch tag {
+	case TagLatest, TagSafe, TagFinalized:
+	default:
+		return Header{}, payment.Invalid("block tag %q is not latest, safe or finalized", tag)
+	}
+	return c.header(ctx, string(tag))
+}
+
+// HeaderByNumber fetches the canonical header at a height; ErrBlockNotFound
+// past the head.
+func (c *Client) HeaderByNumber(ctx context.Context, number uint64) (Header, error) {
+	return c.header(ctx, hexutil.EncodeUint64(number))
+}
+
+func (c *Client) header(ctx context.Context, block string) (Header, error) {
+	var raw json.RawMessage
+	err := c.call(ctx, methodBlock, func(ctx context.Context) error {
+		return c.rpc.CallContext(ctx, &raw, methodBlock, block, false)
+	})
+	if err != nil {
+		return Header{}, err
+	}
+	h, ok, err := parseHeader(raw)
+	if err != nil {
+		return Header{}, payment.Unavailable("chain "+methodBlock, err)
+	}
+	if !ok {
+		return Header{}, fmt.Errorf("block %s: %w", block, ErrBlockNotFound)
+	}
+	return h, nil
+}
+
+// call runs one RPC call under the breaker and the call deadline. Not
+// found is an answer (success for the breaker); the caller's own
+// cancellation says nothing about the node; anything else is a failure.
+func (c *Client) call(ctx context.Context, method string, do func(ctx context.Context) error) error {
+	t, err := c.breaker.allow(ctx)
+	if err != nil {
+		return fmt.Errorf("chain %s: %w", method, err)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, c.callTimeout)
+	start := time.Now()
+	err = do(callCtx)
+	cancel()
+	c.metrics.calls.WithLabelValues(method).Inc()
+	c.metrics.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+
+	o := outcomeSuccess
+	switch {
+	case err == nil, errors.Is(err, ErrReceiptNotFound):
+	case ctx.Err() != nil:
+		o = outcomeIgnore
+	default:
+		o = outcomeFailure
+		c.metrics.errors.WithLabelValues(method).Inc()
+	}
+	c.breaker.report(ctx, t, o, err)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrReceiptNotFound):
+		return err
+	}
+	return payment.Unavailable("chain "+method, err)
+}
+
+func convertReceipt(r *types.Receipt, wantHash string) (*Receipt, error) {
+	if r == nil || r.BlockNumber == nil {
+		return nil, errors.New("receipt without a block number")
+	}
+	if got := strings.ToLower(r.TxHash.Hex()); got != wantHash {
+		return nil, fmt.Errorf("asked for the receipt of %s, the node answered with %s", wantHash, got)
+	}
+	if !r.BlockNumber.IsUint64() {
+		return nil, fmt.Errorf("receipt block number %s does not fit 64 bits", r.BlockNumber)
+	}
+	out := &Receipt{
+		TxHash:      wantHash,
+		Status:      r.Status,
+		BlockNumber: r.BlockNumber.Uint64(),
+		BlockHash:   strings.ToLower(r.BlockHash.Hex()),
+	}
+	for _, l := range r.Logs {
+		if l == nil || l.Removed || len(l.Topics) != 3 || l.Topics[0] != transferTopic {
+			// Four topics is ERC-721's Transfer (token id indexed), which
+			// is never a fungible deposit.
+			continue
+		}
+		from, okFrom := topicAddress([32]byte(l.Topics[1]))
+		to, okTo := topicAddress([32]byte(l.Topics[2]))
+		value, okValue := wordValue(l.Data)
+		if !okFrom || !okTo || !okValue {
+			continue
+		}
+		out.Transfers = append(out.Transfers, Transfer{
+			Contract: strings.ToLower(l.Address.Hex()),
+			From:     from, To: to, Value: value, LogIndex: l.Index,
+		})
+	}
+	return out, nil
+}

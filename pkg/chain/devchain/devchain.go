@@ -1,0 +1,606 @@
+// Package devchain runs a local Ethereum chain for development and tests:
+// go-ethereum's simulated backend served over real HTTP JSON-RPC, with
+// blocks on a timer, a finalized tag that lags the head, prefunded
+// accounts with known keys, a minimal ERC-20-like token, and real reorgs.
+//
+// Finality: the simulated beacon marks a block finalized only at
+// multiples of 32 (an epoch): after sealing block N, the finalized block
+// is N itself when N is a multiple of 32, else the previous multiple. So
+// finalized lags the head by up to 31 blocks, about half a minute at the
+// default one-second interval; FinalizeThrough commits blocks to push it
+// past a given height at once.
+package devchain
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
+	"github.com/ethereum/go-ethereum/crypto"
+	"github.com/ethereum/go-ethereum/eth/ethconfig"
+	"github.com/ethereum/go-ethereum/ethclient/simulated"
+	"github.com/ethereum/go-ethereum/node"
+	"github.com/ethereum/go-ethereum/params"
+	"github.com/ethereum/go-ethereum/rpc"
+)
+
+const (
+	// ChainID is the simulated backend's fixed chain id.
+	ChainID = 1337
+	// BlockIntervalDefault: one block a second keeps a demo lively while
+	// finality still visibly lags (~32s).
+	BlockIntervalDefault = time.Second
+	// AccountsDefault prefunded accounts; AccountsMax bounds the option.
+	AccountsDefault = 4
+	AccountsMax     = 100
+	// EpochBlocks: the simulated beacon finalizes at multiples of this.
+	EpochBlocks = 32
+
+	hostDefault = "127.0.0.1"
+	// listenAttemptsMax: a free port found by the OS can be taken by
+	// someone else before the node binds it; try a few.
+	listenAttemptsMax = 5
+	// accountBalance: a million ether each.
+	accountBalanceEther = 1_000_000
+
+	gasTransfer  = 21_000
+	gasTokenCall = 100_000
+	gasDeploy    = 300_000
+	// tipWei: well above the dev miner's minimum tip (0.001 gwei).
+	tipWei = params.GWei
+
+	// minedWaitMax bounds how long a helper waits for its transaction to
+	// be mined on the timer; minedPollInterval is how often it looks.
+	minedWaitMax      = 30 * time.Second
+	minedPollInterval = 20 * time.Millisecond
+	// replaceAttemptsMax × replacePollInterval bounds how long Reorg waits
+	// for the transaction pool to catch up with the fork.
+	replaceAttemptsMax  = 250
+	replacePollInterval = 20 * time.Millisecond
+	// commitBlocksMax bounds one CommitBlocks or FinalizeThrough.
+	commitBlocksMax = 10_000
+)
+
+// Options configure Serve. Zero values take the defaults.
+type Options struct {
+	// Host and Port of the HTTP JSON-RPC endpoint; Port 0 picks a free one.
+	Host string
+	Port int
+	// BlockInterval between blocks on the timer.
+	BlockInterval time.Duration
+	// Manual turns the timer off: blocks are sealed only by Commit,
+	// CommitBlocks, FinalizeThrough and the helpers (one block each), so
+	// tests control the height exactly.
+	Manual bool
+	// Accounts is the number of prefunded accounts.
+	Accounts int
+}
+
+// Account is a prefunded dev account. Its key is derived from its index,
+// so it is the same on every run: never use it anywhere real.
+type Account struct {
+	Address    string // lowercase 0x
+	PrivateKey string // hex, without 0x
+	key        *ecdsa.PrivateKey
+}
+
+// Tx is a mined transaction.
+type Tx struct {
+	Hash        string // lowercase 0x
+	BlockNumber uint64
+	BlockHash   string
+	Status      uint64
+}
+
+// Reorg reports what Reorg did.
+type Reorg struct {
+	// ForkedAt is the last block the old and new branches share.
+	ForkedAt uint64
+	OldHead  uint64
+	NewHead  uint64
+	// Replacement took the dropped transaction's nonce.
+	Replacement string
+}
+
+// Chain is a running dev chain.
+type Chain struct {
+	backend  *simulated.Backend
+	client   simulated.Client
+	url      string
+	accounts []Account
+	signer   types.Signer
+	manual   bool
+
+	// mu serialises block production, forks and sends: the simulated
+	// beacon is not safe for concurrent sealing, and a fork must see an
+	// empty transaction pool.
+	mu        sync.Mutex
+	closeOnce sync.Once
+	closeErr  error
+	stop      chan struct{}
+	done      sync.WaitGroup
+}
+
+// Serve starts a dev chain. It runs until Close, or until ctx ends.
+func Serve(ctx context.Context, opts Options) (*Chain, error) {
+	if opts.Host == "" {
+		opts.Host = hostDefault
+	}
+	if opts.BlockInterval <= 0 {
+		opts.BlockInterval = BlockIntervalDefault
+	}
+	if opts.Accounts <= 0 {
+		opts.Accounts = AccountsDefault
+	}
+	if opts.Accounts > AccountsMax {
+		return nil, fmt.Errorf("devchain: at most %d accounts", AccountsMax)
+	}
+	accounts, alloc, err := devAccounts(opts.Accounts)
+	if err != nil {
+		return nil, err
+	}
+	backend, url, err := listen(ctx, opts, alloc)
+	if err != nil {
+		return nil, err
+	}
+	c := &Chain{
+		backend: backend, client: backend.Client(), url: url, accounts: accounts,
+		signer: types.LatestSignerForChainID(big.NewInt(ChainID)), manual: opts.Manual,
+		stop: make(chan struct{}),
+	}
+	if !opts.Manual {
+		c.done.Add(1)
+		go c.produce(opts.BlockInterval)
+	}
+	c.done.Add(1)
+	go func() {
+		defer c.done.Done()
+		select {
+		case <-ctx.Done():
+			go func() { _ = c.Close() }()
+		case <-c.stop:
+		}
+	}()
+	return c, nil
+}
+
+func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*simulated.Backend, string, error) {
+	var lastErr error
+	for range listenAttemptsMax {
+		if err := ctx.Err(); err != nil {
+			return nil, "", err
+		}
+		port := opts.Port
+		if port == 0 {
+			free, err := freePort(opts.Host)
+			if err != nil {
+				return nil, "", err
+			}
+			port = free
+		}
+		backend, err := newBackend(alloc, func(nodeConf *node.Config, _ *ethconfig.Config) {
+			nodeConf.HTTPHost = opts.Host
+			nodeConf.HTTPPort = port
+			nodeConf.HTTPModules = []string{"eth", "net", "web3"}
+			// A dev chain is reached under whatever name docker or the
+			// host gives it; IP literals always pass geth's check.
+			nodeConf.HTTPVirtualHosts = []string{"*"}
+		})
+		if err == nil {
+			return backend, "http://" + net.JoinHostPort(opts.Host, strconv.Itoa(port)), nil
+		}
+		lastErr = err
+		if opts.Port != 0 {
+			break // the caller's port: nothing else to try
+		}
+	}
+	return nil, "", fmt.Errorf("devchain: %w", lastErr)
+}
+
+// newBackend turns the simulated backend's panic on a failed start (a
+// port in use) into an error.
+func newBackend(alloc types.GenesisAlloc, option func(*node.Config, *ethconfig.Config)) (backend *simulated.Backend, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("start simulated backend: %v", r)
+		}
+	}()
+	return simulated.NewBackend(alloc, option), nil
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("devchain: find a free port: %w", err)
+	}
+	defer l.Close()
+	addr, ok := l.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, fmt.Errorf("devchain: listener address %s is not TCP", l.Addr())
+	}
+	return addr.Port, nil
+}
+
+func devAccounts(n int) ([]Account, types.GenesisAlloc, error) {
+	balance := new(big.Int).Mul(big.NewInt(accountBalanceEther), big.NewInt(params.Ether))
+	alloc := types.GenesisAlloc{}
+	accounts := make([]Account, 0, n)
+	for i := range n {
+		key, err := crypto.ToECDSA(crypto.Keccak256([]byte("settle devchain account " + strconv.Itoa(i))))
+		if err != nil {
+			return nil, nil, fmt.Errorf("devchain: derive account %d: %w", i, err)
+		}
+		address := crypto.PubkeyToAddress(key.PublicKey)
+		alloc[address] = types.Account{Balance: balance}
+		accounts = append(accounts, Account{
+			Address:    strings.ToLower(address.Hex()),
+			PrivateKey: fmt.Sprintf("%x", crypto.FromECDSA(key)),
+			key:        key,
+		})
+	}
+	return accounts, alloc, nil
+}
+
+// produce seals a block every interval until Close.
+func (c *Chain) produce(interval time.Duration) {
+	defer c.done.Done()
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-ticker.C:
+			c.mu.Lock()
+			c.backend.Commit()
+			c.mu.Unlock()
+		}
+	}
+}
+
+// URL is the HTTP JSON-RPC endpoint.
+func (c *Chain) URL() string { return c.url }
+
+// Accounts are the prefunded accounts.
+func (c *Chain) Accounts() []Account { return append([]Account(nil), c.accounts...) }
+
+// Close stops block production and the node. Calling it again is a no-op.
+func (c *Chain) Close() error {
+	c.closeOnce.Do(func() {
+		close(c.stop)
+		c.done.Wait()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.closeErr = c.backend.Close()
+	})
+	return c.closeErr
+}
+
+// Commit seals one block and returns its number.
+func (c *Chain) Commit(ctx context.Context) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backend.Commit()
+	return c.client.BlockNumber(ctx)
+}
+
+// CommitBlocks seals n blocks.
+func (c *Chain) CommitBlocks(ctx context.Context, n int) error {
+	if n < 0 || n > commitBlocksMax {
+		return fmt.Errorf("devchain: commit between 0 and %d blocks, not %d", commitBlocksMax, n)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for range n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c.backend.Commit()
+	}
+	return nil
+}
+
+// Head is the latest block's number.
+func (c *Chain) Head(ctx context.Context) (uint64, error) {
+	return c.client.BlockNumber(ctx)
+}
+
+// Finalized is the finalized block's number.
+func (c *Chain) Finalized(ctx context.Context) (uint64, error) {
+	h, err := c.client.HeaderByNumber(ctx, big.NewInt(int64(rpc.FinalizedBlockNumber)))
+	if err != nil {
+		return 0, fmt.Errorf("devchain: finalized header: %w", err)
+	}
+	return h.Number.Uint64(), nil
+}
+
+// FinalizeThrough seals blocks until block number is finalized: up to the
+// next multiple of EpochBlocks.
+func (c *Chain) FinalizeThrough(ctx context.Context, number uint64) error {
+	target := (number + EpochBlocks - 1) / EpochBlocks * EpochBlocks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for range commitBlocksMax {
+		head, err := c.client.BlockNumber(ctx)
+		if err != nil {
+			return fmt.Errorf("devchain: head: %w", err)
+		}
+		if head >= target {
+			break
+		}
+		c.backend.Commit()
+	}
+	finalized, err := c.Finalized(ctx)
+	if err != nil {
+		return err
+	}
+	if finalized < number {
+		return fmt.Errorf("devchain: finalized block is %d after sealing to the epoch boundary %d, want at least %d", finalized, target, number)
+	}
+	return nil
+}
+
+// SendETH transfers wei from account index from and waits until mined.
+func (c *Chain) SendETH(ctx context.Context, from int, to string, wei *big.Int) (Tx, error) {
+	recipient, err := address(to)
+	if err != nil {
+		return Tx{}, err
+	}
+	if wei == nil || wei.Sign() < 0 {
+		return Tx{}, errors.New("devchain: amount must be zero or more wei")
+	}
+	return c.send(ctx, from, &recipient, wei, gasTransfer, nil)
+}
+
+// DeployToken deploys the dev token from account index from and returns
+// its lowercase address.
+func (c *Chain) DeployToken(ctx context.Context, from int) (string, Tx, error) {
+	tx, err := c.send(ctx, from, nil, new(big.Int), gasDeploy, tokenInitcode())
+	if err != nil {
+		return "", Tx{}, err
+	}
+	receipt, err := c.client.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
+	if err != nil {
+		return "", Tx{}, fmt.Errorf("devchain: deploy receipt: %w", err)
+	}
+	if tx.Status != types.ReceiptStatusSuccessful {
+		return "", Tx{}, errors.New("devchain: token deployment reverted")
+	}
+	return strings.ToLower(receipt.ContractAddress.Hex()), tx, nil
+}
+
+// TransferToken calls token.transfer(to, value) from account index from:
+// a receipt with one Transfer(from, to, value) log.
+func (c *Chain) TransferToken(ctx context.Context, from int, token, to string, value *big.Int) (Tx, error) {
+	contract, err := address(token)
+	if err != nil {
+		return Tx{}, err
+	}
+	recipient, err := address(to)
+	if err != nil {
+		return Tx{}, err
+	}
+	if value == nil || value.Sign() < 0 || value.BitLen() > 256 {
+		return Tx{}, errors.New("devchain: token value must fit an unsigned 256-bit word")
+	}
+	return c.send(ctx, from, &contract, new(big.Int), gasTokenCall, transferCalldata(recipient, value))
+}
+
+// SendReverting calls the token with calldata it refuses: a mined
+// transaction whose receipt has status 0.
+func (c *Chain) SendReverting(ctx context.Context, from int, token string) (Tx, error) {
+	contract, err := address(token)
+	if err != nil {
+		return Tx{}, err
+	}
+	return c.send(ctx, from, &contract, new(big.Int), gasTokenCall, revertingCalldata)
+}
+
+func (c *Chain) account(index int) (Account, error) {
+	if index < 0 || index >= len(c.accounts) {
+		return Account{}, fmt.Errorf("devchain: no account %d (there are %d)", index, len(c.accounts))
+	}
+	return c.accounts[index], nil
+}
+
+// send signs and submits a transaction, then seals a block (manual mode)
+// or waits for the timer to mine it.
+func (c *Chain) send(ctx context.Context, from int, to *common.Address, value *big.Int, gas uint64, data []byte) (Tx, error) {
+	acct, err := c.account(from)
+	if err != nil {
+		return Tx{}, err
+	}
+	c.mu.Lock()
+	hash, err := c.submit(ctx, acct, to, value, gas, data)
+	if err == nil && c.manual {
+		c.backend.Commit()
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return Tx{}, err
+	}
+	return c.waitMined(ctx, hash)
+}
+
+// submit signs and sends with the account's next nonce. The caller holds
+// mu, so two sends cannot take the same nonce.
+func (c *Chain) submit(ctx context.Context, acct Account, to *common.Address, value *big.Int, gas uint64, data []byte) (common.Hash, error) {
+	sender := common.HexToAddress(acct.Address)
+	nonce, err := c.client.PendingNonceAt(ctx, sender)
+	if err != nil {
+		return common.Hash{}, fmt.Errorf("devchain: nonce: %w", err)
+	}
+	tip, feeCap, err := c.currentFees(ctx)
+	if err != nil {
+		return common.Hash{}, err
+	}
+	tx, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
+		ChainID: big.NewInt(ChainID), Nonce: nonce, To: to, Value: value, Gas: gas,
+		GasTipCap: tip, GasFeeCap: feeCap, Data: data,
+	})
+	if err != nil {
+		return common.Hash{}, fmt.Errorf("devchain: sign: %w", err)
+	}
+	if err := c.client.SendTransaction(ctx, tx); err != nil {
+		return common.Hash{}, fmt.Errorf("devchain: send: %w", err)
+	}
+	return tx.Hash(), nil
+}
+
+// currentFees: the standard tip, and a fee cap of twice the base fee plus
+// the tip, which survives a few blocks of base fee growth.
+func (c *Chain) currentFees(ctx context.Context) (tip, feeCap *big.Int, err error) {
+	head, err := c.client.HeaderByNumber(ctx, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("devchain: head: %w", err)
+	}
+	tip = big.NewInt(tipWei)
+	baseFee := head.BaseFee
+	if baseFee == nil {
+		baseFee = new(big.Int)
+	}
+	return tip, new(big.Int).Add(new(big.Int).Mul(baseFee, big.NewInt(2)), tip), nil
+}
+
+func (c *Chain) waitMined(ctx context.Context, hash common.Hash) (Tx, error) {
+	ctx, cancel := context.WithTimeout(ctx, minedWaitMax)
+	defer cancel()
+	ticker := time.NewTicker(minedPollInterval)
+	defer ticker.Stop()
+	for {
+		receipt, err := c.client.TransactionReceipt(ctx, hash)
+		if err == nil {
+			return Tx{
+				Hash:        strings.ToLower(hash.Hex()),
+				BlockNumber: receipt.BlockNumber.Uint64(),
+				BlockHash:   strings.ToLower(receipt.BlockHash.Hex()),
+				Status:      receipt.Status,
+			}, nil
+		}
+		if !errors.Is(err, ethereum.NotFound) {
+			return Tx{}, fmt.Errorf("devchain: receipt of %s: %w", hash.Hex(), err)
+		}
+		select {
+		case <-ctx.Done():
+			return Tx{}, fmt.Errorf("devchain: %s not mined: %w", hash.Hex(), ctx.Err())
+		case <-ticker.C:
+		}
+	}
+}
+
+// Reorg drops a mined transaction from the canonical chain the way a real
+// reorg does: the chain forks at the parent of the transaction's block, a
+// replacement from the same sender takes its nonce (so it can never be
+// mined again), and the new branch grows one block longer than the old
+// one. Other transactions of the dropped blocks return to the pool and
+// are mined again on the new branch. Finalized blocks cannot be reorged;
+// the sender must be a dev account.
+func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
+	hash := common.HexToHash(txHash)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	// A fork needs an empty pool: seal what is pending first.
+	c.backend.Commit()
+	receipt, err := c.client.TransactionReceipt(ctx, hash)
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
+	}
+	block := receipt.BlockNumber.Uint64()
+	finalized, err := c.Finalized(ctx)
+	if err != nil {
+		return Reorg{}, err
+	}
+	if block <= finalized {
+		return Reorg{}, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
+	}
+	tx, _, err := c.client.TransactionByHash(ctx, hash)
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
+	}
+	sender, err := types.Sender(c.signer, tx)
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: sender of %s: %w", txHash, err)
+	}
+	var acct *Account
+	for i := range c.accounts {
+		if c.accounts[i].Address == strings.ToLower(sender.Hex()) {
+			acct = &c.accounts[i]
+		}
+	}
+	if acct == nil {
+		return Reorg{}, fmt.Errorf("devchain: sender %s is not a dev account", sender.Hex())
+	}
+	oldHead, err := c.client.BlockNumber(ctx)
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: head: %w", err)
+	}
+	parent, err := c.client.HeaderByNumber(ctx, new(big.Int).SetUint64(block-1))
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: parent header: %w", err)
+	}
+	if err := c.backend.Fork(parent.Hash()); err != nil {
+		return Reorg{}, fmt.Errorf("devchain: fork at %d: %w", block-1, err)
+	}
+	replacement, err := c.replace(ctx, *acct, tx)
+	if err != nil {
+		return Reorg{}, err
+	}
+	for range oldHead - (block - 1) + 1 {
+		c.backend.Commit()
+	}
+	newHead, err := c.client.BlockNumber(ctx)
+	if err != nil {
+		return Reorg{}, fmt.Errorf("devchain: head: %w", err)
+	}
+	if _, err := c.client.TransactionReceipt(ctx, hash); !errors.Is(err, ethereum.NotFound) {
+		return Reorg{}, fmt.Errorf("devchain: %s survived the reorg (receipt error: %v)", txHash, err)
+	}
+	return Reorg{ForkedAt: block - 1, OldHead: oldHead, NewHead: newHead, Replacement: strings.ToLower(replacement.Hex())}, nil
+}
+
+// replace sends a zero-value self-transfer with tx's nonce and higher
+// fees. Right after a fork the pool may still hold the old branch's
+// state and refuse the nonce as too low, so it retries, boundedly.
+func (c *Chain) replace(ctx context.Context, acct Account, tx *types.Transaction) (common.Hash, error) {
+	self := common.HexToAddress(acct.Address)
+	bump := func(v *big.Int) *big.Int {
+		return new(big.Int).Add(new(big.Int).Mul(v, big.NewInt(2)), big.NewInt(tipWei))
+	}
+	signed, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
+		ChainID: big.NewInt(ChainID), Nonce: tx.Nonce(), To: &self, Value: new(big.Int), Gas: gasTransfer,
+		GasTipCap: bump(tx.GasTipCap()), GasFeeCap: bump(tx.GasFeeCap()),
+	})
+	if err != nil {
+		return common.Hash{}, fmt.Errorf("devchain: sign replacement: %w", err)
+	}
+	var lastErr error
+	for range replaceAttemptsMax {
+		if lastErr = c.client.SendTransaction(ctx, signed); lastErr == nil {
+			return signed.Hash(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return common.Hash{}, ctx.Err()
+		case <-time.After(replacePollInterval):
+		}
+	}
+	return common.Hash{}, fmt.Errorf("devchain: replacement not accepted: %w", lastErr)
+}
+
+func address(s string) (common.Address, error) {
+	if !common.IsHexAddress(s) {
+		return common.Address{}, fmt.Errorf("devchain: %q is not an address", s)
+	}
+	return common.HexToAddress(s), nil
+}

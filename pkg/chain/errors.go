@@ -1,0 +1,21 @@
+package chain
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+var (
+	// ErrBreakerOpen: the RPC circuit breaker refused the call (open, or
+	// half-open with the one probe already out). The chain was not asked;
+	// ask again later. It is also payment.ErrUnavailable.
+	ErrBreakerOpen = fmt.Errorf("%w: ethereum rpc circuit breaker is open", payment.ErrUnavailable)
+	// ErrReceiptNotFound: the node knows no receipt for the transaction
+	// (not mined yet, never sent, or dropped by a reorg). An answer, not an
+	// outage: it does not count against the breaker.
+	ErrReceiptNotFound = errors.New("transaction receipt not found")
+	// ErrBlockNotFound: the node has no block at that number or tag.
+	ErrBlockNotFound = errors.New("block not found")
+)
