@@ -1,0 +1,217 @@
+// Command api is settle's HTTP service: signed webhooks in, balances and
+// event status out, admin endpoints, health and metrics.
+//
+//	api           serve on HTTP_ADDR until SIGTERM/SIGINT
+//	api migrate   apply pending migrations and exit
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/redisconn"
+)
+
+const (
+	service                = "api"
+	redisURLDefault        = "redis://localhost:6379/0"
+	httpAddrDefault        = ":8080"
+	shutdownTimeoutDefault = 30 * time.Second
+	// startTimeout bounds connecting to PostgreSQL and migrating at start.
+	startTimeout = time.Minute
+	// signingKeysMax bounds ALCHEMY_SIGNING_KEY's list.
+	signingKeysMax = 64
+	exitFailure    = 1
+	exitUsage      = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], config.FromOS(), os.Stderr))
+}
+
+// settings are the api's environment, read and checked in one go.
+type settings struct {
+	databaseURL     string
+	redisURL        string
+	logLevel        zerolog.Level
+	shutdownTimeout time.Duration
+
+	httpAddr       string
+	webhookSecret  string
+	alchemyKeys    []string
+	apiToken       string
+	adminToken     string
+	rateLimit      httpapi.RateLimit
+	trustedProxies httpapi.TrustedProxies
+}
+
+// readCommon reads what every subcommand needs.
+func readCommon(env *config.Env) settings {
+	return settings{
+		databaseURL:     env.Required("DATABASE_URL"),
+		logLevel:        config.Parse(env, "LOG_LEVEL", zerolog.InfoLevel, logging.ParseLevel),
+		shutdownTimeout: env.Duration("SHUTDOWN_TIMEOUT", shutdownTimeoutDefault),
+	}
+}
+
+// readServe adds what serving needs.
+func readServe(env *config.Env, s *settings) {
+	s.redisURL = config.Parse(env, "REDIS_URL", redisURLDefault, func(v string) (string, error) {
+		_, err := redisconn.Parse(v)
+		return v, err
+	})
+	s.httpAddr = config.Parse(env, "HTTP_ADDR", httpAddrDefault, parseListenAddress)
+	s.webhookSecret = env.Secret("WEBHOOK_SECRET", httpapi.SecretLengthMin)
+	s.alchemyKeys = config.Parse(env, "ALCHEMY_SIGNING_KEY", nil, parseSigningKeys)
+	s.apiToken = env.Secret("API_TOKEN", httpapi.SecretLengthMin)
+	s.adminToken = env.Secret("ADMIN_TOKEN", httpapi.SecretLengthMin)
+	if s.apiToken != "" && s.apiToken == s.adminToken {
+		// Otherwise every integrator holding the read token is an admin.
+		config.Parse(env, "API_TOKEN", "", func(string) (string, error) {
+			return "", errors.New("must differ from ADMIN_TOKEN")
+		})
+	}
+	defaultLimit, err := httpapi.ParseRateLimit(httpapi.RateLimitDefault)
+	if err != nil {
+		panic(fmt.Sprintf("default rate limit %q: %v", httpapi.RateLimitDefault, err))
+	}
+	s.rateLimit = config.Parse(env, "WEBHOOK_RATE_LIMIT", defaultLimit, httpapi.ParseRateLimit)
+	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
+}
+
+func parseListenAddress(v string) (string, error) {
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		return "", fmt.Errorf("%q is not host:port or :port", v)
+	}
+	return v, nil
+}
+
+// parseSigningKeys reads a comma-separated list; each key is used as its
+// literal bytes (whsec_ prefix included), so only surrounding spaces are
+// dropped.
+func parseSigningKeys(v string) ([]string, error) {
+	var keys []string
+	for _, key := range strings.Split(v, ",") {
+		key = strings.TrimSpace(key)
+		if key == "" {
+			return nil, errors.New("the list has an empty key")
+		}
+		keys = append(keys, key)
+	}
+	if len(keys) > signingKeysMax {
+		return nil, fmt.Errorf("more than %d keys", signingKeysMax)
+	}
+	return keys, nil
+}
+
+func run(args []string, env *config.Env, stderr io.Writer) int {
+	command := "serve"
+	switch {
+	case len(args) == 0:
+	case len(args) == 1 && args[0] == "migrate":
+		command = "migrate"
+	default:
+		fmt.Fprintf(stderr, "%s: usage: api [migrate]\n", service)
+		return exitUsage
+	}
+	s := readCommon(env)
+	if command == "serve" {
+		readServe(env, &s)
+	}
+	if errs := env.Errs(); len(errs) > 0 {
+		lines := make([]string, len(errs))
+		for i, err := range errs {
+			lines[i] = err.Error()
+		}
+		fmt.Fprintf(stderr, "%s: %s\n", service, strings.Join(lines, "; "))
+		return exitFailure
+	}
+	log := logging.NewTo(stderr, service, s.logLevel)
+
+	var err error
+	if command == "migrate" {
+		err = migrate(log, s)
+	} else {
+		err = serve(log, s)
+	}
+	if err != nil {
+		log.Error().Err(err).Msg("api stopped")
+		return exitFailure
+	}
+	return 0
+}
+
+func migrate(log zerolog.Logger, s settings) error {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	db, err := postgres.Open(ctx, s.databaseURL, postgres.Options{ConnsMax: 2, ApplicationName: "settle-api-migrate"})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	applied, err := db.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	log.Info().Strs("applied", applied).Int("schema_version", postgres.LatestSchemaVersion()).Msg("migrations done")
+	return nil
+}
+
+func serve(log zerolog.Logger, s settings) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	openCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	db, err := postgres.Open(openCtx, s.databaseURL, postgres.Options{ApplicationName: "settle-api"})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rdb, err := redisconn.Open(s.redisURL)
+	if err != nil {
+		return fmt.Errorf("REDIS_URL: %w", err)
+	}
+	defer func() { _ = rdb.Close() }()
+
+	server, err := httpapi.New(httpapi.Options{
+		Store:              db,
+		Redis:              rdb,
+		Log:                log,
+		WebhookSecret:      s.webhookSecret,
+		AlchemySigningKeys: s.alchemyKeys,
+		APIToken:           s.apiToken,
+		AdminToken:         s.adminToken,
+		RateLimit:          s.rateLimit,
+		TrustedProxies:     s.trustedProxies,
+	})
+	if err != nil {
+		return err
+	}
+	listener, err := net.Listen("tcp", s.httpAddr)
+	if err != nil {
+		return fmt.Errorf("HTTP_ADDR: %w", err)
+	}
+	log.Info().Str("addr", listener.Addr().String()).Str("rate_limit", s.rateLimit.String()).
+		Int("trusted_proxies", len(s.trustedProxies)).Bool("alchemy", len(s.alchemyKeys) > 0).
+		Msg("api serving")
+	if err := server.Serve(ctx, listener, s.shutdownTimeout); err != nil {
+		return err
+	}
+	log.Info().Msg("api stopped cleanly")
+	return nil
+}

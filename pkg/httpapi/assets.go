@@ -1,0 +1,58 @@
+package httpapi
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Asset registry caching: assets change only when an operator adds one,
+// so the registry is read at most once per refresh interval, and again
+// (at most once per miss interval) when a request names an asset the
+// cached copy does not know.
+const (
+	assetsRefreshInterval = time.Minute
+	assetsMissInterval    = 5 * time.Second
+)
+
+type assetCache struct {
+	load func(context.Context) (*payment.Registry, error)
+	now  func() time.Time
+
+	mu       sync.Mutex
+	registry *payment.Registry
+	loadedAt time.Time
+}
+
+// get returns the registry, reloading it when stale. A failed reload
+// keeps serving the previous copy; with none, the error is returned.
+func (a *assetCache) get(ctx context.Context) (*payment.Registry, error) {
+	return a.getOlderThan(ctx, assetsRefreshInterval)
+}
+
+// refreshForMiss reloads after a lookup missed, unless that was just done.
+func (a *assetCache) refreshForMiss(ctx context.Context) (*payment.Registry, error) {
+	return a.getOlderThan(ctx, assetsMissInterval)
+}
+
+func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*payment.Registry, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.registry != nil && a.now().Sub(a.loadedAt) < age {
+		return a.registry, nil
+	}
+	registry, err := a.load(ctx)
+	if err != nil {
+		if a.registry != nil {
+			// Serve the old copy and wait a full interval before trying
+			// again, so an outage does not cost every request a reload.
+			a.loadedAt = a.now()
+			return a.registry, nil
+		}
+		return nil, err
+	}
+	a.registry, a.loadedAt = registry, a.now()
+	return registry, nil
+}

@@ -1,0 +1,197 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/logging"
+)
+
+// Headers that carry a trace id in, and the one that carries it out.
+const (
+	HeaderRequestID        = "X-Request-ID"
+	HeaderAlchemyRequestID = "X-Alchemy-Request-ID"
+)
+
+// traceIDLengthMax bounds a caller's trace id: it is stored with the
+// event and written into every log line the event causes.
+const traceIDLengthMax = 128
+
+type contextKey int
+
+const (
+	traceIDKey contextKey = iota
+	clientIPKey
+	pathParamsKey
+)
+
+// TraceID is the request's trace id ("" outside a request).
+func TraceID(ctx context.Context) string {
+	id, _ := ctx.Value(traceIDKey).(string)
+	return id
+}
+
+// ClientIP is the request's client address as TRUSTED_PROXIES decides it.
+func ClientIP(ctx context.Context) netip.Addr {
+	ip, _ := ctx.Value(clientIPKey).(netip.Addr)
+	return ip
+}
+
+// validTraceID accepts printable ASCII without spaces, bounded: anything
+// else could forge log lines or bloat the event row.
+func validTraceID(s string) bool {
+	if s == "" || len(s) > traceIDLengthMax {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// traceMiddleware runs first: it settles the trace id (the caller's if
+// valid, else a new UUID), echoes it on every response, and puts it, the
+// client address and a logger stamped with it into the request context.
+func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		id := ""
+		for _, header := range []string{HeaderRequestID, HeaderAlchemyRequestID} {
+			if candidate := r.Header.Get(header); validTraceID(candidate) {
+				id = candidate
+				break
+			}
+		}
+		if id == "" {
+			id = uuid.NewString()
+		}
+		c.Response().Header().Set(HeaderRequestID, id)
+		ctx := context.WithValue(r.Context(), traceIDKey, id)
+		ctx = context.WithValue(ctx, clientIPKey, s.proxies.ClientIP(r))
+		ctx = logging.WithTrace(ctx, s.log, id)
+		c.SetRequest(r.WithContext(ctx))
+		return next(c)
+	}
+}
+
+// observeMiddleware measures and logs every request by its route
+// template. It writes errors itself (instead of leaving that to echo
+// after the chain) so that it sees the final status.
+func (s *Server) observeMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		if err := next(c); err != nil {
+			s.handleError(err, c)
+		}
+		route := c.Path()
+		if !s.routes[route] {
+			route = routeUnmatched // unknown paths must not grow the label set
+		}
+		status := c.Response().Status
+		elapsed := time.Since(start)
+		s.metrics.observeRequest(c.Request().Method, route, status, elapsed)
+
+		level := zerolog.InfoLevel
+		switch {
+		case status >= http.StatusInternalServerError:
+			level = zerolog.ErrorLevel
+		case s.quietRoutes[route]:
+			level = zerolog.DebugLevel
+		}
+		logging.From(c.Request().Context()).WithLevel(level).
+			Str("method", c.Request().Method).Str("route", route).Int("status", status).
+			Dur("duration", elapsed).Str("client_ip", ClientIP(c.Request().Context()).String()).
+			Msg("request")
+		return nil
+	}
+}
+
+// recoverMiddleware turns a panic into a logged 500, so one bad request
+// cannot take the process down.
+func (s *Server) recoverMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if recovered := recover(); recovered != nil {
+				if recovered == http.ErrAbortHandler {
+					panic(recovered)
+				}
+				logging.From(c.Request().Context()).Error().
+					Str("panic", fmt.Sprint(recovered)).Bytes("stack", debug.Stack()).
+					Msg("handler panicked")
+				s.metrics.panics.Inc()
+				err = newError(http.StatusInternalServerError, "internal error")
+			}
+		}()
+		return next(c)
+	}
+}
+
+// tokenDigest is what tokens are compared by: equal-length digests, so
+// the comparison leaks neither content nor length.
+type tokenDigest [sha256.Size]byte
+
+func digest(token string) tokenDigest { return sha256.Sum256([]byte(token)) }
+
+func matchesAny(given string, accepted []tokenDigest) bool {
+	d := digest(given)
+	matched := 0
+	for _, a := range accepted {
+		matched |= subtle.ConstantTimeCompare(d[:], a[:])
+	}
+	return matched == 1
+}
+
+// requireToken admits requests bearing one of the accepted tokens. With
+// basicAuth, HTTP Basic with the token as password is accepted too, since
+// a browser cannot add a bearer header.
+func (s *Server) requireToken(basicAuth bool, accepted ...tokenDigest) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			header := c.Request().Header.Get(echo.HeaderAuthorization)
+			scheme, credentials, _ := strings.Cut(header, " ")
+			credentials = strings.TrimSpace(credentials)
+			ok := false
+			switch {
+			case strings.EqualFold(scheme, "Bearer"):
+				ok = credentials != "" && matchesAny(credentials, accepted)
+			case basicAuth && strings.EqualFold(scheme, "Basic"):
+				if decoded, err := base64.StdEncoding.DecodeString(credentials); err == nil {
+					_, password, found := strings.Cut(string(decoded), ":")
+					ok = found && password != "" && matchesAny(password, accepted)
+				}
+			}
+			if !ok {
+				challenge := `Bearer realm="settle"`
+				if basicAuth {
+					challenge += `, Basic realm="settle"`
+				}
+				c.Response().Header().Set(echo.HeaderWWWAuthenticate, challenge)
+				s.metrics.authFailures.Inc()
+				return newError(http.StatusUnauthorized, "missing or invalid bearer token")
+			}
+			return next(c)
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	w.WriteHeader(status)
+	// The status is sent; a failed write means the client went away.
+	_ = json.NewEncoder(w).Encode(v)
+}

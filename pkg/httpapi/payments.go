@@ -1,0 +1,238 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/settle/settle/pkg/alchemy"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Limits of POST /webhook/payments (CONTRACT.md).
+const (
+	PaymentsBodyMax        = 65_536
+	eventIDLengthMax       = 200
+	assetDefault           = "ETH"
+	HeaderSignature        = "X-Signature"
+	HeaderAlchemySignature = "X-Alchemy-Signature"
+)
+
+// reservedEventIDPrefixes name events settle derives itself; a caller may
+// not use them, or it could occupy the id of a future compensation or
+// Alchemy deposit.
+var reservedEventIDPrefixes = []string{"reorg:", alchemy.EventIDPrefix}
+
+// rejection is a 400 with the reason it is counted under.
+type rejection struct {
+	reason  string
+	message string
+}
+
+type paymentRequest struct {
+	eventID   string
+	eventType payment.EventType
+	userID    int64
+	amount    string
+	asset     string
+	txHash    string
+}
+
+type webhookAnswer struct {
+	Status  string `json:"status"`
+	EventID string `json:"event_id"`
+	TraceID string `json:"trace_id"`
+}
+
+// webhookPayments stores a signed event in the outbox as pending. The
+// insert wakes the enqueuer itself (pg_notify in the same statement), so
+// this handler never talks to the queue: once it answers 200 the event is
+// committed, and before that nothing of it exists.
+func (s *Server) webhookPayments(c echo.Context) error {
+	body, err := readBody(c, PaymentsBodyMax)
+	if err != nil {
+		answer := bodyError(err)
+		s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
+		return answer
+	}
+	// The signature covers the raw bytes and is checked before anything
+	// reads them.
+	signature := c.Request().Header.Get(HeaderSignature)
+	if signature == "" {
+		signature = c.Request().Header.Get(HeaderAlchemySignature)
+	}
+	if !alchemy.Verify(body, signature, s.webhookSecret) {
+		s.metrics.webhook(sourcePayments, outcomeRejected, "signature")
+		return newError(http.StatusUnauthorized, "missing or invalid signature")
+	}
+	req, rejected := parsePayment(body)
+	if rejected != nil {
+		s.metrics.webhook(sourcePayments, outcomeRejected, rejected.reason)
+		return newError(http.StatusBadRequest, rejected.message)
+	}
+
+	ctx, cancel := storeContext(c)
+	defer cancel()
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		s.metrics.webhook(sourcePayments, outcomeRejected, "unavailable")
+		return storeError(err)
+	}
+	if _, known := registry.ByCode(req.asset); !known {
+		if registry, err = s.assets.refreshForMiss(ctx); err != nil {
+			s.metrics.webhook(sourcePayments, outcomeRejected, "unavailable")
+			return storeError(err)
+		}
+	}
+	asset, amount, err := registry.ParseAmount(req.asset, req.amount)
+	switch {
+	case errors.Is(err, payment.ErrUnknownAsset):
+		s.metrics.webhook(sourcePayments, outcomeRejected, "unknown_asset")
+		return newError(http.StatusBadRequest, "unknown asset")
+	case err != nil:
+		s.metrics.webhook(sourcePayments, outcomeRejected, "invalid_amount")
+		return newError(http.StatusBadRequest, "invalid amount: "+amountProblem(err))
+	}
+
+	traceID := TraceID(c.Request().Context())
+	inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
+		Event: payment.Event{
+			ID: req.eventID, Type: req.eventType, UserID: req.userID,
+			Asset: asset.Code, Amount: amount, TxHash: req.txHash, TraceID: traceID,
+		},
+		Source: postgres.SourcePayments,
+	})
+	if err != nil {
+		answer := storeError(err)
+		switch answer.status {
+		case http.StatusConflict:
+			s.metrics.webhook(sourcePayments, outcomeConflict, "")
+			answer.message = "event_id was delivered before with different content"
+		case http.StatusServiceUnavailable:
+			s.metrics.webhook(sourcePayments, outcomeRejected, "unavailable")
+		default:
+			s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
+		}
+		return answer
+	}
+	status := outcomeAccepted
+	if !inserted {
+		status = outcomeDuplicate
+	}
+	s.metrics.webhook(sourcePayments, status, "")
+	logging.From(c.Request().Context()).Info().Str(logging.FieldEventID, req.eventID).
+		Str("event_type", string(req.eventType)).Int64(logging.FieldUserID, req.userID).
+		Str("asset", asset.Code).Str("result", status).Msg("payment webhook")
+	return c.JSON(http.StatusOK, webhookAnswer{Status: status, EventID: req.eventID, TraceID: traceID})
+}
+
+// reasonOf names a refusal for the metric from its answer.
+func reasonOf(answer *apiError) string {
+	switch answer.status {
+	case http.StatusRequestEntityTooLarge:
+		return "body_too_large"
+	case http.StatusServiceUnavailable:
+		return "unavailable"
+	}
+	switch answer.message {
+	case "unknown user":
+		return "unknown_user"
+	case "unknown asset":
+		return "unknown_asset"
+	}
+	if answer.status == http.StatusBadRequest {
+		return "invalid"
+	}
+	return "internal"
+}
+
+// amountProblem says what is wrong with an amount in the caller's terms,
+// without echoing the amount back.
+func amountProblem(err error) string {
+	switch {
+	case errors.Is(err, money.ErrPrecision):
+		return "more fractional digits than the asset allows"
+	case errors.Is(err, money.ErrNotPositive):
+		return "must be greater than zero"
+	case errors.Is(err, money.ErrTooLarge):
+		return "must be below 10^20"
+	}
+	return "not a plain decimal string"
+}
+
+// parsePayment checks the body field by field; every refusal is a 400
+// that says which field is wrong.
+func parsePayment(body []byte) (paymentRequest, *rejection) {
+	fields, err := decodeObject(body)
+	if err != nil {
+		return paymentRequest{}, &rejection{"malformed_json", "malformed JSON: " + err.Error()}
+	}
+	var req paymentRequest
+
+	raw, ok := fields["event_id"]
+	if !ok {
+		return req, &rejection{"missing_field", "event_id is required"}
+	}
+	if req.eventID, ok = jsonString(raw); !ok {
+		return req, &rejection{"invalid_event_id", "event_id must be a string"}
+	}
+	if n := utf8.RuneCountInString(req.eventID); n < 1 || n > eventIDLengthMax || !printable(req.eventID) {
+		return req, &rejection{"invalid_event_id", "event_id must be 1 to 200 printable characters"}
+	}
+	for _, prefix := range reservedEventIDPrefixes {
+		if strings.HasPrefix(req.eventID, prefix) {
+			return req, &rejection{"invalid_event_id", "event_id may not start with " + prefix + " (reserved for settle's own events)"}
+		}
+	}
+
+	if raw, ok = fields["event_type"]; !ok {
+		return req, &rejection{"missing_field", "event_type is required"}
+	}
+	typeName, ok := jsonString(raw)
+	if !ok {
+		return req, &rejection{"invalid_event_type", "event_type must be a string"}
+	}
+	if req.eventType, ok = payment.ParseWebhookEventType(typeName); !ok {
+		return req, &rejection{"invalid_event_type", "event_type must be one of deposit, airdrop, withdrawal, withdrawal_fee"}
+	}
+
+	if raw, ok = fields["user_id"]; !ok {
+		return req, &rejection{"missing_field", "user_id is required"}
+	}
+	if req.userID, ok = jsonPositiveInteger(raw); !ok {
+		return req, &rejection{"invalid_user_id", "user_id must be a JSON integer above zero"}
+	}
+
+	if raw, ok = fields["amount"]; !ok {
+		return req, &rejection{"missing_field", "amount is required"}
+	}
+	if req.amount, ok = jsonString(raw); !ok {
+		// A JSON number would have to pass through a float somewhere;
+		// amounts travel as strings only.
+		return req, &rejection{"invalid_amount", "amount must be a JSON string holding a decimal, not a number"}
+	}
+
+	req.asset = assetDefault
+	if raw, ok = fields["asset"]; ok && !isJSONNull(raw) {
+		if req.asset, ok = jsonString(raw); !ok {
+			return req, &rejection{"invalid_asset", "asset must be a string"}
+		}
+	}
+
+	if raw, ok = fields["tx_hash"]; ok && !isJSONNull(raw) {
+		hash, ok := jsonString(raw)
+		if !ok {
+			return req, &rejection{"invalid_tx_hash", "tx_hash must be a string"}
+		}
+		if req.txHash, ok = alchemy.NormalizeTxHash(hash); !ok {
+			return req, &rejection{"invalid_tx_hash", "tx_hash must be 0x followed by 64 hex digits"}
+		}
+	}
+	return req, nil
+}

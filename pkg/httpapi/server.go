@@ -1,0 +1,317 @@
+// Package httpapi is settle's HTTP door (the api binary): signed webhooks
+// in, balances and event status out, admin endpoints, health and metrics.
+// Echo stays inside this package; routes other packages contribute (the
+// DLQ, the queue dashboard) are plain net/http handlers.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Limits of the HTTP server. Webhook bodies have their own limits.
+const (
+	// SecretLengthMin is the shortest WEBHOOK_SECRET, API_TOKEN or
+	// ADMIN_TOKEN accepted.
+	SecretLengthMin = 32
+	// storeTimeout bounds the storage work of one request; past it the
+	// caller gets a 503 and retries.
+	storeTimeout      = 5 * time.Second
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = 30 * time.Second
+	idleTimeout       = 2 * time.Minute
+	headerBytesMax    = 64 << 10
+	// adminBodyMax bounds admin request bodies, including those of routes
+	// other packages contribute.
+	adminBodyMax = 64 << 10
+)
+
+// Store is what the API needs from storage; *postgres.DB implements it.
+type Store interface {
+	InsertEvent(ctx context.Context, e postgres.NewEvent) (bool, error)
+	Event(ctx context.Context, id string) (postgres.EventView, error)
+	Balances(ctx context.Context, user int64) ([]postgres.Balance, error)
+	UserExists(ctx context.Context, id int64) (bool, error)
+	CreateUser(ctx context.Context, id int64) (bool, error)
+	Assets(ctx context.Context) (*payment.Registry, error)
+	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
+	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
+	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
+	Ping(ctx context.Context) error
+	SchemaCurrent(ctx context.Context) (bool, error)
+}
+
+var _ Store = (*postgres.DB)(nil)
+
+// Route is an admin endpoint contributed by another package (the DLQ
+// endpoints). It runs behind the admin token, and must be described in
+// openapi.yaml with x-settle-plugin: true; New refuses it otherwise, so
+// the spec cannot fall behind. Path uses echo syntax ("/admin/dlq/:id");
+// the handler reads parameters with PathParam.
+type Route struct {
+	Method  string
+	Path    string
+	Handler http.Handler
+}
+
+// Mount serves a whole subtree under the admin token (the asynqmon
+// dashboard at /admin/queues/). Browsers cannot send a bearer header, so
+// HTTP Basic with the admin token as password is accepted on mounts.
+type Mount struct {
+	// Prefix ends with "/", e.g. "/admin/queues/".
+	Prefix  string
+	Handler http.Handler
+}
+
+// mountMethods are the methods a Mount answers (what a dashboard uses).
+var mountMethods = []string{http.MethodGet, http.MethodPost, http.MethodDelete}
+
+// Options configure a Server.
+type Options struct {
+	Store Store
+	// Redis holds the shared rate-limit counters and is checked by /readyz.
+	Redis redis.UniversalClient
+	Log   zerolog.Logger
+	// Registry receives the API's metrics and is served at /metrics; nil
+	// makes a new one with the Go and process collectors.
+	Registry *prometheus.Registry
+
+	// WebhookSecret signs /webhook/payments (at least SecretLengthMin).
+	WebhookSecret string
+	// AlchemySigningKeys sign /webhook/alchemy; none: the route is a 404.
+	AlchemySigningKeys []string
+	// APIToken opens /v1; AdminToken opens /admin and /v1.
+	APIToken   string
+	AdminToken string
+
+	// RateLimit applies per client to the webhooks; empty is off.
+	RateLimit      RateLimit
+	TrustedProxies TrustedProxies
+
+	AdminRoutes []Route
+	AdminMounts []Mount
+
+	// Now is the clock of the rate limiter (tests fix it); nil: time.Now.
+	Now func() time.Time
+}
+
+// Server is the API.
+type Server struct {
+	echo    *echo.Echo
+	store   Store
+	redis   redis.UniversalClient
+	log     zerolog.Logger
+	metrics *metrics
+	limiter *limiter
+	assets  *assetCache
+	proxies TrustedProxies
+
+	webhookSecret []byte
+	alchemyKeys   [][]byte
+	readers       []tokenDigest
+	admins        []tokenDigest
+
+	// routes holds every registered route template, quietRoutes those
+	// logged at debug level (probes and scrapes).
+	routes      map[string]bool
+	quietRoutes map[string]bool
+	stopping    atomic.Bool
+}
+
+// New checks the options and builds the routes.
+func New(opts Options) (*Server, error) {
+	switch {
+	case opts.Store == nil:
+		return nil, errors.New("httpapi: Store is required")
+	case opts.Redis == nil:
+		return nil, errors.New("httpapi: Redis is required")
+	case len(opts.WebhookSecret) < SecretLengthMin:
+		return nil, fmt.Errorf("httpapi: webhook secret must be at least %d characters", SecretLengthMin)
+	case len(opts.APIToken) < SecretLengthMin || len(opts.AdminToken) < SecretLengthMin:
+		return nil, fmt.Errorf("httpapi: API and admin tokens must be at least %d characters", SecretLengthMin)
+	}
+	for _, key := range opts.AlchemySigningKeys {
+		if key == "" {
+			return nil, errors.New("httpapi: empty Alchemy signing key")
+		}
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	registry, addRuntime := opts.Registry, false
+	if registry == nil {
+		registry, addRuntime = prometheus.NewRegistry(), true
+	}
+	s := &Server{
+		echo:          echo.New(),
+		store:         opts.Store,
+		redis:         opts.Redis,
+		log:           opts.Log,
+		metrics:       newMetrics(registry, addRuntime),
+		proxies:       opts.TrustedProxies,
+		webhookSecret: []byte(opts.WebhookSecret),
+		readers:       []tokenDigest{digest(opts.APIToken), digest(opts.AdminToken)},
+		admins:        []tokenDigest{digest(opts.AdminToken)},
+		routes:        map[string]bool{},
+		quietRoutes:   map[string]bool{},
+	}
+	for _, key := range opts.AlchemySigningKeys {
+		s.alchemyKeys = append(s.alchemyKeys, []byte(key))
+	}
+	s.assets = &assetCache{load: opts.Store.Assets, now: now}
+	if len(opts.RateLimit) > 0 {
+		s.limiter = &limiter{windows: opts.RateLimit, redis: opts.Redis, now: now, log: opts.Log, metrics: s.metrics}
+	}
+
+	e := s.echo
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = s.handleError
+	// Order matters: the trace id exists before anything logs, the
+	// observer sees the final status, and a panic anywhere below is
+	// recovered into that status.
+	e.Pre(s.traceMiddleware, s.observeMiddleware, s.recoverMiddleware)
+
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(registry, promhttp.HandlerOpts{})))
+	e.GET("/openapi.yaml", serveSpec)
+	for _, quiet := range []string{"/healthz", "/readyz", "/metrics"} {
+		s.quietRoutes[quiet] = true
+	}
+
+	webhooks := e.Group("/webhook", s.rateLimitMiddleware)
+	webhooks.POST("/payments", s.webhookPayments)
+	webhooks.POST("/alchemy", s.webhookAlchemy)
+
+	reads := e.Group("/v1", s.requireToken(false, s.readers...))
+	reads.GET("/users/:id/balances", s.userBalances)
+	reads.GET("/events/:event_id", s.event)
+
+	admin := e.Group("/admin", s.requireToken(false, s.admins...))
+	admin.PUT("/users/:id", s.adminPutUser)
+	admin.POST("/deposit-addresses", s.adminAddDepositAddress)
+
+	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
+		return nil, err
+	}
+	for _, r := range e.Routes() {
+		s.routes[r.Path] = true
+	}
+	return s, nil
+}
+
+// addPlugins registers contributed admin routes after checking that the
+// spec describes each one as a plug-in route.
+func (s *Server) addPlugins(routes []Route, mounts []Mount) error {
+	spec, err := loadSpec()
+	if err != nil {
+		return err
+	}
+	for _, r := range routes {
+		if !strings.HasPrefix(r.Path, "/admin/") || r.Handler == nil {
+			return fmt.Errorf("httpapi: admin route %s %s must be under /admin/ and have a handler", r.Method, r.Path)
+		}
+		if !spec.plugin(r.Method, r.Path) {
+			return fmt.Errorf("httpapi: admin route %s %s is not described in openapi.yaml with x-settle-plugin: true", r.Method, r.Path)
+		}
+		s.echo.Add(r.Method, r.Path, wrapPlugin(r.Handler), s.requireToken(false, s.admins...))
+	}
+	for _, m := range mounts {
+		if !strings.HasPrefix(m.Prefix, "/admin/") || !strings.HasSuffix(m.Prefix, "/") || m.Handler == nil {
+			return fmt.Errorf("httpapi: mount %q must be under /admin/, end with / and have a handler", m.Prefix)
+		}
+		path := m.Prefix + "*"
+		for _, method := range mountMethods {
+			if !spec.plugin(method, path) {
+				return fmt.Errorf("httpapi: mount %s %s is not described in openapi.yaml with x-settle-plugin: true", method, path)
+			}
+			s.echo.Add(method, path, wrapPlugin(m.Handler), s.requireToken(true, s.admins...))
+		}
+	}
+	return nil
+}
+
+// wrapPlugin hands a contributed handler the path parameters (through
+// PathParam) and a bounded body.
+func wrapPlugin(h http.Handler) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		names, values := c.ParamNames(), c.ParamValues()
+		params := make(map[string]string, len(names))
+		for i, name := range names {
+			if i < len(values) {
+				params[name] = unescapeParam(c, values[i])
+			}
+		}
+		r := c.Request()
+		r = r.WithContext(context.WithValue(r.Context(), pathParamsKey, params))
+		r.Body = http.MaxBytesReader(c.Response(), r.Body, adminBodyMax)
+		h.ServeHTTP(c.Response(), r)
+		return nil
+	}
+}
+
+// PathParam is a path parameter of a contributed route ("id" of
+// "/admin/dlq/:id/replay").
+func PathParam(r *http.Request, name string) string {
+	params, _ := r.Context().Value(pathParamsKey).(map[string]string)
+	return params[name]
+}
+
+// ServeHTTP makes the Server an http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
+
+// Serve answers on l until ctx ends, then stops taking connections and
+// lets the requests in flight finish within shutdownTimeout. It returns
+// nil after a clean stop.
+func (s *Server) Serve(ctx context.Context, l net.Listener, shutdownTimeout time.Duration) error {
+	srv := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    headerBytesMax,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	// /readyz now fails, so a load balancer stops sending new work while
+	// the requests in flight finish.
+	s.stopping.Store(true)
+	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(stopCtx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shutdown: requests still running after %s: %w", shutdownTimeout, err)
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// storeContext bounds the storage work of a request.
+func storeContext(c echo.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.Request().Context(), storeTimeout)
+}
