@@ -176,6 +176,13 @@ func Parse[T any](e *Env, name string, def T, parse func(string) (T, error)) T {
 	return out
 }
 
+// Reject records err against the setting name (for checks done elsewhere).
+func (e *Env) Reject(name string, err error) {
+	if err != nil {
+		e.fail(name, "%v", err)
+	}
+}
+
 // redact hides credentials in a URL before it is logged.
 func redact(s string) string {
 	u, err := url.Parse(s)

@@ -31,4 +31,10 @@ type DeadLetter struct {
 	TraceID    string           `json:"trace_id,omitempty"`
 	Payload    json.RawMessage  `json:"payload,omitempty"`
 	CreatedAt  time.Time        `json:"created_at"`
+	// FallbackID identifies an entry parked in Redis while PostgreSQL was
+	// unreachable; it makes the drain idempotent.
+	FallbackID string `json:"fallback_id,omitempty"`
+	// FailEvent says the writer meant to fail the event too; the drain
+	// does so if the event is still where the writer left it.
+	FailEvent bool `json:"fail_event,omitempty"`
 }

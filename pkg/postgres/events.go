@@ -45,6 +45,9 @@ func (db *DB) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
 
 func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 	ev := e.Event
+	if e.Source == "" {
+		e.Source = SourcePayments
+	}
 	content := payment.Content{Type: ev.Type, UserID: ev.UserID, Asset: ev.Asset, Amount: ev.Amount, TxHash: ev.TxHash}
 	hash := content.Hash()
 	stmt := q("insert_event")

@@ -766,18 +766,18 @@ func queueDeadLetters(batch *pgx.Batch, letters []payment.DeadLetter) {
 	n := len(letters)
 	ids, types, users, assets, amounts, errs := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
 	attempts, generations := make([]int32, n), make([]int32, n)
-	sources, traces, payloads := make([]string, n), make([]string, n), make([]string, n)
+	sources, traces, payloads, fallbacks := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	created := make([]*time.Time, n)
 	for i, d := range letters {
 		ids[i], types[i], users[i], assets[i], amounts[i], errs[i] = d.EventID, d.EventType, d.UserID, d.Asset, d.Amount, d.Error
 		attempts[i], generations[i] = int32(d.Attempt), int32(d.Generation)
-		sources[i], traces[i], payloads[i] = string(d.Source), d.TraceID, string(d.Payload)
+		sources[i], traces[i], payloads[i], fallbacks[i] = string(d.Source), d.TraceID, string(d.Payload), d.FallbackID
 		if !d.CreatedAt.IsZero() {
 			t := d.CreatedAt
 			created[i] = &t
 		}
 	}
-	batch.Queue(q("insert_dlq").text, ids, types, users, assets, amounts, errs, attempts, generations, sources, traces, payloads, created)
+	batch.Queue(q("insert_dlq").text, ids, types, users, assets, amounts, errs, attempts, generations, sources, traces, payloads, created, fallbacks)
 }
 
 func durationSetting(d time.Duration) string {

@@ -194,6 +194,9 @@ CREATE TABLE dead_letter_queue (
     source            text           NOT NULL CHECK (source IN ('worker', 'recovery', 'ledger', 'chain', 'drain')),
     trace_id          text           NOT NULL DEFAULT '',
     payload           jsonb          NULL,
+    -- Set on entries that passed through the Redis fallback; the drain
+    -- inserts each at most once even if it runs twice.
+    fallback_id       text           NULL UNIQUE,
     created_at        timestamptz    NOT NULL DEFAULT now(),
     resolution        text           NULL CHECK (resolution IN ('replayed', 'discarded')),
     resolved_by       text           NULL,

@@ -1,9 +1,15 @@
 -- name: insert_dlq
-INSERT INTO dead_letter_queue (event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at)
+-- An entry drained twice from the Redis fallback keeps its first row
+-- (fallback_id is unique); such a conflict returns no id.
+INSERT INTO dead_letter_queue (event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at, fallback_id)
 SELECT t.event_id, t.event_type, NULLIF(t.user_id, 0), NULLIF(t.asset, ''), NULLIF(t.amount, '')::numeric,
-       t.error, t.attempt, t.generation, t.source, t.trace_id, NULLIF(t.payload, '')::jsonb, COALESCE(t.created_at, now())
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::int[], $8::int[], $9::text[], $10::text[], $11::text[], $12::timestamptz[])
-     AS t(event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at)
+       t.error, t.attempt, t.generation, t.source, t.trace_id, NULLIF(t.payload, '')::jsonb, COALESCE(t.created_at, now()),
+       NULLIF(t.fallback_id, '')
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::int[], $8::int[],
+            $9::text[], $10::text[], $11::text[], $12::timestamptz[], $13::text[])
+     WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at, fallback_id, n)
+ORDER BY t.n
+ON CONFLICT (fallback_id) DO NOTHING
 RETURNING id;
 
 -- name: fail_to_dlq

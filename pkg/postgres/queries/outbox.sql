@@ -5,39 +5,44 @@
 -- statement moves the whole batch, so one bad row cannot be half-moved;
 -- should the statement itself fail, ClaimOutbox retries row by row in
 -- savepoints so that one bad row cannot block the rest.
-WITH due AS (
-    (SELECT event_id FROM payment_events
-     WHERE status = 'pending'
-     ORDER BY created_at
-     LIMIT $1
-     FOR UPDATE SKIP LOCKED)
-    UNION ALL
-    (SELECT event_id FROM payment_events
-     WHERE status = 'awaiting_finality' AND next_check_at <= now()
-     ORDER BY next_check_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED)
+WITH pending AS (
+    SELECT event_id FROM payment_events
+    WHERE status = 'pending'
+    ORDER BY created_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT event_id FROM payment_events
+    WHERE status = 'awaiting_finality' AND next_check_at <= now()
+    ORDER BY next_check_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claim AS (
+    SELECT event_id FROM pending UNION ALL SELECT event_id FROM due
 )
 UPDATE payment_events p
 SET status = 'enqueued', next_check_at = NULL, updated_at = now()
-FROM due
-WHERE p.event_id = due.event_id
+FROM claim
+WHERE p.event_id = claim.event_id
 RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
           p.trace_id, p.generation, p.created_at;
 
 -- name: outbox_candidates
 -- The row-by-row fallback: lock the batch, then move each in a savepoint.
-(SELECT event_id FROM payment_events
- WHERE status = 'pending'
- ORDER BY created_at
- LIMIT $1
- FOR UPDATE SKIP LOCKED)
-UNION ALL
-(SELECT event_id FROM payment_events
- WHERE status = 'awaiting_finality' AND next_check_at <= now()
- ORDER BY next_check_at
- LIMIT $2
- FOR UPDATE SKIP LOCKED);
+WITH pending AS (
+    SELECT event_id FROM payment_events
+    WHERE status = 'pending'
+    ORDER BY created_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT event_id FROM payment_events
+    WHERE status = 'awaiting_finality' AND next_check_at <= now()
+    ORDER BY next_check_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+SELECT event_id FROM pending UNION ALL SELECT event_id FROM due;
 
 -- name: claim_one
 -- transition: pending, awaiting_finality -> enqueued

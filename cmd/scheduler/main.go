@@ -1,0 +1,198 @@
+// Command scheduler runs the outbox enqueuer (LISTEN/NOTIFY plus a poll)
+// and the periodic jobs. Any number of replicas may run: the enqueuer's
+// claims skip each other's rows and every job period runs once.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/opsserver"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/service"
+)
+
+type settings struct {
+	service.Common
+	MetricsAddr        string
+	ListenURL          string
+	PollInterval       time.Duration
+	EnqueueBatch       int
+	QueueDepthMax      int
+	StaleEnqueuedAfter time.Duration
+	RecoverInterval    time.Duration
+	MaxRecoveries      int
+	DrainInterval      time.Duration
+	ReorgWatchInterval time.Duration
+	NotifyInterval     time.Duration
+	CleanupAt          time.Duration
+	Retention          time.Duration
+	AlertWebhookURL    string
+}
+
+func readSettings(env *config.Env) settings {
+	s := settings{
+		Common:             service.ReadCommon(env),
+		MetricsAddr:        env.String("METRICS_ADDR", ":9092"),
+		PollInterval:       env.Duration("POLL_INTERVAL", 5*time.Second),
+		EnqueueBatch:       env.Int("ENQUEUE_BATCH", queue.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
+		QueueDepthMax:      env.Int("QUEUE_DEPTH_MAX", queue.QueueDepthMaxDefault, 1, 10_000_000),
+		StaleEnqueuedAfter: env.Duration("STALE_ENQUEUED_AFTER", queue.StaleEnqueuedAfterDefault),
+		RecoverInterval:    env.Duration("RECOVER_INTERVAL", queue.RecoverIntervalDefault),
+		MaxRecoveries:      env.Int("MAX_RECOVERY_ATTEMPTS", queue.MaxRecoveryAttemptsDefault, 0, 1000),
+		DrainInterval:      env.Duration("DLQ_DRAIN_INTERVAL", time.Minute),
+		ReorgWatchInterval: env.Duration("REORG_WATCH_INTERVAL", 30*time.Second),
+		NotifyInterval:     env.Duration("NOTIFY_INTERVAL", 2*time.Second),
+		CleanupAt:          config.Parse(env, "CLEANUP_AT", 3*time.Hour, parseTimeOfDay),
+		Retention:          env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
+		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
+	}
+	s.ListenURL = env.String("DATABASE_LISTEN_URL", s.DatabaseURL)
+	return s
+}
+
+// parseTimeOfDay reads "HH:MM" (UTC) as an offset into the day.
+func parseTimeOfDay(v string) (time.Duration, error) {
+	t, err := time.Parse("15:04", v)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a time of day like 03:00", v)
+	}
+	d := time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute
+	if d == 0 {
+		d = time.Nanosecond // midnight: due from the first instant of the day
+	}
+	return d, nil
+}
+
+func main() {
+	if len(os.Args) > 1 {
+		fmt.Fprintf(os.Stderr, "scheduler: unknown argument %q (the scheduler takes settings from the environment only)\n", os.Args[1])
+		os.Exit(service.ExitSettings)
+	}
+	env := config.FromOS()
+	s := readSettings(env)
+	service.ExitOnSettingsError("scheduler", env)
+	log := logging.New("scheduler", s.LogLevel)
+	if err := run(s, log); err != nil {
+		log.Error().Err(err).Msg("scheduler failed")
+		os.Exit(service.ExitFailure)
+	}
+}
+
+func run(s settings, log zerolog.Logger) error {
+	ctx, stop := service.SignalContext()
+	defer stop()
+
+	db, err := postgres.Open(ctx, s.DatabaseURL, postgres.Options{ConnsMax: 8, ApplicationName: "settle-scheduler"})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rdb, err := redisconn.Open(s.RedisURL)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	client := asynq.NewClientFromRedisClient(rdb)
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+
+	reg := service.Registry()
+	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg})
+	defer alerts.Close()
+	sink := dlq.NewSink(db, rdb, log, reg)
+
+	enqueuer := queue.NewEnqueuer(queue.EnqueuerOptions{
+		Outbox: db, Client: client, Redis: rdb, Log: log, PollInterval: s.PollInterval,
+		BatchMax: s.EnqueueBatch, DepthMax: s.QueueDepthMax, Registerer: reg,
+	})
+	recovery := &queue.Recovery{
+		Store: db, Inspector: inspector, Alerts: alerts, Log: log,
+		StaleAfter: s.StaleEnqueuedAfter, MaxAttempts: s.MaxRecoveries, BatchMax: queue.RecoveryBatchDefault,
+	}
+	recovery.RegisterMetrics(reg)
+	hostname, _ := os.Hostname()
+	runner := &queue.Runner{Periods: db, Owner: hostname + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8], Log: log}
+	runner.RegisterMetrics(reg)
+	jobs := []queue.Job{
+		{Name: "recover_stale", Every: s.RecoverInterval, Run: recovery.Run},
+		{Name: "drain_dlq", Every: s.DrainInterval, Run: func(ctx context.Context) error {
+			report, err := sink.Drain(ctx)
+			if report.Moved+report.Malformed+report.Failed > 0 {
+				log.Info().Int("moved", report.Moved).Int("malformed", report.Malformed).Int("failed", report.Failed).
+					Int64("remaining", report.Remaining).Bool("aborted", report.Aborted).Msg("dlq fallback drained")
+			}
+			return err
+		}},
+		{Name: "cleanup_processed", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: func(ctx context.Context) error {
+			n, err := db.CleanupProcessed(ctx, s.Retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
+			log.Info().Int64("deleted", n).Msg("processed_events cleanup")
+			return err
+		}},
+		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, queue.QueueMaintenance, queue.TypeWatchReorgs, s.ReorgWatchInterval)},
+		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
+	}
+	jobs = append(jobs, monitoringJobs(db, alerts, log, reg)...)
+
+	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
+	if err := ops.Start(); err != nil {
+		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
+	}
+
+	done := make(chan struct{}, 3)
+	go func() {
+		postgres.Listen(ctx, s.ListenURL, postgres.OutboxChannel, enqueuer.Wake, func(err error) {
+			log.Warn().Err(err).Msg("outbox listener lost its connection; polling meanwhile")
+		})
+		done <- struct{}{}
+	}()
+	go func() { enqueuer.Run(ctx); done <- struct{}{} }()
+	go func() { runner.Run(ctx, jobs); done <- struct{}{} }()
+	log.Info().Str("metrics_addr", s.MetricsAddr).Dur("poll_interval", s.PollInterval).Str("owner", runner.Owner).Msg("scheduler started")
+
+	<-ctx.Done()
+	log.Info().Msg("scheduler stopping")
+	deadline := time.After(s.ShutdownTimeout)
+	for range 3 {
+		select {
+		case <-done:
+		case <-deadline:
+			log.Warn().Msg("scheduler shutdown timed out; exiting with work in flight (it is all in PostgreSQL)")
+			return nil
+		}
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = ops.Shutdown(shutdownCtx)
+	_ = client.Close()
+	log.Info().Msg("scheduler stopped")
+	return nil
+}
+
+// enqueueMaintenance returns a job that hands a maintenance task to the
+// workers; the task id carries the period, so a period is enqueued once.
+func enqueueMaintenance(client *asynq.Client, queueName, taskType string, every time.Duration) func(context.Context) error {
+	return func(ctx context.Context) error {
+		period := time.Now().UnixNano() / int64(every)
+		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
+			asynq.Queue(queueName), asynq.TaskID(taskType+":"+strconv.FormatInt(period, 10)),
+			asynq.MaxRetry(0), asynq.Timeout(every), asynq.Retention(0))
+		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return err
+		}
+		return nil
+	}
+}

@@ -1,0 +1,158 @@
+// Command worker runs the asynq server that applies payment events to the
+// ledger, plus the maintenance and notification tasks.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/opsserver"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/service"
+)
+
+type settings struct {
+	service.Common
+	MetricsAddr     string
+	Concurrency     int
+	PollInterval    time.Duration
+	BatchMax        int
+	InFlightMax     int
+	LockTimeout     time.Duration
+	StatementTimout time.Duration
+	RetryBaseDelay  time.Duration
+	RetryMaxDelay   time.Duration
+	AlertWebhookURL string
+	NotifyURL       string
+	Chain           chainSettings
+}
+
+func readSettings(env *config.Env) settings {
+	s := settings{
+		Common:          service.ReadCommon(env),
+		MetricsAddr:     env.String("METRICS_ADDR", ":9091"),
+		Concurrency:     env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
+		PollInterval:    env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
+		BatchMax:        env.Int("LEDGER_BATCH_MAX", queue.BatchMaxDefault, 1, postgres.LedgerBatchMax),
+		InFlightMax:     env.Int("LEDGER_IN_FLIGHT", queue.InFlightMaxDefault, 1, 64),
+		LockTimeout:     env.Duration("LEDGER_LOCK_TIMEOUT", postgres.LedgerLockTimeoutDefault),
+		StatementTimout: env.Duration("LEDGER_STATEMENT_TIMEOUT", postgres.LedgerStatementTimeoutDefault),
+		RetryBaseDelay:  env.Duration("RETRY_BASE_DELAY", queue.RetryBaseDelay),
+		RetryMaxDelay:   env.Duration("RETRY_MAX_DELAY", queue.RetryMaxDelay),
+		AlertWebhookURL: env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
+		NotifyURL:       env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
+	}
+	s.Chain = readChainSettings(env)
+	return s
+}
+
+func main() {
+	if len(os.Args) > 1 {
+		fmt.Fprintf(os.Stderr, "worker: unknown argument %q (the worker takes settings from the environment only)\n", os.Args[1])
+		os.Exit(service.ExitSettings)
+	}
+	env := config.FromOS()
+	s := readSettings(env)
+	service.ExitOnSettingsError("worker", env)
+	log := logging.New("worker", s.LogLevel)
+	if err := run(s, log); err != nil {
+		log.Error().Err(err).Msg("worker failed")
+		os.Exit(service.ExitFailure)
+	}
+}
+
+func run(s settings, log zerolog.Logger) error {
+	ctx, stop := service.SignalContext()
+	defer stop()
+
+	db, err := postgres.Open(ctx, s.DatabaseURL, postgres.Options{
+		ConnsMax:        int32(s.InFlightMax + 6),
+		ApplicationName: "settle-worker",
+	})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rdb, err := redisconn.Open(s.RedisURL)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+
+	reg := service.Registry()
+	alerts := alert.New(log, alert.Options{Service: "worker", WebhookURL: s.AlertWebhookURL, Registerer: reg})
+	defer alerts.Close()
+	sink := dlq.NewSink(db, rdb, log, reg)
+	batcher := queue.NewBatcher(db, postgres.LedgerOptions{
+		LockTimeout: s.LockTimeout, StatementTimeout: s.StatementTimout, Notify: s.NotifyURL != "",
+	}, s.BatchMax, s.InFlightMax, reg)
+	gate, closeGate, err := newGate(ctx, s.Chain, db, rdb, alerts, log, reg)
+	if err != nil {
+		return err
+	}
+	defer closeGate()
+	notify, err := newNotifier(s.NotifyURL, db, log, reg)
+	if err != nil {
+		return err
+	}
+	worker := queue.NewWorker(queue.WorkerOptions{
+		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
+	})
+
+	batchCtx, stopBatches := context.WithCancel(context.Background())
+	defer stopBatches()
+	batchesDone := make(chan struct{})
+	go func() {
+		batcher.Run(batchCtx)
+		close(batchesDone)
+	}()
+
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:       s.Concurrency,
+		Queues:            queue.QueueWeights,
+		RetryDelayFunc:    queue.FullJitter(s.RetryBaseDelay, s.RetryMaxDelay),
+		TaskCheckInterval: s.PollInterval,
+		// asynq hands unfinished tasks back to the queue when this runs
+		// out; the margin leaves time for the rest of the shutdown.
+		ShutdownTimeout: max(s.ShutdownTimeout-5*time.Second, time.Second),
+		Logger:          queue.AsynqLogger{Log: log},
+		LogLevel:        asynq.WarnLevel,
+	})
+	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
+	if err := ops.Start(); err != nil {
+		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
+	}
+	if err := srv.Start(worker); err != nil {
+		return fmt.Errorf("start asynq server: %w", err)
+	}
+	log.Info().Str("metrics_addr", s.MetricsAddr).Int("concurrency", s.Concurrency).Int("cpus", runtime.NumCPU()).
+		Str("finality", s.Chain.Policy.String()).Msg("worker started")
+
+	<-ctx.Done()
+	log.Info().Msg("worker stopping: finishing tasks in flight")
+	// Tasks in flight wait in the batcher, so it keeps running until asynq
+	// has finished or handed back every task.
+	srv.Shutdown()
+	stopBatches()
+	<-batchesDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ops.Shutdown(shutdownCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Warn().Err(err).Msg("ops server shutdown")
+	}
+	log.Info().Msg("worker stopped")
+	return nil
+}

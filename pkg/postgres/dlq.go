@@ -1,0 +1,72 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// FailToDLQ ends the live task's event as failed/dead_lettered and writes
+// its DLQ row, in one transaction. If the event is no longer the task's to
+// fail (another generation, or already terminal) nothing is written and
+// moved is false: the event is not failed, so there is nothing for a human.
+func (db *DB) FailToDLQ(ctx context.Context, letter payment.DeadLetter) (moved bool, id int64, err error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return false, 0, classify("fail to dlq", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	movedIDs, _, err := transition(ctx, tx, q("fail_to_dlq"), nil, nil, letter.EventID, letter.Generation, letter.Error)
+	if err != nil {
+		return false, 0, err
+	}
+	if !movedIDs[letter.EventID] {
+		return false, 0, nil
+	}
+	ids, err := insertDeadLetters(ctx, tx, []payment.DeadLetter{letter})
+	if err != nil {
+		return false, 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, 0, classify("fail to dlq commit", err)
+	}
+	return true, ids[0], nil
+}
+
+// InsertDeadLetters writes DLQ rows that fail no event: tasks that name no
+// stored event, entries drained back from the Redis fallback.
+func (db *DB) InsertDeadLetters(ctx context.Context, letters []payment.DeadLetter) ([]int64, error) {
+	return insertDeadLetters(ctx, db.pool, letters)
+}
+
+func insertDeadLetters(ctx context.Context, qr querier, letters []payment.DeadLetter) ([]int64, error) {
+	if len(letters) == 0 {
+		return nil, nil
+	}
+	batch := &pgx.Batch{}
+	queueDeadLetters(batch, letters)
+	stmt := q("insert_dlq")
+	rows, err := qr.Query(ctx, batch.QueuedQueries[0].SQL, batch.QueuedQueries[0].Arguments...)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	fresh := 0
+	for _, l := range letters {
+		if l.FallbackID == "" {
+			fresh++
+		}
+	}
+	// Entries with a fallback id may already be stored; the others must
+	// all have been written.
+	if len(ids) < fresh || len(ids) > len(letters) {
+		return nil, fmt.Errorf("%s: wrote %d of %d rows", stmt.name, len(ids), len(letters))
+	}
+	return ids, nil
+}

@@ -1,0 +1,127 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Wait records that a deposit is not final yet.
+type Wait struct {
+	NextCheckAt time.Time
+	ReceiptSeen bool
+	BlockNumber int64 // 0 when unknown
+	BlockHash   string
+	Note        string // why it waits, shown by GET /v1/events
+}
+
+// AwaitFinality parks the live task's deposit in 'awaiting_finality' until
+// the next check. It reports false if the event moved on meanwhile.
+func (db *DB) AwaitFinality(ctx context.Context, e payment.Event, w Wait) (bool, error) {
+	var block *int64
+	var hash *string
+	if w.BlockNumber > 0 {
+		block = &w.BlockNumber
+	}
+	if w.BlockHash != "" {
+		hash = &w.BlockHash
+	}
+	moved, _, err := transition(ctx, db.pool, q("await_finality"), nil, nil,
+		e.ID, e.Generation, w.NextCheckAt, w.ReceiptSeen, block, hash, w.Note)
+	return moved[e.ID], err
+}
+
+// ChainWaitState is what the finality path needs to decide a timeout.
+type ChainWaitState struct {
+	ReceiptSeen bool
+	CreatedAt   time.Time
+	Checks      int
+}
+
+// ChainWait reads an event's finality history.
+func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, error) {
+	stmt := q("chain_wait_state")
+	var s ChainWaitState
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &s.Checks)
+	if err == pgx.ErrNoRows {
+		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
+	}
+	return s, classify(stmt.name, err)
+}
+
+// DecideChainOutcome fails the live task's deposit with a business outcome
+// (reverted, mismatch, reorged, not_found) and records it on its
+// idempotency key, in one transaction.
+func (db *DB) DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return false, classify("decide chain outcome", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	moved, _, err := transition(ctx, tx, q("decide_chain_outcome"), nil, func(rows pgx.Rows) (string, error) {
+		var id string
+		var seen bool
+		return id, rows.Scan(&id, &seen)
+	}, e.ID, e.Generation, string(outcome), reason)
+	if err != nil || !moved[e.ID] {
+		return false, err
+	}
+	stmt := q("record_outcome")
+	if _, err := tx.Exec(ctx, stmt.text, e.Key(), e.ID, string(outcome)); err != nil {
+		return false, classify(stmt.name, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, classify("decide chain outcome commit", err)
+	}
+	return true, nil
+}
+
+// WatchedDeposit is a credited deposit still followed for reorgs.
+type WatchedDeposit struct {
+	EventID     string
+	UserID      int64
+	Asset       string
+	TxHash      string
+	BlockNumber int64
+	BlockHash   string
+	TraceID     string
+}
+
+// WatchedDeposits lists up to limit deposits credited before finality,
+// least recently checked first.
+func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit, error) {
+	stmt := q("watched_deposits")
+	rows, err := db.pool.Query(ctx, stmt.text, limit)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var out []WatchedDeposit
+	for rows.Next() {
+		var w WatchedDeposit
+		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		out = append(out, w)
+	}
+	return out, classify(stmt.name, rows.Err())
+}
+
+// MarkFinal stops watching a deposit whose block is finalized.
+func (db *DB) MarkFinal(ctx context.Context, eventID string) error {
+	stmt := q("mark_final")
+	_, err := db.pool.Exec(ctx, stmt.text, eventID)
+	return classify(stmt.name, err)
+}
+
+// TouchWatched moves a still-canonical deposit to the back of the watch
+// list, so one pass of a bounded size eventually covers all of them.
+func (db *DB) TouchWatched(ctx context.Context, eventID string) error {
+	stmt := q("touch_watched")
+	_, err := db.pool.Exec(ctx, stmt.text, eventID)
+	return classify(stmt.name, err)
+}

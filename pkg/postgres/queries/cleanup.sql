@@ -1,0 +1,14 @@
+-- name: cleanup_processed
+-- One batch of terminal idempotency records past retention. Never a
+-- pending one; balance_events keeps its own unique constraint, so a late
+-- redelivery still cannot credit twice.
+WITH doomed AS (
+    SELECT idempotency_key FROM processed_events
+    WHERE outcome <> 'pending' AND created_at < now() - $1::interval
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM processed_events p
+USING doomed
+WHERE p.idempotency_key = doomed.idempotency_key;

@@ -1,0 +1,44 @@
+-- name: await_finality
+-- transition: enqueued -> awaiting_finality
+-- The deposit's transaction has not reached the finality policy: park it
+-- until next_check_at. Waiting burns neither retries nor recoveries.
+UPDATE payment_events
+SET status = 'awaiting_finality', next_check_at = $3, check_count = check_count + 1,
+    receipt_seen_at = CASE WHEN $4 THEN COALESCE(receipt_seen_at, now()) ELSE receipt_seen_at END,
+    block_number = COALESCE($5, block_number), block_hash = COALESCE($6, block_hash),
+    error = NULLIF($7, ''), updated_at = now()
+WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+RETURNING event_id;
+
+-- name: decide_chain_outcome
+-- transition: enqueued -> failed
+-- The chain decided against the deposit: reverted, mismatched, reorged or
+-- never found in time. A business outcome, not a DLQ case.
+UPDATE payment_events
+SET status = 'failed', outcome = $3, error = $4, next_check_at = NULL, updated_at = now(),
+    chain_state = CASE WHEN $3 = 'reorged' THEN 'reorged' ELSE chain_state END
+WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+RETURNING event_id, receipt_seen_at IS NOT NULL;
+
+-- name: chain_wait_state
+SELECT receipt_seen_at IS NOT NULL, created_at, check_count
+FROM payment_events
+WHERE event_id = $1;
+
+-- name: watched_deposits
+-- Credited deposits whose block was not final when they were credited.
+SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id
+FROM payment_events
+WHERE chain_state = 'watching'
+ORDER BY updated_at
+LIMIT $1;
+
+-- name: mark_final
+UPDATE payment_events
+SET chain_state = 'final', updated_at = now()
+WHERE event_id = $1 AND chain_state = 'watching';
+
+-- name: touch_watched
+UPDATE payment_events
+SET updated_at = now()
+WHERE event_id = $1 AND chain_state = 'watching';

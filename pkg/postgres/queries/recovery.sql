@@ -1,0 +1,25 @@
+-- name: stale_enqueued
+-- Events handed to the queue longer ago than the stale bound: the queue
+-- may have lost them. Locked so two schedulers never recover one twice.
+SELECT event_id, event_type, user_id, asset, amount::text, trace_id, retry_count, generation, updated_at
+FROM payment_events
+WHERE status = 'enqueued' AND updated_at < now() - $1::interval
+ORDER BY updated_at
+LIMIT $2
+FOR UPDATE SKIP LOCKED;
+
+-- name: requeue_stale
+-- transition: enqueued -> pending
+-- Back to the outbox under a new generation, so the task the enqueuer
+-- creates has a new task id and any old task still around is stale.
+UPDATE payment_events
+SET status = 'pending', retry_count = retry_count + 1, generation = generation + 1, updated_at = now()
+WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+RETURNING event_id;
+
+-- name: fail_stale
+-- transition: enqueued -> failed
+UPDATE payment_events
+SET status = 'failed', outcome = 'dead_lettered', error = $3, retry_count = retry_count + 1, updated_at = now()
+WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+RETURNING event_id;

@@ -1,0 +1,215 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Enqueuer bounds.
+const (
+	// EnqueueBatchDefault is how many pending events one claim takes.
+	EnqueueBatchDefault = 500
+	// DueBatchDefault is how many waiting deposits one claim re-checks.
+	DueBatchDefault = 100
+	// QueueDepthMaxDefault caps the tasks waiting in asynq: beyond it the
+	// events wait, durable, in PostgreSQL, and Redis memory stays bounded.
+	QueueDepthMaxDefault = 10_000
+	// EnqueueConcurrency is how many enqueue calls run at once.
+	EnqueueConcurrency = 16
+	// probeBatch is the claim size while Redis refuses enqueues: a trickle
+	// that finds out when it is back without stranding the whole backlog.
+	probeBatch = 1
+	// drainRoundsMax bounds one wake-up's claim loop; the next wake-up or
+	// poll continues.
+	drainRoundsMax = 100
+	enqueueTimeout = 5 * time.Second
+)
+
+// Outbox is the database side of the enqueuer.
+type Outbox interface {
+	ClaimOutbox(ctx context.Context, pendingMax, dueMax int) ([]postgres.Claimed, error)
+}
+
+// EnqueuerOptions configure an Enqueuer.
+type EnqueuerOptions struct {
+	Outbox       Outbox
+	Client       *asynq.Client
+	Redis        redis.UniversalClient
+	Log          zerolog.Logger
+	PollInterval time.Duration
+	BatchMax     int
+	DueMax       int
+	DepthMax     int
+	Registerer   prometheus.Registerer
+}
+
+// Enqueuer moves committed pending events into asynq: claim and commit
+// first, then enqueue. A worker can therefore never see a task before the
+// database says 'enqueued', and an enqueue that fails leaves the row
+// 'enqueued' for stale recovery.
+type Enqueuer struct {
+	o       EnqueuerOptions
+	wake    chan struct{}
+	failing atomic.Bool
+
+	claimed  prometheus.Counter
+	enqueued *prometheus.CounterVec
+	depth    prometheus.Gauge
+	held     prometheus.Counter
+}
+
+// NewEnqueuer builds an enqueuer.
+func NewEnqueuer(o EnqueuerOptions) *Enqueuer {
+	if o.BatchMax <= 0 {
+		o.BatchMax = EnqueueBatchDefault
+	}
+	if o.DueMax <= 0 {
+		o.DueMax = DueBatchDefault
+	}
+	if o.DepthMax <= 0 {
+		o.DepthMax = QueueDepthMaxDefault
+	}
+	e := &Enqueuer{
+		o:    o,
+		wake: make(chan struct{}, 1),
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "settle_outbox_claimed_total", Help: "Events the enqueuer moved from pending (or due for a finality re-check) to enqueued.",
+		}),
+		enqueued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_outbox_enqueued_total", Help: "Enqueue attempts into asynq, by result (ok, duplicate, error).",
+		}, []string{"result"}),
+		depth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "settle_queue_depth", Help: "Payment tasks waiting in asynq, as the enqueuer last saw it.",
+		}),
+		held: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "settle_outbox_backpressure_total", Help: "Claims skipped or shrunk because the queue was at its depth bound.",
+		}),
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(e.claimed, e.enqueued, e.depth, e.held)
+	}
+	return e
+}
+
+// Wake asks for a claim round soon; it never blocks.
+func (e *Enqueuer) Wake() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run claims and enqueues on every wake-up and every poll interval until
+// ctx ends.
+func (e *Enqueuer) Run(ctx context.Context) {
+	ticker := time.NewTicker(e.o.PollInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.wake:
+		case <-ticker.C:
+		}
+		for round := 0; round < drainRoundsMax && ctx.Err() == nil; round++ {
+			full, err := e.Once(ctx)
+			if err != nil {
+				e.o.Log.Warn().Err(err).Msg("enqueue round failed")
+				break
+			}
+			if !full {
+				break
+			}
+		}
+	}
+}
+
+// Once runs one claim-and-enqueue round; full reports that it claimed a
+// whole batch, so there is probably more.
+func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
+	pendingMax, dueMax := e.o.BatchMax, e.o.DueMax
+	depth, depthErr := e.o.Redis.LLen(ctx, pendingListKey(QueuePayments)).Result()
+	switch {
+	case depthErr != nil || e.failing.Load():
+		// Redis is in trouble: probe with one event. Claimed events that
+		// cannot be enqueued wait for stale recovery, which dead-letters
+		// them after MAX_RECOVERY_ATTEMPTS; the rest stay safely pending.
+		pendingMax, dueMax = probeBatch, 0
+	default:
+		e.depth.Set(float64(depth))
+		room := e.o.DepthMax - int(depth)
+		if room <= 0 {
+			e.held.Inc()
+			return false, nil
+		}
+		if room < pendingMax+dueMax {
+			e.held.Inc()
+			pendingMax = min(pendingMax, room)
+			dueMax = min(dueMax, room-pendingMax)
+		}
+	}
+	claimed, err := e.o.Outbox.ClaimOutbox(ctx, pendingMax, dueMax)
+	if err != nil {
+		return false, err
+	}
+	e.claimed.Add(float64(len(claimed)))
+	failures := e.enqueueAll(ctx, claimed)
+	e.failing.Store(failures > 0 && failures == len(claimed))
+	return len(claimed) >= pendingMax && failures == 0, nil
+}
+
+// enqueueAll hands the claimed events to asynq with bounded concurrency
+// and returns how many could not be enqueued.
+func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed) int {
+	var failures atomic.Int64
+	slots := make(chan struct{}, EnqueueConcurrency)
+	var wg sync.WaitGroup
+	for _, c := range claimed {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func(c postgres.Claimed) {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if err := e.enqueue(ctx, c); err != nil {
+				failures.Add(1)
+				e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
+					Msg("enqueue failed; stale recovery will bring the event back")
+			}
+		}(c)
+	}
+	wg.Wait()
+	return int(failures.Load())
+}
+
+func (e *Enqueuer) enqueue(ctx context.Context, c postgres.Claimed) error {
+	task, opts, err := NewPaymentTask(c)
+	if err != nil {
+		e.enqueued.WithLabelValues("error").Inc()
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, enqueueTimeout)
+	defer cancel()
+	_, err = e.o.Client.EnqueueContext(ctx, task, opts...)
+	switch {
+	case err == nil:
+		e.enqueued.WithLabelValues("ok").Inc()
+		return nil
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		// The same generation is already queued: one task is enough.
+		e.enqueued.WithLabelValues("duplicate").Inc()
+		return nil
+	default:
+		e.enqueued.WithLabelValues("error").Inc()
+		return err
+	}
+}

@@ -1,0 +1,149 @@
+package queue
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Periods claims job periods so that, across every scheduler replica,
+// each period of each job runs once.
+type Periods interface {
+	ClaimPeriod(ctx context.Context, job string, period int64, owner string) (bool, error)
+}
+
+// Job is a periodic job of the scheduler.
+type Job struct {
+	Name string
+	// Every is the period. A daily job sets Every to 24h and At to its
+	// time of day (UTC); it fires at the first check past At.
+	Every time.Duration
+	At    time.Duration
+	// Timeout bounds one run.
+	Timeout time.Duration
+	Run     func(ctx context.Context) error
+}
+
+// period numbers the job's current period: runs at the same period number
+// are the same run, whoever attempts them.
+func (j Job) period(now time.Time) (int64, bool) {
+	if j.At == 0 {
+		return now.UnixNano() / int64(j.Every), true
+	}
+	day := now.UTC().Truncate(24 * time.Hour)
+	if now.UTC().Sub(day) < j.At {
+		return 0, false
+	}
+	return day.Unix() / int64(24*time.Hour/time.Second), true
+}
+
+// checkEvery is how often a job looks at the clock: often enough to fire
+// early in its period, rarely enough to cost nothing.
+func (j Job) checkEvery() time.Duration {
+	if j.At != 0 {
+		return time.Minute
+	}
+	return min(max(j.Every/4, 50*time.Millisecond), 15*time.Second)
+}
+
+// Runner runs jobs, claiming each period in PostgreSQL first. asynq's own
+// Scheduler has no leader election (two replicas fire twice); a claimed
+// period cannot be claimed again.
+type Runner struct {
+	Periods Periods
+	Owner   string
+	Log     zerolog.Logger
+
+	runs     *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	last     *prometheus.GaugeVec
+}
+
+// RegisterMetrics adds the runner's metrics to reg.
+func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
+	r.runs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settle_job_runs_total", Help: "Scheduler job runs by job and result (ok, error).",
+	}, []string{"job", "result"})
+	r.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "settle_job_duration_seconds", Help: "Scheduler job run time.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	}, []string{"job"})
+	r.last = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "settle_job_last_success_timestamp_seconds", Help: "When each job last succeeded on this replica.",
+	}, []string{"job"})
+	if reg != nil {
+		reg.MustRegister(r.runs, r.duration, r.last)
+	}
+}
+
+// Run runs every job until ctx ends, then waits for runs under way.
+func (r *Runner) Run(ctx context.Context, jobs []Job) {
+	var wg sync.WaitGroup
+	for _, j := range jobs {
+		wg.Add(1)
+		go func(j Job) {
+			defer wg.Done()
+			r.loop(ctx, j)
+		}(j)
+	}
+	wg.Wait()
+}
+
+func (r *Runner) loop(ctx context.Context, j Job) {
+	ticker := time.NewTicker(j.checkEvery())
+	defer ticker.Stop()
+	lastRun := int64(-1)
+	for {
+		if period, due := j.period(time.Now()); due && period != lastRun {
+			// A claim that failed is tried again at the next check; a period
+			// that ran (or that another replica owns) is done, even if the
+			// run failed: the next period runs it again.
+			if ran, err := r.tryRun(ctx, j, period); ran || err == nil {
+				lastRun = period
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// tryRun claims the period and runs the job if the claim is ours.
+func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err error) {
+	won, err := r.Periods.ClaimPeriod(ctx, j.Name, period, r.Owner)
+	if err != nil {
+		r.Log.Warn().Err(err).Str("job", j.Name).Msg("could not claim job period")
+		return false, err
+	}
+	if !won {
+		return false, nil
+	}
+	timeout := j.Timeout
+	if timeout <= 0 {
+		timeout = max(j.Every, time.Minute)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	started := time.Now()
+	err = j.Run(runCtx)
+	if r.runs != nil {
+		r.duration.WithLabelValues(j.Name).Observe(time.Since(started).Seconds())
+	}
+	event := r.Log.Info()
+	result := "ok"
+	if err != nil {
+		result = "error"
+		event = r.Log.Warn().Err(err)
+	} else if r.last != nil {
+		r.last.WithLabelValues(j.Name).SetToCurrentTime()
+	}
+	if r.runs != nil {
+		r.runs.WithLabelValues(j.Name, result).Inc()
+	}
+	event.Str("job", j.Name).Int64("period", period).Str("owner", r.Owner).Dur("took", time.Since(started)).Msg("job ran")
+	return true, err
+}

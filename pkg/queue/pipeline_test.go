@@ -1,0 +1,335 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// alerts records what would have reached a human.
+type alerts struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (a *alerts) Raise(key string, _ alert.Severity, _ string, _ map[string]any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.keys = append(a.keys, key)
+}
+
+func (a *alerts) count(prefix string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, k := range a.keys {
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			n++
+		}
+	}
+	return n
+}
+
+// pipeline is the scheduler's enqueuer and a worker, in process, on real
+// PostgreSQL, Redis and asynq.
+type pipeline struct {
+	t        *testing.T
+	dsn      string
+	db       *postgres.DB
+	sql      *pgx.Conn
+	rdb      redis.UniversalClient
+	sink     *dlq.Sink
+	alerts   *alerts
+	enqueuer *queue.Enqueuer
+	recovery *queue.Recovery
+	server   *asynq.Server
+	stop     func()
+}
+
+type pipelineOptions struct {
+	redisURL   string // default: a private database on the shared server
+	noWorker   bool
+	retryDelay time.Duration
+	lock       time.Duration
+}
+
+func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pipeline{t: t, dsn: testenv.DatabaseURL(t), alerts: &alerts{}}
+	p.db = testenv.OpenDB(t, p.dsn)
+	conn, err := pgx.Connect(ctx, p.dsn)
+	require.NoError(t, err)
+	p.sql = conn
+	if o.redisURL == "" {
+		o.redisURL = testenv.RedisURL(t)
+	}
+	p.rdb, err = redisconn.Open(o.redisURL)
+	require.NoError(t, err)
+	log := zerolog.New(io.Discard)
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(t))
+	}
+	p.sink = dlq.NewSink(p.db, p.rdb, log, nil)
+	p.enqueuer = queue.NewEnqueuer(queue.EnqueuerOptions{
+		Outbox: p.db, Client: asynq.NewClientFromRedisClient(p.rdb), Redis: p.rdb, Log: log,
+		PollInterval: 50 * time.Millisecond,
+	})
+	p.recovery = &queue.Recovery{
+		Store: p.db, Inspector: asynq.NewInspectorFromRedisClient(p.rdb), Alerts: p.alerts, Log: log,
+		StaleAfter: time.Second, MaxAttempts: 3, BatchMax: 100,
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); p.enqueuer.Run(ctx) }()
+	if !o.noWorker {
+		if o.retryDelay == 0 {
+			o.retryDelay = 20 * time.Millisecond
+		}
+		batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
+		worker := queue.NewWorker(queue.WorkerOptions{Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
+		wg.Add(1)
+		go func() { defer wg.Done(); batcher.Run(ctx) }()
+		p.server = asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
+			Concurrency: 16, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
+			RetryDelayFunc: queue.FullJitter(o.retryDelay, 2*o.retryDelay), ShutdownTimeout: 2 * time.Second,
+			Logger: queue.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
+		})
+		require.NoError(t, p.server.Start(worker))
+	}
+	p.stop = func() {
+		if p.server != nil {
+			p.server.Shutdown()
+		}
+		cancel()
+		wg.Wait()
+		_ = p.rdb.Close()
+		conn.Close(context.Background())
+	}
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *pipeline) user(id int64, initial map[string]string) {
+	p.t.Helper()
+	_, err := p.db.CreateUser(context.Background(), id)
+	require.NoError(p.t, err)
+	for asset, amount := range initial {
+		require.NoError(p.t, p.db.SetInitialBalance(context.Background(), id, asset, decimal.RequireFromString(amount)))
+	}
+}
+
+func (p *pipeline) accept(id string, typ payment.EventType, user int64, asset, amount string) {
+	p.t.Helper()
+	_, err := p.db.InsertEvent(context.Background(), postgres.NewEvent{Event: payment.Event{
+		ID: id, Type: typ, UserID: user, Asset: asset, Amount: decimal.RequireFromString(amount), TraceID: "t-" + id,
+	}})
+	require.NoError(p.t, err)
+	p.enqueuer.Wake()
+}
+
+func (p *pipeline) count(query string, args ...any) int {
+	p.t.Helper()
+	var n int
+	require.NoError(p.t, p.sql.QueryRow(context.Background(), query, args...).Scan(&n))
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func (p *pipeline) waitFor(what string, timeout time.Duration, cond func() bool) {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *pipeline) allTerminal() bool {
+	return p.count(`SELECT count(*) FROM payment_events WHERE status NOT IN ('confirmed', 'failed')`) == 0
+}
+
+func (p *pipeline) requireInvariants() {
+	p.t.Helper()
+	require.Zero(p.t, p.count(`SELECT count(*) FROM balances b
+		WHERE b.balance <> b.initial_balance + COALESCE((SELECT SUM(amount) FROM balance_events e WHERE e.user_id=b.user_id AND e.asset=b.asset), 0)`))
+	require.Zero(p.t, p.count(`SELECT count(*) FROM (SELECT 1 FROM balance_events GROUP BY source_event_id, event_type HAVING count(*) > 1) d`))
+	require.Zero(p.t, p.count(`SELECT count(*) FROM payment_events e WHERE e.status = 'confirmed'
+		AND (SELECT count(*) FROM balance_events b WHERE b.source_event_id = e.event_id) <> 1`))
+	require.Zero(p.t, p.count(`SELECT count(*) FROM payment_events e WHERE e.status = 'failed' AND e.outcome = 'dead_lettered'
+		AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.event_id = e.event_id)`))
+}
+
+func TestPipelineCreditsEveryDepositOnce(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{})
+	for u := int64(1); u <= 5; u++ {
+		p.user(u, nil)
+	}
+	const n = 300
+	for i := range n {
+		p.accept(fmt.Sprintf("dep-%d", i), payment.Deposit, int64(i%5+1), "ETH", "0.1")
+	}
+	// Duplicate tasks straight into the queue, as a redelivery would.
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	p.waitFor("all confirmed", 60*time.Second, p.allTerminal)
+	for i := 0; i < n; i += 7 {
+		e := payment.Event{ID: fmt.Sprintf("dep-%d", i), Type: payment.Deposit, UserID: int64(i%5 + 1), Asset: "ETH", Amount: decimal.RequireFromString("0.1")}
+		task, opts, err := queue.NewPaymentTask(postgres.Claimed{Event: e})
+		require.NoError(t, err)
+		opts = append(opts, asynq.TaskID(fmt.Sprintf("dup-%d", i)))
+		_, err = client.Enqueue(task, opts...)
+		require.NoError(t, err)
+	}
+	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
+	p.waitFor("duplicates drained", 30*time.Second, func() bool {
+		info, err := inspector.GetQueueInfo(queue.QueuePayments)
+		return err == nil && info.Pending == 0 && info.Active == 0
+	})
+	require.Equal(t, n, p.count(`SELECT count(*) FROM payment_events WHERE status='confirmed'`))
+	require.Equal(t, n, p.count(`SELECT count(*) FROM balance_events`))
+	var total string
+	require.NoError(t, p.sql.QueryRow(context.Background(), `SELECT SUM(balance)::text FROM balances`).Scan(&total))
+	require.True(t, decimal.RequireFromString(total).Equal(decimal.RequireFromString("30")), total)
+	p.requireInvariants()
+}
+
+// TestExhaustedRetriesEndInTheDLQ holds a balance row locked for good: the
+// withdrawal's every attempt times out, and after the last retry it must
+// end failed with a DLQ row, not stranded in 'enqueued' (the seed's bug).
+func TestExhaustedRetriesEndInTheDLQ(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{lock: 50 * time.Millisecond, retryDelay: 10 * time.Millisecond})
+	p.user(1, map[string]string{"USDT": "100"})
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, p.dsn)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM balances WHERE user_id=1 AND asset='USDT' FOR UPDATE`)
+	require.NoError(t, err)
+
+	p.accept("w-locked", payment.Withdrawal, 1, "USDT", "5")
+	p.waitFor("dead-lettered", 60*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND status='failed'`) == 1
+	})
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND outcome='dead_lettered'`))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='w-locked' AND source='worker' AND attempt = $1`, queue.RetryMax+1))
+	require.Equal(t, 1, p.alerts.count("dead_letter:retries_exhausted"))
+	require.Zero(t, p.count(`SELECT count(*) FROM balance_events`))
+	p.requireInvariants()
+}
+
+func TestWithdrawalsRacingThroughTheQueueNeverOverdraw(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{})
+	p.user(1, map[string]string{"ETH": "100"})
+	p.user(2, map[string]string{"ETH": "50"})
+	for i := range 60 {
+		p.accept(fmt.Sprintf("w1-%d", i), payment.Withdrawal, 1, "ETH", "2.5") // 40 fit
+		p.accept(fmt.Sprintf("w2-%d", i), payment.WithdrawalFee, 2, "ETH", "1") // 50 fit
+	}
+	p.waitFor("all terminal", 60*time.Second, p.allTerminal)
+	require.Equal(t, 40, p.count(`SELECT count(*) FROM payment_events WHERE user_id=1 AND status='confirmed'`))
+	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE user_id=1 AND outcome='insufficient_funds'`))
+	require.Equal(t, 50, p.count(`SELECT count(*) FROM payment_events WHERE user_id=2 AND status='confirmed'`))
+	require.Zero(t, p.count(`SELECT count(*) FROM balances WHERE balance <> 0`))
+	p.requireInvariants()
+}
+
+// TestRecoveryBringsBackTasksTheQueueLost flushes Redis after events were
+// enqueued: stale recovery must send them through again, with a new
+// generation, and everything completes.
+func TestRecoveryBringsBackTasksTheQueueLost(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true})
+	p.user(1, nil)
+	for i := range 20 {
+		p.accept(fmt.Sprintf("lost-%d", i), payment.Deposit, 1, "WBTC", "0.00000001")
+	}
+	p.waitFor("all enqueued", 10*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM payment_events WHERE status='enqueued'`) == 20
+	})
+	require.NoError(t, p.rdb.FlushDB(context.Background()).Err()) // the queue loses everything
+	time.Sleep(1100 * time.Millisecond)                              // past StaleAfter
+	require.NoError(t, p.recovery.Run(context.Background()))
+	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE retry_count=1 AND generation=1`))
+
+	// A worker now finds the re-enqueued tasks under their new ids.
+	batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 2, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go batcher.Run(ctx)
+	server := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{Concurrency: 8, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	require.NoError(t, server.Start(queue.NewWorker(queue.WorkerOptions{Log: zerolog.Nop(), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})))
+	defer server.Shutdown()
+	p.waitFor("all confirmed", 30*time.Second, p.allTerminal)
+	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE status='confirmed'`))
+	p.requireInvariants()
+}
+
+// TestRecoveryDeadLettersWhenTheQueueStaysDown keeps the queue unreachable
+// for longer than MaxAttempts recoveries: the events end failed with a
+// DLQ row and an alert, never silently stuck.
+func TestRecoveryDeadLettersWhenTheQueueStaysDown(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true})
+	p.user(1, nil)
+	p.accept("stuck-1", payment.Deposit, 1, "ETH", "1")
+	p.waitFor("enqueued", 10*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM payment_events WHERE status='enqueued'`) == 1
+	})
+	// The queue is gone for good: nothing the enqueuer sends arrives.
+	deadQueue, err := redisconn.Open("redis://127.0.0.1:1/0")
+	require.NoError(t, err)
+	p.recovery.Inspector = asynq.NewInspectorFromRedisClient(deadQueue)
+	require.NoError(t, p.rdb.FlushDB(context.Background()).Err())
+	for attempt := 0; attempt <= p.recovery.MaxAttempts; attempt++ {
+		// Back to enqueued (the enqueuer claims it again), stale, recovered.
+		p.waitFor("re-enqueued", 10*time.Second, func() bool {
+			return p.count(`SELECT count(*) FROM payment_events WHERE status IN ('enqueued','failed')`) == 1
+		})
+		require.NoError(t, p.rdb.FlushDB(context.Background()).Err())
+		time.Sleep(1100 * time.Millisecond)
+		require.NoError(t, p.recovery.Run(context.Background()))
+	}
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='stuck-1' AND status='failed' AND outcome='dead_lettered'`))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='stuck-1' AND source='recovery'`))
+	require.Equal(t, 1, p.alerts.count("recovery_dead_letter"))
+	require.Equal(t, p.recovery.MaxAttempts+1, p.count(`SELECT retry_count FROM payment_events WHERE event_id='stuck-1'`))
+}
+
+func TestUnknownTaskTypeIsDeadLetteredWithoutRetry(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{})
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	_, err := client.Enqueue(asynq.NewTask("payment:refund", []byte(`{"event_id":"x"}`)), asynq.Queue(queue.QueuePayments), asynq.MaxRetry(5))
+	require.NoError(t, err)
+	p.waitFor("dead letter", 20*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_type='payment:refund'`) == 1
+	})
+	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
+	p.waitFor("archived", 10*time.Second, func() bool {
+		info, err := inspector.GetQueueInfo(queue.QueuePayments)
+		return err == nil && info.Archived == 1 && info.Retry == 0
+	})
+}

@@ -1,0 +1,145 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Recovery bounds.
+const (
+	RecoveryBatchDefault        = 500
+	MaxRecoveryAttemptsDefault  = 10
+	StaleEnqueuedAfterDefault   = 3 * time.Minute
+	RecoverIntervalDefault      = 2 * time.Minute
+	inspectTimeout              = time.Second
+	recoveryPassesPerRunMaximum = 20
+)
+
+// TaskInspector is the part of asynq's Inspector recovery needs.
+type TaskInspector interface {
+	GetTaskInfo(queue, id string) (*asynq.TaskInfo, error)
+}
+
+// Stale is the database side of recovery.
+type Stale interface {
+	RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, decide func(context.Context, postgres.StaleEvent) (postgres.RecoveryAction, string)) (postgres.RecoveryReport, error)
+}
+
+// Recovery finds events stuck in 'enqueued' — the queue lost them, a
+// worker died holding them on its last retry, or a zombie task sits in
+// asynq's active list with no lease — and sends them back to the outbox
+// under a new generation, or to the DLQ after MaxAttempts recoveries.
+type Recovery struct {
+	Store       Stale
+	Inspector   TaskInspector
+	Alerts      Alerter
+	Log         zerolog.Logger
+	StaleAfter  time.Duration
+	MaxAttempts int
+	BatchMax    int
+
+	requeued     prometheus.Counter
+	deadLettered prometheus.Counter
+	skipped      prometheus.Counter
+}
+
+// RegisterMetrics adds recovery's counters to reg.
+func (r *Recovery) RegisterMetrics(reg prometheus.Registerer) {
+	r.requeued = prometheus.NewCounter(prometheus.CounterOpts{Name: "settle_recovery_requeued_total", Help: "Stuck events sent back to the outbox by stale recovery."})
+	r.deadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "settle_recovery_dead_lettered_total", Help: "Stuck events dead-lettered after MAX_RECOVERY_ATTEMPTS recoveries."})
+	r.skipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "settle_recovery_skipped_total", Help: "Old enqueued events left alone because their task is still waiting in asynq."})
+	if reg != nil {
+		reg.MustRegister(r.requeued, r.deadLettered, r.skipped)
+	}
+}
+
+// Run recovers until a pass finds nothing more to do (bounded).
+func (r *Recovery) Run(ctx context.Context) error {
+	for range recoveryPassesPerRunMaximum {
+		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, r.decide)
+		if err != nil {
+			return err
+		}
+		r.count(report)
+		for _, d := range report.DeadLettered {
+			r.Alerts.Raise("recovery_dead_letter", alert.Critical, "event dead-lettered after exhausting stale recoveries", map[string]any{
+				"event_id": d.EventID, "trace_id": d.TraceID, "attempts": d.Attempt, "error": d.Error,
+			})
+		}
+		if report.Requeued+len(report.DeadLettered) > 0 || report.Failed > 0 {
+			r.Log.Info().Int("examined", report.Examined).Int("requeued", report.Requeued).
+				Int("dead_lettered", len(report.DeadLettered)).Int("skipped", report.Skipped).Int("failed", report.Failed).
+				Msg("stale recovery pass")
+		}
+		if report.Examined < r.BatchMax || report.Examined == report.Skipped {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (r *Recovery) count(report postgres.RecoveryReport) {
+	if r.requeued == nil {
+		return
+	}
+	r.requeued.Add(float64(report.Requeued))
+	r.deadLettered.Add(float64(len(report.DeadLettered)))
+	r.skipped.Add(float64(report.Skipped))
+}
+
+// decide asks asynq where the event's task is. Waiting, scheduled or
+// retrying: the queue still has it, so it is slow, not lost. Missing,
+// archived (asynq gave up silently), active for longer than the stale
+// bound (a zombie with no lease), or Redis unreachable: recover it.
+func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
+	info, err := r.inspect(ctx, TaskID(s.Event))
+	if err == nil {
+		switch info.State {
+		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
+			return postgres.RecoverySkip, ""
+		}
+	}
+	why := "task missing from the queue"
+	switch {
+	case err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound):
+		why = "queue unreachable: " + err.Error()
+	case err == nil:
+		why = "task " + info.State.String() + " in the queue"
+	}
+	if s.RetryCount >= r.MaxAttempts {
+		return postgres.RecoveryDeadLetter, fmt.Sprintf("stuck in enqueued after %d recoveries (%s)", s.RetryCount, why)
+	}
+	r.Log.Warn().Str("event_id", s.Event.ID).Str("trace_id", s.Event.TraceID).Int("retry_count", s.RetryCount+1).
+		Str("reason", why).Msg("stale event back to the outbox")
+	return postgres.RecoveryRequeue, ""
+}
+
+// inspect bounds the Inspector call, which takes no context.
+func (r *Recovery) inspect(ctx context.Context, id string) (*asynq.TaskInfo, error) {
+	type answer struct {
+		info *asynq.TaskInfo
+		err  error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		info, err := r.Inspector.GetTaskInfo(QueuePayments, id)
+		ch <- answer{info, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.info, a.err
+	case <-time.After(inspectTimeout):
+		return nil, errors.New("asynq inspector timed out")
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

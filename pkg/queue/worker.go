@@ -1,0 +1,270 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Alerter tells a human.
+type Alerter interface {
+	Raise(key string, severity alert.Severity, summary string, fields map[string]any)
+}
+
+// DeadLetters is the two-level DLQ.
+type DeadLetters interface {
+	FailEvent(ctx context.Context, letter payment.DeadLetter) dlq.Outcome
+	Record(ctx context.Context, letter payment.DeadLetter) dlq.Outcome
+}
+
+// Gate decides whether a deposit may be credited now (finality), and
+// follows credited ones for reorgs. Nil: tx hashes are trusted.
+type Gate interface {
+	// Check returns the item to apply, or nil when the event was parked or
+	// decided without the ledger (waiting for finality, reverted, ...).
+	Check(ctx context.Context, item postgres.LedgerItem) (*postgres.LedgerItem, error)
+	// WatchReorgs runs one pass over credited, not yet final deposits.
+	WatchReorgs(ctx context.Context) error
+}
+
+// Worker handles every task type of the worker process.
+type Worker struct {
+	log     zerolog.Logger
+	batcher *Batcher
+	dlq     DeadLetters
+	alerts  Alerter
+	gate    Gate
+	notify  func(ctx context.Context) error
+	metrics *workerMetrics
+}
+
+// WorkerOptions wire a Worker.
+type WorkerOptions struct {
+	Log         zerolog.Logger
+	Batcher     *Batcher
+	DeadLetters DeadLetters
+	Alerts      Alerter
+	Gate        Gate                            // optional
+	Notify      func(ctx context.Context) error // optional: delivers due notifications
+	Registerer  prometheus.Registerer
+}
+
+// NewWorker builds the task handler.
+func NewWorker(o WorkerOptions) *Worker {
+	return &Worker{
+		log: o.Log, batcher: o.Batcher, dlq: o.DeadLetters, alerts: o.Alerts, gate: o.Gate, notify: o.Notify,
+		metrics: newWorkerMetrics(o.Registerer),
+	}
+}
+
+// ProcessTask implements asynq.Handler.
+func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	switch t.Type() {
+	case TypePayment:
+		return w.payment(ctx, t)
+	case TypeWatchReorgs:
+		if w.gate == nil {
+			return nil
+		}
+		return w.maintenance(ctx, t.Type(), w.gate.WatchReorgs)
+	case TypeNotify:
+		if w.notify == nil {
+			return nil
+		}
+		return w.maintenance(ctx, t.Type(), w.notify)
+	}
+	// A type this worker does not know can never succeed: record it and
+	// do not retry.
+	w.metrics.tasks.WithLabelValues(t.Type(), "unknown_type").Inc()
+	out := w.dlq.Record(ctx, payment.DeadLetter{
+		EventID: taskID(ctx), EventType: t.Type(), Error: fmt.Sprintf("unknown task type %q", t.Type()),
+		Source: payment.SourceWorker, Payload: jsonOrNil(t.Payload()),
+	})
+	w.alerts.Raise("unknown_task_type:"+t.Type(), alert.Warning, "task of unknown type dead-lettered", map[string]any{"type": t.Type(), "sink": out.Sink})
+	return fmt.Errorf("unknown task type %q: %w", t.Type(), asynq.SkipRetry)
+}
+
+func (w *Worker) maintenance(ctx context.Context, kind string, run func(context.Context) error) error {
+	if err := run(ctx); err != nil {
+		w.metrics.tasks.WithLabelValues(kind, "error").Inc()
+		w.log.Warn().Err(err).Str("task", kind).Msg("maintenance task failed")
+		return err
+	}
+	w.metrics.tasks.WithLabelValues(kind, "done").Inc()
+	return nil
+}
+
+func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
+	task, e, err := DecodePaymentTask(t.Payload())
+	log := w.log.With().Str(logging.FieldTraceID, task.TraceID).Str(logging.FieldEventID, task.EventID).Int64(logging.FieldUserID, task.UserID).Logger()
+	ctx = log.WithContext(ctx)
+	if err != nil {
+		w.metrics.tasks.WithLabelValues(TypePayment, "malformed").Inc()
+		out := w.dlq.Record(ctx, payment.DeadLetter{
+			EventID: orDefault(task.EventID, taskID(ctx)), EventType: TypePayment, Error: err.Error(),
+			Source: payment.SourceWorker, TraceID: task.TraceID, Payload: jsonOrNil(t.Payload()),
+		})
+		log.Error().Err(err).Str("sink", out.Sink).Msg("malformed payment task dead-lettered")
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	if !e.Type.Known() {
+		return w.fail(ctx, e, fmt.Errorf("unknown event type %q", e.Type), "unknown_event_type")
+	}
+
+	item := &postgres.LedgerItem{Event: e}
+	if w.gate != nil && e.TxHash != "" && e.Type.ChainGated() {
+		item, err = w.gate.Check(ctx, *item)
+		if err != nil {
+			return w.retryOrFail(ctx, e, err)
+		}
+		if item == nil {
+			w.metrics.tasks.WithLabelValues(TypePayment, "chain_decided").Inc()
+			return nil
+		}
+	}
+
+	result, err := w.batcher.Submit(ctx, *item)
+	if err != nil {
+		return w.retryOrFail(ctx, e, err)
+	}
+	switch result.Kind {
+	case postgres.Applied:
+		w.metrics.tasks.WithLabelValues(TypePayment, string(result.Outcome)).Inc()
+		if !task.AcceptedAt.IsZero() {
+			w.metrics.latency.Observe(time.Since(task.AcceptedAt).Seconds())
+		}
+		event := log.Info()
+		if result.Outcome == payment.OutcomeDeadLettered {
+			event = log.Error().AnErr("reason", result.Err).Int64("dlq_id", result.DeadLetterID)
+		}
+		event.Str("outcome", string(result.Outcome)).Str("status", string(result.Status)).
+			Str("asset", result.Event.Asset).Str("amount", result.Event.Amount.String()).Msg("event settled")
+		if result.Alert != "" {
+			w.alerts.Raise("ledger:"+e.ID, alert.Critical, result.Alert, map[string]any{"event_id": e.ID, "trace_id": e.TraceID, "dlq_id": result.DeadLetterID})
+		}
+		return nil
+	case postgres.AlreadyDone, postgres.Stale:
+		w.metrics.tasks.WithLabelValues(TypePayment, result.Kind.String()).Inc()
+		log.Debug().Str("result", result.Kind.String()).Str("status", string(result.Status)).Msg("nothing to do")
+		return nil
+	case postgres.Rejected:
+		// The task names no stored event, or describes it wrongly: it can
+		// never apply. The event itself (if any) is untouched; stale
+		// recovery re-enqueues it from the database if it needs it.
+		w.metrics.tasks.WithLabelValues(TypePayment, "rejected").Inc()
+		out := w.dlq.Record(ctx, letterFor(e, result.Err, retryCount(ctx)+1))
+		w.alerts.Raise("rejected_task:"+e.ID, alert.Critical, "payment task rejected by the ledger", map[string]any{"event_id": e.ID, "trace_id": e.TraceID, "reason": result.Err.Error(), "sink": out.Sink})
+		return fmt.Errorf("%w: %w", result.Err, asynq.SkipRetry)
+	case postgres.Retry:
+		return w.retryOrFail(ctx, e, result.Err)
+	}
+	return fmt.Errorf("ledger returned unknown result %d", result.Kind)
+}
+
+// retryOrFail returns err for asynq to retry (with RetryDelay's backoff)
+// while the task has retries left and the error is transient; otherwise
+// the event fails into the DLQ now. The seed's exhaustion branch never ran
+// under Celery; this one is exercised by the tests.
+func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) error {
+	transient := errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable)
+	retried := retryCount(ctx)
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
+	if !ok {
+		maxRetry = RetryMax
+	}
+	if transient && retried < maxRetry {
+		w.metrics.retries.Inc()
+		w.metrics.tasks.WithLabelValues(TypePayment, "retry").Inc()
+		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment task will be retried")
+		return err
+	}
+	reason := "unexpected_error"
+	if transient {
+		reason = "retries_exhausted"
+		err = fmt.Errorf("retries exhausted after %d attempts: %w", retried+1, err)
+	}
+	return w.fail(ctx, e, err, reason)
+}
+
+// fail ends the event failed with a DLQ row (or parks the row in Redis,
+// or logs it), alerts, and stops asynq from retrying.
+func (w *Worker) fail(ctx context.Context, e payment.Event, cause error, reason string) error {
+	out := w.dlq.FailEvent(ctx, letterFor(e, cause, retryCount(ctx)+1))
+	w.metrics.tasks.WithLabelValues(TypePayment, reason).Inc()
+	logging.From(ctx).Error().Err(cause).Str("sink", out.Sink).Bool("event_failed", out.Failed).Msg("payment event dead-lettered")
+	w.alerts.Raise("dead_letter:"+reason, alert.Critical, "payment event dead-lettered", map[string]any{
+		"event_id": e.ID, "trace_id": e.TraceID, "reason": reason, "error": cause.Error(), "sink": out.Sink,
+	})
+	return fmt.Errorf("%w: %w", cause, asynq.SkipRetry)
+}
+
+func letterFor(e payment.Event, cause error, attempt int) payment.DeadLetter {
+	return payment.DeadLetter{
+		EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
+		Error: cause.Error(), Attempt: attempt, Generation: e.Generation, Source: payment.SourceWorker, TraceID: e.TraceID,
+	}
+}
+
+func retryCount(ctx context.Context) int {
+	n, _ := asynq.GetRetryCount(ctx)
+	return n
+}
+
+func taskID(ctx context.Context) string {
+	id, _ := asynq.GetTaskID(ctx)
+	return orDefault(id, "unknown")
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// jsonOrNil keeps a payload for the DLQ only if it is JSON (the column is
+// jsonb); anything else is described in the error instead.
+func jsonOrNil(b []byte) []byte {
+	if len(b) > 0 && json.Valid(b) {
+		return b
+	}
+	return nil
+}
+
+type workerMetrics struct {
+	tasks   *prometheus.CounterVec
+	retries prometheus.Counter
+	latency prometheus.Histogram
+}
+
+func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
+	m := &workerMetrics{
+		tasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_tasks_total", Help: "Tasks handled, by type and outcome.",
+		}, []string{"type", "outcome"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "settle_task_retries_total", Help: "Payment tasks handed back to asynq for a retry.",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "settle_event_latency_seconds",
+			Help:    "From webhook acceptance to the event's terminal status.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.tasks, m.retries, m.latency)
+	}
+	return m
+}

@@ -1,0 +1,95 @@
+// Package service holds what every settle binary does the same way:
+// common settings, the logger, signal handling and exit codes.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/redisconn"
+)
+
+// Exit codes.
+const (
+	ExitSettings = 2 // a missing or invalid setting
+	ExitFailure  = 1 // a failure while running
+)
+
+// ShutdownTimeoutDefault bounds a graceful stop.
+const ShutdownTimeoutDefault = 30 * time.Second
+
+// Common are the settings every long-running binary reads.
+type Common struct {
+	DatabaseURL     string
+	RedisURL        string
+	LogLevel        zerolog.Level
+	ShutdownTimeout time.Duration
+}
+
+// ReadCommon reads the shared settings.
+func ReadCommon(env *config.Env) Common {
+	c := Common{
+		DatabaseURL:     env.Required("DATABASE_URL"),
+		RedisURL:        env.String("REDIS_URL", "redis://localhost:6379/0"),
+		LogLevel:        config.Parse(env, "LOG_LEVEL", zerolog.InfoLevel, logging.ParseLevel),
+		ShutdownTimeout: env.Duration("SHUTDOWN_TIMEOUT", ShutdownTimeoutDefault),
+	}
+	if _, err := redisconn.Parse(c.RedisURL); err != nil {
+		env.Reject("REDIS_URL", err)
+	}
+	return c
+}
+
+// ExitOnSettingsError prints the first bad setting as one line and exits.
+func ExitOnSettingsError(binary string, env *config.Env) {
+	if err := env.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		os.Exit(ExitSettings)
+	}
+}
+
+// SignalContext ends on SIGTERM or SIGINT.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+// Registry is a Prometheus registry with the process and Go collectors.
+func Registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+	return reg
+}
+
+// ReadyCheck is /readyz of the worker and the scheduler: PostgreSQL and
+// Redis answer, and the schema is the one this binary expects.
+func ReadyCheck(db *postgres.DB, rdb redis.UniversalClient) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := db.Ping(ctx); err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+		current, err := db.SchemaCurrent(ctx)
+		if err != nil {
+			return err
+		}
+		if !current {
+			return errors.New("database schema is behind this binary: run `api migrate`")
+		}
+		return nil
+	}
+}
