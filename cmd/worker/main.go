@@ -125,6 +125,9 @@ func run(s settings, log zerolog.Logger) error {
 		Queues:            queue.QueueWeights,
 		RetryDelayFunc:    queue.FullJitter(s.RetryBaseDelay, s.RetryMaxDelay),
 		TaskCheckInterval: s.PollInterval,
+		// Retries become due on this tick; asynq's 5s default would add up
+		// to five seconds to every retry's backoff.
+		DelayedTaskCheckInterval: time.Second,
 		// asynq hands unfinished tasks back to the queue when this runs
 		// out; the margin leaves time for the rest of the shutdown.
 		ShutdownTimeout: max(s.ShutdownTimeout-5*time.Second, time.Second),

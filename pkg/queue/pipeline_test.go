@@ -113,7 +113,8 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		go func() { defer wg.Done(); batcher.Run(ctx) }()
 		p.server = asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
 			Concurrency: 16, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
-			RetryDelayFunc: queue.FullJitter(o.retryDelay, 2*o.retryDelay), ShutdownTimeout: 2 * time.Second,
+			DelayedTaskCheckInterval: 50 * time.Millisecond,
+			RetryDelayFunc:           queue.FullJitter(o.retryDelay, 2*o.retryDelay), ShutdownTimeout: 2 * time.Second,
 			Logger: queue.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
 		})
 		require.NoError(t, p.server.Start(worker))
@@ -248,7 +249,7 @@ func TestWithdrawalsRacingThroughTheQueueNeverOverdraw(t *testing.T) {
 	p.user(1, map[string]string{"ETH": "100"})
 	p.user(2, map[string]string{"ETH": "50"})
 	for i := range 60 {
-		p.accept(fmt.Sprintf("w1-%d", i), payment.Withdrawal, 1, "ETH", "2.5") // 40 fit
+		p.accept(fmt.Sprintf("w1-%d", i), payment.Withdrawal, 1, "ETH", "2.5")  // 40 fit
 		p.accept(fmt.Sprintf("w2-%d", i), payment.WithdrawalFee, 2, "ETH", "1") // 50 fit
 	}
 	p.waitFor("all terminal", 60*time.Second, p.allTerminal)
@@ -272,7 +273,7 @@ func TestRecoveryBringsBackTasksTheQueueLost(t *testing.T) {
 		return p.count(`SELECT count(*) FROM payment_events WHERE status='enqueued'`) == 20
 	})
 	require.NoError(t, p.rdb.FlushDB(context.Background()).Err()) // the queue loses everything
-	time.Sleep(1100 * time.Millisecond)                              // past StaleAfter
+	time.Sleep(1100 * time.Millisecond)                           // past StaleAfter
 	require.NoError(t, p.recovery.Run(context.Background()))
 	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE retry_count=1 AND generation=1`))
 

@@ -1,0 +1,60 @@
+package queue_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// TestTwoRunnersNeverFireOnePeriodTwice races two runners (as two
+// scheduler replicas would) on one database.
+func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
+	db := testenv.DB(t)
+	const every = 200 * time.Millisecond
+	var mu sync.Mutex
+	runs := map[int64][]string{}
+	job := func(owner string) queue.Job {
+		return queue.Job{Name: "tick", Every: every, Run: func(ctx context.Context) error {
+			period := time.Now().UnixNano() / int64(every)
+			mu.Lock()
+			runs[period] = append(runs[period], owner)
+			mu.Unlock()
+			return nil
+		}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, owner := range []string{"a", "b"} {
+		r := &queue.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Run(ctx, []queue.Job{job(owner)}) }()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(runs), 5, "the job kept running")
+	for period, owners := range runs {
+		require.Len(t, owners, 1, "period %d fired by %v", period, owners)
+	}
+}
+
+func TestDailyJobWaitsForItsTimeOfDay(t *testing.T) {
+	db := testenv.DB(t)
+	now := time.Now().UTC()
+	sinceMidnight := now.Sub(now.Truncate(24 * time.Hour))
+	ran := make(chan struct{}, 2)
+	later := queue.Job{Name: "later", Every: 24 * time.Hour, At: sinceMidnight + time.Hour, Run: func(context.Context) error { ran <- struct{}{}; return nil }}
+	earlier := queue.Job{Name: "earlier", Every: 24 * time.Hour, At: max(sinceMidnight-time.Minute, time.Nanosecond), Run: func(context.Context) error { ran <- struct{}{}; return nil }}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	(&queue.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []queue.Job{later, earlier})
+	require.Len(t, ran, 1, "only the job whose time has come ran")
+}
