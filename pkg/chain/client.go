@@ -39,6 +39,15 @@ const (
 	httpResponseHeader = CallTimeoutDefault
 )
 
+// txIndexingMessage is geth's answer, as message and error data, when a
+// transaction is unknown while its indexer is still running. A remote
+// JSON-RPC error carries no type, so its code and text are all there is to
+// recognise it by.
+const (
+	txIndexingMessage = "transaction indexing is in progress"
+	txIndexingCode    = -32000
+)
+
 // RPC method names, as metric labels.
 const (
 	methodReceipt = "eth_getTransactionReceipt"
@@ -158,8 +167,11 @@ func (c *Client) Receipt(ctx context.Context, txHash string) (*Receipt, error) {
 	err = c.call(ctx, methodReceipt, func(ctx context.Context) error {
 		var err error
 		r, err = c.eth.TransactionReceipt(ctx, common.HexToHash(hash))
-		if errors.Is(err, ethereum.NotFound) {
+		switch {
+		case errors.Is(err, ethereum.NotFound):
 			return ErrReceiptNotFound
+		case isTxIndexing(err):
+			return ErrTxIndexing
 		}
 		return err
 	})
@@ -224,7 +236,7 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 
 	o := outcomeSuccess
 	switch {
-	case err == nil, errors.Is(err, ErrReceiptNotFound):
+	case err == nil, errors.Is(err, ErrReceiptNotFound), errors.Is(err, ErrTxIndexing):
 	case ctx.Err() != nil:
 		o = outcomeIgnore
 	default:
@@ -239,6 +251,17 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 		return err
 	}
 	return payment.Unavailable("chain "+method, err)
+}
+
+func isTxIndexing(err error) bool {
+	var dataErr rpc.DataError
+	if errors.As(err, &dataErr) {
+		if data, ok := dataErr.ErrorData().(string); ok && data == txIndexingMessage {
+			return true
+		}
+	}
+	var rpcErr rpc.Error
+	return errors.As(err, &rpcErr) && rpcErr.ErrorCode() == txIndexingCode && rpcErr.Error() == txIndexingMessage
 }
 
 func convertReceipt(r *types.Receipt, wantHash string) (*Receipt, error) {

@@ -18,4 +18,9 @@ var (
 	ErrReceiptNotFound = errors.New("transaction receipt not found")
 	// ErrBlockNotFound: the node has no block at that number or tag.
 	ErrBlockNotFound = errors.New("block not found")
+	// ErrTxIndexing: the node has not finished indexing transactions, so
+	// a missing receipt means nothing yet. It comes wrapped as
+	// payment.ErrUnavailable; it does not count against the breaker (the
+	// node is up and answering).
+	ErrTxIndexing = errors.New("the node is still indexing transactions")
 )

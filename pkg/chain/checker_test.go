@@ -1,0 +1,337 @@
+package chain
+
+import (
+	"math/big"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// advanceTo seals blocks until the head is exactly head.
+func advanceTo(t *testing.T, c *devchain.Chain, head uint64) {
+	t.Helper()
+	ctx := testContext(t)
+	current, err := c.Head(ctx)
+	require.NoError(t, err)
+	require.LessOrEqual(t, current, head, "the chain is past the wanted head already")
+	require.NoError(t, c.CommitBlocks(ctx, int(head-current)))
+}
+
+func mustPolicy(t *testing.T, s string) Policy {
+	t.Helper()
+	p, err := ParsePolicy(s)
+	require.NoError(t, err)
+	return p
+}
+
+func check(t *testing.T, w *worker, d Deposit, p Policy) Verdict {
+	t.Helper()
+	v, err := w.checker.CheckDeposit(testContext(t), d, p)
+	require.NoError(t, err)
+	return v
+}
+
+func ethDeposit(tx devchain.Tx, to string) Deposit {
+	return Deposit{TxHash: tx.Hash, Recipients: []string{to}, Amount: big.NewInt(1)}
+}
+
+// TestFinalizedPolicyBoundary: a transaction in block 33 waits while the
+// finalized block is 32 (the head at 63 included) and is credited once
+// the finalized block reaches it; a transaction in block 64, which the
+// simulated beacon finalizes as it seals it, is credited at once: the
+// boundary is "block <= finalized", inclusive.
+func TestFinalizedPolicyBoundary(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	to := c.Accounts()[1].Address
+	policy := FinalizedPolicy()
+
+	advanceTo(t, c, 32)
+	tx, err := c.SendETH(ctx, 0, to, big.NewInt(1))
+	require.NoError(t, err)
+	require.EqualValues(t, 33, tx.BlockNumber)
+
+	v := check(t, w, ethDeposit(tx, to), policy)
+	require.Equal(t, Verdict{State: Wait, BlockNumber: 33, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 33 is not finalized yet"}, v)
+
+	advanceTo(t, c, 63)
+	finalized, err := c.Finalized(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 32, finalized)
+	require.Equal(t, Wait, check(t, w, ethDeposit(tx, to), policy).State)
+
+	advanceTo(t, c, 64)
+	v = check(t, w, ethDeposit(tx, to), policy)
+	require.Equal(t, Verdict{State: Credit, BlockNumber: 33, BlockHash: tx.BlockHash, Finalized: true, ReceiptSeen: true, Reason: "block 33 is finalized"}, v)
+
+	// Asked again (from the cache now), the answer is the same.
+	require.Equal(t, v, check(t, w, ethDeposit(tx, to), policy))
+
+	advanceTo(t, c, 95)
+	atEpoch, err := c.SendETH(ctx, 0, to, big.NewInt(1))
+	require.NoError(t, err)
+	require.EqualValues(t, 96, atEpoch.BlockNumber)
+	v = check(t, w, ethDeposit(atEpoch, to), policy)
+	require.Equal(t, Credit, v.State)
+	require.True(t, v.Finalized)
+}
+
+// TestConfirmationsPolicyBoundary: confirmations:3 needs latest - block + 1 >= 3.
+func TestConfirmationsPolicyBoundary(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	to := c.Accounts()[1].Address
+	policy := mustPolicy(t, "confirmations:3")
+
+	advanceTo(t, c, 40)
+	tx, err := c.SendETH(ctx, 0, to, big.NewInt(1))
+	require.NoError(t, err)
+	require.EqualValues(t, 41, tx.BlockNumber)
+
+	v := check(t, w, ethDeposit(tx, to), policy)
+	require.Equal(t, Wait, v.State)
+	require.True(t, v.ReceiptSeen)
+	require.Equal(t, "block 41 has 1 of 3 confirmations", v.Reason)
+
+	advanceTo(t, c, 42)
+	require.Equal(t, "block 41 has 2 of 3 confirmations", check(t, w, ethDeposit(tx, to), policy).Reason)
+
+	advanceTo(t, c, 43)
+	v = check(t, w, ethDeposit(tx, to), policy)
+	require.Equal(t, Verdict{State: Credit, BlockNumber: 41, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 41 has 3 confirmations (policy confirmations:3)"}, v)
+	require.False(t, v.Finalized, "credited before finality: the ledger must watch it")
+
+	state, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Canonical, state)
+
+	require.NoError(t, c.FinalizeThrough(ctx, tx.BlockNumber))
+	v = check(t, w, ethDeposit(tx, to), policy)
+	require.Equal(t, Credit, v.State)
+	require.True(t, v.Finalized)
+	state, err = w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Final, state)
+}
+
+func TestNonePolicyCreditsAtOnce(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	to := c.Accounts()[1].Address
+	advanceTo(t, c, 1)
+	tx, err := c.SendETH(ctx, 0, to, big.NewInt(1))
+	require.NoError(t, err)
+
+	v := check(t, w, ethDeposit(tx, to), NonePolicy())
+	require.Equal(t, Credit, v.State)
+	require.False(t, v.Finalized)
+	require.Equal(t, tx.BlockHash, v.BlockHash)
+}
+
+// TestUnknownTransactionWaits: no receipt is a Wait. Until geth's
+// transaction indexer has finished (on a fresh chain, for a moment), a
+// missing receipt proves nothing and the answer is ErrTxIndexing, an
+// ErrUnavailable that does not count against the breaker.
+func TestUnknownTransactionWaits(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	unknown := Deposit{TxHash: "0x" + strings.Repeat("ab", 32)}
+	sawIndexing := false
+	require.Eventually(t, func() bool {
+		_, err := w.checker.CheckDeposit(testContext(t), unknown, FinalizedPolicy())
+		if err != nil {
+			require.ErrorIs(t, err, ErrTxIndexing)
+			require.ErrorIs(t, err, payment.ErrUnavailable)
+			sawIndexing = true
+			require.NoError(t, c.CommitBlocks(testContext(t), 1))
+		}
+		return err == nil
+	}, testTimeout, testPollInterval)
+	t.Logf("indexer still running at first: %v", sawIndexing)
+	for _, p := range []Policy{FinalizedPolicy(), NonePolicy(), mustPolicy(t, "confirmations:1")} {
+		v := check(t, w, unknown, p)
+		require.Equal(t, Wait, v.State)
+		require.False(t, v.ReceiptSeen)
+		require.Contains(t, v.Reason, "no receipt")
+	}
+	require.Zero(t, metricValue(t, w.client.metrics.errors.WithLabelValues(methodReceipt)), "not found and indexing are answers, not errors")
+}
+
+// TestRevertedNeverCredited: status 0 is Reverted once the policy holds,
+// and only a Wait before: a receipt in a block that can still be reorged
+// is not the last word.
+func TestRevertedNeverCredited(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	token, _, err := c.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	tx, err := c.SendReverting(ctx, 0, token)
+	require.NoError(t, err)
+	require.EqualValues(t, 0, tx.Status)
+
+	d := Deposit{TxHash: tx.Hash, Token: token, Recipients: []string{c.Accounts()[1].Address}, Amount: big.NewInt(5)}
+	v := check(t, w, d, mustPolicy(t, "confirmations:1"))
+	require.Equal(t, Reverted, v.State)
+	require.Equal(t, "transaction reverted (receipt status 0) in block "+itoa(tx.BlockNumber), v.Reason)
+
+	v = check(t, w, d, FinalizedPolicy())
+	require.Equal(t, Wait, v.State)
+	require.True(t, v.ReceiptSeen)
+	require.Contains(t, v.Reason, "reverted")
+
+	require.NoError(t, c.FinalizeThrough(ctx, tx.BlockNumber))
+	v = check(t, w, d, FinalizedPolicy())
+	require.Equal(t, Reverted, v.State)
+	require.True(t, v.Finalized)
+	// A native ETH deposit naming the reverted transaction: the same.
+	require.Equal(t, Reverted, check(t, w, Deposit{TxHash: tx.Hash}, FinalizedPolicy()).State)
+}
+
+func TestTokenDeposits(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	accounts := c.Accounts()
+	deposit, other := accounts[1].Address, accounts[2].Address
+	token, _, err := c.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	foreign, _, err := c.DeployToken(ctx, 0)
+	require.NoError(t, err)
+
+	amount, ok := new(big.Int).SetString("50000000000000000000", 10) // 50 * 10^18
+	require.True(t, ok)
+	good, err := c.TransferToken(ctx, 0, token, deposit, amount)
+	require.NoError(t, err)
+	viaForeign, err := c.TransferToken(ctx, 0, foreign, deposit, amount)
+	require.NoError(t, err)
+	toOther, err := c.TransferToken(ctx, 0, token, other, amount)
+	require.NoError(t, err)
+	plainETH, err := c.SendETH(ctx, 0, deposit, amount)
+	require.NoError(t, err)
+	policy := mustPolicy(t, "confirmations:1")
+
+	// Recipients may be given in any case; a second deposit address of the
+	// user is fine.
+	v := check(t, w, Deposit{TxHash: good.Hash, Token: "0x" + strings.ToUpper(token[2:]), Recipients: []string{other, strings.ToUpper(deposit)}, Amount: amount}, policy)
+	require.Equal(t, Credit, v.State, v.Reason)
+
+	cases := []struct {
+		name   string
+		d      Deposit
+		reason string
+	}{
+		{
+			name:   "wrong amount",
+			d:      Deposit{TxHash: good.Hash, Token: token, Recipients: []string{deposit}, Amount: new(big.Int).Add(amount, big.NewInt(1))},
+			reason: "Transfer log of " + token + " to " + deposit + " carries 50000000000000000000 base units, the deposit says 50000000000000000001",
+		},
+		{
+			name:   "wrong recipient",
+			d:      Deposit{TxHash: toOther.Hash, Token: token, Recipients: []string{deposit}, Amount: amount},
+			reason: "no Transfer log of " + token + " to " + deposit + " (its Transfer logs go to " + other + ")",
+		},
+		{
+			name:   "foreign contract",
+			d:      Deposit{TxHash: viaForeign.Hash, Token: token, Recipients: []string{deposit}, Amount: amount},
+			reason: "no Transfer log from token contract " + token + " (the receipt's Transfer logs come from " + foreign + ")",
+		},
+		{
+			name:   "no transfer at all",
+			d:      Deposit{TxHash: plainETH.Hash, Token: token, Recipients: []string{deposit}, Amount: amount},
+			reason: "the receipt has no ERC-20 Transfer log",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := check(t, w, tc.d, policy)
+			require.Equal(t, Mismatch, v.State)
+			require.Equal(t, tc.reason, v.Reason)
+			require.True(t, v.ReceiptSeen)
+		})
+	}
+
+	// Native ETH deposits check status and finality only.
+	require.Equal(t, Credit, check(t, w, Deposit{TxHash: plainETH.Hash}, policy).State)
+}
+
+func TestInvalidDeposits(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{})
+	hash := "0x" + strings.Repeat("ab", 32)
+	addr := "0x" + strings.Repeat("cd", 20)
+	for name, d := range map[string]Deposit{
+		"bad hash":           {TxHash: "0x12"},
+		"bad token":          {TxHash: hash, Token: "usdc", Recipients: []string{addr}, Amount: big.NewInt(1)},
+		"bad recipient":      {TxHash: hash, Recipients: []string{"0xnothex"}},
+		"token no recipient": {TxHash: hash, Token: addr, Amount: big.NewInt(1)},
+		"token no amount":    {TxHash: hash, Token: addr, Recipients: []string{addr}},
+		"token zero amount":  {TxHash: hash, Token: addr, Recipients: []string{addr}, Amount: big.NewInt(0)},
+		"too many":           {TxHash: hash, Recipients: make([]string, RecipientsMax+1)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := w.checker.CheckDeposit(testContext(t), d, FinalizedPolicy())
+			require.ErrorIs(t, err, payment.ErrInvalid)
+		})
+	}
+	_, err := w.checker.CheckDeposit(testContext(t), Deposit{TxHash: hash}, Policy{})
+	require.ErrorIs(t, err, payment.ErrInvalid)
+	_, err = w.checker.StillCanonical(testContext(t), hash, 1, "0x12")
+	require.ErrorIs(t, err, payment.ErrInvalid)
+}
+
+// TestReorgDropsDeposit: a real reorg (the simulated backend's fork)
+// drops a credited transaction. CheckDeposit no longer sees a receipt,
+// StillCanonical says Gone, and a transaction of the dropped blocks that
+// the new branch mined again is Gone at its old block too (hash changed).
+func TestReorgDropsDeposit(t *testing.T) {
+	c := startChain(t)
+	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	accounts := c.Accounts()
+	to := accounts[2].Address
+	policy := mustPolicy(t, "confirmations:1")
+	advanceTo(t, c, 3)
+
+	dropped, err := c.SendETH(ctx, 0, to, big.NewInt(1_000))
+	require.NoError(t, err)
+	moved, err := c.SendETH(ctx, 1, to, big.NewInt(2_000))
+	require.NoError(t, err)
+
+	v := check(t, w, ethDeposit(dropped, to), policy)
+	require.Equal(t, Credit, v.State)
+	require.False(t, v.Finalized)
+	state, err := w.checker.StillCanonical(ctx, dropped.Hash, v.BlockNumber, v.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Canonical, state)
+
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+
+	v = check(t, w, ethDeposit(dropped, to), policy)
+	require.Equal(t, Wait, v.State)
+	require.False(t, v.ReceiptSeen)
+	state, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Gone, state)
+
+	again := check(t, w, ethDeposit(moved, to), policy)
+	require.Equal(t, Credit, again.State, "the other transaction was mined again on the new branch")
+	require.NotEqual(t, moved.BlockHash, again.BlockHash)
+	state, err = w.checker.StillCanonical(ctx, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Gone, state, "its block changed")
+	state, err = w.checker.StillCanonical(ctx, moved.Hash, again.BlockNumber, again.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Canonical, state)
+}
+
+func itoa(n uint64) string { return new(big.Int).SetUint64(n).String() }

@@ -1,0 +1,136 @@
+package chain
+
+import (
+	"encoding/json"
+	"math/big"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+func TestParseTxHashAndAddress(t *testing.T) {
+	hash := "0x" + strings.Repeat("aB", 32)
+	got, err := ParseTxHash(hash)
+	require.NoError(t, err)
+	require.Equal(t, strings.ToLower(hash), got)
+
+	got, err = ParseTxHash("0X" + strings.Repeat("0", 64))
+	require.NoError(t, err)
+	require.Equal(t, "0x"+strings.Repeat("0", 64), got)
+
+	for _, bad := range []string{"", "0x", hash[:65], hash + "0", "00" + hash[2:], "0x" + strings.Repeat("g", 64), " " + hash[1:]} {
+		_, err := ParseTxHash(bad)
+		require.ErrorIs(t, err, payment.ErrInvalid, bad)
+	}
+
+	addr := "0x" + strings.Repeat("Cd", 20)
+	got, err = ParseAddress(addr)
+	require.NoError(t, err)
+	require.Equal(t, strings.ToLower(addr), got)
+	for _, bad := range []string{"", addr[:41], addr + "0", hash} {
+		_, err := ParseAddress(bad)
+		require.ErrorIs(t, err, payment.ErrInvalid, bad)
+	}
+}
+
+func TestParseHeader(t *testing.T) {
+	hash := "0x" + strings.Repeat("AB", 32)
+	h, ok, err := parseHeader(json.RawMessage(`{"number":"0x20","hash":"` + hash + `","timestamp":"0x5f5e100","extra":"ignored"}`))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, Header{Number: 32, Hash: strings.ToLower(hash), Time: 100_000_000}, h)
+
+	_, ok, err = parseHeader(json.RawMessage(`null`))
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	for _, bad := range []string{
+		`{}`, `[]`, `"x"`, `{"number":"0x20","hash":"` + hash + `"}`,
+		`{"number":"32","hash":"` + hash + `","timestamp":"0x1"}`,
+		`{"number":"0x020","hash":"` + hash + `","timestamp":"0x1"}`,
+		`{"number":"0x10000000000000000","hash":"` + hash + `","timestamp":"0x1"}`,
+		`{"number":"0x1","hash":"0x12","timestamp":"0x1"}`,
+		`{"number":1,"hash":"` + hash + `","timestamp":"0x1"}`,
+	} {
+		_, _, err := parseHeader(json.RawMessage(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func TestParseQuantity(t *testing.T) {
+	for in, want := range map[string]uint64{"0x0": 0, "0x1": 1, "0xff": 255, "0xFF": 255, "0xffffffffffffffff": 1<<64 - 1} {
+		got, err := parseQuantity(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "0x", "0x00", "0x01", "1", "0xg", "0x10000000000000000", "-0x1", "0x-1", "0x+1"} {
+		_, err := parseQuantity(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+func FuzzParseHeader(f *testing.F) {
+	hash := "0x" + strings.Repeat("ab", 32)
+	for _, seed := range []string{
+		`{"number":"0x20","hash":"` + hash + `","timestamp":"0x1"}`, `null`, `{}`, `{"number":"0x0"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		h, ok, err := parseHeader(raw)
+		if err != nil || !ok {
+			return
+		}
+		// An accepted header has a canonical hash and numbers that print
+		// back to what was parsed.
+		again, err := parseHex(h.Hash, hashHexLength, "hash")
+		require.NoError(t, err)
+		require.Equal(t, h.Hash, again)
+	})
+}
+
+func FuzzParseTxHash(f *testing.F) {
+	for _, seed := range []string{"0x" + strings.Repeat("ab", 32), "0X" + strings.Repeat("AB", 32), "", "0x", "0x" + strings.Repeat("g", 64)} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		h, err := ParseTxHash(in)
+		if err != nil {
+			require.ErrorIs(t, err, payment.ErrInvalid)
+			return
+		}
+		require.Len(t, h, hashHexLength)
+		require.Equal(t, strings.ToLower(in[2:]), h[2:])
+		again, err := ParseTxHash(h)
+		require.NoError(t, err)
+		require.Equal(t, h, again)
+	})
+}
+
+func FuzzDecodeFinalRecord(f *testing.F) {
+	txHash := "0x" + strings.Repeat("11", 32)
+	good, err := encodeFinalRecord(&Receipt{
+		TxHash: txHash, Status: 1, BlockNumber: 7, BlockHash: "0x" + strings.Repeat("22", 32),
+		Transfers: []Transfer{{Contract: "0x" + strings.Repeat("33", 20), From: "0x" + strings.Repeat("44", 20), To: "0x" + strings.Repeat("55", 20), Value: big.NewInt(9), LogIndex: 2}},
+	})
+	require.NoError(f, err)
+	f.Add(good)
+	f.Add([]byte(`{"v":1}`))
+	f.Add([]byte(`garbage`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		r, err := decodeFinalRecord(raw, txHash)
+		if err != nil {
+			return
+		}
+		// Whatever is accepted encodes back to an entry that decodes to
+		// the same receipt.
+		again, err := encodeFinalRecord(r)
+		require.NoError(t, err)
+		r2, err := decodeFinalRecord(again, txHash)
+		require.NoError(t, err)
+		require.Equal(t, r, r2)
+	})
+}
