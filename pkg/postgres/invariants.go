@@ -1,0 +1,99 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+)
+
+// Finding is the result of one invariant check.
+type Finding struct {
+	Invariant  string
+	Violations int64
+	Sample     string // up to ten offenders
+}
+
+// Conservation is one asset's money balance sheet.
+type Conservation struct {
+	Asset                              string
+	Balances, Initial, Credits, Debits decimal.Decimal
+}
+
+// Holds reports whether the asset's balances equal initial + credits - debits.
+func (c Conservation) Holds() bool {
+	return c.Balances.Equal(c.Initial.Add(c.Credits).Sub(c.Debits))
+}
+
+// InvariantOptions select the checks.
+type InvariantOptions struct {
+	// RequireTerminal also requires every event to be confirmed or failed
+	// (true at the end of a run, false on a live system).
+	RequireTerminal bool
+	// PendingKeyAfter is how old a pending idempotency record may get.
+	PendingKeyAfter time.Duration
+}
+
+var invariantChecks = []struct {
+	name, query string
+	terminal    bool
+	arg         bool
+}{
+	{name: "balance = initial_balance + SUM(journal)", query: "inv_balance_journal"},
+	{name: "journal rows match their events", query: "inv_journal_orphans"},
+	{name: "one journal row per (source_event_id, event_type)", query: "inv_duplicate_journal"},
+	{name: "confirmed events have a journal row", query: "inv_confirmed_without_journal"},
+	{name: "only confirmed events have journal rows", query: "inv_journal_without_confirmed"},
+	{name: "failed events have a DLQ row or a business outcome", query: "inv_failed_unexplained"},
+	{name: "no idempotency record stuck pending", query: "inv_processed_pending", arg: true},
+	{name: "open DLQ entries name stored events", query: "inv_dlq_unaccounted"},
+	{name: "every accepted event is terminal", query: "inv_not_terminal", terminal: true},
+}
+
+// CheckInvariants runs every check on one REPEATABLE READ snapshot, so the
+// findings describe a single committed state.
+func (db *DB) CheckInvariants(ctx context.Context, o InvariantOptions) ([]Finding, []Conservation, error) {
+	if o.PendingKeyAfter <= 0 {
+		o.PendingKeyAfter = 10 * time.Minute
+	}
+	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, nil, classify("check invariants", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var findings []Finding
+	for _, c := range invariantChecks {
+		if c.terminal && !o.RequireTerminal {
+			continue
+		}
+		stmt := q(c.query)
+		var args []any
+		if c.arg {
+			args = append(args, fmt.Sprintf("%d seconds", int64(o.PendingKeyAfter.Seconds())))
+		}
+		f := Finding{Invariant: c.name}
+		if err := tx.QueryRow(ctx, stmt.text, args...).Scan(&f.Violations, &f.Sample); err != nil {
+			return nil, nil, classify(stmt.name, err)
+		}
+		findings = append(findings, f)
+	}
+	stmt := q("inv_conservation")
+	rows, err := tx.Query(ctx, stmt.text)
+	if err != nil {
+		return nil, nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var sheet []Conservation
+	for rows.Next() {
+		var c Conservation
+		var b, i, cr, d string
+		if err := rows.Scan(&c.Asset, &b, &i, &cr, &d); err != nil {
+			return nil, nil, classify(stmt.name, err)
+		}
+		c.Balances, c.Initial, c.Credits, c.Debits = decimal.RequireFromString(b), decimal.RequireFromString(i), decimal.RequireFromString(cr), decimal.RequireFromString(d)
+		sheet = append(sheet, c)
+	}
+	return findings, sheet, classify(stmt.name, rows.Err())
+}

@@ -1,0 +1,93 @@
+-- Invariant checks, each one statement on a shared REPEATABLE READ
+-- snapshot, each returning (count, sample) so a report can be precise
+-- without reading unbounded rows.
+
+-- name: inv_balance_journal
+-- 1. balance = initial_balance + SUM(balance_events.amount), per (user, asset).
+SELECT count(*), COALESCE(string_agg(format('user %s %s: balance %s, initial %s + journal %s',
+                                            user_id, asset, balance, initial_balance, journal), '; ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT b.user_id, b.asset, b.balance, b.initial_balance, COALESCE(j.total, 0) AS journal,
+             row_number() OVER (ORDER BY b.user_id, b.asset) AS rn
+      FROM balances b
+      LEFT JOIN (SELECT user_id, asset, SUM(amount) AS total FROM balance_events GROUP BY user_id, asset) j
+        ON j.user_id = b.user_id AND j.asset = b.asset
+      WHERE b.balance <> b.initial_balance + COALESCE(j.total, 0)) bad;
+
+-- name: inv_journal_orphans
+-- Each journal row matches its event: same user, asset, and the amount
+-- with the sign of the event type.
+SELECT count(*), COALESCE(string_agg(source_event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT j.source_event_id, row_number() OVER (ORDER BY j.id) AS rn
+      FROM balance_events j
+      LEFT JOIN payment_events e ON e.event_id = j.source_event_id AND e.event_type = j.event_type
+      WHERE e.event_id IS NULL OR e.user_id <> j.user_id OR e.asset <> j.asset
+         OR j.amount <> CASE WHEN e.event_type IN ('deposit', 'airdrop') THEN e.amount ELSE -e.amount END) bad;
+
+-- name: inv_duplicate_journal
+-- 2. At most one journal row per (source_event_id, event_type).
+SELECT count(*), COALESCE(string_agg(source_event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT source_event_id, row_number() OVER (ORDER BY source_event_id) AS rn
+      FROM balance_events GROUP BY source_event_id, event_type HAVING count(*) > 1) d;
+
+-- name: inv_confirmed_without_journal
+-- A confirmed event moved money exactly once.
+SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
+      WHERE e.status = 'confirmed'
+        AND NOT EXISTS (SELECT 1 FROM balance_events j WHERE j.source_event_id = e.event_id AND j.event_type = e.event_type)) x;
+
+-- name: inv_journal_without_confirmed
+SELECT count(*), COALESCE(string_agg(source_event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT j.source_event_id, row_number() OVER (ORDER BY j.id) AS rn
+      FROM balance_events j
+      JOIN payment_events e ON e.event_id = j.source_event_id AND e.event_type = j.event_type
+      WHERE e.status <> 'confirmed') x;
+
+-- name: inv_not_terminal
+-- 3. Every accepted event ends confirmed or failed (checked when the
+-- system is quiet: at the end of a run).
+SELECT count(*), COALESCE(string_agg(event_id || '=' || status, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT event_id, status, row_number() OVER (ORDER BY created_at) AS rn
+      FROM payment_events WHERE status NOT IN ('confirmed', 'failed')) x;
+
+-- name: inv_failed_unexplained
+-- A failed event has a DLQ row or a recorded business outcome.
+SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
+      WHERE e.status = 'failed'
+        AND (e.outcome IS NULL
+             OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'dead_lettered')
+             OR (e.outcome = 'dead_lettered' AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.event_id = e.event_id)))) x;
+
+-- name: inv_processed_pending
+-- No idempotency record stuck pending past the bound.
+SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT event_id, row_number() OVER (ORDER BY created_at) AS rn
+      FROM processed_events WHERE outcome = 'pending' AND created_at < now() - $1::interval) x;
+
+-- name: inv_dlq_unaccounted
+-- An open DLQ entry names a stored event (or is the record of a task that
+-- named none: source worker with a task type for an event type).
+SELECT count(*), COALESCE(string_agg(id::text || ':' || event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT d.id, d.event_id, row_number() OVER (ORDER BY d.id) AS rn FROM dead_letter_queue d
+      WHERE d.resolution IS NULL
+        AND d.event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation')
+        AND NOT EXISTS (SELECT 1 FROM payment_events e WHERE e.event_id = d.event_id)) d;
+
+-- name: inv_conservation
+-- Money conservation per asset: SUM(balance) = SUM(initial) + confirmed
+-- credits - confirmed debits, computed from the events, not the journal.
+WITH per_asset AS (
+    SELECT a.code AS asset,
+           COALESCE((SELECT SUM(balance) FROM balances WHERE asset = a.code), 0) AS balances,
+           COALESCE((SELECT SUM(initial_balance) FROM balances WHERE asset = a.code), 0) AS initial,
+           COALESCE((SELECT SUM(amount) FROM payment_events WHERE asset = a.code AND status = 'confirmed'
+                       AND event_type IN ('deposit', 'airdrop')), 0) AS credits,
+           COALESCE((SELECT SUM(amount) FROM payment_events WHERE asset = a.code AND status = 'confirmed'
+                       AND event_type IN ('withdrawal', 'withdrawal_fee', 'reorg_compensation')), 0) AS debits
+    FROM assets a
+)
+SELECT asset, balances::text, initial::text, credits::text, debits::text
+FROM per_asset
+ORDER BY asset;
