@@ -26,8 +26,8 @@ const (
 	BreakerOpenForDefault     = 60 * time.Second
 	BreakerProbeTTLDefault    = 10 * time.Second
 	// BreakerRedisRetryAfterDefault: after Redis failed, the in-process
-	// breaker decides alone this long before Redis is asked again, so an
-	// unreachable Redis costs one timeout per period, not one per call.
+	// breaker decides alone (and the finality cache is skipped) this long
+	// before Redis is asked again.
 	BreakerRedisRetryAfterDefault = 5 * time.Second
 	BreakerNameDefault            = "eth"
 
@@ -242,11 +242,22 @@ type breaker struct {
 	alerter  Alerter
 	log      zerolog.Logger
 
-	// redisRetryAt (unix ns): until then the in-process breaker decides
-	// without asking Redis.
-	redisRetryAt atomic.Int64
-	onFallback   atomic.Bool
+	// redis says when Redis may be asked again after a failure; until
+	// then the in-process breaker decides alone.
+	redis      *redisLatch
+	onFallback atomic.Bool
 }
+
+// redisLatch remembers a Redis failure for a while, so that an
+// unreachable Redis costs one timeout per period instead of one per call.
+type redisLatch struct {
+	period  time.Duration
+	retryAt atomic.Int64 // unix ns
+}
+
+func (l *redisLatch) usable() bool { return time.Now().UnixNano() >= l.retryAt.Load() }
+
+func (l *redisLatch) failed() { l.retryAt.Store(time.Now().Add(l.period).UnixNano()) }
 
 // ticket is what allow hands the caller to report with.
 type ticket struct {
@@ -258,7 +269,7 @@ type ticket struct {
 }
 
 func newBreaker(settings BreakerSettings, rdb redis.UniversalClient, metrics *clientMetrics, alerter Alerter, log zerolog.Logger) *breaker {
-	b := &breaker{settings: settings, rdb: rdb, metrics: metrics, alerter: alerter, log: log}
+	b := &breaker{settings: settings, rdb: rdb, metrics: metrics, alerter: alerter, log: log, redis: &redisLatch{period: settings.RedisRetryAfter}}
 	prefix := "settle:chain:breaker:{" + settings.Name + "}:"
 	b.keys = make([]string, keyCount)
 	b.keys[keyTripped] = prefix + "tripped"
@@ -285,7 +296,7 @@ func newBreaker(settings BreakerSettings, rdb redis.UniversalClient, metrics *cl
 // allow asks whether a call may go out. A refusal is ErrBreakerOpen; any
 // other error means the caller's context ended.
 func (b *breaker) allow(ctx context.Context) (ticket, error) {
-	if b.rdb != nil && time.Now().UnixNano() >= b.redisRetryAt.Load() {
+	if b.rdb != nil && b.redis.usable() {
 		t, err := b.allowShared(ctx)
 		if err == nil || errors.Is(err, ErrBreakerOpen) {
 			b.leaveFallback(ctx)
@@ -433,7 +444,7 @@ func (b *breaker) localTransition(_ string, from, to gobreaker.State) {
 
 func (b *breaker) redisFailed(ctx context.Context, op string, err error) {
 	b.metrics.redisFailure.WithLabelValues("breaker_" + op).Inc()
-	b.redisRetryAt.Store(time.Now().Add(b.settings.RedisRetryAfter).UnixNano())
+	b.redis.failed()
 	if b.onFallback.CompareAndSwap(false, true) {
 		b.metrics.fallback.Set(1)
 		b.metrics.state.Set(localStateGauge(b.local.State()))

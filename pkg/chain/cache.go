@@ -39,6 +39,7 @@ const (
 // failure is a miss: the caller then asks the chain.
 type finalityCache struct {
 	rdb         redis.UniversalClient // nil: no cache
+	redis       *redisLatch           // skips the cache for a while after a Redis failure
 	finalTTL    time.Duration
 	notFinalTTL time.Duration // <= 0: no not-final hints
 	metrics     *cacheMetrics
@@ -69,7 +70,7 @@ type notFinalRecord struct {
 	BlockHash   string `json:"block_hash"`
 }
 
-func (c *finalityCache) enabled() bool { return c.rdb != nil }
+func (c *finalityCache) enabled() bool { return c.rdb != nil && c.redis.usable() }
 
 // final returns the cached receipt of a transaction known to be in a
 // finalized block.
@@ -155,8 +156,7 @@ func (c *finalityCache) get(ctx context.Context, key, op string) ([]byte, bool) 
 		c.metrics.lookups.WithLabelValues(cacheMiss).Inc()
 	default:
 		c.metrics.lookups.WithLabelValues(cacheError).Inc()
-		c.metrics.redisFailure.WithLabelValues(op).Inc()
-		zerolog.Ctx(ctx).Warn().Err(err).Msg("finality cache unreachable, asking the chain")
+		c.failed(ctx, op, err)
 	}
 	return nil, false
 }
@@ -165,9 +165,18 @@ func (c *finalityCache) set(ctx context.Context, key string, raw []byte, ttl tim
 	redisCtx, cancel := context.WithTimeout(ctx, cacheRedisTimeout)
 	defer cancel()
 	if err := c.rdb.Set(redisCtx, key, raw, ttl).Err(); err != nil {
-		c.metrics.redisFailure.WithLabelValues(op).Inc()
-		zerolog.Ctx(ctx).Warn().Err(err).Msg("finality cache write failed")
+		c.failed(ctx, op, err)
 	}
+}
+
+func (c *finalityCache) failed(ctx context.Context, op string, err error) {
+	if ctx.Err() != nil {
+		return // the caller gave up; Redis is not to blame
+	}
+	c.metrics.redisFailure.WithLabelValues(op).Inc()
+	c.redis.failed()
+	zerolog.Ctx(ctx).Warn().Err(err).Str("op", op).Str("retry_after", c.redis.period.String()).
+		Msg("finality cache unreachable; asking the chain directly")
 }
 
 func encodeFinalRecord(r *Receipt) ([]byte, error) {

@@ -85,6 +85,8 @@ type CheckerOptions struct {
 	// NotFinalTTL is how long "not final yet" is believed without asking
 	// the chain again; negative disables the hint.
 	NotFinalTTL time.Duration
+	// RedisRetryAfter: after a Redis failure the cache is skipped this long.
+	RedisRetryAfter time.Duration
 }
 
 // Checker decides deposits against the chain.
@@ -101,10 +103,14 @@ func NewChecker(client *Client, opts CheckerOptions) *Checker {
 	if opts.NotFinalTTL == 0 {
 		opts.NotFinalTTL = NotFinalTTLDefault
 	}
+	if opts.RedisRetryAfter <= 0 {
+		opts.RedisRetryAfter = BreakerRedisRetryAfterDefault
+	}
 	return &Checker{
 		client: client,
 		cache: &finalityCache{
-			rdb: opts.Redis, finalTTL: opts.FinalTTL, notFinalTTL: opts.NotFinalTTL,
+			rdb: opts.Redis, redis: &redisLatch{period: opts.RedisRetryAfter},
+			finalTTL: opts.FinalTTL, notFinalTTL: opts.NotFinalTTL,
 			metrics: newCacheMetrics(opts.Registerer),
 		},
 	}

@@ -215,7 +215,7 @@ func newWorker(t testing.TB, rpcURL string, o workerOptions) *worker {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	w.client = client
-	w.checker = NewChecker(client, CheckerOptions{Redis: w.rdb, Registerer: reg, NotFinalTTL: o.notFinalTTL})
+	w.checker = NewChecker(client, CheckerOptions{Redis: w.rdb, Registerer: reg, NotFinalTTL: o.notFinalTTL, RedisRetryAfter: o.breaker.RedisRetryAfter})
 	return w
 }
 

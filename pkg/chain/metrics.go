@@ -56,7 +56,7 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 			Name: "settle_chain_breaker_rejected_total", Help: "RPC calls refused by the circuit breaker without reaching the node.",
 		}),
 		redisFailure: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_chain_redis_errors_total", Help: "Redis failures of the breaker and the finality cache (each degraded to a fallback), by operation.",
+			Name: "settle_chain_breaker_redis_errors_total", Help: "Breaker round trips to Redis that failed (the in-process breaker decided instead), by operation.",
 		}, []string{"op"}),
 	}
 	if reg != nil {
