@@ -76,3 +76,20 @@ func Check(ctx context.Context, db *postgres.DB, o Options) (Report, error) {
 
 // Quiet is the end-of-run check: everything terminal too.
 func Quiet() Options { return Options{RequireTerminal: true, PendingKeyAfter: time.Minute} }
+
+// JSON is the report as data: every check with its count and sample, and
+// the per-asset balance sheet with amounts as strings.
+func (r Report) JSON() map[string]any {
+	checks := make([]map[string]any, 0, len(r.Findings))
+	for _, f := range r.Findings {
+		checks = append(checks, map[string]any{"invariant": f.Invariant, "violations": f.Violations, "sample": f.Sample})
+	}
+	sheet := make([]map[string]any, 0, len(r.Conservation))
+	for _, c := range r.Conservation {
+		sheet = append(sheet, map[string]any{
+			"asset": c.Asset, "balances": c.Balances.String(), "initial": c.Initial.String(),
+			"credits": c.Credits.String(), "debits": c.Debits.String(), "holds": c.Holds(),
+		})
+	}
+	return map[string]any{"ok": r.OK(), "checks": checks, "conservation": sheet}
+}

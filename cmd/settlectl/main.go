@@ -1,0 +1,113 @@
+// Command settlectl is the operator's CLI: migrations, users, deposit
+// addresses, the DLQ, reconciliation, the invariant check, the load tool
+// and the local development stack.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/service"
+)
+
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, out io.Writer) error
+}
+
+var commands = map[string]command{}
+
+func register(name, summary string, run func(ctx context.Context, args []string, out io.Writer) error) {
+	commands[name] = command{summary: summary, run: run}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: settlectl <command> [flags]")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(commands))
+	for name := range commands {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "  %-14s %s\n", name, commands[name].summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Settings come from the environment (DATABASE_URL, REDIS_URL, ...), as for the services.")
+}
+
+// errCheckFailed ends a command that ran fine but found a problem
+// (a reconciliation mismatch, a broken invariant): exit code 1.
+var errCheckFailed = errors.New("check failed")
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage(os.Stdout)
+		if len(os.Args) < 2 {
+			os.Exit(service.ExitSettings)
+		}
+		return
+	}
+	cmd, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "settlectl: unknown command %q\n\n", os.Args[1])
+		usage(os.Stderr)
+		os.Exit(service.ExitSettings)
+	}
+	ctx, stop := service.SignalContext()
+	defer stop()
+	err := cmd.run(ctx, os.Args[2:], os.Stdout)
+	switch {
+	case err == nil:
+	case errors.Is(err, errCheckFailed):
+		os.Exit(service.ExitFailure)
+	case errors.Is(err, config.ErrUsage), errors.Is(err, flag.ErrHelp):
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
+		}
+		os.Exit(service.ExitSettings)
+	default:
+		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
+		os.Exit(service.ExitFailure)
+	}
+}
+
+// openDB connects with DATABASE_URL; a missing setting is a usage error.
+func openDB(ctx context.Context) (*postgres.DB, error) {
+	env := config.FromOS()
+	url := env.Required("DATABASE_URL")
+	if err := env.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	return postgres.Open(ctx, url, postgres.Options{ConnsMax: 4, ApplicationName: "settlectl"})
+}
+
+// flags parses a subcommand's flags; extra positional args are refused
+// unless positional names them.
+func parseFlags(fs *flag.FlagSet, args []string, positional ...string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	rest := fs.Args()
+	if len(rest) != len(positional) {
+		return nil, fmt.Errorf("%w: expected %s", config.ErrUsage, strings.Join(append([]string{"flags"}, positional...), " "))
+	}
+	return rest, nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
