@@ -44,7 +44,7 @@ const (
 var fixedNow = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	db       *postgres.DB
 	dsn      string
 	server   *httpapi.Server
@@ -52,6 +52,7 @@ type harness struct {
 	client   *http.Client
 	metrics  *prometheus.Registry
 	redisURL string
+	redis    *redis.Client
 }
 
 type harnessOptions struct {
@@ -63,7 +64,7 @@ type harnessOptions struct {
 
 // newHarness runs a Server over real HTTP against real PostgreSQL and
 // Redis.
-func newHarness(t *testing.T, ho harnessOptions) *harness {
+func newHarness(t testing.TB, ho harnessOptions) *harness {
 	t.Helper()
 	h := &harness{t: t, dsn: ho.dsn, redisURL: ho.redisURL, metrics: prometheus.NewRegistry()}
 	if h.dsn == "" {
@@ -77,6 +78,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	require.NoError(t, err)
 	rdb := redis.NewClient(redisOpts)
 	t.Cleanup(func() { _ = rdb.Close() })
+	h.redis = rdb
 
 	log := zerolog.Nop()
 	if ho.log != nil {
@@ -161,7 +163,9 @@ func (h *harness) postAlchemy(body []byte, key string, headers ...string) respon
 	return h.do(http.MethodPost, "/webhook/alchemy", body, hdr)
 }
 
-func bearer(token string) map[string]string { return map[string]string{"Authorization": "Bearer " + token} }
+func bearer(token string) map[string]string {
+	return map[string]string{"Authorization": "Bearer " + token}
+}
 
 func (h *harness) createUser(id int64) {
 	h.t.Helper()

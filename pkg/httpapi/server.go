@@ -196,25 +196,43 @@ func New(opts Options) (*Server, error) {
 		s.quietRoutes[quiet] = true
 	}
 
-	webhooks := e.Group("/webhook", s.rateLimitMiddleware)
-	webhooks.POST("/payments", s.webhookPayments)
-	webhooks.POST("/alchemy", s.webhookAlchemy)
+	// Middleware is attached per route, not per group: echo gives a group
+	// with middleware a catch-all that would turn a 405 into a 404.
+	e.POST("/webhook/payments", s.webhookPayments, s.rateLimitMiddleware)
+	e.POST("/webhook/alchemy", s.webhookAlchemy, s.rateLimitMiddleware)
 
-	reads := e.Group("/v1", s.requireToken(false, s.readers...))
-	reads.GET("/users/:id/balances", s.userBalances)
-	reads.GET("/events/:event_id", s.event)
+	readAuth := s.requireToken(false, s.readers...)
+	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)
+	e.GET("/v1/events/:event_id", s.event, readAuth)
 
-	admin := e.Group("/admin", s.requireToken(false, s.admins...))
-	admin.PUT("/users/:id", s.adminPutUser)
-	admin.POST("/deposit-addresses", s.adminAddDepositAddress)
+	adminAuth := s.requireToken(false, s.admins...)
+	e.PUT("/admin/users/:id", s.adminPutUser, adminAuth)
+	e.POST("/admin/deposit-addresses", s.adminAddDepositAddress, adminAuth)
 
 	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
 		return nil, err
 	}
-	for _, r := range e.Routes() {
+	for _, r := range s.Routes() {
 		s.routes[r.Path] = true
 	}
 	return s, nil
+}
+
+// RouteInfo is a registered route: its method and echo path.
+type RouteInfo struct {
+	Method string
+	Path   string
+}
+
+// Routes lists the registered routes.
+func (s *Server) Routes() []RouteInfo {
+	var out []RouteInfo
+	for _, r := range s.echo.Routes() {
+		if r.Method != echo.RouteNotFound {
+			out = append(out, RouteInfo{Method: r.Method, Path: r.Path})
+		}
+	}
+	return out
 }
 
 // addPlugins registers contributed admin routes after checking that the

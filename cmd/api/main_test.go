@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// runMainEnv makes the test binary act as the api binary, so the serve
+// test exercises the real main, signals and exit code included.
+const runMainEnv = "SETTLE_TEST_RUN_API_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	testenv.Main(m)
+}
+
+// waitLimit bounds how long a test waits for the server to come up or go
+// down; it is a safety net, not a timing assertion.
+const waitLimit = 2 * time.Minute
+
+func validSettings() map[string]string {
+	return map[string]string{
+		"DATABASE_URL":   "postgres://localhost/settle",
+		"WEBHOOK_SECRET": strings.Repeat("w", 32),
+		"API_TOKEN":      strings.Repeat("a", 32),
+		"ADMIN_TOKEN":    strings.Repeat("d", 32),
+	}
+}
+
+func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
+	cases := map[string]struct {
+		change map[string]string
+		drop   string
+		want   string
+	}{
+		"missing database":     {drop: "DATABASE_URL", want: "DATABASE_URL"},
+		"missing secret":       {drop: "WEBHOOK_SECRET", want: "WEBHOOK_SECRET"},
+		"short secret":         {change: map[string]string{"WEBHOOK_SECRET": strings.Repeat("w", 31)}, want: "WEBHOOK_SECRET"},
+		"missing api token":    {drop: "API_TOKEN", want: "API_TOKEN"},
+		"short admin token":    {change: map[string]string{"ADMIN_TOKEN": "short"}, want: "ADMIN_TOKEN"},
+		"same tokens":          {change: map[string]string{"API_TOKEN": strings.Repeat("d", 32)}, want: "API_TOKEN"},
+		"bad rate limit":       {change: map[string]string{"WEBHOOK_RATE_LIMIT": "30 per second"}, want: "WEBHOOK_RATE_LIMIT"},
+		"bad trusted proxies":  {change: map[string]string{"TRUSTED_PROXIES": "10.0.0.0/99"}, want: "TRUSTED_PROXIES"},
+		"empty signing key":    {change: map[string]string{"ALCHEMY_SIGNING_KEY": "whsec_a,,whsec_b"}, want: "ALCHEMY_SIGNING_KEY"},
+		"bad listen address":   {change: map[string]string{"HTTP_ADDR": "8080"}, want: "HTTP_ADDR"},
+		"bad redis url":        {change: map[string]string{"REDIS_URL": "http://localhost"}, want: "REDIS_URL"},
+		"bad shutdown timeout": {change: map[string]string{"SHUTDOWN_TIMEOUT": "soon"}, want: "SHUTDOWN_TIMEOUT"},
+		"bad log level":        {change: map[string]string{"LOG_LEVEL": "chatty"}, want: "LOG_LEVEL"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			env := validSettings()
+			delete(env, tc.drop)
+			for k, v := range tc.change {
+				env[k] = v
+			}
+			var out bytes.Buffer
+			require.Equal(t, exitFailure, run(nil, config.FromMap(env), &out))
+			require.Equal(t, 1, strings.Count(out.String(), "\n"), "one line: %q", out.String())
+			require.Contains(t, out.String(), tc.want)
+			for _, secret := range []string{strings.Repeat("w", 31), strings.Repeat("d", 32)} {
+				require.NotContains(t, out.String(), secret, "secrets are never printed")
+			}
+		})
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var out bytes.Buffer
+	require.Equal(t, exitUsage, run([]string{"serve", "now"}, config.FromMap(validSettings()), &out))
+	require.Contains(t, out.String(), "usage")
+}
+
+// `api migrate` needs only DATABASE_URL, migrates an empty database, and
+// a second run is a no-op.
+func TestMigrateIsIdempotent(t *testing.T) {
+	pg := testenv.Postgres(t)
+	if pg == nil {
+		t.Skip("needs the harness's own PostgreSQL to create an empty database")
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pg.URL("postgres"))
+	require.NoError(t, err)
+	name := fmt.Sprintf("settle_api_migrate_%d", os.Getpid())
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_ = admin.Close(context.Background())
+	})
+	env := map[string]string{"DATABASE_URL": pg.URL(name)}
+	for range 2 {
+		var out bytes.Buffer
+		require.Equal(t, 0, run([]string{"migrate"}, config.FromMap(env), &out), out.String())
+	}
+	db, err := postgres.Open(ctx, pg.URL(name), postgres.Options{ConnsMax: 1})
+	require.NoError(t, err)
+	defer db.Close()
+	current, err := db.SchemaCurrent(ctx)
+	require.NoError(t, err)
+	require.True(t, current)
+}
+
+// The real binary serves, and on SIGTERM stops cleanly with exit 0.
+func TestServeAndStopOnSIGTERM(t *testing.T) {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	settings := validSettings()
+	settings["DATABASE_URL"] = testenv.DatabaseURL(t)
+	settings["REDIS_URL"] = testenv.RedisURL(t)
+	settings["HTTP_ADDR"] = addr
+	settings[runMainEnv] = "1"
+
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = testenv.Env(settings)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	client := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(waitLimit)
+	for {
+		resp, err := client.Get("http://" + addr + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				require.NotEmpty(t, resp.Header.Get("X-Request-ID"))
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("api exited early (%v): %s", err, stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if !time.Now().Before(deadline) {
+			t.Fatalf("api never became ready: %s", stderr.String())
+		}
+	}
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit status 0 expected: %s", stderr.String())
+	case <-time.After(waitLimit):
+		t.Fatalf("api did not stop: %s", stderr.String())
+	}
+	require.Contains(t, stderr.String(), "api stopped cleanly")
+}
+
+// lockedBuffer is written by the child's output copier while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
