@@ -42,6 +42,7 @@ type settings struct {
 	CleanupAt          time.Duration
 	Retention          time.Duration
 	AlertWebhookURL    string
+	Monitor            monitorSettings
 }
 
 func readSettings(env *config.Env) settings {
@@ -62,6 +63,7 @@ func readSettings(env *config.Env) settings {
 		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 	}
 	s.ListenURL = env.String("DATABASE_LISTEN_URL", s.DatabaseURL)
+	s.Monitor = readMonitorSettings(env)
 	return s
 }
 
@@ -145,7 +147,7 @@ func run(s settings, log zerolog.Logger) error {
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, queue.QueueMaintenance, queue.TypeWatchReorgs, s.ReorgWatchInterval)},
 		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
 	}
-	jobs = append(jobs, monitoringJobs(db, alerts, log, reg)...)
+	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
 
 	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
 	if err := ops.Start(); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
 )
@@ -40,6 +41,11 @@ func newGate(ctx context.Context, s chainSettings, db *postgres.DB, rdb redis.Un
 	return nil, func() {}, errors.New("chain gating is not wired yet")
 }
 
-func newNotifier(url string, db *postgres.DB, log zerolog.Logger, reg prometheus.Registerer) (func(context.Context) error, error) {
-	return nil, nil
+// newNotifier delivers the notification outbox when NOTIFY_WEBHOOK_URL is
+// set; without it the ledger writes no notifications at all.
+func newNotifier(url string, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) func(context.Context) error {
+	if url == "" {
+		return nil
+	}
+	return notify.New(db, url, log, alerts, reg).Deliver
 }

@@ -104,10 +104,7 @@ func run(s settings, log zerolog.Logger) error {
 		return err
 	}
 	defer closeGate()
-	notify, err := newNotifier(s.NotifyURL, db, log, reg)
-	if err != nil {
-		return err
-	}
+	notify := newNotifier(s.NotifyURL, db, alerts, log, reg)
 	worker := queue.NewWorker(queue.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
 	})

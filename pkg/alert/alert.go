@@ -70,7 +70,10 @@ type Alerter struct {
 	keys    map[string]*keyState
 	queue   chan Alert
 	stopped chan struct{}
-	wg      sync.WaitGroup
+	// base is cancelled by Close, ending a delivery in flight.
+	base   context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	sent        *prometheus.CounterVec
 	suppressed  *prometheus.CounterVec
@@ -97,8 +100,9 @@ func New(log zerolog.Logger, opts Options) *Alerter {
 	if opts.Client == nil {
 		opts.Client = &http.Client{Timeout: DeliveryTimeout}
 	}
+	base, cancel := context.WithCancel(context.Background())
 	a := &Alerter{
-		log: log, opts: opts, now: time.Now,
+		log: log, opts: opts, now: time.Now, base: base, cancel: cancel,
 		keys:    map[string]*keyState{},
 		queue:   make(chan Alert, opts.QueueMax),
 		stopped: make(chan struct{}),
@@ -223,7 +227,7 @@ func (a *Alerter) post(msg Alert) {
 }
 
 func (a *Alerter) postOnce(body []byte) error {
-	ctx, cancel := context.WithTimeout(context.Background(), DeliveryTimeout)
+	ctx, cancel := context.WithTimeout(a.base, DeliveryTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.opts.WebhookURL, bytes.NewReader(body))
 	if err != nil {
@@ -244,6 +248,7 @@ func (a *Alerter) postOnce(body []byte) error {
 // Close stops delivery; queued alerts not yet sent are dropped (logged).
 func (a *Alerter) Close() {
 	close(a.stopped)
+	a.cancel()
 	a.wg.Wait()
 }
 

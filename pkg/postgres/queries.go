@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -79,8 +80,7 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 			if _, dup := out[current.name]; dup {
 				return fmt.Errorf("%s: query %q defined twice", file, current.name)
 			}
-			writesStatus := strings.Contains(current.text, "SET status") || strings.Contains(current.text, "status = $to") || strings.Contains(current.text, "SET\n    status")
-			if writesStatus && current.to == "" {
+			if writesEventStatus(current.text) && current.to == "" {
 				return fmt.Errorf("%s: query %q writes status without a -- transition: line", file, current.name)
 			}
 			out[current.name] = *current
@@ -116,6 +116,27 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 		}
 	}
 	return out, nil
+}
+
+var (
+	updateEvents  = regexp.MustCompile(`(?i)\bupdate\s+payment_events\b`)
+	assignsStatus = regexp.MustCompile(`(?i)(^|[\s,])status\s*=`)
+	whereClause   = regexp.MustCompile(`(?i)\bwhere\b`)
+)
+
+// writesEventStatus finds an UPDATE of payment_events whose SET list (up
+// to its WHERE) assigns status.
+func writesEventStatus(text string) bool {
+	for _, loc := range updateEvents.FindAllStringIndex(text, -1) {
+		rest := text[loc[1]:]
+		if w := whereClause.FindStringIndex(rest); w != nil {
+			rest = rest[:w[0]]
+		}
+		if assignsStatus.MatchString(rest) {
+			return true
+		}
+	}
+	return false
 }
 
 func parseEdge(text string) ([]payment.Status, payment.Status, error) {

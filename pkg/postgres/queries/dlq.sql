@@ -20,3 +20,51 @@ UPDATE payment_events
 SET status = 'failed', outcome = 'dead_lettered', error = $3, updated_at = now()
 WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
 RETURNING event_id;
+
+-- name: dlq_list
+SELECT d.id, d.event_id, d.event_type, COALESCE(d.user_id, 0), COALESCE(d.asset, ''), COALESCE(d.amount::text, ''),
+       d.error, d.attempt, d.generation, d.source, d.trace_id, d.created_at,
+       COALESCE(d.resolution, ''), COALESCE(d.resolved_by, ''), d.resolved_at, COALESCE(d.resolution_reason, ''),
+       COALESCE(e.status, ''), COALESCE(d.payload::text, '')
+FROM dead_letter_queue d
+LEFT JOIN payment_events e ON e.event_id = d.event_id
+WHERE ($1 = 'all' OR ($1 = 'open' AND d.resolution IS NULL) OR ($1 = 'resolved' AND d.resolution IS NOT NULL))
+  AND d.id > $2
+ORDER BY d.id
+LIMIT $3;
+
+-- name: dlq_get
+SELECT d.id, d.event_id, d.event_type, COALESCE(d.user_id, 0), COALESCE(d.asset, ''), COALESCE(d.amount::text, ''),
+       d.error, d.attempt, d.generation, d.source, d.trace_id, d.created_at,
+       COALESCE(d.resolution, ''), COALESCE(d.resolved_by, ''), d.resolved_at, COALESCE(d.resolution_reason, ''),
+       COALESCE(e.status, ''), COALESCE(d.payload::text, '')
+FROM dead_letter_queue d
+LEFT JOIN payment_events e ON e.event_id = d.event_id
+WHERE d.id = $1;
+
+-- name: dlq_lock
+SELECT event_id, COALESCE(resolution, '')
+FROM dead_letter_queue
+WHERE id = $1
+FOR UPDATE;
+
+-- name: dlq_resolve
+UPDATE dead_letter_queue
+SET resolution = $2, resolved_by = $3, resolved_at = now(), resolution_reason = NULLIF($4, '')
+WHERE id = $1 AND resolution IS NULL;
+
+-- name: reopen_for_replay
+-- transition: failed -> pending
+-- A human replays a dead-lettered event: back to the outbox under a new
+-- generation with a fresh recovery budget. Only dead-lettered failures
+-- reopen; a business outcome (insufficient funds, reorged) is final.
+WITH reopened AS (
+    UPDATE payment_events
+    SET status = 'pending', outcome = NULL, error = NULL, retry_count = 0, generation = generation + 1,
+        next_check_at = NULL, updated_at = now()
+    WHERE event_id = $1 AND status = 'failed' AND outcome = 'dead_lettered'
+    RETURNING event_id
+), wake AS (
+    SELECT pg_notify('settle_outbox', '') FROM reopened
+)
+SELECT event_id FROM reopened, (SELECT count(*) FROM wake) w;

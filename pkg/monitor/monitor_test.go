@@ -1,0 +1,161 @@
+package monitor_test
+
+import (
+	"context"
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/monitor"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type alerts struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (a *alerts) Raise(key string, _ alert.Severity, _ string, _ map[string]any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.keys = append(a.keys, key)
+}
+
+func (a *alerts) has(key string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, k := range a.keys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+func credit(t *testing.T, db *postgres.DB, id string, user int64, amount string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: user, Asset: "ETH", Amount: decimal.RequireFromString(amount)}})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+}
+
+func TestHotPathCatchesATamperedBalanceInOneRun(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	for _, u := range []int64{1, 2} {
+		_, err := db.CreateUser(ctx, u)
+		require.NoError(t, err)
+	}
+	credit(t, db, "a", 1, "5")
+	credit(t, db, "b", 2, "7")
+	a := &alerts{}
+	m := monitor.New(db, a, zerolog.New(io.Discard), nil)
+	run := m.HotPath(postgres.HotPathWindowDefault)
+	require.NoError(t, run(ctx))
+	require.False(t, a.has("reconcile_mismatch:hot_path"), "clean books raise nothing")
+
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 1000 WHERE user_id = 2`)
+	require.NoError(t, err)
+	checked, bad, err := db.HotPathCheck(ctx, postgres.HotPathWindowDefault)
+	require.NoError(t, err)
+	require.Equal(t, 2, checked)
+	require.Len(t, bad, 1)
+	require.Equal(t, int64(2), bad[0].UserID)
+	require.NoError(t, run(ctx))
+	require.True(t, a.has("reconcile_mismatch:hot_path"))
+}
+
+func TestHotPathSeesATamperOnAnIdleBalance(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "USDC", decimal.RequireFromString("3")))
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// No journal row at all in the window, but the row itself was changed.
+	_, err = conn.Exec(ctx, `UPDATE balances SET updated_at = now() - interval '1 day', balance = 3`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 4`)
+	require.NoError(t, err)
+	_, bad, err := db.HotPathCheck(ctx, postgres.HotPathWindowDefault)
+	require.NoError(t, err)
+	require.Len(t, bad, 1, "the balances trigger stamps updated_at whoever writes")
+}
+
+func TestFullReconciliationIsBoundedAndResumable(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	for u := int64(1); u <= 25; u++ {
+		_, err := db.CreateUser(ctx, u)
+		require.NoError(t, err)
+		require.NoError(t, db.SetInitialBalance(ctx, u, "ETH", decimal.RequireFromString("1")))
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 2 WHERE user_id IN (3, 21)`)
+	require.NoError(t, err)
+
+	// Two chunks of 10, then stop: the pass is open with its cursor saved.
+	first, err := db.ReconcileFull(ctx, monitor.FullReconcileEvery, 10, 2)
+	require.NoError(t, err)
+	require.False(t, first.Finished)
+	require.EqualValues(t, 20, first.Checked)
+	require.EqualValues(t, 1, first.Mismatches)
+
+	second, err := db.ReconcileFull(ctx, monitor.FullReconcileEvery, 10, 100)
+	require.NoError(t, err)
+	require.True(t, second.Resumed)
+	require.True(t, second.Finished)
+	require.Equal(t, first.ID, second.ID)
+	require.EqualValues(t, 5, second.Checked, "resumed after the cursor")
+	require.EqualValues(t, 1, second.Mismatches)
+	require.Equal(t, int64(21), second.Found[0].UserID)
+
+	_, err = db.ReconcileFull(ctx, monitor.FullReconcileEvery, 10, 100)
+	require.ErrorIs(t, err, postgres.ErrNothingToReconcile, "a finished pass is not repeated within the day")
+	var total int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT mismatches FROM reconcile_runs WHERE id = $1`, first.ID).Scan(&total))
+	require.Equal(t, 2, total)
+}
+
+func TestHealthAlertsOnZombies(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "old", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1")}})
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE payment_events SET created_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	a := &alerts{}
+	require.NoError(t, monitor.New(db, a, zerolog.New(io.Discard), nil).Health(ctx))
+	require.True(t, a.has("zombie_pending"))
+	require.False(t, a.has("zombie_enqueued"))
+}

@@ -1,0 +1,129 @@
+package notify_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/notify"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type noAlerts struct{}
+
+func (noAlerts) Raise(string, alert.Severity, string, map[string]any) {}
+
+// receiver is a NOTIFY_WEBHOOK_URL that can be told to fail.
+type receiver struct {
+	failing atomic.Bool
+	mu      sync.Mutex
+	got     []string // delivery ids of accepted posts
+	posts   atomic.Int64
+}
+
+func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.posts.Add(1)
+	if r.failing.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	var body map[string]any
+	_ = json.NewDecoder(req.Body).Decode(&body)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if body["delivery_id"] != req.Header.Get("X-Delivery-ID") {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	r.got = append(r.got, req.Header.Get("X-Delivery-ID"))
+}
+
+func setup(t *testing.T) (*postgres.DB, *pgx.Conn, payment.Event) {
+	t.Helper()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("1")))
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "w", Type: payment.Withdrawal, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("5"), TraceID: "tr"}})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return db, conn, claimed[0].Event
+}
+
+func TestFiveDeliveriesOfOneWithdrawalNotifyOnce(t *testing.T) {
+	db, _, task := setup(t)
+	ctx := context.Background()
+	for range 5 { // the provider delivered it five times; each task runs
+		_, err := db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: task}}, postgres.LedgerOptions{Notify: true})
+		require.NoError(t, err)
+	}
+	r := &receiver{}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	d := notify.New(db, srv.URL, zerolog.New(io.Discard), noAlerts{}, nil)
+	require.NoError(t, d.Deliver(ctx))
+	require.NoError(t, d.Deliver(ctx))
+	require.Equal(t, []string{"insufficient_funds:w"}, r.got)
+}
+
+func TestFailingReceiverNeverTouchesThePayment(t *testing.T) {
+	db, conn, task := setup(t)
+	ctx := context.Background()
+	results, err := db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: task}}, postgres.LedgerOptions{Notify: true})
+	require.NoError(t, err)
+	require.Equal(t, payment.OutcomeInsufficientFunds, results[0].Outcome)
+
+	r := &receiver{}
+	r.failing.Store(true)
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	d := notify.New(db, srv.URL, zerolog.New(io.Discard), noAlerts{}, nil)
+	require.NoError(t, d.Deliver(ctx))
+	require.EqualValues(t, 1, r.posts.Load())
+
+	var status, outcome string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT status, outcome FROM payment_events WHERE event_id='w'`).Scan(&status, &outcome))
+	require.Equal(t, "failed", status)
+	require.Equal(t, "insufficient_funds", outcome)
+	var dlq, attempts int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM dead_letter_queue`).Scan(&dlq))
+	require.Zero(t, dlq, "a notification never lands a payment in the DLQ")
+	var lastError string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT attempts, last_error FROM notification_outbox`).Scan(&attempts, &lastError))
+	require.Equal(t, 1, attempts)
+	require.Contains(t, lastError, "503")
+
+	// Not due yet: the backoff holds it back.
+	require.NoError(t, d.Deliver(ctx))
+	require.EqualValues(t, 1, r.posts.Load())
+
+	r.failing.Store(false)
+	_, err = conn.Exec(ctx, `UPDATE notification_outbox SET next_attempt_at = now()`)
+	require.NoError(t, err)
+	require.NoError(t, d.Deliver(ctx))
+	require.Equal(t, []string{"insufficient_funds:w"}, r.got)
+	var delivered string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT status FROM notification_outbox`).Scan(&delivered))
+	require.Equal(t, "delivered", delivered)
+}

@@ -1,0 +1,156 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// deadLetter fails a claimed event the way the worker does when its
+// retries run out, returning the DLQ entry's id.
+func (f *fixture) deadLetter(task payment.Event, why string) int64 {
+	f.t.Helper()
+	moved, id, err := f.db.FailToDLQ(context.Background(), payment.DeadLetter{
+		EventID: task.ID, EventType: string(task.Type), UserID: task.UserID, Asset: task.Asset, Amount: task.Amount.String(),
+		Error: why, Attempt: 6, Generation: task.Generation, Source: payment.SourceWorker, TraceID: task.TraceID,
+	})
+	require.NoError(f.t, err)
+	require.True(f.t, moved)
+	return id
+}
+
+func TestReplayedTwiceCreditsOnce(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	task := f.enqueue("dl-1", payment.Deposit, 1, "ETH", "2")
+	id := f.deadLetter(task, "retries exhausted")
+	status, outcome := f.status("dl-1")
+	require.Equal(t, payment.StatusFailed, status)
+	require.Equal(t, "dead_lettered", outcome)
+
+	result, err := f.db.ReplayDeadLetter(ctx, id, "alice", "chain was down")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, result)
+	again, err := f.db.ReplayDeadLetter(ctx, id, "bob", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.AlreadyReplayed, again)
+
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, task.Generation+1, claimed[0].Event.Generation, "a new generation, so a new task id")
+	f.apply(claimed[0].Event)
+	f.apply(claimed[0].Event)
+	require.True(t, f.balance(1, "ETH").Equal(dec("2")))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM balance_events WHERE source_event_id='dl-1'`))
+
+	entry, err := f.db.DeadLetter(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, "replayed", entry.Resolution)
+	require.Equal(t, "alice", entry.ResolvedBy)
+	require.Equal(t, "chain was down", entry.Reason)
+	require.NotNil(t, entry.ResolvedAt)
+	require.Equal(t, "confirmed", entry.EventStatus)
+	f.requireJournalInvariant()
+}
+
+func TestReplayOfASettledEventIsSuperseded(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	task := f.enqueue("dl-2", payment.Deposit, 1, "ETH", "1")
+	first := f.deadLetter(task, "attempt one")
+	// A second row for the same event (another failed attempt, drained
+	// late from the Redis fallback).
+	ids, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: "dl-2", EventType: "deposit", Error: "attempt two", Source: payment.SourceDrain}})
+	require.NoError(t, err)
+	_, err = f.db.ReplayDeadLetter(ctx, first, "alice", "")
+	require.NoError(t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	f.apply(claimed[0].Event)
+
+	result, err := f.db.ReplayDeadLetter(ctx, ids[0], "bob", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Superseded, result)
+	require.True(t, f.balance(1, "ETH").Equal(dec("1")), "credited once")
+	open, err := f.db.DeadLetters(ctx, "open", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, open)
+}
+
+func TestDiscardedEntryCannotBeReplayed(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "10"})
+	ctx := context.Background()
+	id := f.deadLetter(f.enqueue("dl-3", payment.Withdrawal, 1, "ETH", "1"), "bad")
+
+	_, err := f.db.DiscardDeadLetter(ctx, id, "alice", "")
+	require.ErrorIs(t, err, payment.ErrInvalid, "a reason is required")
+	changed, err := f.db.DiscardDeadLetter(ctx, id, "alice", "duplicate of a manual refund")
+	require.NoError(t, err)
+	require.True(t, changed)
+	changed, err = f.db.DiscardDeadLetter(ctx, id, "alice", "again")
+	require.NoError(t, err)
+	require.False(t, changed, "idempotent")
+	_, err = f.db.ReplayDeadLetter(ctx, id, "bob", "")
+	require.ErrorIs(t, err, postgres.ErrDiscarded)
+	require.True(t, f.balance(1, "ETH").Equal(dec("10")))
+	status, _ := f.status("dl-3")
+	require.Equal(t, payment.StatusFailed, status)
+
+	resolved, err := f.db.DeadLetters(ctx, "resolved", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, resolved, 1)
+	require.Equal(t, "discarded", resolved[0].Resolution)
+	require.Equal(t, "duplicate of a manual refund", resolved[0].Reason)
+}
+
+func TestReplayedEntryCannotBeDiscardedAndOrphansCannotBeReplayed(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	id := f.deadLetter(f.enqueue("dl-4", payment.Deposit, 1, "ETH", "1"), "x")
+	_, err := f.db.ReplayDeadLetter(ctx, id, "alice", "")
+	require.NoError(t, err)
+	_, err = f.db.DiscardDeadLetter(ctx, id, "bob", "changed my mind")
+	require.ErrorIs(t, err, postgres.ErrReplayed)
+
+	orphan, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: "task-123", EventType: "payment:refund", Error: "unknown task type", Source: payment.SourceWorker}})
+	require.NoError(t, err)
+	_, err = f.db.ReplayDeadLetter(ctx, orphan[0], "alice", "")
+	require.ErrorIs(t, err, postgres.ErrNoEvent)
+	_, err = f.db.ReplayDeadLetter(ctx, 99999, "alice", "")
+	require.ErrorIs(t, err, payment.ErrNotFound)
+}
+
+func TestReplayOfAnUncoveredCompensation(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	f.apply(f.enqueue("dep", payment.Deposit, 1, "ETH", "5"))
+	f.apply(f.enqueue("spent", payment.Withdrawal, 1, "ETH", "5"))
+	_, err := f.db.ReverseDeposit(ctx, "dep", "reorg", "")
+	require.NoError(t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	results := f.apply(claimed[0].Event)
+	require.Equal(t, payment.OutcomeDeadLettered, results[0].Outcome)
+
+	// The user deposits again; a human settles the compensation.
+	f.apply(f.enqueue("dep-2", payment.Deposit, 1, "ETH", "5"))
+	result, err := f.db.ReplayDeadLetter(ctx, results[0].DeadLetterID, "alice", "user topped up")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, result)
+	claimed, err = f.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	results = f.apply(claimed[0].Event)
+	require.Equal(t, payment.OutcomeSuccess, results[0].Outcome)
+	require.True(t, f.balance(1, "ETH").IsZero())
+	f.requireJournalInvariant()
+}
