@@ -152,4 +152,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n-1] + "…"
 }
-

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/devenv"
@@ -285,6 +286,30 @@ func TestPaymentsPostgresDown(t *testing.T) {
 	r = h.postPayment(deposit("down-1", 7, "2"))
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
 	require.Equal(t, "accepted", r.body["status"], "the retry stores it")
+
+	// A statement that cannot finish (here: waiting on a lock another
+	// session holds) times out into the same 503.
+	locker, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	lock, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, "LOCK TABLE payment_events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	r = h.postPayment(deposit("stalled-1", 7, "3"))
+	require.NoError(t, lock.Rollback(ctx))
+	requireError(t, r, http.StatusServiceUnavailable)
+	require.NotEmpty(t, r.header.Get("Retry-After"))
+	// The statement may have reached the server before the timeout and
+	// committed once it resumed: then it is whole, and the provider's
+	// retry is a duplicate of it; either way nothing is half stored.
+	r = h.postPayment(deposit("stalled-1", 7, "3"))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Contains(t, []any{"accepted", "duplicate"}, r.body["status"])
+	e, err := h.db.Event(ctx, "stalled-1")
+	require.NoError(t, err)
+	require.Equal(t, "3", e.Amount.String())
+	require.Equal(t, 1, countRows(t, dsn, "SELECT count(*) FROM payment_events WHERE event_id = 'stalled-1'"))
 }
 
 // 20 concurrent identical deliveries: all answered 200, one row.
