@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,35 +10,62 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
 )
 
-type policy string
-
-func (p policy) String() string { return string(p) }
-
 type chainSettings struct {
-	Policy          policy
+	Policy          chain.Policy
 	RPCURL          string
 	FinalityTimeout time.Duration
+	RecheckFirst    time.Duration
+	RecheckMax      time.Duration
+	CallTimeout     time.Duration
 }
 
 func readChainSettings(env *config.Env) chainSettings {
-	return chainSettings{
-		Policy:          policy(env.String("DEPOSIT_FINALITY", "finalized")),
-		RPCURL:          env.String("ETH_RPC_URL", ""),
-		FinalityTimeout: env.Duration("FINALITY_TIMEOUT", time.Hour),
+	s := chainSettings{
+		Policy:          config.Parse(env, "DEPOSIT_FINALITY", chain.FinalizedPolicy(), chain.ParsePolicy),
+		RPCURL:          env.URL("ETH_RPC_URL", "", "http", "https"),
+		FinalityTimeout: env.Duration("FINALITY_TIMEOUT", finality.TimeoutDefault),
+		RecheckFirst:    env.Duration("FINALITY_RECHECK_MIN", finality.RecheckFirstDefault),
+		RecheckMax:      env.Duration("FINALITY_RECHECK_MAX", finality.RecheckMaxDefault),
+		CallTimeout:     env.Duration("ETH_RPC_TIMEOUT", chain.CallTimeoutDefault),
 	}
+	if s.RPCURL == "" && s.Policy.Kind() != chain.None {
+		env.Reject("ETH_RPC_URL", fmt.Errorf("required when DEPOSIT_FINALITY is %s", s.Policy))
+	}
+	return s
 }
 
+// newGate builds the finality gate; without an RPC endpoint (policy none)
+// deposits with a tx hash are trusted and there is no gate.
 func newGate(ctx context.Context, s chainSettings, db *postgres.DB, rdb redis.UniversalClient, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) (queue.Gate, func(), error) {
-	if s.Policy == "none" && s.RPCURL == "" {
+	if s.RPCURL == "" {
 		return nil, func() {}, nil
 	}
-	return nil, func() {}, errors.New("chain gating is not wired yet")
+	client, err := chain.Dial(ctx, s.RPCURL, chain.ClientOptions{
+		Redis: rdb, Registerer: reg, Alerter: alerts, Logger: log, CallTimeout: s.CallTimeout,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ETH_RPC_URL: %w", err)
+	}
+	registry, err := db.Assets(ctx)
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	gate := finality.New(finality.Options{
+		Store: db, Chain: chain.NewChecker(client, chain.CheckerOptions{Redis: rdb, Registerer: reg}),
+		Assets: registry, Policy: s.Policy, Timeout: s.FinalityTimeout,
+		RecheckFirst: s.RecheckFirst, RecheckMax: s.RecheckMax,
+		Alerts: alerts, Log: log, Registerer: reg,
+	})
+	return gate, client.Close, nil
 }
 
 // newNotifier delivers the notification outbox when NOTIFY_WEBHOOK_URL is

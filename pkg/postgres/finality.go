@@ -40,13 +40,15 @@ type ChainWaitState struct {
 	ReceiptSeen bool
 	CreatedAt   time.Time
 	Checks      int
+	// ToAddress is the recipient the provider named, if any.
+	ToAddress string
 }
 
 // ChainWait reads an event's finality history.
 func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, error) {
 	stmt := q("chain_wait_state")
 	var s ChainWaitState
-	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &s.Checks)
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &s.Checks, &s.ToAddress)
 	if err == pgx.ErrNoRows {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
 	}

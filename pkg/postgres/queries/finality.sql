@@ -21,7 +21,7 @@ WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
 RETURNING event_id, receipt_seen_at IS NOT NULL;
 
 -- name: chain_wait_state
-SELECT receipt_seen_at IS NOT NULL, created_at, check_count
+SELECT receipt_seen_at IS NOT NULL, created_at, check_count, COALESCE(to_address, '')
 FROM payment_events
 WHERE event_id = $1;
 
