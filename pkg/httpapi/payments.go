@@ -80,15 +80,15 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	ctx, cancel := storeContext(c)
 	defer cancel()
 	registry, err := s.assets.get(ctx)
-	if err != nil {
-		s.metrics.webhook(sourcePayments, outcomeRejected, "unavailable")
-		return storeError(err)
-	}
-	if _, known := registry.ByCode(req.asset); !known {
-		if registry, err = s.assets.refreshForMiss(ctx); err != nil {
-			s.metrics.webhook(sourcePayments, outcomeRejected, "unavailable")
-			return storeError(err)
+	if err == nil {
+		if _, known := registry.ByCode(req.asset); !known {
+			registry, err = s.assets.refreshForMiss(ctx)
 		}
+	}
+	if err != nil {
+		answer := storeError(err)
+		s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
+		return answer
 	}
 	asset, amount, err := registry.ParseAmount(req.asset, req.amount)
 	switch {
