@@ -94,6 +94,8 @@ func newHarness(t testing.TB, ho harnessOptions) *harness {
 		APIToken:           apiToken,
 		AdminToken:         adminToken,
 		Now:                func() time.Time { return fixedNow },
+		// A loaded machine must not push a Redis call into the fallback.
+		RateLimitTimeout: requestTimeout,
 	}
 	if ho.change != nil {
 		ho.change(&opts)

@@ -25,9 +25,9 @@ const (
 	// rateKeyGrace keeps a counter a little past its window, so replicas
 	// whose clocks differ slightly still count into the same key.
 	rateKeyGrace = time.Second
-	// redisLimitTimeout bounds one limiter round trip: a slow Redis must
-	// not add seconds to every webhook.
-	redisLimitTimeout = 250 * time.Millisecond
+	// RateLimitTimeoutDefault bounds one limiter round trip: a slow Redis
+	// must not add seconds to every webhook.
+	RateLimitTimeoutDefault = 250 * time.Millisecond
 	// redisRetryInterval: after a Redis failure the in-process limiter is
 	// used for this long before Redis is tried again, so an outage costs
 	// one timeout per interval, not one per request.
@@ -120,6 +120,7 @@ return 0
 type limiter struct {
 	windows RateLimit
 	redis   redis.UniversalClient
+	timeout time.Duration
 	now     func() time.Time
 	log     zerolog.Logger
 	metrics *metrics
@@ -147,7 +148,7 @@ func (l *limiter) allow(ctx context.Context, client string) decision {
 	}
 	full, decided := -1, false
 	if retryAt := l.redisRetryAt.Load(); retryAt == 0 || now.UnixNano() >= retryAt {
-		ctx, cancel := context.WithTimeout(ctx, redisLimitTimeout)
+		ctx, cancel := context.WithTimeout(ctx, l.timeout)
 		index, err := limitScript.Run(ctx, l.redis, keys, args...).Int()
 		cancel()
 		if err == nil {

@@ -101,8 +101,11 @@ type Options struct {
 	AdminToken string
 
 	// RateLimit applies per client to the webhooks; empty is off.
-	RateLimit      RateLimit
-	TrustedProxies TrustedProxies
+	RateLimit RateLimit
+	// RateLimitTimeout bounds a limiter call to Redis, past which the
+	// in-process fallback decides; zero: RateLimitTimeoutDefault.
+	RateLimitTimeout time.Duration
+	TrustedProxies   TrustedProxies
 
 	AdminRoutes []Route
 	AdminMounts []Mount
@@ -177,7 +180,11 @@ func New(opts Options) (*Server, error) {
 	}
 	s.assets = &assetCache{load: opts.Store.Assets, now: now}
 	if len(opts.RateLimit) > 0 {
-		s.limiter = &limiter{windows: opts.RateLimit, redis: opts.Redis, now: now, log: opts.Log, metrics: s.metrics}
+		timeout := opts.RateLimitTimeout
+		if timeout <= 0 {
+			timeout = RateLimitTimeoutDefault
+		}
+		s.limiter = &limiter{windows: opts.RateLimit, redis: opts.Redis, timeout: timeout, now: now, log: opts.Log, metrics: s.metrics}
 	}
 
 	e := s.echo
