@@ -3,6 +3,7 @@ package chain
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -381,6 +382,22 @@ func TestBreakerWithoutRedis(t *testing.T) {
 	failUntilOpen(t, p, w)
 	requireRejected(t, p, 5, w)
 	require.Equal(t, 1, w.alerts.count(AlertBreakerOpen))
+}
+
+// TestErrorsHideTheEndpointSecret: providers put the API key in the
+// URL; it must not reach error text (logs, alerts, DLQ rows).
+func TestErrorsHideTheEndpointSecret(t *testing.T) {
+	p := newProxy(t, "http://127.0.0.1:1")
+	p.down()
+	w := newWorker(t, "http://user:hunter2@"+p.addr+"/v3/SECRETKEY?key=SECRETQUERY", workerOptions{breaker: testBreaker})
+	err := w.latest(testContext(t))
+	require.ErrorIs(t, err, payment.ErrUnavailable)
+	var urlErr *url.Error
+	require.ErrorAs(t, err, &urlErr, "the chain is kept")
+	for _, secret := range []string{"hunter2", "SECRETKEY", "SECRETQUERY"} {
+		require.NotContains(t, err.Error(), secret)
+	}
+	require.Contains(t, err.Error(), p.addr)
 }
 
 func TestDialRejects(t *testing.T) {

@@ -1,0 +1,46 @@
+// Package chain is everything settle asks Ethereum: transaction receipts
+// and block headers over JSON-RPC (go-ethereum's client is used here and
+// nowhere else), behind a circuit breaker shared by all workers, with a
+// finality cache, and the decisions the worker needs: CheckDeposit (may
+// this deposit be credited under DEPOSIT_FINALITY?) and StillCanonical
+// (is a credited transaction still where it was seen?).
+//
+// # Circuit breaker
+//
+// The seed's thresholds: 5 failed calls within 30s open the breaker; open,
+// every call fails fast with ErrBreakerOpen (a payment.ErrUnavailable)
+// for 60s; then it is half-open and exactly one caller, across all
+// workers, gets the probe slot (SET NX, 10s TTL); the probe's success
+// closes the breaker, its failure opens it for another 60s.
+//
+//	closed --5 failures in 30s--> open --60s--> half-open --probe ok--> closed
+//	                               ^                |
+//	                               +--probe failed--+
+//
+// The state lives in Redis and moves only inside two Lua scripts, one
+// round trip before a call (allowScript: allow, reject, or "you are the
+// probe") and one after it (reportScript: record the outcome; tells
+// exactly one reporter that it opened or closed the breaker, and only that
+// process alerts). Nothing is held during the call itself, so calls from
+// any number of workers run concurrently; gobreaker v2.4's
+// DistributedCircuitBreaker, which holds its store's lock around the call,
+// is deliberately not used. What counts: transport errors, timeouts
+// (CallTimeoutDefault, 5s) and JSON-RPC errors are failures; "not found"
+// is an answer; a caller that cancels its own context reports nothing.
+//
+// While Redis is unreachable each process falls back to an in-process
+// gobreaker with the same thresholds (MaxRequests 1 in half-open, so one
+// probe per process); Redis is asked again after
+// BreakerRedisRetryAfterDefault. A Redis failure never turns into a
+// refusal or a wrong answer, only into a less shared breaker.
+//
+// # Finality
+//
+// A receipt whose block is at or below the `finalized` block never
+// changes, so it is cached for a day and answers later questions without
+// the node; "not final yet" is a hint kept 30s. The finalized (and
+// latest) headers are read before the receipt, so a receipt at or below
+// that height is in the finalized chain. Every terminal verdict waits for
+// the policy: a reverted or mismatching receipt in a block that can still
+// be reorged is a Wait, not yet a Reverted or Mismatch.
+package chain
