@@ -14,7 +14,6 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/settle/settle/pkg/alert"
-	"github.com/settle/settle/pkg/payment"
 )
 
 // The seed's breaker thresholds: 5 errors within 30s open the breaker for
@@ -302,9 +301,6 @@ func (b *breaker) allow(ctx context.Context) (ticket, error) {
 			b.leaveFallback(ctx)
 			return t, err
 		}
-		if ctx.Err() != nil {
-			return ticket{}, payment.Unavailable("chain breaker", ctx.Err())
-		}
 		b.redisFailed(ctx, "allow", err)
 	}
 	return b.allowLocal()
@@ -315,7 +311,11 @@ func (b *breaker) allowShared(ctx context.Context) (ticket, error) {
 	if err != nil {
 		return ticket{}, err
 	}
-	redisCtx, cancel := context.WithTimeout(ctx, breakerRedisTimeout)
+	// Not the caller's context: a probe slot granted while the caller
+	// gives up must still reach us, or it would sit unused for ProbeTTL.
+	// The call then fails at once on the caller's context, and reporting
+	// that frees the slot.
+	redisCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), breakerRedisTimeout)
 	defer cancel()
 	raw, err := allowScript.Run(redisCtx, b.rdb, b.keys[:keyErrors], b.settings.ProbeTTL.Milliseconds(), token).Int64Slice()
 	if err != nil {
