@@ -143,14 +143,58 @@ func (p *process) running() bool {
 	}
 }
 
-// signalGroup sends sig to the whole process group.
+// signalGroup sends sig to the process, its process group, and every
+// descendant: PostgreSQL backends call setsid and leave the group, so the
+// group alone would let them run on while the postmaster is stopped.
 func (p *process) signalGroup(sig syscall.Signal) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd == nil || p.cmd.Process == nil {
 		return errors.New("not started")
 	}
-	return syscall.Kill(-p.cmd.Process.Pid, sig)
+	pid := p.cmd.Process.Pid
+	err := syscall.Kill(-pid, sig)
+	for _, child := range Descendants(pid) {
+		_ = syscall.Kill(child, sig)
+	}
+	return err
+}
+
+// Descendants lists the live descendants of pid, from /proc.
+func Descendants(pid int) []int {
+	parents := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		text := string(data)
+		end := strings.LastIndexByte(text, ')')
+		if end < 0 {
+			continue
+		}
+		fields := strings.Fields(text[end+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		child, err1 := strconv.Atoi(strings.Fields(text)[0])
+		parent, err2 := strconv.Atoi(fields[1])
+		if err1 == nil && err2 == nil {
+			parents[parent] = append(parents[parent], child)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 100_000 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, c := range parents[next] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
 }
 
 // stop asks politely with sig, then kills the group after grace.
@@ -198,4 +242,15 @@ func tail(path string, lines int) string {
 		all = all[len(all)-lines:]
 	}
 	return strings.Join(all, "\n")
+}
+
+// pid is the server's process id (0 if not running); its process group
+// has the same id, since servers start in their own group.
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }

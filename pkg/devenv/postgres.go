@@ -189,3 +189,7 @@ func (p *Postgres) cleanup() {
 
 // BinDir is where initdb, postgres and pgbench were found.
 func (p *Postgres) BinDir() string { return p.binDir }
+
+// Pid is the postmaster's process id, which is also the process group of
+// every backend (benchmarks sum their CPU).
+func (p *Postgres) Pid() int { return p.proc.pid() }

@@ -134,3 +134,6 @@ func (r *Redis) cleanup() {
 		_ = os.RemoveAll(r.Dir)
 	}
 }
+
+// Pid is the server's process id.
+func (r *Redis) Pid() int { return r.proc.pid() }

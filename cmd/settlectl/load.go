@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/loadgen"
+)
+
+func init() {
+	register("load", "send signed webhooks at a rate or flat out, wait for settlement, report throughput, latency and invariants", runLoad)
+}
+
+func runLoad(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	api := fs.String("api", "http://127.0.0.1:8080", "api base URL")
+	events := fs.Int("events", 10_000, "events to send")
+	rate := fs.Float64("rate", 0, "events per second (0: as fast as possible)")
+	concurrency := fs.Int("concurrency", 64, "requests in flight")
+	users := fs.Int("users", 100, "distinct users")
+	userBase := fs.Int64("user-base", 1, "first user id")
+	assets := fs.String("assets", "ETH,USDC,USDT,WBTC,DAI", "assets, comma-separated")
+	initial := fs.String("initial-balance", "1000", "initial balance of every user in every asset (for withdrawals)")
+	withdrawals := fs.Int("withdrawals", 20, "percent of events that are withdrawals")
+	duplicates := fs.Int("duplicates", 20, "percent of events delivered again later")
+	concurrentDups := fs.Int("concurrent-duplicates", 5, "percent of events delivered twice at once")
+	conflicts := fs.Int("conflicts", 2, "percent of events redelivered with another amount (409)")
+	invalid := fs.Int("invalid", 2, "percent of requests that are invalid (401/400)")
+	wait := fs.Duration("wait", 10*time.Minute, "how long to wait for settlement")
+	jsonPath := fs.String("json", "", "also write the result as JSON to this file (- for stdout)")
+	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed of the request mix")
+	quiet := fs.Bool("quiet", false, "no progress bar")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	env := config.FromOS()
+	secret := env.Required("WEBHOOK_SECRET")
+	admin := env.Required("ADMIN_TOKEN")
+	if err := env.Err(); err != nil {
+		return fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	db, err := openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cfg := loadgen.Config{
+		APIURL: strings.TrimRight(*api, "/"), WebhookSecret: secret, AdminToken: admin, DB: db,
+		Events: *events, Rate: *rate, Concurrency: *concurrency, Users: *users, UserIDBase: *userBase,
+		Assets: strings.Split(*assets, ","), InitialBalance: *initial, WaitTimeout: *wait, Seed: *seed,
+		Mix: loadgen.Mix{Withdrawals: *withdrawals, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
+	}
+	if !*quiet {
+		cfg.Progress = os.Stderr
+	}
+	res, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(out, formatResult(res, *seed))
+	if *jsonPath == "-" {
+		if err := writeJSON(out, res); err != nil {
+			return err
+		}
+	} else if *jsonPath != "" {
+		if err := writeJSONFile(*jsonPath, res); err != nil {
+			return err
+		}
+	}
+	if !res.InvariantsOK || res.Unexpected > 0 {
+		return errCheckFailed
+	}
+	return nil
+}
+
+func formatResult(r loadgen.Result, seed uint64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "run %s (seed %d): %d events, %d requests in %.2fs\n", r.RunID, seed, r.Events, r.Requests, r.IngestSeconds)
+	keys := make([]string, 0, len(r.Answers))
+	for k := range r.Answers {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  answered %-16s %d\n", k, r.Answers[k])
+	}
+	fmt.Fprintf(&b, "  unexpected answers   %d\n", r.Unexpected)
+	fmt.Fprintf(&b, "accepted/s  %.1f   (webhook round trip p50 %.1f ms, p99 %.1f ms)\n", r.AcceptedPerSec, r.RequestMillis["p50"], r.RequestMillis["p99"])
+	fmt.Fprintf(&b, "applied/s   %.1f   (%d terminal in %.2fs, first accept to last settlement)\n", r.AppliedPerSec, r.Terminal, r.SettleSeconds)
+	fmt.Fprintf(&b, "webhook-to-terminal latency: p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+		r.LatencyMillis["p50"], r.LatencyMillis["p95"], r.LatencyMillis["p99"], r.LatencyMillis["max"])
+	outcomes := make([]string, 0, len(r.Outcomes))
+	for k, v := range r.Outcomes {
+		outcomes = append(outcomes, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(outcomes)
+	fmt.Fprintf(&b, "outcomes: %s\n", strings.Join(outcomes, " "))
+	verdict := "PASS"
+	if !r.InvariantsOK {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(&b, "invariants: %s\n%s", verdict, r.InvariantsReport)
+	return b.String()
+}

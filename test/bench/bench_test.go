@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/settle/settle/pkg/loadgen"
+	"github.com/settle/settle/pkg/testenv"
+	"github.com/settle/settle/test/harness"
+)
+
+var (
+	flagEvents      = flag.Int("e2e.events", 20_000, "events per end-to-end run")
+	flagRate        = flag.Float64("e2e.rate", 0, "events per second (0: as fast as possible)")
+	flagConcurrency = flag.Int("e2e.concurrency", 64, "webhook requests in flight")
+	flagUsers       = flag.Int("e2e.users", 100, "distinct users")
+	flagWorkers     = flag.Int("e2e.workers", 1, "worker processes")
+	flagWorkerConc  = flag.Int("e2e.worker-concurrency", 64, "WORKER_CONCURRENCY of each worker")
+	flagWithdrawals = flag.Int("e2e.withdrawals", 0, "percent withdrawals")
+	flagDuplicates  = flag.Int("e2e.duplicates", 20, "percent duplicate deliveries")
+	flagAssets      = flag.String("e2e.assets", "ETH", "assets")
+	flagInitial     = flag.String("e2e.initial-balance", "1000", "initial balance per user and asset")
+	flagOut         = flag.String("e2e.out", "", "write the result as JSON here")
+	flagExtraEnv    = flag.String("e2e.env", "", "extra settings for every process, NAME=VALUE,NAME=VALUE")
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// report is one end-to-end run as BENCHMARKS.md shows it.
+type report struct {
+	Config        map[string]any     `json:"config"`
+	Load          loadgen.Result     `json:"load"`
+	WindowSeconds float64            `json:"window_seconds"`
+	CPUSeconds    map[string]float64 `json:"cpu_seconds"`
+	CPUMsPerEvent map[string]float64 `json:"cpu_ms_per_event"`
+	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib"`
+	OtherCPU      float64            `json:"other_cpu_seconds"`
+}
+
+// BenchmarkEndToEnd runs the whole system (api, workers, scheduler as
+// separate processes, PostgreSQL with fsync and synchronous_commit on,
+// Redis) under the load tool, once per b.N, and reports applied events
+// per second, latency and CPU per event of every process.
+func BenchmarkEndToEnd(b *testing.B) {
+	for range b.N {
+		r := runEndToEnd(b)
+		b.ReportMetric(r.Load.AppliedPerSec, "applied/s")
+		b.ReportMetric(r.Load.AcceptedPerSec, "accepted/s")
+		b.ReportMetric(r.Load.LatencyMillis["p50"], "p50-ms")
+		b.ReportMetric(r.Load.LatencyMillis["p99"], "p99-ms")
+		b.ReportMetric(r.CPUMsPerEvent["total"], "cpu-ms/event")
+	}
+}
+
+func runEndToEnd(b *testing.B) report {
+	s := harness.NewStack(b)
+	s.Env["LOG_LEVEL"] = "warn"
+	s.Env["WORKER_CONCURRENCY"] = strconv.Itoa(*flagWorkerConc)
+	s.Env["POLL_INTERVAL"] = "5s"
+	for _, kv := range strings.Split(*flagExtraEnv, ",") {
+		if name, value, ok := strings.Cut(kv, "="); ok {
+			s.Env[name] = value
+		}
+	}
+	api := s.StartAPI(nil)
+	var workers []*harness.Proc
+	for range *flagWorkers {
+		workers = append(workers, s.StartWorker(nil))
+	}
+	scheduler := s.StartScheduler(nil)
+	pg, rds := testenv.Postgres(b), testenv.Redis(b)
+	if pg == nil || rds == nil {
+		b.Fatal("the end-to-end benchmark needs the harness's own PostgreSQL and Redis (unset TEST_DATABASE_URL / TEST_REDIS_URL)")
+	}
+
+	procs := map[string]func() (float64, error){
+		"api":       func() (float64, error) { return cpuSeconds(api.Pid(), false) },
+		"scheduler": func() (float64, error) { return cpuSeconds(scheduler.Pid(), false) },
+		"postgres":  func() (float64, error) { return treeCPUSeconds(pg.Pid()) },
+		"redis":     func() (float64, error) { return cpuSeconds(rds.Pid(), false) },
+	}
+	for i, w := range workers {
+		procs[fmt.Sprintf("worker-%d", i)] = func() (float64, error) { return cpuSeconds(w.Pid(), false) }
+	}
+	sample := func() map[string]float64 {
+		out := map[string]float64{"load-generator": selfCPUSeconds(), "machine": machineBusySeconds()}
+		for name, read := range procs {
+			v, err := read()
+			if err != nil {
+				b.Fatalf("cpu of %s: %v", name, err)
+			}
+			out[name] = v
+		}
+		return out
+	}
+
+	db := testenv.OpenDB(b, s.DatabaseURL)
+	var before, after map[string]float64
+	var windowStart, windowEnd time.Time
+	ctx := context.Background()
+	cfg := loadgen.Config{
+		APIURL: api.URL(), WebhookSecret: harness.WebhookSecret, AdminToken: harness.AdminToken, DB: db,
+		Events: *flagEvents, Rate: *flagRate, Concurrency: *flagConcurrency, Users: *flagUsers,
+		Assets: strings.Split(*flagAssets, ","), InitialBalance: *flagInitial, WaitTimeout: 20 * time.Minute, Seed: 1,
+		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Duplicates: *flagDuplicates},
+		OnSending: func() { before, windowStart = sample(), time.Now() },
+		OnSettled: func() { after, windowEnd = sample(), time.Now() },
+	}
+	result, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !result.InvariantsOK || result.Unexpected > 0 {
+		b.Fatalf("run failed its checks (unexpected answers %d):\n%s", result.Unexpected, result.InvariantsReport)
+	}
+
+	r := report{
+		Config: map[string]any{
+			"events": *flagEvents, "rate": *flagRate, "concurrency": *flagConcurrency, "users": *flagUsers,
+			"workers": *flagWorkers, "worker_concurrency": *flagWorkerConc, "withdrawals_pct": *flagWithdrawals,
+			"duplicates_pct": *flagDuplicates, "assets": *flagAssets, "env": *flagExtraEnv,
+		},
+		Load:          result,
+		WindowSeconds: windowEnd.Sub(windowStart).Seconds(),
+		CPUSeconds:    map[string]float64{},
+		CPUMsPerEvent: map[string]float64{},
+		PeakRSSMiB:    map[string]float64{"api": peakRSSMiB(api.Pid()), "scheduler": peakRSSMiB(scheduler.Pid())},
+	}
+	for i, w := range workers {
+		r.PeakRSSMiB[fmt.Sprintf("worker-%d", i)] = peakRSSMiB(w.Pid())
+	}
+	total := 0.0
+	for name := range before {
+		d := after[name] - before[name]
+		r.CPUSeconds[name] = d
+		if name == "machine" || name == "load-generator" {
+			continue
+		}
+		total += d
+		r.CPUMsPerEvent[name] = 1000 * d / float64(result.Terminal)
+	}
+	r.CPUSeconds["total"] = total
+	r.CPUMsPerEvent["total"] = 1000 * total / float64(result.Terminal)
+	r.CPUMsPerEvent["load-generator"] = 1000 * r.CPUSeconds["load-generator"] / float64(result.Terminal)
+	r.OtherCPU = r.CPUSeconds["machine"] - total - r.CPUSeconds["load-generator"]
+	b.Logf("\n%s", r.text())
+	if *flagOut != "" {
+		data, _ := json.MarshalIndent(r, "", "  ")
+		if err := os.WriteFile(*flagOut, data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return r
+}
+
+func (r report) text() string {
+	var sb strings.Builder
+	l := r.Load
+	fmt.Fprintf(&sb, "events %d (+%d duplicate deliveries), %d terminal\n", l.Events, l.Answers["200 duplicate"], l.Terminal)
+	fmt.Fprintf(&sb, "accepted/s %.1f, applied/s %.1f (window %.2fs)\n", l.AcceptedPerSec, l.AppliedPerSec, r.WindowSeconds)
+	fmt.Fprintf(&sb, "webhook round trip p50 %.1f ms p99 %.1f ms; webhook-to-terminal p50 %.1f ms p95 %.1f ms p99 %.1f ms max %.1f ms\n",
+		l.RequestMillis["p50"], l.RequestMillis["p99"], l.LatencyMillis["p50"], l.LatencyMillis["p95"], l.LatencyMillis["p99"], l.LatencyMillis["max"])
+	names := make([]string, 0, len(r.CPUMsPerEvent))
+	for n := range r.CPUMsPerEvent {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(&sb, "  cpu %-15s %6.3f ms/event  (%.2f s)\n", n, r.CPUMsPerEvent[n], r.CPUSeconds[n])
+	}
+	fmt.Fprintf(&sb, "  other processes on the machine: %.2f cpu-s during the window\n", r.OtherCPU)
+	rss := make([]string, 0, len(r.PeakRSSMiB))
+	for n, v := range r.PeakRSSMiB {
+		rss = append(rss, fmt.Sprintf("%s %.1f MiB", n, v))
+	}
+	sort.Strings(rss)
+	fmt.Fprintf(&sb, "peak RSS: %s\n", strings.Join(rss, ", "))
+	fmt.Fprintf(&sb, "invariants: %v\n", l.InvariantsOK)
+	return sb.String()
+}
