@@ -57,6 +57,8 @@ type settings struct {
 	adminToken     string
 	rateLimit      httpapi.RateLimit
 	trustedProxies httpapi.TrustedProxies
+	ingestBatchMax int
+	ingestInFlight int
 }
 
 // readCommon reads what every subcommand needs.
@@ -90,6 +92,8 @@ func readServe(env *config.Env, s *settings) {
 		panic(fmt.Sprintf("default rate limit %q: %v", httpapi.RateLimitDefault, err))
 	}
 	s.rateLimit = config.Parse(env, "WEBHOOK_RATE_LIMIT", defaultLimit, httpapi.ParseRateLimit)
+	s.ingestBatchMax = env.Int("INGEST_BATCH_MAX", postgres.IngestBatchMaxDefault, 1, postgres.LedgerBatchMax)
+	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 }
 
@@ -187,9 +191,13 @@ func serve(log zerolog.Logger, s settings) error {
 		return fmt.Errorf("REDIS_URL: %w", err)
 	}
 	defer func() { _ = rdb.Close() }()
+	// Webhooks commit in groups: one multi-row insert, one commit, one
+	// fsync for every webhook waiting at that moment.
+	ingest := postgres.NewIngest(db, s.ingestBatchMax, s.ingestInFlight)
+	defer ingest.Close()
 
 	server, err := httpapi.New(httpapi.Options{
-		Store:              db,
+		Store:              groupCommit{DB: db, ingest: ingest},
 		Redis:              rdb,
 		Log:                log,
 		WebhookSecret:      s.webhookSecret,
@@ -214,4 +222,15 @@ func serve(log zerolog.Logger, s settings) error {
 	}
 	log.Info().Msg("api stopped cleanly")
 	return nil
+}
+
+// groupCommit is the database with InsertEvent going through the group
+// committer.
+type groupCommit struct {
+	*postgres.DB
+	ingest *postgres.Ingest
+}
+
+func (g groupCommit) InsertEvent(ctx context.Context, e postgres.NewEvent) (bool, error) {
+	return g.ingest.InsertEvent(ctx, e)
 }

@@ -487,7 +487,9 @@ func (c *Chain) waitMined(ctx context.Context, hash common.Hash) (Tx, error) {
 				Status:      receipt.Status,
 			}, nil
 		}
-		if !errors.Is(err, ethereum.NotFound) {
+		// A fresh chain answers "transaction indexing is in progress" for
+		// a moment after start: not mined yet, as far as we can tell.
+		if !errors.Is(err, ethereum.NotFound) && !strings.Contains(err.Error(), "indexing is in progress") {
 			return Tx{}, fmt.Errorf("devchain: receipt of %s: %w", hash.Hex(), err)
 		}
 		select {

@@ -36,3 +36,38 @@ WHERE event_id = $1;
 SELECT event_id, status, generation
 FROM payment_events
 WHERE event_id = ANY($1::text[]);
+
+-- name: insert_events
+-- The batched insert_event: many webhooks' events in one statement and
+-- one commit (group commit). Rows come with their position n; ids are
+-- distinct within a batch (the batcher folds duplicates). One pg_notify
+-- wakes the enqueuer for the whole batch.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[], $7::bytea[],
+                $8::text[], $9::text[], $10::text[], $11::text[])
+         WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, tx_hash, content_hash,
+                              trace_id, source, to_address, related_event_id, n)
+), ins AS (
+    INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address, related_event_id)
+    SELECT i.event_id, i.event_type, i.user_id, i.asset, i.amount, NULLIF(i.tx_hash, ''), i.content_hash,
+           i.trace_id, i.source, NULLIF(i.to_address, ''), NULLIF(i.related_event_id, '')
+    FROM input i
+    WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id)
+      AND EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset)
+    ORDER BY i.n
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING event_id
+), wake AS (
+    SELECT pg_notify('settle_outbox', '') WHERE EXISTS (SELECT 1 FROM ins)
+)
+SELECT i.n,
+       ins.event_id IS NOT NULL,
+       p.content_hash,
+       EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id),
+       EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset),
+       (SELECT count(*) FROM wake)
+FROM input i
+LEFT JOIN ins ON ins.event_id = i.event_id
+LEFT JOIN payment_events p ON p.event_id = i.event_id
+ORDER BY i.n;

@@ -1,0 +1,242 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Ingest group-commit bounds.
+const (
+	IngestBatchMaxDefault    = 128
+	IngestInFlightMaxDefault = 4
+	ingestQueueMax           = 8192
+	// ingestStatementTimeout bounds one batched insert: past it, every
+	// webhook in the batch gets 503 and the provider redelivers.
+	ingestStatementTimeout = 5 * time.Second
+)
+
+// Ingest commits webhooks' events in groups: each concurrent InsertEvent
+// waits while its event rides in the next multi-row insert with whatever
+// other events are waiting. One commit (and one fsync, one NOTIFY) then
+// serves many webhooks, and nothing is answered before it is durable.
+type Ingest struct {
+	db          *DB
+	batchMax    int
+	inFlightMax int
+	requests    chan *ingestRequest
+	stop        chan struct{}
+	wg          sync.WaitGroup
+}
+
+type ingestRequest struct {
+	ctx   context.Context
+	event NewEvent
+	hash  []byte
+	done  chan ingestResponse
+}
+
+type ingestResponse struct {
+	inserted bool
+	err      error
+	// stored is the content hash of the row now stored under the id (ours
+	// if inserted), which decides the fate of folded duplicates.
+	stored []byte
+}
+
+// NewIngest starts the group-commit loop; Close stops it after the
+// batches under way.
+func NewIngest(db *DB, batchMax, inFlightMax int) *Ingest {
+	if batchMax <= 0 {
+		batchMax = IngestBatchMaxDefault
+	}
+	if inFlightMax <= 0 {
+		inFlightMax = IngestInFlightMaxDefault
+	}
+	g := &Ingest{db: db, batchMax: batchMax, inFlightMax: inFlightMax,
+		requests: make(chan *ingestRequest, ingestQueueMax), stop: make(chan struct{})}
+	g.wg.Add(1)
+	go g.loop()
+	return g
+}
+
+// InsertEvent has DB.InsertEvent's contract.
+func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
+	if e.Source == "" {
+		e.Source = SourcePayments
+	}
+	ev := e.Event
+	r := &ingestRequest{ctx: ctx, event: e, done: make(chan ingestResponse, 1),
+		hash: payment.Content{Type: ev.Type, UserID: ev.UserID, Asset: ev.Asset, Amount: ev.Amount, TxHash: ev.TxHash}.Hash()}
+	select {
+	case g.requests <- r:
+	case <-ctx.Done():
+		return false, payment.Unavailable("ingest queue", ctx.Err())
+	case <-g.stop:
+		return false, payment.Unavailable("ingest", errors.New("shutting down"))
+	}
+	select {
+	case resp := <-r.done:
+		return resp.inserted, resp.err
+	case <-ctx.Done():
+		// The batch may still commit; the provider's retry then meets a
+		// duplicate, which is answered 200. Nothing is lost or doubled.
+		return false, payment.Unavailable("ingest wait", ctx.Err())
+	}
+}
+
+// Close stops accepting and waits for the batches under way.
+func (g *Ingest) Close() {
+	close(g.stop)
+	g.wg.Wait()
+}
+
+func (g *Ingest) loop() {
+	defer g.wg.Done()
+	slots := make(chan struct{}, g.inFlightMax)
+	var batches sync.WaitGroup
+	defer batches.Wait()
+	for {
+		select {
+		case slots <- struct{}{}:
+		case <-g.stop:
+			return
+		}
+		var first *ingestRequest
+		select {
+		case first = <-g.requests:
+		case <-g.stop:
+			return
+		}
+		batch := []*ingestRequest{first}
+	gather:
+		for len(batch) < g.batchMax {
+			select {
+			case r := <-g.requests:
+				batch = append(batch, r)
+			default:
+				break gather
+			}
+		}
+		batches.Add(1)
+		go func() {
+			defer batches.Done()
+			defer func() { <-slots }()
+			g.run(batch)
+		}()
+	}
+}
+
+// run inserts one batch. Requests for the same event id are folded: the
+// first rides in the statement, the others get its fate (a duplicate if
+// their content matches, a conflict if not).
+func (g *Ingest) run(batch []*ingestRequest) {
+	var live []*ingestRequest
+	first := map[string]*ingestRequest{}
+	followers := map[*ingestRequest][]*ingestRequest{}
+	for _, r := range batch {
+		if r.ctx.Err() != nil {
+			r.done <- ingestResponse{err: payment.Unavailable("ingest", r.ctx.Err())}
+			continue
+		}
+		if lead, ok := first[r.event.Event.ID]; ok {
+			followers[lead] = append(followers[lead], r)
+			continue
+		}
+		first[r.event.Event.ID] = r
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ingestStatementTimeout)
+	defer cancel()
+	results, err := g.db.insertEvents(ctx, live)
+	for i, r := range live {
+		var resp ingestResponse
+		if err != nil {
+			resp.err = err
+		} else {
+			resp = results[i]
+		}
+		r.done <- resp
+		for _, f := range followers[r] {
+			switch {
+			case resp.stored == nil:
+				f.done <- resp // the lead's error (outage, unknown user) is theirs too
+			case bytes.Equal(f.hash, resp.stored):
+				f.done <- ingestResponse{inserted: false}
+			default:
+				f.done <- ingestResponse{err: fmt.Errorf("event %s: %w: it was delivered before with other content", f.event.Event.ID, payment.ErrConflict)}
+			}
+		}
+	}
+}
+
+// insertEvents runs insert_events for distinct event ids, retrying the
+// rows that raced a concurrent insert outside the batch.
+func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]ingestResponse, error) {
+	out := make([]ingestResponse, len(batch))
+	pending := make([]int, len(batch))
+	for i := range batch {
+		pending[i] = i
+	}
+	stmt := q("insert_events")
+	for attempt := 0; attempt < insertRaceRetries && len(pending) > 0; attempt++ {
+		n := len(pending)
+		ids, types, assets, amounts, txs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		users := make([]int64, n)
+		hashes := make([][]byte, n)
+		traces, sources, tos, related := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		for k, i := range pending {
+			r := batch[i]
+			e := r.event.Event
+			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
+			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.ToAddress, r.event.Related
+		}
+		rows, err := db.pool.Query(ctx, stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related)
+		if err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		var raced []int
+		for rows.Next() {
+			var pos int64
+			var inserted, userExists, assetExists bool
+			var existing []byte
+			var woken int64
+			if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken); err != nil {
+				rows.Close()
+				return nil, classify(stmt.name, err)
+			}
+			i := pending[pos-1]
+			e := batch[i].event.Event
+			switch {
+			case inserted:
+				out[i] = ingestResponse{inserted: true, stored: batch[i].hash}
+			case existing != nil && bytes.Equal(existing, batch[i].hash):
+				out[i] = ingestResponse{stored: existing}
+			case existing != nil:
+				out[i] = ingestResponse{stored: existing, err: fmt.Errorf("event %s: %w: it was delivered before with other content", e.ID, payment.ErrConflict)}
+			case !userExists:
+				out[i] = ingestResponse{err: fmt.Errorf("%w %d", payment.ErrUnknownUser, e.UserID)}
+			case !assetExists:
+				out[i] = ingestResponse{err: fmt.Errorf("%w %q", payment.ErrUnknownAsset, e.Asset)}
+			default:
+				raced = append(raced, i)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		pending = raced
+	}
+	for _, i := range pending {
+		out[i] = ingestResponse{err: payment.Retryable(stmt.name, errors.New("concurrent delivery of the same event kept racing"))}
+	}
+	return out, nil
+}

@@ -1,0 +1,95 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+func TestGroupCommitMatchesSingleInserts(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ingest := postgres.NewIngest(f.db, 64, 2)
+	defer ingest.Close()
+	ctx := context.Background()
+	event := func(id, amount string, user int64, asset string) postgres.NewEvent {
+		return postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: user, Asset: asset, Amount: dec(amount), TraceID: "t"}}
+	}
+	type answer struct {
+		inserted bool
+		err      error
+	}
+	// Many goroutines at once, so batches mix new events, identical and
+	// conflicting duplicates, and bad rows.
+	const n = 200
+	answers := make([]answer, 4*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		for j, e := range []postgres.NewEvent{
+			event(fmt.Sprintf("g-%d", i), "1", 1, "ETH"),
+			event(fmt.Sprintf("g-%d", i), "1.000", 1, "ETH"), // identical content
+			event(fmt.Sprintf("g-%d", i), "2", 1, "ETH"),     // conflicting content
+			event(fmt.Sprintf("bad-%d", i), "1", 999, "ETH"), // unknown user
+		} {
+			wg.Add(1)
+			go func(k int, e postgres.NewEvent) {
+				defer wg.Done()
+				inserted, err := ingest.InsertEvent(ctx, e)
+				answers[k] = answer{inserted, err}
+			}(4*i+j, e)
+		}
+	}
+	wg.Wait()
+	for i := range n {
+		first, same, other, bad := answers[4*i], answers[4*i+1], answers[4*i+2], answers[4*i+3]
+		require.ErrorIs(t, bad.err, payment.ErrUnknownUser)
+		inserts := 0
+		for _, a := range []answer{first, same, other} {
+			if a.inserted {
+				inserts++
+			}
+		}
+		require.Equal(t, 1, inserts, "exactly one delivery of g-%d stored", i)
+		// Whichever content won, the other one is a conflict.
+		if other.inserted {
+			require.ErrorIs(t, first.err, payment.ErrConflict)
+			require.ErrorIs(t, same.err, payment.ErrConflict)
+		} else {
+			require.ErrorIs(t, other.err, payment.ErrConflict, "g-%d: first %+v same %+v other %+v", i, first, same, other)
+			require.NoError(t, first.err)
+			require.NoError(t, same.err)
+		}
+	}
+	require.Equal(t, n, f.count(`SELECT count(*) FROM payment_events`))
+	require.Zero(t, f.count(`SELECT count(*) FROM payment_events WHERE user_id = 999`))
+}
+
+func TestGroupCommitAnswersUnavailableWhenPostgresIsDown(t *testing.T) {
+	ctx := context.Background()
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
+	require.NoError(t, err)
+	defer pg.Close()
+	db, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 4})
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Migrate(ctx)
+	require.NoError(t, err)
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	ingest := postgres.NewIngest(db, 16, 2)
+	defer ingest.Close()
+	pg.Stop()
+	_, err = ingest.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "x", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
+	require.ErrorIs(t, err, payment.ErrUnavailable)
+	require.NoError(t, pg.Start(ctx))
+	inserted, err := ingest.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "x", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
+	require.NoError(t, err)
+	require.True(t, inserted, "nothing was half stored before")
+}
