@@ -1,0 +1,172 @@
+package deploy
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+type grafanaPanel struct {
+	ID         int                      `json:"id"`
+	Type       string                   `json:"type"`
+	Title      string                   `json:"title"`
+	Datasource *grafanaDS               `json:"datasource"`
+	GridPos    struct{ H, W, X, Y int } `json:"gridPos"`
+	Targets    []struct {
+		RefID      string     `json:"refId"`
+		Expr       string     `json:"expr"`
+		Datasource *grafanaDS `json:"datasource"`
+	} `json:"targets"`
+	Panels []grafanaPanel `json:"panels"`
+}
+
+type grafanaDS struct {
+	Type string `json:"type"`
+	UID  string `json:"uid"`
+}
+
+// grafanaVariables are Grafana's built-in range variables; a fixed window
+// stands in for them when the expression is parsed.
+var grafanaVariables = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h")
+
+// TestGrafanaProvisioning checks the datasource and dashboard provider
+// files, and that the provider reads the folder compose.yaml mounts.
+func TestGrafanaProvisioning(t *testing.T) {
+	root := repoRoot(t)
+	dir := filepath.Join(root, "configs", "grafana", "provisioning")
+
+	var ds struct {
+		APIVersion  int `yaml:"apiVersion"`
+		Datasources []struct {
+			Name, UID, Type, Access, URL string
+			IsDefault                    bool           `yaml:"isDefault"`
+			Editable                     bool           `yaml:"editable"`
+			JSONData                     map[string]any `yaml:"jsonData"`
+		} `yaml:"datasources"`
+	}
+	decodeStrict(t, filepath.Join(dir, "datasources", "prometheus.yml"), &ds)
+	require.Equal(t, 1, ds.APIVersion)
+	require.Len(t, ds.Datasources, 1)
+	require.Equal(t, "prometheus", ds.Datasources[0].Type)
+	require.Equal(t, "http://prometheus:9090", ds.Datasources[0].URL, "the compose service prometheus")
+	require.Equal(t, grafanaDatasourceUID, ds.Datasources[0].UID)
+
+	var providers struct {
+		APIVersion int `yaml:"apiVersion"`
+		Providers  []struct {
+			Name, Folder, Type    string
+			DisableDeletion       bool `yaml:"disableDeletion"`
+			AllowUIUpdates        bool `yaml:"allowUiUpdates"`
+			UpdateIntervalSeconds int  `yaml:"updateIntervalSeconds"`
+			Options               struct {
+				Path string `yaml:"path"`
+			} `yaml:"options"`
+		} `yaml:"providers"`
+	}
+	decodeStrict(t, filepath.Join(dir, "dashboards", "settle.yml"), &providers)
+	require.Len(t, providers.Providers, 1)
+	require.Equal(t, "file", providers.Providers[0].Type)
+
+	// The provider's path is where compose mounts configs/grafana/dashboards.
+	mountedAt := ""
+	for _, v := range loadCompose(t).Services["grafana"].Volumes {
+		if src, rest, _ := strings.Cut(v, ":"); src == "./configs/grafana/dashboards" {
+			mountedAt, _, _ = strings.Cut(rest, ":")
+		}
+	}
+	require.Equal(t, mountedAt, providers.Providers[0].Options.Path, "the dashboard provider reads the mounted folder")
+}
+
+const grafanaDatasourceUID = "settle-prometheus"
+
+func decodeStrict(t *testing.T, file string, into any) {
+	t.Helper()
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(into), file)
+}
+
+// TestGrafanaDashboard checks the dashboard JSON: unique panel ids, panels
+// that do not overlap, every query on the provisioned datasource, and
+// every query naming only metrics settle exports; and that it shows what
+// an operator needs.
+func TestGrafanaDashboard(t *testing.T) {
+	root := repoRoot(t)
+	matches, err := filepath.Glob(filepath.Join(root, "configs", "grafana", "dashboards", "*.json"))
+	require.NoError(t, err)
+	require.NotEmpty(t, matches)
+	used := map[string]bool{}
+	for _, file := range matches {
+		raw, err := os.ReadFile(file)
+		require.NoError(t, err)
+		var dash struct {
+			UID    string         `json:"uid"`
+			Title  string         `json:"title"`
+			Panels []grafanaPanel `json:"panels"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &dash), file)
+		require.NotEmpty(t, dash.UID, file)
+		require.NotEmpty(t, dash.Title, file)
+
+		ids := map[int]bool{}
+		var cells []grafanaPanel
+		var walk func(ps []grafanaPanel)
+		walk = func(ps []grafanaPanel) {
+			for _, p := range ps {
+				require.False(t, ids[p.ID], "%s: panel id %d twice", file, p.ID)
+				ids[p.ID] = true
+				require.NotEmpty(t, p.Title, "%s: panel %d has no title", file, p.ID)
+				require.Positive(t, p.GridPos.W, "%s: panel %q has no gridPos", file, p.Title)
+				require.LessOrEqual(t, p.GridPos.X+p.GridPos.W, 24, "%s: panel %q is wider than the grid", file, p.Title)
+				cells = append(cells, p)
+				walk(p.Panels)
+				if p.Type == "row" {
+					continue
+				}
+				require.NotEmpty(t, p.Targets, "%s: panel %q has no query", file, p.Title)
+				if p.Datasource != nil {
+					require.Equal(t, grafanaDatasourceUID, p.Datasource.UID, "%s: panel %q uses another datasource", file, p.Title)
+				}
+				for _, tg := range p.Targets {
+					require.False(t, tg.Datasource == nil && p.Datasource == nil, "%s: panel %q has no datasource", file, p.Title)
+					if tg.Datasource != nil {
+						require.Equal(t, grafanaDatasourceUID, tg.Datasource.UID, "%s: panel %q query %s uses another datasource", file, p.Title, tg.RefID)
+					}
+					for _, name := range checkPromQL(t, "panel "+p.Title, grafanaVariables.Replace(tg.Expr)) {
+						used[name] = true
+					}
+				}
+			}
+		}
+		walk(dash.Panels)
+		for i, a := range cells {
+			for _, b := range cells[i+1:] {
+				overlap := a.GridPos.X < b.GridPos.X+b.GridPos.W && b.GridPos.X < a.GridPos.X+a.GridPos.W &&
+					a.GridPos.Y < b.GridPos.Y+b.GridPos.H && b.GridPos.Y < a.GridPos.Y+a.GridPos.H
+				require.False(t, overlap, "%s: panels %q and %q overlap", file, a.Title, b.Title)
+			}
+		}
+	}
+	for _, name := range []string{
+		"settle_tasks_total",                  // throughput by outcome
+		"settle_event_latency_seconds_bucket", // latency percentiles
+		"settle_queue_depth",
+		"settle_dlq_writes_total", // by sink
+		"settle_chain_breaker_state",
+		"settle_api_http_requests_total", // webhook status codes
+		"settle_reconcile_runs_total",
+		"settle_reconcile_mismatches_total",
+		"process_resident_memory_bytes",
+		"go_goroutines",
+	} {
+		require.True(t, used[name], "the dashboard shows nothing of %s", name)
+	}
+}
