@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/adminapi"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/logging"
@@ -59,6 +60,8 @@ type settings struct {
 	trustedProxies httpapi.TrustedProxies
 	ingestBatchMax int
 	ingestInFlight int
+	// dashboardReadOnly hides asynqmon's delete/archive buttons.
+	dashboardReadOnly bool
 }
 
 // readCommon reads what every subcommand needs.
@@ -94,6 +97,7 @@ func readServe(env *config.Env, s *settings) {
 	s.rateLimit = config.Parse(env, "WEBHOOK_RATE_LIMIT", defaultLimit, httpapi.ParseRateLimit)
 	s.ingestBatchMax = env.Int("INGEST_BATCH_MAX", postgres.IngestBatchMaxDefault, 1, postgres.LedgerBatchMax)
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
+	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 }
 
@@ -206,6 +210,8 @@ func serve(log zerolog.Logger, s settings) error {
 		AdminToken:         s.adminToken,
 		RateLimit:          s.rateLimit,
 		TrustedProxies:     s.trustedProxies,
+		AdminRoutes:        adminapi.Routes(db),
+		AdminMounts:        []httpapi.Mount{adminapi.Dashboard(rdb, s.dashboardReadOnly)},
 	})
 	if err != nil {
 		return err

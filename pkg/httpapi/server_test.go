@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/settle/settle/pkg/adminapi"
 	"github.com/settle/settle/pkg/httpapi"
 )
 
@@ -240,10 +241,11 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	plain := newHarness(t, harnessOptions{})
 	require.Equal(t, sortedKeys(builtin), sortedKeys(registered(plain)))
 
-	stub := http.NotFoundHandler()
+	// The routes the api binary really contributes, so the spec cannot
+	// drift from them.
 	full := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
-		o.AdminRoutes = dlqRoutes(stub)
-		o.AdminMounts = []httpapi.Mount{{Prefix: "/admin/queues/", Handler: stub}}
+		o.AdminRoutes = adminapi.Routes(nil)
+		o.AdminMounts = []httpapi.Mount{adminapi.Dashboard(o.Redis, true)}
 	}})
 	require.Equal(t, sortedKeys(all), sortedKeys(registered(full)))
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/payment"
 )
@@ -44,6 +45,9 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetterView, error) {
 		&v.Letter.Error, &attempt, &generation, &source, &v.Letter.TraceID, &v.Letter.CreatedAt,
 		&v.Resolution, &v.ResolvedBy, &v.ResolvedAt, &v.Reason, &v.EventStatus, &payload)
 	v.Letter.Attempt, v.Letter.Generation, v.Letter.Source = int(attempt), int(generation), payment.DeadLetterSource(source)
+	if amount, parseErr := decimal.NewFromString(v.Letter.Amount); parseErr == nil {
+		v.Letter.Amount = amount.String() // "3", not NUMERIC's "3.000000000000000000"
+	}
 	if payload != "" {
 		v.Letter.Payload = []byte(payload)
 	}

@@ -1,0 +1,194 @@
+package adminapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/adminapi"
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const (
+	adminToken = "admin-token-0123456789abcdefghijklmnop"
+	apiToken   = "api-token-0123456789abcdefghijklmnopqrs"
+)
+
+type env struct {
+	t   *testing.T
+	db  *postgres.DB
+	url string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	server, err := httpapi.New(httpapi.Options{
+		Store: db, Redis: rdb, Log: zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789abcdefghijkl", APIToken: apiToken, AdminToken: adminToken,
+		AdminRoutes: adminapi.Routes(db),
+		AdminMounts: []httpapi.Mount{adminapi.Dashboard(rdb, true)},
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+	return &env{t: t, db: db, url: ts.URL}
+}
+
+func (e *env) do(method, path, token, body string) (int, map[string]any) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	require.NoError(e.t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(e.t, err)
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	out := map[string]any{}
+	_ = json.Unmarshal(data, &out)
+	return resp.StatusCode, out
+}
+
+// deadLettered makes a deposit fail into the DLQ, as exhausted retries do.
+func (e *env) deadLettered(id string) int64 {
+	e.t.Helper()
+	ctx := context.Background()
+	_, err := e.db.CreateUser(ctx, 1)
+	require.NoError(e.t, err)
+	_, err = e.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3")}})
+	require.NoError(e.t, err)
+	claimed, err := e.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(e.t, err)
+	c := claimed[0].Event
+	moved, dlq, err := e.db.FailToDLQ(ctx, payment.DeadLetter{EventID: c.ID, EventType: string(c.Type), UserID: 1, Asset: "ETH", Amount: "3",
+		Error: "retries exhausted", Attempt: 6, Generation: c.Generation, Source: payment.SourceWorker})
+	require.NoError(e.t, err)
+	require.True(e.t, moved)
+	return dlq
+}
+
+func (e *env) settle() {
+	e.t.Helper()
+	ctx := context.Background()
+	claimed, err := e.db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(e.t, err)
+	for _, c := range claimed {
+		_, err := e.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{})
+		require.NoError(e.t, err)
+	}
+}
+
+func TestReplayTwiceCreditsOnce(t *testing.T) {
+	e := newEnv(t)
+	id := e.deadLettered("d-1")
+	status, body := e.do(http.MethodGet, "/admin/dlq", adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	entries := body["entries"].([]any)
+	require.Len(t, entries, 1)
+	require.Equal(t, "d-1", entries[0].(map[string]any)["event_id"])
+	require.Equal(t, "3", entries[0].(map[string]any)["amount"])
+
+	path := "/admin/dlq/" + jsonInt(id) + "/replay"
+	status, body = e.do(http.MethodPost, path, adminToken, `{"reason":"node was down","operator":"alice"}`)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, "reopened", body["result"])
+	status, body = e.do(http.MethodPost, path, adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "already_replayed", body["result"])
+	e.settle()
+	e.settle()
+	balances, err := e.db.Balances(context.Background(), 1)
+	require.NoError(t, err)
+	require.Len(t, balances, 1)
+	require.True(t, balances[0].Balance.Equal(decimal.RequireFromString("3")), "credited once")
+
+	status, body = e.do(http.MethodGet, "/admin/dlq/"+jsonInt(id), adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "replayed", body["resolution"])
+	require.Contains(t, body["resolved_by"], "alice @")
+	require.Equal(t, "node was down", body["resolution_reason"])
+	require.Equal(t, "confirmed", body["event_status"])
+}
+
+func TestDiscardedEntryCannotBeReplayed(t *testing.T) {
+	e := newEnv(t)
+	id := e.deadLettered("d-2")
+	path := "/admin/dlq/" + jsonInt(id)
+	status, _ := e.do(http.MethodPost, path+"/discard", adminToken, `{}`)
+	require.Equal(t, http.StatusBadRequest, status, "a reason is required")
+	status, body := e.do(http.MethodPost, path+"/discard", adminToken, `{"reason":"refunded by hand"}`)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "discarded", body["result"])
+	status, body = e.do(http.MethodPost, path+"/discard", adminToken, `{"reason":"again"}`)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "already_discarded", body["result"])
+	status, body = e.do(http.MethodPost, path+"/replay", adminToken, `{}`)
+	require.Equal(t, http.StatusConflict, status)
+	require.NotEmpty(t, body["trace_id"])
+	status, _ = e.do(http.MethodGet, "/admin/dlq?state=resolved", adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+}
+
+func TestDLQRoutesNeedTheAdminToken(t *testing.T) {
+	e := newEnv(t)
+	for _, token := range []string{"", apiToken, "wrong"} {
+		status, body := e.do(http.MethodGet, "/admin/dlq", token, "")
+		require.Equal(t, http.StatusUnauthorized, status, token)
+		require.NotEmpty(t, body["error"])
+	}
+	status, _ := e.do(http.MethodPost, "/admin/dlq/abc/replay", adminToken, "")
+	require.Equal(t, http.StatusBadRequest, status)
+	status, _ = e.do(http.MethodPost, "/admin/dlq/999/replay", adminToken, "")
+	require.Equal(t, http.StatusNotFound, status)
+	status, _ = e.do(http.MethodGet, "/admin/dlq?state=weird", adminToken, "")
+	require.Equal(t, http.StatusBadRequest, status)
+}
+
+func TestDashboardBehindTheAdminToken(t *testing.T) {
+	e := newEnv(t)
+	resp, err := http.Get(e.url + "/admin/queues/")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+
+	req, _ := http.NewRequest(http.MethodGet, e.url+"/admin/queues/", nil)
+	req.SetBasicAuth("operator", adminToken)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, strings.ToLower(string(page)), "<html")
+
+	req, _ = http.NewRequest(http.MethodGet, e.url+"/admin/queues/api/queues", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the dashboard's JSON API answers through the mount")
+}
+
+func jsonInt(n int64) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
