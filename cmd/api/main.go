@@ -25,10 +25,11 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/service"
 )
 
 const (
-	service                = "api"
+	serviceName            = "api"
 	redisURLDefault        = "redis://localhost:6379/0"
 	httpAddrDefault        = ":8080"
 	shutdownTimeoutDefault = 30 * time.Second
@@ -133,7 +134,7 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 	case len(args) == 1 && args[0] == "migrate":
 		command = "migrate"
 	default:
-		fmt.Fprintf(stderr, "%s: usage: api [migrate]\n", service)
+		fmt.Fprintf(stderr, "%s: usage: api [migrate]\n", serviceName)
 		return exitUsage
 	}
 	s := readCommon(env)
@@ -145,10 +146,10 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 		for i, err := range errs {
 			lines[i] = err.Error()
 		}
-		fmt.Fprintf(stderr, "%s: %s\n", service, strings.Join(lines, "; "))
+		fmt.Fprintf(stderr, "%s: %s\n", serviceName, strings.Join(lines, "; "))
 		return exitFailure
 	}
-	log := logging.NewTo(stderr, service, s.logLevel)
+	log := logging.NewTo(stderr, serviceName, s.logLevel)
 
 	var err error
 	if command == "migrate" {
@@ -200,7 +201,10 @@ func serve(log zerolog.Logger, s settings) error {
 	ingest := postgres.NewIngest(db, s.ingestBatchMax, s.ingestInFlight)
 	defer ingest.Close()
 
+	registry := service.Registry()
+	registry.MustRegister(db.Collector())
 	server, err := httpapi.New(httpapi.Options{
+		Registry:           registry,
 		Store:              groupCommit{DB: db, ingest: ingest},
 		Redis:              rdb,
 		Log:                log,

@@ -113,6 +113,7 @@ func run(s settings, log zerolog.Logger) error {
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
 
 	reg := service.Registry()
+	reg.MustRegister(db.Collector())
 	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)

@@ -93,6 +93,7 @@ func run(s settings, log zerolog.Logger) error {
 	defer rdb.Close()
 
 	reg := service.Registry()
+	reg.MustRegister(db.Collector())
 	alerts := alert.New(log, alert.Options{Service: "worker", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)

@@ -62,17 +62,18 @@ type Runner struct {
 	last     *prometheus.GaugeVec
 }
 
-// RegisterMetrics adds the runner's metrics to reg.
+// RegisterMetrics adds the runner's metrics to reg. The label is job_name,
+// not job: Prometheus's own job label would shadow it.
 func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
 	r.runs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settle_job_runs_total", Help: "Scheduler job runs by job and result (ok, error).",
-	}, []string{"job", "result"})
+	}, []string{"job_name", "result"})
 	r.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "settle_job_duration_seconds", Help: "Scheduler job run time.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-	}, []string{"job"})
+	}, []string{"job_name"})
 	r.last = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "settle_job_last_success_timestamp_seconds", Help: "When each job last succeeded on this replica.",
-	}, []string{"job"})
+	}, []string{"job_name"})
 	if reg != nil {
 		reg.MustRegister(r.runs, r.duration, r.last)
 	}

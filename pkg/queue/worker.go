@@ -143,7 +143,11 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 	case postgres.Applied:
 		w.metrics.tasks.WithLabelValues(TypePayment, string(result.Outcome)).Inc()
 		if !task.AcceptedAt.IsZero() {
-			w.metrics.latency.Observe(time.Since(task.AcceptedAt).Seconds())
+			path := "trusted"
+			if item.Chain != nil {
+				path = "chain"
+			}
+			w.metrics.latency.WithLabelValues(path).Observe(time.Since(task.AcceptedAt).Seconds())
 		}
 		event := log.Info()
 		if result.Outcome == payment.OutcomeDeadLettered {
@@ -246,7 +250,7 @@ func jsonOrNil(b []byte) []byte {
 type workerMetrics struct {
 	tasks   *prometheus.CounterVec
 	retries prometheus.Counter
-	latency prometheus.Histogram
+	latency *prometheus.HistogramVec
 }
 
 func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
@@ -257,11 +261,12 @@ func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "settle_task_retries_total", Help: "Payment tasks handed back to asynq for a retry.",
 		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "settle_event_latency_seconds",
-			Help:    "From webhook acceptance to the event's terminal status.",
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "settle_event_latency_seconds",
+			Help: "From webhook acceptance to the event's terminal status, by path: trusted (settled at once) " +
+				"or chain (waited for the finality policy, which takes minutes by design).",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
-		}),
+		}, []string{"path"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.tasks, m.retries, m.latency)
