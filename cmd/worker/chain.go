@@ -25,6 +25,10 @@ type chainSettings struct {
 	RecheckFirst    time.Duration
 	RecheckMax      time.Duration
 	CallTimeout     time.Duration
+	// HintTTL is how long "not final yet" is believed without asking the
+	// chain again.
+	HintTTL time.Duration
+	Breaker chain.BreakerSettings
 }
 
 func readChainSettings(env *config.Env) chainSettings {
@@ -35,6 +39,12 @@ func readChainSettings(env *config.Env) chainSettings {
 		RecheckFirst:    env.Duration("FINALITY_RECHECK_MIN", finality.RecheckFirstDefault),
 		RecheckMax:      env.Duration("FINALITY_RECHECK_MAX", finality.RecheckMaxDefault),
 		CallTimeout:     env.Duration("ETH_RPC_TIMEOUT", chain.CallTimeoutDefault),
+		HintTTL:         env.Duration("FINALITY_HINT_TTL", chain.NotFinalTTLDefault),
+		Breaker: chain.BreakerSettings{
+			ErrorsMax:   env.Int("ETH_RPC_BREAKER_ERRORS", chain.BreakerErrorsMaxDefault, 1, 1000),
+			ErrorWindow: env.Duration("ETH_RPC_BREAKER_WINDOW", chain.BreakerErrorWindowDefault),
+			OpenFor:     env.Duration("ETH_RPC_BREAKER_OPEN_FOR", chain.BreakerOpenForDefault),
+		},
 	}
 	if s.RPCURL == "" && s.Policy.Kind() != chain.None {
 		env.Reject("ETH_RPC_URL", fmt.Errorf("required when DEPOSIT_FINALITY is %s", s.Policy))
@@ -49,7 +59,7 @@ func newGate(ctx context.Context, s chainSettings, db *postgres.DB, rdb redis.Un
 		return nil, func() {}, nil
 	}
 	client, err := chain.Dial(ctx, s.RPCURL, chain.ClientOptions{
-		Redis: rdb, Registerer: reg, Alerter: alerts, Logger: log, CallTimeout: s.CallTimeout,
+		Redis: rdb, Registerer: reg, Alerter: alerts, Logger: log, CallTimeout: s.CallTimeout, Breaker: s.Breaker,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("ETH_RPC_URL: %w", err)
@@ -60,7 +70,7 @@ func newGate(ctx context.Context, s chainSettings, db *postgres.DB, rdb redis.Un
 		return nil, nil, err
 	}
 	gate := finality.New(finality.Options{
-		Store: db, Chain: chain.NewChecker(client, chain.CheckerOptions{Redis: rdb, Registerer: reg}),
+		Store: db, Chain: chain.NewChecker(client, chain.CheckerOptions{Redis: rdb, Registerer: reg, NotFinalTTL: s.HintTTL}),
 		Assets: registry, Policy: s.Policy, Timeout: s.FinalityTimeout,
 		RecheckFirst: s.RecheckFirst, RecheckMax: s.RecheckMax,
 		Alerts: alerts, Log: log, Registerer: reg,

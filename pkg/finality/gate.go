@@ -27,9 +27,6 @@ const (
 	TimeoutDefault      = time.Hour
 	RecheckFirstDefault = 2 * time.Second
 	RecheckMaxDefault   = time.Minute
-	// OutageRecheck is when a deposit is looked at again after the chain
-	// could not be asked (an open breaker stays open this long).
-	OutageRecheck = 30 * time.Second
 	// WatchBatchMax bounds one reorg-watch pass.
 	WatchBatchMax = 500
 )
@@ -127,7 +124,9 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		// the finality timeout's outcome (it is decided on an answer).
 		g.verdicts.WithLabelValues("unavailable").Inc()
 		log.Warn().Err(err).Msg("chain unavailable; deposit waits")
-		return nil, g.park(ctx, e, state, postgres.Wait{NextCheckAt: g.o.Now().Add(OutageRecheck), Note: "chain unavailable: " + err.Error()})
+		// The usual schedule: while the breaker is open a check fails fast
+		// without touching the node, so asking again costs nothing.
+		return nil, g.park(ctx, e, state, postgres.Wait{NextCheckAt: g.o.Now().Add(g.recheckAfter(state.Checks)), Note: "chain unavailable: " + err.Error()})
 	}
 	if err != nil {
 		return nil, err

@@ -459,3 +459,13 @@ func (s *Stack) WaitFor(what string, timeout time.Duration, cond func() bool) {
 func (s *Stack) AllTerminal() bool {
 	return s.Count(`SELECT count(*) FROM payment_events WHERE status NOT IN ('confirmed','failed')`) == 0
 }
+
+// Read sends an authenticated GET to a /v1 route.
+func (c *Client) Read(path string) (int, map[string]any, error) {
+	req, err := http.NewRequest(http.MethodGet, c.Base+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+APIToken)
+	return c.do(req)
+}

@@ -1,0 +1,404 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+	"github.com/settle/settle/test/harness"
+)
+
+// Cluster bounds.
+const (
+	// restartBackoff spaces the supervisor's restarts of a process that
+	// keeps exiting (its database is down, say), as an orchestrator would.
+	restartBackoff = time.Second
+	superviseEvery = 250 * time.Millisecond
+	// serverStartAttempts bounds the injector's tries to bring a backend
+	// back; the restore phase tries again.
+	serverStartAttempts = 3
+	readyTimeout        = 90 * time.Second
+	sentinelKey         = "settle:chaos:sentinel"
+)
+
+// cluster is everything the soak runs: the backends, the proxies in
+// front of them, and settle's processes under a supervisor.
+type cluster struct {
+	t        *testing.T
+	stack    *harness.Stack
+	pg       *devenv.Postgres
+	redis    *devenv.Redis
+	dsn      string // direct, for the test's own checks
+	redisURL string // direct
+	proxies  map[string]*proxy
+	members  []*member
+	timeline *timeline
+}
+
+// member is one settle process and what the injector and the
+// supervisor know about it.
+type member struct {
+	name string
+	proc *harness.Proc
+
+	mu        sync.Mutex
+	held      bool // down on purpose: the supervisor leaves it alone
+	lastStart time.Time
+	kills     int
+	exits     int // exits nobody asked for
+}
+
+// startProc runs the process again and remembers when.
+func (m *member) startProc() {
+	m.proc.Start()
+	m.lastStart = time.Now()
+}
+
+// newCluster starts PostgreSQL and Redis (the package's own, or ours if
+// the environment points elsewhere), one proxy per link, and settle:
+// api, three workers, the scheduler.
+func newCluster(t *testing.T, seed uint64, settings map[string]string) *cluster {
+	t.Helper()
+	c := &cluster{t: t, stack: harness.NewStack(t), proxies: map[string]*proxy{}, timeline: newTimeline()}
+	c.pg, c.dsn = testenv.Postgres(t), c.stack.DatabaseURL
+	c.redis, c.redisURL = testenv.Redis(t), c.stack.RedisURL
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if c.pg == nil {
+		// TEST_DATABASE_URL names a server we must not stop: run our own.
+		pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
+		if err != nil {
+			t.Fatalf("own PostgreSQL: %v", err)
+		}
+		t.Cleanup(pg.Close)
+		c.pg, c.dsn = pg, pg.URL("postgres")
+		db, err := postgres.Open(ctx, c.dsn, postgres.Options{ConnsMax: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = db.Migrate(ctx)
+		db.Close()
+		if err != nil {
+			t.Fatalf("migrate own PostgreSQL: %v", err)
+		}
+	}
+	if c.redis == nil {
+		rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{})
+		if err != nil {
+			t.Fatalf("own Redis: %v", err)
+		}
+		t.Cleanup(rds.Close)
+		c.redis, c.redisURL = rds, rds.URL(1)
+	}
+	for i, name := range links {
+		upstream := fmt.Sprintf("127.0.0.1:%d", c.pg.Port)
+		if strings.HasSuffix(name, "→redis") {
+			upstream = c.redis.Addr()
+		}
+		c.proxies[name] = newProxy(t, name, upstream, seed+uint64(i))
+	}
+	for k, v := range settings {
+		c.stack.Env[k] = v
+	}
+	via := func(group string) map[string]string {
+		return map[string]string{
+			"DATABASE_URL": rehost(t, c.dsn, c.proxies[group+"→pg"].Addr()),
+			"REDIS_URL":    rehost(t, c.redisURL, c.proxies[group+"→redis"].Addr()),
+		}
+	}
+	c.members = append(c.members, &member{name: "api", proc: c.stack.StartAPI(via("api"))})
+	for i := 1; i <= workerCount; i++ {
+		c.members = append(c.members, &member{name: fmt.Sprintf("worker-%d", i), proc: c.stack.StartWorker(via("workers"))})
+	}
+	c.members = append(c.members, &member{name: "scheduler", proc: c.stack.StartScheduler(via("scheduler"))})
+	for _, m := range c.members {
+		m.lastStart = time.Now()
+	}
+	return c
+}
+
+func rehost(t testing.TB, raw, hostPort string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = hostPort
+	return u.String()
+}
+
+func (c *cluster) member(name string) *member {
+	for _, m := range c.members {
+		if m.name == name {
+			return m
+		}
+	}
+	c.t.Errorf("no process %q", name)
+	return nil
+}
+
+func (c *cluster) api() *harness.Proc { return c.member("api").proc }
+
+// supervise restarts processes that died without being asked to, until
+// ctx ends: the restart policy of systemd or Kubernetes.
+func (c *cluster) supervise(ctx context.Context) {
+	ticker := time.NewTicker(superviseEvery)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		for _, m := range c.members {
+			m.mu.Lock()
+			if !m.held && !m.proc.Running() && time.Since(m.lastStart) >= restartBackoff {
+				m.exits++
+				c.timeline.add("%s exited on its own; restarting (last log: %s)", m.name, lastLine(m.proc.Logs()))
+				m.startProc()
+			}
+			m.mu.Unlock()
+		}
+	}
+}
+
+// inject runs one fault to its end. It always undoes what it did, even
+// when ctx ends early, so that nothing stays broken.
+func (c *cluster) inject(ctx context.Context, f fault) {
+	from := time.Now()
+	hold := func() {
+		select {
+		case <-time.After(f.Hold):
+		case <-ctx.Done():
+		}
+	}
+	var note string
+	switch f.Kind {
+	case killWorker, killScheduler, killAPI:
+		m := c.member(f.Target)
+		m.mu.Lock()
+		m.held = true
+		m.mu.Unlock()
+		pid := m.proc.Pid()
+		m.proc.Kill()
+		c.timeline.add("%v: SIGKILL pid %d", f, pid)
+		hold()
+		m.mu.Lock()
+		m.kills++
+		m.held = false
+		m.startProc()
+		m.mu.Unlock()
+		note = "restarted"
+	case redisRestart:
+		c.setSentinel(ctx)
+		c.redis.Stop()
+		c.timeline.add("%v: Redis stopped", f)
+		hold()
+		c.startServer(ctx, "redis", func(ctx context.Context) error { return c.redis.Start(ctx) })
+		note = "started; data lost: " + c.sentinelGone(ctx)
+	case pgRestart:
+		c.pg.Stop()
+		c.timeline.add("%v: PostgreSQL stopped (fast)", f)
+		hold()
+		c.startServer(ctx, "postgres", c.pg.Start)
+		note = "started"
+	case pgKill:
+		c.pg.Kill()
+		c.timeline.add("%v: PostgreSQL killed", f)
+		hold()
+		c.startServer(ctx, "postgres", c.pg.Start)
+		note = "started after crash recovery"
+	case pgPause:
+		if err := c.pg.Pause(); err != nil {
+			c.timeline.add("%v: pause failed: %v", f, err)
+		}
+		c.timeline.add("%v: PostgreSQL paused", f)
+		hold()
+		if err := c.pg.Resume(); err != nil {
+			c.timeline.add("%v: resume failed: %v", f, err)
+		}
+		note = "resumed"
+	case linkLatency:
+		for _, name := range linkTargets(f.Target) {
+			c.proxies[name].SetLatency(f.Latency)
+		}
+		c.timeline.add("%v: latency on", f)
+		hold()
+		for _, name := range linkTargets(f.Target) {
+			c.proxies[name].SetLatency(0)
+		}
+		note = "latency off"
+	case linkReset:
+		n := 0
+		for _, name := range linkTargets(f.Target) {
+			n += c.proxies[name].ResetAll()
+		}
+		note = fmt.Sprintf("%d connections reset", n)
+	case linkBlackhole:
+		for _, name := range linkTargets(f.Target) {
+			c.proxies[name].Blackhole()
+		}
+		c.timeline.add("%v: blackhole on", f)
+		hold()
+		for _, name := range linkTargets(f.Target) {
+			c.proxies[name].Heal()
+		}
+		note = "healed"
+	}
+	to := time.Now()
+	c.timeline.window(f, from, to)
+	c.timeline.add("%v: %s (lasted %s)", f, note, to.Sub(from).Round(time.Millisecond))
+}
+
+// startServer brings a backend back, a bounded number of times; the
+// restore phase tries again if all of them fail.
+func (c *cluster) startServer(ctx context.Context, name string, start func(context.Context) error) {
+	for attempt := 1; attempt <= serverStartAttempts; attempt++ {
+		startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err := start(startCtx)
+		cancel()
+		if err == nil {
+			return
+		}
+		c.timeline.add("%s start attempt %d failed: %v", name, attempt, err)
+	}
+}
+
+// setSentinel and sentinelGone prove that a Redis restart loses its data.
+func (c *cluster) setSentinel(ctx context.Context) {
+	rdb := c.redisClient()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_ = rdb.Set(ctx, sentinelKey, "1", 0).Err()
+}
+
+func (c *cluster) sentinelGone(ctx context.Context) string {
+	rdb := c.redisClient()
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	n, err := rdb.Exists(ctx, sentinelKey).Result()
+	switch {
+	case err != nil:
+		return "unknown (" + err.Error() + ")"
+	case n == 0:
+		return "yes"
+	}
+	return "NO"
+}
+
+func (c *cluster) redisClient() *redis.Client {
+	opts, err := redis.ParseURL(c.redisURL)
+	if err != nil {
+		c.t.Errorf("redis url: %v", err)
+		opts = &redis.Options{Addr: c.redis.Addr()}
+	}
+	return redis.NewClient(opts)
+}
+
+// restore ends every fault that might linger and waits until each
+// process answers /readyz. The supervisor must be running.
+func (c *cluster) restore(ctx context.Context) error {
+	_ = c.pg.Resume()
+	c.startServer(ctx, "postgres", c.pg.Start)
+	c.startServer(ctx, "redis", c.redis.Start)
+	for _, p := range c.proxies {
+		p.Heal()
+	}
+	for _, m := range c.members {
+		m.mu.Lock()
+		if m.held {
+			m.held = false
+			m.startProc()
+		}
+		m.mu.Unlock()
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for _, m := range c.members {
+		for !ready(m.proc) {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("%s not ready %s after the faults stopped (last log: %s)", m.name, readyTimeout, lastLine(m.proc.Logs()))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	c.timeline.add("every fault ended; every process ready")
+	return nil
+}
+
+var readyClient = &http.Client{Timeout: 3 * time.Second}
+
+func ready(p *harness.Proc) bool {
+	if !p.Running() {
+		return false
+	}
+	resp, err := readyClient.Get(p.URL() + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func lastLine(logs string) string {
+	logs = strings.TrimRight(logs, "\n")
+	if i := strings.LastIndexByte(logs, '\n'); i >= 0 {
+		logs = logs[i+1:]
+	}
+	const maxLen = 300
+	if len(logs) > maxLen {
+		logs = logs[:maxLen] + "…"
+	}
+	return logs
+}
+
+// timeline is the soak's record of what happened when, printed on
+// failure; windows are the faults' real start and end times.
+type timeline struct {
+	start   time.Time
+	mu      sync.Mutex
+	entries []string
+	windows []window
+}
+
+type window struct {
+	fault    fault
+	from, to time.Time
+}
+
+func newTimeline() *timeline { return &timeline{start: time.Now()} }
+
+func (tl *timeline) add(format string, args ...any) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	at := time.Since(tl.start).Seconds()
+	tl.entries = append(tl.entries, fmt.Sprintf("%7.2fs  %s", at, fmt.Sprintf(format, args...)))
+}
+
+func (tl *timeline) window(f fault, from, to time.Time) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.windows = append(tl.windows, window{fault: f, from: from, to: to})
+}
+
+func (tl *timeline) String() string {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return strings.Join(tl.entries, "\n")
+}
+
+func (tl *timeline) faultWindows() []window {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return append([]window(nil), tl.windows...)
+}
