@@ -8,8 +8,12 @@ type Status string
 const (
 	StatusPending  Status = "pending"
 	StatusEnqueued Status = "enqueued"
-	// StatusProcessing is held only inside the ledger transaction that
-	// claims an event, so other transactions never see it committed.
+	// StatusProcessing is the seed's "being applied". settle's ledger locks
+	// the event and moves it from enqueued to its terminal status in one
+	// transaction, so an intermediate processing write would be seen by
+	// nobody and cost a row version per event; it is not made. The state
+	// stays in the contract and the table, and the zombie check still
+	// watches it, for tools that mark work in flight.
 	StatusProcessing Status = "processing"
 	// StatusAwaitingFinality is a deposit whose transaction has not yet
 	// reached the finality policy; it is re-checked on a schedule and does

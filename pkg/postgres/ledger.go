@@ -127,8 +127,9 @@ type claimedEvent struct {
 }
 
 // ApplyBatch applies events in one transaction: lock the balances rows in
-// order, claim the events, insert their idempotency keys, move money, write
-// the journal, the outcomes and the notifications, commit. A returned
+// order, lock the events, read their idempotency records, move money,
+// write the journal, the records and the notifications, and move each
+// event from enqueued to its terminal status, then commit. A returned
 // error means nothing was committed and every item may be retried; per-item
 // fates are in the results otherwise.
 func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOptions) ([]LedgerResult, error) {
@@ -155,8 +156,8 @@ func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOpt
 			}
 			return out, nil
 		}
-		// Items that cannot settle in this transaction would be left
-		// 'processing' at commit; roll back and run the rest without them.
+		// Items that cannot settle in this transaction are locked but not
+		// moved; roll back and run the rest without them.
 		for idx, why := range retryItems {
 			excluded[idx] = why
 		}
@@ -248,7 +249,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		return nil, nil, classify("ledger lock balances", err)
 	}
 
-	// Round trip 2: claim the events this generation owns.
+	// Round trip 2: lock the events this generation owns.
 	claimed, err := claimEvents(ctx, conn, items, live, results)
 	if err != nil {
 		return nil, nil, err
@@ -258,9 +259,9 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		return results, nil, commit(ctx, conn)
 	}
 
-	// Round trip 3: idempotency keys; a key that exists sends its event
-	// down the replay path.
-	replays, err := insertKeys(ctx, conn, claimed)
+	// Round trip 3: idempotency records already written send their events
+	// down the replay path; the others are written with their outcomes.
+	replays, err := recordedOutcomes(ctx, conn, claimed)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -367,14 +368,21 @@ func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, li
 		generations[k], users[k] = int32(e.Generation), e.UserID
 		itemOf[identity{e.ID, e.Generation}] = i
 	}
+	stmt := q("ledger_claim")
+	rows, err := conn.Query(ctx, stmt.text, ids, generations, types, users, assets, amounts)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
 	var claimed []claimedEvent
-	moved, refused, err := transition(ctx, conn, q("ledger_claim"), ids, func(rows pgx.Rows) (string, error) {
+	moved := map[string]bool{}
+	for rows.Next() {
 		var c claimedEvent
 		var eventType, amount string
 		var generation int32
 		if err := rows.Scan(&c.event.ID, &generation, &eventType, &c.event.UserID, &c.event.Asset, &amount,
 			&c.event.TraceID, &c.related, &c.createdAt); err != nil {
-			return "", err
+			rows.Close()
+			return nil, classify(stmt.name, err)
 		}
 		c.event.Type = payment.EventType(eventType)
 		c.event.Amount = decimal.RequireFromString(amount)
@@ -382,10 +390,22 @@ func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, li
 		c.item = itemOf[identity{c.event.ID, c.event.Generation}]
 		c.key = payment.IdempotencyKey(c.event.ID, c.event.Type)
 		claimed = append(claimed, c)
-		return c.event.ID, nil
-	}, ids, generations, types, users, assets, amounts)
-	if err != nil {
-		return nil, err
+		moved[c.event.ID] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	var missing []string
+	for _, id := range ids {
+		if !moved[id] {
+			missing = append(missing, id)
+		}
+	}
+	refused := map[string]Refusal{}
+	if len(missing) > 0 {
+		if refused, err = eventStates(ctx, conn, missing); err != nil {
+			return nil, err
+		}
 	}
 	claimedItem := map[int]bool{}
 	for _, c := range claimed {
@@ -417,42 +437,15 @@ func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, li
 	return claimed, nil
 }
 
-// insertKeys inserts the claimed events' idempotency keys and returns the
-// recorded outcome of every key that already existed: those events take
-// the replay path.
-func insertKeys(ctx context.Context, conn *pgxpool.Conn, claimed []claimedEvent) (map[string]payment.Outcome, error) {
-	keys, ids := make([]string, len(claimed)), make([]string, len(claimed))
+// recordedOutcomes reads the idempotency records that already exist for
+// the claimed events: those events take the replay path.
+func recordedOutcomes(ctx context.Context, conn *pgxpool.Conn, claimed []claimedEvent) (map[string]payment.Outcome, error) {
+	keys := make([]string, len(claimed))
 	for i, c := range claimed {
-		keys[i], ids[i] = c.key, c.event.ID
+		keys[i] = c.key
 	}
-	stmt := q("ledger_insert_keys")
-	rows, err := conn.Query(ctx, stmt.text, keys, ids)
-	if err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	inserted := map[string]bool{}
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			rows.Close()
-			return nil, classify(stmt.name, err)
-		}
-		inserted[k] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	var existing []string
-	for _, k := range keys {
-		if !inserted[k] {
-			existing = append(existing, k)
-		}
-	}
-	if len(existing) == 0 {
-		return nil, nil
-	}
-	stmt = q("ledger_key_outcomes")
-	rows, err = conn.Query(ctx, stmt.text, existing)
+	stmt := q("ledger_key_outcomes")
+	rows, err := conn.Query(ctx, stmt.text, keys)
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}
@@ -496,8 +489,9 @@ type batchPlan struct {
 
 	deltas  map[balanceKey]decimal.Decimal
 	journal []journalRow
-	// outcomes of idempotency keys, by key
+	// outcomes to record, by idempotency key, with their event ids
 	outcomes     map[string]payment.Outcome
+	keyEvents    map[string]string
 	confirms     []confirmRow
 	fails        []failRow
 	deadLetters  []payment.DeadLetter
@@ -543,7 +537,11 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 		results:  map[int]LedgerResult{},
 		retry:    map[int]error{},
 		deltas:   map[balanceKey]decimal.Decimal{},
-		outcomes: map[string]payment.Outcome{},
+		outcomes:  map[string]payment.Outcome{},
+		keyEvents: map[string]string{},
+	}
+	for _, c := range claimed {
+		p.keyEvents[c.key] = c.event.ID
 	}
 	sort.SliceStable(claimed, func(i, j int) bool {
 		a, b := claimed[i], claimed[j]
@@ -716,11 +714,11 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 			}
 			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
 		case writeOutcomes:
-			keys, outcomes := make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes))
+			keys, events, outcomes := make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes))
 			for k, o := range p.outcomes {
-				keys, outcomes = append(keys, k), append(outcomes, string(o))
+				keys, events, outcomes = append(keys, k), append(events, p.keyEvents[k]), append(outcomes, string(o))
 			}
-			batch.Queue(q("ledger_set_outcomes").text, keys, outcomes)
+			batch.Queue(q("ledger_record_keys").text, keys, events, outcomes)
 		case writeConfirm:
 			n := len(p.confirms)
 			ids, blocks, hashes, states := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n)

@@ -37,6 +37,9 @@ CREATE TABLE balances (
     updated_at      timestamptz    NOT NULL DEFAULT now(),
     PRIMARY KEY (user_id, asset)
 );
+-- Hot rows updated many times a second: room on the page keeps the
+-- updates HOT (no index entry), and early vacuum keeps the table small.
+ALTER TABLE balances SET (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01);
 
 -- Deposit addresses map a chain address to the user it belongs to; the
 -- provider only knows the address, never the user.
@@ -99,13 +102,19 @@ CREATE TABLE payment_events (
     CONSTRAINT payment_events_outcome_terminal CHECK ((status IN ('confirmed', 'failed')) = (outcome IS NOT NULL)),
     CONSTRAINT payment_events_awaiting_has_check CHECK (status <> 'awaiting_finality' OR next_check_at IS NOT NULL)
 );
+-- One partial index per live status, each small however large the table
+-- grows. Every status change writes a new row version into each index
+-- whose predicate it matches (a status change is never a HOT update), so
+-- terminal rows are deliberately in no index but the primary key.
 CREATE INDEX payment_events_pending    ON payment_events (created_at)    WHERE status = 'pending';
 CREATE INDEX payment_events_enqueued   ON payment_events (updated_at)    WHERE status = 'enqueued';
 CREATE INDEX payment_events_processing ON payment_events (updated_at)    WHERE status = 'processing';
 CREATE INDEX payment_events_awaiting   ON payment_events (next_check_at) WHERE status = 'awaiting_finality';
 CREATE INDEX payment_events_watching   ON payment_events (updated_at)    WHERE chain_state = 'watching';
-CREATE INDEX payment_events_failed     ON payment_events (updated_at)    WHERE status = 'failed';
-CREATE INDEX payment_events_user       ON payment_events (user_id, created_at);
+-- The outbox churns: vacuum it early so the partial indexes do not fill
+-- with dead entries the claim has to step over.
+ALTER TABLE payment_events SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02,
+                                autovacuum_vacuum_insert_scale_factor = 0.05, fillfactor = 90);
 
 -- The transition table of pkg/payment/status.go, mirrored: a status write
 -- that is not an allowed edge is refused by the database itself.
@@ -161,6 +170,7 @@ CREATE TABLE processed_events (
 );
 CREATE INDEX processed_events_terminal ON processed_events (created_at) WHERE outcome <> 'pending';
 CREATE INDEX processed_events_pending  ON processed_events (created_at) WHERE outcome = 'pending';
+ALTER TABLE processed_events SET (autovacuum_vacuum_scale_factor = 0.02);
 
 -- The journal. Its unique constraint is the last line of defence, still
 -- there after processed_events rows are cleaned up.

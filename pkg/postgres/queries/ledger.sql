@@ -30,28 +30,25 @@ ORDER BY b.user_id, b.asset
 FOR UPDATE OF b;
 
 -- name: ledger_claim
--- transition: enqueued -> processing
--- Only the live generation's task may claim an event, and only if it
--- describes the stored row exactly; the values that move money are the
--- row's.
-UPDATE payment_events p
-SET status = 'processing', updated_at = now()
-FROM unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[])
+-- Lock the events this batch applies: only the live generation's task may
+-- apply an event, and only if it describes the stored row exactly; the
+-- values that move money are the row's. The rows stay 'enqueued' until
+-- the batch's final transition, in the same transaction, so nobody ever
+-- sees an intermediate status; the lock keeps everyone else out meanwhile.
+-- event_id = ANY keeps the plan on the primary key whatever the backlog.
+SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
+       COALESCE(p.related_event_id, ''), p.created_at
+FROM payment_events p
+JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[])
      AS t(event_id, generation, event_type, user_id, asset, amount)
-WHERE p.event_id = t.event_id AND p.status = 'enqueued' AND p.generation = t.generation
+  ON p.event_id = t.event_id
+WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' AND p.generation = t.generation
   AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
-RETURNING p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
-          COALESCE(p.related_event_id, ''), p.created_at;
-
--- name: ledger_insert_keys
-INSERT INTO processed_events (idempotency_key, event_id)
-SELECT t.idempotency_key, t.event_id
-FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, event_id)
-ORDER BY t.idempotency_key
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING idempotency_key;
+ORDER BY p.event_id
+FOR UPDATE OF p;
 
 -- name: ledger_key_outcomes
+-- Idempotency keys already recorded: their events take the replay path.
 SELECT idempotency_key, outcome
 FROM processed_events
 WHERE idempotency_key = ANY($1::text[]);
@@ -62,7 +59,7 @@ WHERE idempotency_key = ANY($1::text[]);
 UPDATE balances b
 SET balance = b.balance + t.delta::numeric, updated_at = now()
 FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(user_id, asset, delta)
-WHERE b.user_id = t.user_id AND b.asset = t.asset;
+WHERE b.user_id = ANY($1::bigint[]) AND b.user_id = t.user_id AND b.asset = t.asset;
 
 -- name: ledger_insert_journal
 INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id)
@@ -70,14 +67,21 @@ SELECT t.user_id, t.asset, t.amount::numeric, t.event_type, t.source_event_id
 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
      AS t(user_id, asset, amount, event_type, source_event_id);
 
--- name: ledger_set_outcomes
-UPDATE processed_events p
-SET outcome = t.outcome, updated_at = now()
-FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, outcome)
-WHERE p.idempotency_key = t.idempotency_key;
+-- name: ledger_record_keys
+-- The idempotency records, written once with their final outcome. A key
+-- written meanwhile by another transaction is a unique violation that
+-- aborts this one (it is retried and then takes the replay path); a key
+-- whose last attempt was dead-lettered and is being replayed is updated.
+INSERT INTO processed_events (idempotency_key, event_id, outcome)
+SELECT t.idempotency_key, t.event_id, t.outcome
+FROM unnest($1::text[], $2::text[], $3::text[]) AS t(idempotency_key, event_id, outcome)
+ORDER BY t.idempotency_key
+ON CONFLICT (idempotency_key) DO UPDATE
+    SET outcome = EXCLUDED.outcome, updated_at = now()
+    WHERE processed_events.outcome = 'dead_lettered';
 
 -- name: ledger_confirm
--- transition: processing -> confirmed
+-- transition: enqueued -> confirmed
 -- Pipelined ahead of COMMIT, so it asserts that every claimed row moved:
 -- a shortfall aborts the transaction instead of committing half a batch.
 WITH moved AS (
@@ -87,19 +91,19 @@ WITH moved AS (
         block_hash = COALESCE(NULLIF(t.block_hash, ''), p.block_hash),
         chain_state = NULLIF(t.chain_state, '')
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(event_id, block_number, block_hash, chain_state)
-    WHERE p.event_id = t.event_id AND p.status = 'processing'
+    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued'
     RETURNING p.event_id
 )
 SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_confirm moved ' || count(*) || ' of ' || cardinality($1::text[]))
 FROM moved;
 
 -- name: ledger_fail
--- transition: processing -> failed
+-- transition: enqueued -> failed
 WITH moved AS (
     UPDATE payment_events p
     SET status = 'failed', outcome = t.outcome, error = NULLIF(t.error, ''), updated_at = now()
     FROM unnest($1::text[], $2::text[], $3::text[]) AS t(event_id, outcome, error)
-    WHERE p.event_id = t.event_id AND p.status = 'processing'
+    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued'
     RETURNING p.event_id
 )
 SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_fail moved ' || count(*) || ' of ' || cardinality($1::text[]))
