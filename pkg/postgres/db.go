@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,35 @@ type Options struct {
 // DB is a connection pool plus the statements that run on it.
 type DB struct {
 	pool *pgxpool.Pool
+	// knownBalances remembers (user, asset) pairs whose balance row exists,
+	// so the ledger skips creating them; rows are never deleted.
+	knownBalances boundedSet
+}
+
+// knownBalancesMax bounds the remembered pairs; past it the set starts
+// over (a forgotten pair costs one harmless INSERT ... ON CONFLICT).
+const knownBalancesMax = 200_000
+
+// boundedSet is a set that forgets everything when it grows too large.
+type boundedSet struct {
+	mu   sync.Mutex
+	keys map[any]struct{}
+}
+
+func (b *boundedSet) Load(k any) (struct{}, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.keys[k]
+	return v, ok
+}
+
+func (b *boundedSet) Store(k any, v struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.keys == nil || len(b.keys) >= knownBalancesMax {
+		b.keys = map[any]struct{}{}
+	}
+	b.keys[k] = v
 }
 
 // Open connects and checks the connection once. The URL may carry any

@@ -213,20 +213,36 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		}
 	}()
 
-	// Round trip 1: begin, timeouts, lazy balance rows, row locks.
+	// Round trip 1, pipelined: begin, timeouts, lazy balance rows (only
+	// for pairs this process has not seen yet), the balance row locks in
+	// order, the event locks, and the idempotency records already written.
 	pairs := balancePairs(items, live)
 	users, assets := make([]int64, len(pairs)), make([]string, len(pairs))
+	var newUsers []int64
+	var newAssets []string
 	for i, p := range pairs {
 		users[i], assets[i] = p.user, p.asset
+		if _, known := db.knownBalances.Load(p); !known {
+			newUsers, newAssets = append(newUsers, p.user), append(newAssets, p.asset)
+		}
 	}
+	claim := newClaim(items, live)
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
 	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
-	batch.Queue(q("ledger_ensure_balances").text, users, assets)
+	if len(newUsers) > 0 {
+		batch.Queue(q("ledger_ensure_balances").text, newUsers, newAssets)
+	}
 	batch.Queue(q("ledger_lock_balances").text, users, assets)
+	claim.queue(batch)
 	balances := map[balanceKey]decimal.Decimal{}
+	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
-		for range 3 {
+		execs := 2
+		if len(newUsers) > 0 {
+			execs++
+		}
+		for range execs {
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
@@ -235,35 +251,38 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
 		for rows.Next() {
 			var k balanceKey
 			var text string
 			if err := rows.Scan(&k.user, &k.asset, &text); err != nil {
+				rows.Close()
 				return err
 			}
 			balances[k] = decimal.RequireFromString(text)
+			db.knownBalances.Store(k, struct{}{})
 		}
-		return rows.Err()
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if err := claim.read(br); err != nil {
+			return err
+		}
+		replays, err = readOutcomes(br)
+		return err
 	}); err != nil {
-		return nil, nil, classify("ledger lock balances", err)
+		return nil, nil, classify("ledger lock", err)
 	}
 
-	// Round trip 2: lock the events this generation owns.
-	claimed, err := claimEvents(ctx, conn, items, live, results)
+	// Events not locked: read where they stand (rare: redeliveries, stale
+	// generations).
+	claimed, err := claim.settle(ctx, conn, items, live, results)
 	if err != nil {
 		return nil, nil, err
 	}
 	if len(claimed) == 0 {
 		committed = true
 		return results, nil, commit(ctx, conn)
-	}
-
-	// Round trip 3: idempotency records already written send their events
-	// down the replay path; the others are written with their outcomes.
-	replays, err := recordedOutcomes(ctx, conn, claimed)
-	if err != nil {
-		return nil, nil, err
 	}
 
 	chain := map[int]*ChainEvidence{}
@@ -353,63 +372,108 @@ func balancePairs(items []LedgerItem, live []int) []balanceKey {
 	return pairs
 }
 
-func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, live []int, results []LedgerResult) ([]claimedEvent, error) {
+// claim gathers the events a batch locks: it queues the lock and the
+// read of their idempotency records into the first pipeline, then sorts
+// out the tasks whose events it could not lock.
+type claim struct {
+	ids, types, assets, amounts, keys []string
+	generations                       []int32
+	users                             []int64
+	itemOf                            map[identity]int
+	claimed                           []claimedEvent
+	locked                            map[string]bool
+}
+
+type identity struct {
+	id         string
+	generation int
+}
+
+func newClaim(items []LedgerItem, live []int) *claim {
 	n := len(live)
-	ids, types, assets, amounts := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	generations, users := make([]int32, n), make([]int64, n)
-	type identity struct {
-		id         string
-		generation int
+	c := &claim{
+		ids: make([]string, n), types: make([]string, n), assets: make([]string, n), amounts: make([]string, n),
+		keys: make([]string, n), generations: make([]int32, n), users: make([]int64, n),
+		itemOf: map[identity]int{}, locked: map[string]bool{},
 	}
-	itemOf := map[identity]int{}
 	for k, i := range live {
 		e := items[i].Event
-		ids[k], types[k], assets[k], amounts[k] = e.ID, string(e.Type), e.Asset, e.Amount.String()
-		generations[k], users[k] = int32(e.Generation), e.UserID
-		itemOf[identity{e.ID, e.Generation}] = i
+		c.ids[k], c.types[k], c.assets[k], c.amounts[k] = e.ID, string(e.Type), e.Asset, e.Amount.String()
+		c.generations[k], c.users[k] = int32(e.Generation), e.UserID
+		// The key from the task's type: a task whose type is not the row's
+		// locks nothing, so a wrong key is never used.
+		c.keys[k] = payment.IdempotencyKey(e.ID, e.Type)
+		c.itemOf[identity{e.ID, e.Generation}] = i
 	}
-	stmt := q("ledger_claim")
-	rows, err := conn.Query(ctx, stmt.text, ids, generations, types, users, assets, amounts)
+	return c
+}
+
+func (c *claim) queue(batch *pgx.Batch) {
+	batch.Queue(q("ledger_claim").text, c.ids, c.generations, c.types, c.users, c.assets, c.amounts)
+	batch.Queue(q("ledger_key_outcomes").text, c.keys)
+}
+
+func (c *claim) read(br pgx.BatchResults) error {
+	rows, err := br.Query()
 	if err != nil {
-		return nil, classify(stmt.name, err)
+		return err
 	}
-	var claimed []claimedEvent
-	moved := map[string]bool{}
+	defer rows.Close()
 	for rows.Next() {
-		var c claimedEvent
+		var e claimedEvent
 		var eventType, amount string
 		var generation int32
-		if err := rows.Scan(&c.event.ID, &generation, &eventType, &c.event.UserID, &c.event.Asset, &amount,
-			&c.event.TraceID, &c.related, &c.createdAt); err != nil {
-			rows.Close()
-			return nil, classify(stmt.name, err)
+		if err := rows.Scan(&e.event.ID, &generation, &eventType, &e.event.UserID, &e.event.Asset, &amount,
+			&e.event.TraceID, &e.related, &e.createdAt); err != nil {
+			return err
 		}
-		c.event.Type = payment.EventType(eventType)
-		c.event.Amount = decimal.RequireFromString(amount)
-		c.event.Generation = int(generation)
-		c.item = itemOf[identity{c.event.ID, c.event.Generation}]
-		c.key = payment.IdempotencyKey(c.event.ID, c.event.Type)
-		claimed = append(claimed, c)
-		moved[c.event.ID] = true
+		e.event.Type = payment.EventType(eventType)
+		e.event.Amount = decimal.RequireFromString(amount)
+		e.event.Generation = int(generation)
+		e.item = c.itemOf[identity{e.event.ID, e.event.Generation}]
+		e.key = payment.IdempotencyKey(e.event.ID, e.event.Type)
+		c.claimed = append(c.claimed, e)
+		c.locked[e.event.ID] = true
 	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(stmt.name, err)
+	return rows.Err()
+}
+
+func readOutcomes(br pgx.BatchResults) (map[string]payment.Outcome, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
 	}
+	defer rows.Close()
+	out := map[string]payment.Outcome{}
+	for rows.Next() {
+		var k, outcome string
+		if err := rows.Scan(&k, &outcome); err != nil {
+			return nil, err
+		}
+		out[k] = payment.Outcome(outcome)
+	}
+	return out, rows.Err()
+}
+
+// settle returns the locked events and classifies every task whose event
+// was not locked, from the event's actual state.
+func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, live []int, results []LedgerResult) ([]claimedEvent, error) {
 	var missing []string
-	for _, id := range ids {
-		if !moved[id] {
+	for _, id := range c.ids {
+		if !c.locked[id] {
 			missing = append(missing, id)
 		}
 	}
 	refused := map[string]Refusal{}
 	if len(missing) > 0 {
+		var err error
 		if refused, err = eventStates(ctx, conn, missing); err != nil {
 			return nil, err
 		}
 	}
 	claimedItem := map[int]bool{}
-	for _, c := range claimed {
-		claimedItem[c.item] = true
+	for _, e := range c.claimed {
+		claimedItem[e.item] = true
 	}
 	for _, i := range live {
 		if claimedItem[i] {
@@ -418,15 +482,15 @@ func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, li
 		task := items[i].Event
 		r := refused[task.ID]
 		switch {
-		case moved[task.ID]:
-			// Another generation's task claimed the event in this batch.
-			results[i] = LedgerResult{Kind: Stale, Status: payment.StatusProcessing}
+		case c.locked[task.ID]:
+			// Another generation's task holds the event in this batch.
+			results[i] = LedgerResult{Kind: Stale, Status: payment.StatusEnqueued}
 		case !r.Found:
 			results[i] = LedgerResult{Kind: Rejected, Err: fmt.Errorf("event %s: %w", task.ID, payment.ErrNotFound)}
 		case r.Status.Terminal():
 			results[i] = LedgerResult{Kind: AlreadyDone, Status: r.Status}
 		case r.Status == payment.StatusEnqueued && r.Generation == task.Generation:
-			// The live task of an enqueued event that it could not claim:
+			// The live task of an enqueued event that it could not lock:
 			// its payload does not describe the stored event.
 			results[i] = LedgerResult{Kind: Rejected, Status: r.Status,
 				Err: payment.Invalid("task payload for event %s does not match the stored event", task.ID)}
@@ -434,31 +498,7 @@ func claimEvents(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, li
 			results[i] = LedgerResult{Kind: Stale, Status: r.Status}
 		}
 	}
-	return claimed, nil
-}
-
-// recordedOutcomes reads the idempotency records that already exist for
-// the claimed events: those events take the replay path.
-func recordedOutcomes(ctx context.Context, conn *pgxpool.Conn, claimed []claimedEvent) (map[string]payment.Outcome, error) {
-	keys := make([]string, len(claimed))
-	for i, c := range claimed {
-		keys[i] = c.key
-	}
-	stmt := q("ledger_key_outcomes")
-	rows, err := conn.Query(ctx, stmt.text, keys)
-	if err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	defer rows.Close()
-	out := map[string]payment.Outcome{}
-	for rows.Next() {
-		var k, outcome string
-		if err := rows.Scan(&k, &outcome); err != nil {
-			return nil, classify(stmt.name, err)
-		}
-		out[k] = payment.Outcome(outcome)
-	}
-	return out, classify(stmt.name, rows.Err())
+	return c.claimed, nil
 }
 
 // Notification kinds written to notification_outbox.
