@@ -140,11 +140,7 @@ func run(s settings, log zerolog.Logger) error {
 			}
 			return err
 		}},
-		{Name: "cleanup_processed", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: func(ctx context.Context) error {
-			n, err := db.CleanupProcessed(ctx, s.Retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
-			log.Info().Int64("deleted", n).Msg("processed_events cleanup")
-			return err
-		}},
+		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, s.Retention)},
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, queue.QueueMaintenance, queue.TypeWatchReorgs, s.ReorgWatchInterval)},
 		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
 	}
@@ -183,6 +179,26 @@ func run(s settings, log zerolog.Logger) error {
 	_ = client.Close()
 	log.Info().Msg("scheduler stopped")
 	return nil
+}
+
+// cleanup keeps processed_events' daily partitions (days ahead created,
+// days past retention dropped whole) and deletes old settled notifications.
+func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, retention time.Duration) func(context.Context) error {
+	return func(ctx context.Context) error {
+		report, err := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now())
+		log.Info().Int("created", report.Created).Int("dropped", report.Dropped).Int64("trimmed", report.Trimmed).
+			Int64("default_rows", report.DefaultRows).Strs("kept_pending", report.KeptPending).Msg("processed_events partitions")
+		if report.DefaultRows > 0 {
+			alerts.Raise("processed_events_default_partition", alert.Warning,
+				"idempotency records fell outside every daily partition (is the cleanup job running?)", map[string]any{"rows": report.DefaultRows})
+		}
+		if err != nil {
+			return err
+		}
+		n, err := db.CleanupNotifications(ctx, retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
+		log.Info().Int64("deleted", n).Msg("notification outbox cleanup")
+		return err
+	}
 }
 
 // enqueueMaintenance returns a job that hands a maintenance task to the

@@ -41,3 +41,27 @@ func (db *DB) CleanupProcessed(ctx context.Context, retention time.Duration, bat
 	}
 	return total, nil
 }
+
+// CleanupNotifications deletes settled notifications older than retention,
+// in bounded batches.
+func (db *DB) CleanupNotifications(ctx context.Context, retention time.Duration, batch int, pause time.Duration) (int64, error) {
+	stmt := q("cleanup_notifications")
+	interval := fmt.Sprintf("%d seconds", int64(retention.Seconds()))
+	var total int64
+	for range CleanupBatchesMax {
+		tag, err := db.pool.Exec(ctx, stmt.text, interval, batch)
+		if err != nil {
+			return total, classify(stmt.name, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+	return total, nil
+}

@@ -51,6 +51,12 @@ func (b *boundedSet) Load(k any) (struct{}, bool) {
 	return v, ok
 }
 
+func (b *boundedSet) Delete(k any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.keys, k)
+}
+
 func (b *boundedSet) Store(k any, v struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

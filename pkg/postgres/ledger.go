@@ -259,7 +259,6 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 				return err
 			}
 			balances[k] = decimal.RequireFromString(text)
-			db.knownBalances.Store(k, struct{}{})
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -272,6 +271,18 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		return err
 	}); err != nil {
 		return nil, nil, classify("ledger lock", err)
+	}
+
+	// A remembered pair without its row cannot happen while rows are never
+	// deleted; should it anyway, forget it and let the batch run again
+	// rather than fail an event as if its user were unknown.
+	for _, p := range pairs {
+		if _, ok := balances[p]; !ok {
+			if _, remembered := db.knownBalances.Load(p); remembered {
+				db.knownBalances.Delete(p)
+				return nil, nil, payment.Retryable("ledger lock", fmt.Errorf("balance row of user %d in %s vanished", p.user, p.asset))
+			}
+		}
 	}
 
 	// Events not locked: read where they stand (rare: redeliveries, stale
@@ -340,6 +351,11 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		return nil, nil, classify("ledger write", err)
 	}
 	committed = true
+	// Remember the rows only now: before the commit they may be another
+	// transaction's uncommitted inserts, or this one's rolled back.
+	for k := range balances {
+		db.knownBalances.Store(k, struct{}{})
+	}
 	for i, idx := range plan.dlqItems {
 		if i < len(dlqIDs) {
 			results[idx].DeadLetterID = dlqIDs[i]
@@ -515,6 +531,7 @@ const (
 	writeBalances writeKind = iota
 	writeJournal
 	writeOutcomes
+	writeKeyUpdates
 	writeConfirm
 	writeFail
 	writeDLQ
@@ -529,9 +546,11 @@ type batchPlan struct {
 
 	deltas  map[balanceKey]decimal.Decimal
 	journal []journalRow
-	// outcomes to record, by idempotency key, with their event ids
+	// outcomes to record, by idempotency key, with their event ids;
+	// reopened keys exist already (a dead-lettered attempt) and are updated
 	outcomes     map[string]payment.Outcome
 	keyEvents    map[string]string
+	reopened     map[string]bool
 	confirms     []confirmRow
 	fails        []failRow
 	deadLetters  []payment.DeadLetter
@@ -574,11 +593,12 @@ type notificationRow struct {
 // withdrawals are served first come, first served.
 func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal) *batchPlan {
 	p := &batchPlan{
-		results:  map[int]LedgerResult{},
-		retry:    map[int]error{},
-		deltas:   map[balanceKey]decimal.Decimal{},
+		results:   map[int]LedgerResult{},
+		retry:     map[int]error{},
+		deltas:    map[balanceKey]decimal.Decimal{},
 		outcomes:  map[string]payment.Outcome{},
 		keyEvents: map[string]string{},
+		reopened:  map[string]bool{},
 	}
 	for _, c := range claimed {
 		p.keyEvents[c.key] = c.event.ID
@@ -598,7 +618,11 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 	})
 	for _, c := range claimed {
 		result := LedgerResult{Kind: Applied, CreatedAt: c.createdAt, Event: c.event}
-		if prior, seen := replays[c.key]; seen && prior != payment.OutcomeDeadLettered {
+		prior, seen := replays[c.key]
+		if seen && prior == payment.OutcomeDeadLettered {
+			p.reopened[c.key] = true
+		}
+		if seen && prior != payment.OutcomeDeadLettered {
 			// Replay path: the key was written before; bring the event to
 			// the status its recorded outcome implies, without moving money.
 			switch {
@@ -718,7 +742,8 @@ func (p *batchPlan) order() {
 	}
 	add(len(p.deltas) > 0, writeBalances)
 	add(len(p.journal) > 0, writeJournal)
-	add(len(p.outcomes) > 0, writeOutcomes)
+	add(len(p.outcomes) > len(p.reopened), writeOutcomes)
+	add(len(p.reopened) > 0, writeKeyUpdates)
 	add(len(p.confirms) > 0, writeConfirm)
 	add(len(p.fails) > 0, writeFail)
 	add(len(p.deadLetters) > 0, writeDLQ)
@@ -754,11 +779,19 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 			}
 			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
 		case writeOutcomes:
-			keys, events, outcomes := make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes)), make([]string, 0, len(p.outcomes))
+			var keys, events, outcomes []string
 			for k, o := range p.outcomes {
-				keys, events, outcomes = append(keys, k), append(events, p.keyEvents[k]), append(outcomes, string(o))
+				if !p.reopened[k] {
+					keys, events, outcomes = append(keys, k), append(events, p.keyEvents[k]), append(outcomes, string(o))
+				}
 			}
 			batch.Queue(q("ledger_record_keys").text, keys, events, outcomes)
+		case writeKeyUpdates:
+			var keys, outcomes []string
+			for k := range p.reopened {
+				keys, outcomes = append(keys, k), append(outcomes, string(p.outcomes[k]))
+			}
+			batch.Queue(q("ledger_update_keys").text, keys, outcomes)
 		case writeConfirm:
 			n := len(p.confirms)
 			ids, blocks, hashes, states := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n)

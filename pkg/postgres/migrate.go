@@ -68,6 +68,12 @@ func LatestSchemaVersion() int {
 // again is a no-op. A database newer than the binary is an error: the
 // binary would not understand it.
 func (db *DB) Migrate(ctx context.Context) ([]string, error) {
+	return db.MigrateTo(ctx, LatestSchemaVersion())
+}
+
+// MigrateTo applies pending migrations up to version (tests of a
+// migration populate the schema before it, then run it).
+func (db *DB) MigrateTo(ctx context.Context, version int) ([]string, error) {
 	migrations, err := loadMigrations()
 	if err != nil {
 		return nil, err
@@ -87,6 +93,9 @@ func (db *DB) Migrate(ctx context.Context) ([]string, error) {
 	}
 	var applied []string
 	for _, m := range migrations {
+		if m.version > version {
+			break
+		}
 		done, err := db.applyMigration(ctx, m)
 		if err != nil {
 			return applied, fmt.Errorf("migration %s: %w", m.name, err)

@@ -209,6 +209,15 @@ func TestPipelineCreditsEveryDepositOnce(t *testing.T) {
 		info, err := inspector.GetQueueInfo(queue.QueuePayments)
 		return err == nil && info.Pending == 0 && info.Active == 0
 	})
+	var failures []string
+	rows, err := p.sql.Query(context.Background(), `SELECT event_id || ' ' || COALESCE(outcome, '') || ' ' || COALESCE(error, '') FROM payment_events WHERE status <> 'confirmed'`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		failures = append(failures, line)
+	}
+	require.Empty(t, failures)
 	require.Equal(t, n, p.count(`SELECT count(*) FROM payment_events WHERE status='confirmed'`))
 	require.Equal(t, n, p.count(`SELECT count(*) FROM balance_events`))
 	var total string

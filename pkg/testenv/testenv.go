@@ -210,6 +210,37 @@ func DatabaseURL(t testing.TB) string {
 	return dsn
 }
 
+// EmptyDatabaseURL creates an empty, unmigrated database for t (tests of
+// migrations populate it at an older schema version first).
+func EmptyDatabaseURL(t testing.TB) string {
+	t.Helper()
+	e := shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	name := fmt.Sprintf("settle_empty_%d_%d", os.Getpid(), e.dbCounter.Add(1))
+	admin, err := pgx.Connect(ctx, e.adminURL)
+	if err != nil {
+		t.Fatalf("connect admin: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if admin, err := pgx.Connect(ctx, e.adminURL); err == nil {
+			defer admin.Close(ctx)
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		}
+	})
+	dsn, err := withDatabase(e.adminURL, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
 // DB opens a pool on a fresh database for t.
 func DB(t testing.TB) *postgres.DB {
 	t.Helper()

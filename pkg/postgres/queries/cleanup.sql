@@ -12,3 +12,16 @@ WITH doomed AS (
 DELETE FROM processed_events p
 USING doomed
 WHERE p.idempotency_key = doomed.idempotency_key;
+
+-- name: cleanup_notifications
+-- Delivered (or given up) notifications past retention, one batch.
+WITH doomed AS (
+    SELECT id FROM notification_outbox
+    WHERE status <> 'pending' AND created_at < now() - $1::interval
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM notification_outbox n
+USING doomed
+WHERE n.id = doomed.id;

@@ -68,17 +68,23 @@ FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
      AS t(user_id, asset, amount, event_type, source_event_id);
 
 -- name: ledger_record_keys
--- The idempotency records, written once with their final outcome. A key
--- written meanwhile by another transaction is a unique violation that
--- aborts this one (it is retried and then takes the replay path); a key
--- whose last attempt was dead-lettered and is being replayed is updated.
+-- The idempotency records of first-time events, written once with their
+-- final outcome, in key order. processed_events is partitioned by day, so
+-- the key alone cannot be declared unique; the event row lock this
+-- transaction holds keeps a second writer out, and the journal's unique
+-- constraint is the guard behind it.
 INSERT INTO processed_events (idempotency_key, event_id, outcome)
 SELECT t.idempotency_key, t.event_id, t.outcome
 FROM unnest($1::text[], $2::text[], $3::text[]) AS t(idempotency_key, event_id, outcome)
-ORDER BY t.idempotency_key
-ON CONFLICT (idempotency_key) DO UPDATE
-    SET outcome = EXCLUDED.outcome, updated_at = now()
-    WHERE processed_events.outcome = 'dead_lettered';
+ORDER BY t.idempotency_key;
+
+-- name: ledger_update_keys
+-- Records of replayed events whose last attempt was dead-lettered.
+UPDATE processed_events p
+SET outcome = t.outcome, updated_at = now()
+FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, outcome)
+WHERE p.idempotency_key = ANY($1::text[]) AND p.idempotency_key = t.idempotency_key
+  AND p.outcome = 'dead_lettered';
 
 -- name: ledger_confirm
 -- transition: enqueued -> confirmed

@@ -13,11 +13,18 @@ WHERE event_id = $1 AND status IN ('pending', 'enqueued', 'awaiting_finality')
 RETURNING event_id;
 
 -- name: record_outcome
--- The idempotency record of an event decided outside the ledger batch.
+-- The idempotency record of an event decided outside the ledger batch;
+-- the caller holds the event's row lock, so nobody writes the key meanwhile.
+WITH updated AS (
+    UPDATE processed_events
+    SET outcome = $3, updated_at = now()
+    WHERE idempotency_key = $1 AND outcome IN ('pending', 'dead_lettered')
+    RETURNING 1
+)
 INSERT INTO processed_events (idempotency_key, event_id, outcome)
-VALUES ($1, $2, $3)
-ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, updated_at = now()
-WHERE processed_events.outcome = 'pending';
+SELECT $1, $2, $3
+WHERE NOT EXISTS (SELECT 1 FROM updated)
+  AND NOT EXISTS (SELECT 1 FROM processed_events WHERE idempotency_key = $1);
 
 -- name: mark_reorged
 UPDATE payment_events

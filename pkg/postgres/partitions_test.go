@@ -1,0 +1,102 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// TestPartitioningMigratesAPopulatedTable fills processed_events at the
+// schema before partitioning, migrates, and checks that every record is
+// still found, new days land in their own partitions, and cleanup drops
+// whole days (never one with a pending record) and trims the old rows.
+func TestPartitioningMigratesAPopulatedTable(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.MigrateTo(ctx, 2)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	count := func(query string, args ...any) int {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, query, args...).Scan(&n))
+		return n
+	}
+
+	// 2,000 records over the last 40 days, one still pending.
+	const rows = 2000
+	_, err = conn.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at)
+		SELECT encode(sha256(('k' || i)::bytea), 'hex'), 'e' || i,
+		       CASE WHEN i = 7 THEN 'pending' ELSE 'success' END,
+		       now() - (i % 40) * interval '1 day'
+		FROM generate_series(1, $1) i`, rows)
+	require.NoError(t, err)
+
+	applied, err := db.Migrate(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0003_processed_events_partition_prepare.sql", "0004_processed_events_partition.sql"}, applied)
+	require.Equal(t, rows, count(`SELECT count(*) FROM processed_events`), "every record survived")
+	require.Equal(t, rows, count(`SELECT count(*) FROM processed_events_legacy`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM processed_events WHERE idempotency_key = encode(sha256('k7'::bytea), 'hex') AND outcome = 'pending'`))
+	require.GreaterOrEqual(t, count(`SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass`), 30)
+
+	// The ledger still sees old records (replay path) and writes new ones.
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	e := payment.Event{ID: "e5", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}
+	_, err = conn.Exec(ctx, `UPDATE processed_events SET idempotency_key = $1 WHERE event_id = 'e5'`, e.Key())
+	require.NoError(t, err)
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: e})
+	require.NoError(t, err)
+	fresh := payment.Event{ID: "new-1", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("2")}
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: fresh})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	require.NoError(t, err)
+	items := make([]postgres.LedgerItem, len(claimed))
+	for i, c := range claimed {
+		items[i] = postgres.LedgerItem{Event: c.Event}
+	}
+	results, err := db.ApplyBatch(ctx, items, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	for _, r := range results {
+		require.Equal(t, postgres.Applied, r.Kind)
+		require.Equal(t, payment.OutcomeSuccess, r.Outcome)
+	}
+	require.Zero(t, count(`SELECT count(*) FROM balance_events WHERE source_event_id = 'e5'`), "an old success record takes the replay path")
+	require.Equal(t, 1, count(`SELECT count(*) FROM balance_events WHERE source_event_id = 'new-1'`))
+
+	// A record dated in three days lands in that day's partition.
+	in3 := time.Now().UTC().Add(72 * time.Hour)
+	_, err = conn.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at) VALUES (repeat('a', 64), 'x', 'success', $1)`, in3)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(fmt.Sprintf(`SELECT count(*) FROM processed_events_p%s`, in3.Format("20060102"))))
+	// A pending record in the partition of four days ahead.
+	in4 := time.Now().UTC().Add(96 * time.Hour)
+	_, err = conn.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at) VALUES (repeat('b', 64), 'y', 'pending', $1)`, in4)
+	require.NoError(t, err)
+
+	// Twenty days on, with 14 days of retention.
+	later := time.Now().Add(20 * 24 * time.Hour)
+	report, err := db.MaintainPartitions(ctx, 14*24*time.Hour, 30, later)
+	require.NoError(t, err)
+	require.Greater(t, report.Dropped, 0)
+	require.Contains(t, report.KeptPending, "processed_events_p"+in4.Format("20060102"), "a day with a pending record is kept")
+	require.Zero(t, count(`SELECT count(*) FROM pg_class WHERE relname = $1`, "processed_events_p"+in3.Format("20060102")), "old days are dropped whole")
+	require.Zero(t, report.DefaultRows)
+	// The pre-partitioning rows older than 14 days (real time) were trimmed,
+	// the pending one kept, the rest kept until they age.
+	require.Greater(t, report.Trimmed, int64(0))
+	require.Equal(t, 1, count(`SELECT count(*) FROM processed_events_legacy WHERE outcome = 'pending'`))
+	require.Zero(t, count(`SELECT count(*) FROM processed_events_legacy WHERE outcome <> 'pending' AND created_at < now() - interval '14 days'`))
+}

@@ -1,0 +1,28 @@
+-- name: partitions_ahead
+SELECT settle_processed_partitions_ahead(now(), $1);
+
+-- name: processed_partitions
+-- processed_events' daily partitions (processed_events_pYYYYMMDD).
+SELECT c.relname
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'processed_events'::regclass
+  AND c.relname ~ '^processed_events_p[0-9]{8}$'
+ORDER BY c.relname;
+
+-- name: partition_has_pending
+-- Run with the partition's name substituted as an identifier.
+SELECT EXISTS (SELECT 1 FROM %s WHERE outcome = 'pending');
+
+-- name: drop_partition
+DROP TABLE IF EXISTS %s;
+
+-- name: default_partition_rows
+SELECT count(*) FROM processed_events_default;
+
+-- name: legacy_partition
+-- Rows left in the pre-partitioning partition and the end of its range.
+SELECT (SELECT count(*) FROM processed_events_legacy),
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz
+FROM pg_class c
+WHERE c.oid = 'processed_events_legacy'::regclass;
