@@ -402,3 +402,23 @@ func (tl *timeline) faultWindows() []window {
 	defer tl.mu.Unlock()
 	return append([]window(nil), tl.windows...)
 }
+
+// restarts sums up what happened to each process.
+func (c *cluster) restarts() string {
+	var parts []string
+	for _, m := range c.members {
+		m.mu.Lock()
+		parts = append(parts, fmt.Sprintf("%s killed %d, exited on its own %d", m.name, m.kills, m.exits))
+		m.mu.Unlock()
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (c *cluster) proxyStats() string {
+	var parts []string
+	for _, name := range links {
+		accepted, reset := c.proxies[name].Stats()
+		parts = append(parts, fmt.Sprintf("%s %d connections (%d reset)", name, accepted, reset))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -145,11 +145,11 @@ func (p *proxy) pump(r *relay, src, dst net.Conn) {
 	queue := make(chan chunk, proxyQueueMax)
 	go func() {
 		defer close(queue)
+		buf := make([]byte, proxyChunkMax)
 		for {
-			buf := make([]byte, proxyChunkMax)
 			n, err := src.Read(buf)
 			if n > 0 {
-				c := chunk{data: buf[:n], due: time.Now().Add(p.delay(r))}
+				c := chunk{data: append([]byte(nil), buf[:n]...), due: time.Now().Add(p.delay(r))}
 				select {
 				case queue <- c:
 				case <-r.done:

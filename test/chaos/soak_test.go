@@ -169,15 +169,19 @@ func TestChaosSoak(t *testing.T) {
 	for _, m := range c.members {
 		for _, line := range strings.Split(m.proc.Logs(), "\n") {
 			if strings.HasPrefix(line, "panic:") || strings.HasPrefix(line, "fatal error:") {
-				v.fail("%s crashed: %s", m.name, line)
+				v.fail("process crashed", "%s: %s", m.name, line)
 			}
 		}
 	}
+	if testing.Verbose() && !t.Failed() && len(v.kinds) == 0 {
+		t.Logf("fault timeline:\n%s", c.timeline)
+	}
 	t.Logf("seed %d: %s", seed, strings.TrimSpace(s.summary()))
+	t.Logf("processes: %s; proxies: %s", c.restarts(), c.proxyStats())
 	for _, n := range v.notes {
 		t.Log(n)
 	}
-	for _, f := range v.findings {
+	for _, f := range v.findings() {
 		t.Error(f)
 	}
 }
@@ -308,7 +312,7 @@ func failureReport(c *cluster, seed uint64, replay string, s *sender, v *verdict
 	}
 	if v != nil {
 		fmt.Fprintf(&b, "\n---- invariant report ----\n%s", v.report)
-		fmt.Fprintf(&b, "\n---- findings (%d) ----\n%s\n", len(v.findings), strings.Join(v.findings, "\n"))
+		fmt.Fprintf(&b, "\n---- findings ----\n%s\n", strings.Join(v.findings(), "\n"))
 	}
 	dir, err := os.MkdirTemp("", fmt.Sprintf("settle-chaos-%d-", seed))
 	for _, m := range c.members {

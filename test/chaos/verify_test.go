@@ -38,19 +38,50 @@ type dlqRow struct {
 }
 
 // verdict is the end-of-run account: findings fail the soak; notes are
-// what happened and is allowed.
+// what happened and is allowed. Findings are grouped by kind, a few
+// samples each, so that a systematic bug reads as one line, not thousands.
 type verdict struct {
-	findings []string
-	notes    []string
-	report   string // the invariant checker's
+	kinds   []string
+	count   map[string]int
+	samples map[string][]string
+	notes   []string
+	report  string // the invariant checker's
 }
 
-func (v *verdict) fail(format string, args ...any) {
-	v.findings = append(v.findings, fmt.Sprintf(format, args...))
+// findingSamples bounds the examples kept per kind of finding.
+const findingSamples = 5
+
+func (v *verdict) fail(kind, format string, args ...any) {
+	if v.count == nil {
+		v.count, v.samples = map[string]int{}, map[string][]string{}
+	}
+	if v.count[kind] == 0 {
+		v.kinds = append(v.kinds, kind)
+	}
+	v.count[kind]++
+	if len(v.samples[kind]) < findingSamples {
+		v.samples[kind] = append(v.samples[kind], fmt.Sprintf(format, args...))
+	}
 }
 
 func (v *verdict) note(format string, args ...any) {
 	v.notes = append(v.notes, fmt.Sprintf(format, args...))
+}
+
+// findings is one line per kind: its count and its samples.
+func (v *verdict) findings() []string {
+	var out []string
+	for _, kind := range v.kinds {
+		line := fmt.Sprintf("%s: %d", kind, v.count[kind])
+		for _, s := range v.samples[kind] {
+			line += "\n    " + s
+		}
+		if more := v.count[kind] - len(v.samples[kind]); more > 0 {
+			line += fmt.Sprintf("\n    ... and %d more", more)
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // verify compares the books with what the provider was told, on a
@@ -59,16 +90,16 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 	v := &verdict{}
 	report, err := invariant.Check(ctx, db, invariant.Quiet())
 	if err != nil {
-		v.fail("invariant check did not run: %v", err)
+		v.fail("invariant check failed to run", "%v", err)
 	} else {
 		v.report = report.String()
 		if !report.OK() {
-			v.fail("the invariant checker reports violations (see its report)")
+			v.fail("INVARIANTS VIOLATED", "see the invariant report")
 		}
 	}
 	stored, err := loadEvents(ctx, pool)
 	if err != nil {
-		v.fail("reading the books: %v", err)
+		v.fail("books unreadable", "%v", err)
 		return v
 	}
 
@@ -85,36 +116,35 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 	s.mu.Unlock()
 
 	for _, a := range anomalies {
-		v.fail("api answer: %s", a)
+		v.fail("api answers the contract forbids", "%s", a)
 	}
 	if anomalous > len(anomalies) {
-		v.fail("... and %d more api answers the contract forbids", anomalous-len(anomalies))
+		// The sender kept samples only; count the rest.
+		v.count["api answers the contract forbids"] += anomalous - len(anomalies)
 	}
 	for _, u := range undelivered {
-		v.fail("never got a definitive answer within %s: %s", deliveryMax, u)
+		v.fail("webhooks never answered", "no definitive answer within %s: %s", deliveryMax, u)
 	}
 
 	// Nothing lost: every acknowledged event is stored, as sent, and done.
-	lost := 0
+	ackedIDs := make([]string, 0, len(acked))
 	for id := range acked {
+		ackedIDs = append(ackedIDs, id)
+	}
+	sort.Strings(ackedIDs)
+	for _, id := range ackedIDs {
 		e, ok := stored[id]
 		if !ok {
-			lost++
-			if lost <= 10 {
-				v.fail("LOST: %s was acknowledged with 200 but is not stored", id)
-			}
+			v.fail("LOST (acknowledged with 200, not stored)", "%s", id)
 			continue
 		}
 		want := specs[id]
 		if e.Type != want.Type || e.User != want.User || e.Asset != want.Asset || !decimal.RequireFromString(e.Amount).Equal(decimal.RequireFromString(want.Amount)) {
-			v.fail("%s stored as %+v, sent as %+v", id, e.spec, want)
+			v.fail("stored content differs from what was sent", "%s stored as %+v, sent as %+v", id, e.spec, want)
 		}
 		if e.status != "confirmed" && e.status != "failed" {
-			v.fail("%s is still %s after the settle wait (retries %d, generation %d)", id, e.status, e.retries, e.gen)
+			v.fail("NOT SETTLED", "%s is still %s (retries %d, generation %d)", id, e.status, e.retries, e.gen)
 		}
-	}
-	if lost > 10 {
-		v.fail("LOST: %d acknowledged events in all", lost)
 	}
 
 	expected := map[balanceKey]decimal.Decimal{}
@@ -131,7 +161,7 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 	for _, id := range ids {
 		e := stored[id]
 		if !acked[id] {
-			v.fail("%s is stored but the provider never got a 200 for it", id)
+			v.fail("stored without a 200 to the provider", "%s", id)
 			continue
 		}
 		amount := decimal.RequireFromString(e.Amount)
@@ -144,31 +174,31 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 		case "confirmed":
 			// Nothing doubled: one journal row, for the event's amount.
 			if e.journalRows != 1 || !e.journalSum.Equal(signed) {
-				v.fail("DOUBLE/MISSING CREDIT: %s confirmed with %d journal rows summing %s (want one of %s)", id, e.journalRows, e.journalSum, signed)
+				v.fail("DOUBLE OR MISSING MONEY MOVEMENT", "%s confirmed with %d journal rows summing %s (want one of %s)", id, e.journalRows, e.journalSum, signed)
 			}
 			if e.key != "success" {
-				v.fail("%s confirmed but its idempotency record says %q", id, e.key)
+				v.fail("idempotency record disagrees with the outcome", "%s confirmed, record %q", id, e.key)
 			}
 			k := balanceKey{e.User, e.Asset}
 			expected[k] = expected[k].Add(signed)
 		case "failed":
 			if e.journalRows != 0 {
-				v.fail("%s failed but has %d journal rows", id, e.journalRows)
+				v.fail("DOUBLE OR MISSING MONEY MOVEMENT", "%s failed but has %d journal rows", id, e.journalRows)
 			}
 			switch e.outcome {
 			case "insufficient_funds":
 				if e.credit() {
-					v.fail("%s is a %s that failed for insufficient funds", id, e.Type)
+					v.fail("credit failed for insufficient funds", "%s (%s)", id, e.Type)
 				}
 				if e.key != "insufficient_funds" {
-					v.fail("%s failed for insufficient funds but its idempotency record says %q", id, e.key)
+					v.fail("idempotency record disagrees with the outcome", "%s failed for insufficient funds, record %q", id, e.key)
 				}
 			case "dead_lettered":
 				if len(e.dlq) == 0 {
-					v.fail("%s dead-lettered without a DLQ row", id)
+					v.fail("dead-lettered without a DLQ row", "%s", id)
 				}
 			default:
-				v.fail("%s failed with outcome %q, which no fault here can cause", id, e.outcome)
+				v.fail("failed with an outcome no fault here can cause", "%s: %q", id, e.outcome)
 			}
 		}
 		// Every DLQ row must be explained by a fault.
@@ -176,7 +206,7 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 			if why, ok := explain(d, windows); ok {
 				justified = append(justified, fmt.Sprintf("dlq %d %s (%s, event now %s): %s; %s", d.id, d.eventID, d.source, e.status, d.reason, why))
 			} else {
-				v.fail("UNEXPLAINED DLQ row %d for %s (source %s, at %s, event now %s/%s): %s",
+				v.fail("UNEXPLAINED DEAD LETTERS", "row %d for %s (source %s, at %s, event now %s/%s): %s",
 					d.id, d.eventID, d.source, d.created.Format("15:04:05.000"), e.status, e.outcome, d.reason)
 			}
 		}
@@ -189,24 +219,24 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 	// The balances, recomputed from what the provider sent.
 	balances, err := loadBalances(ctx, pool)
 	if err != nil {
-		v.fail("reading balances: %v", err)
+		v.fail("books unreadable", "balances: %v", err)
 		return v
 	}
 	for k, want := range expected {
 		if got := balances[k]; !got.Equal(want) {
-			v.fail("balance of user %d in %s is %s; the provider's events say %s", k.user, k.asset, got, want)
+			v.fail("BALANCE WRONG", "user %d %s is %s; the provider's events say %s", k.user, k.asset, got, want)
 		}
 	}
 	for k, got := range balances {
 		if _, ok := expected[k]; !ok && !got.IsZero() {
-			v.fail("balance of user %d in %s is %s; no event touched it", k.user, k.asset, got)
+			v.fail("BALANCE WRONG", "user %d %s is %s; no event touched it", k.user, k.asset, got)
 		}
 	}
 	if orphans, err := orphanDLQ(ctx, pool, stored); err != nil {
-		v.fail("reading the DLQ: %v", err)
+		v.fail("books unreadable", "dead letters: %v", err)
 	} else {
 		for _, d := range orphans {
-			v.fail("UNEXPLAINED DLQ row %d names no stored event %q (source %s): %s", d.id, d.eventID, d.source, d.reason)
+			v.fail("UNEXPLAINED DEAD LETTERS", "row %d names no stored event %q (source %s): %s", d.id, d.eventID, d.source, d.reason)
 		}
 	}
 	return v
