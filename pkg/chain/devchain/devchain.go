@@ -28,6 +28,7 @@ import (
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/eth/ethconfig"
+	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/ethereum/go-ethereum/ethclient/simulated"
 	"github.com/ethereum/go-ethereum/node"
 	"github.com/ethereum/go-ethereum/params"
@@ -112,10 +113,22 @@ type Reorg struct {
 	Replacement string
 }
 
+// nodeClient is what the helpers need from a node: the in-process
+// simulated backend's client, or an HTTP JSON-RPC client to a dev chain
+// running in another process (Dial).
+type nodeClient interface {
+	BlockNumber(ctx context.Context) (uint64, error)
+	HeaderByNumber(ctx context.Context, number *big.Int) (*types.Header, error)
+	PendingNonceAt(ctx context.Context, account common.Address) (uint64, error)
+	SendTransaction(ctx context.Context, tx *types.Transaction) error
+	TransactionByHash(ctx context.Context, hash common.Hash) (*types.Transaction, bool, error)
+	TransactionReceipt(ctx context.Context, hash common.Hash) (*types.Receipt, error)
+}
+
 // Chain is a running dev chain.
 type Chain struct {
 	backend  *simulated.Backend
-	client   simulated.Client
+	client   nodeClient
 	url      string
 	accounts []Account
 	signer   types.Signer
@@ -129,6 +142,8 @@ type Chain struct {
 	closeErr  error
 	stop      chan struct{}
 	done      sync.WaitGroup
+	// remote is set on a client of a chain served elsewhere (Dial).
+	remote *ethclient.Client
 }
 
 // Serve starts a dev chain. It runs until Close, or until ctx ends.
@@ -276,6 +291,10 @@ func (c *Chain) Accounts() []Account { return append([]Account(nil), c.accounts.
 
 // Close stops block production and the node. Calling it again is a no-op.
 func (c *Chain) Close() error {
+	if c.remote != nil {
+		c.remote.Close()
+		return nil
+	}
 	c.closeOnce.Do(func() {
 		close(c.stop)
 		c.done.Wait()
@@ -288,6 +307,9 @@ func (c *Chain) Close() error {
 
 // Commit seals one block and returns its number.
 func (c *Chain) Commit(ctx context.Context) (uint64, error) {
+	if c.remote != nil {
+		return 0, ErrRemote
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.backend.Commit()
@@ -296,6 +318,9 @@ func (c *Chain) Commit(ctx context.Context) (uint64, error) {
 
 // CommitBlocks seals n blocks.
 func (c *Chain) CommitBlocks(ctx context.Context, n int) error {
+	if c.remote != nil {
+		return ErrRemote
+	}
 	if n < 0 || n > commitBlocksMax {
 		return fmt.Errorf("devchain: commit between 0 and %d blocks, not %d", commitBlocksMax, n)
 	}
@@ -327,6 +352,9 @@ func (c *Chain) Finalized(ctx context.Context) (uint64, error) {
 // FinalizeThrough seals blocks until block number is finalized: up to the
 // next multiple of EpochBlocks.
 func (c *Chain) FinalizeThrough(ctx context.Context, number uint64) error {
+	if c.remote != nil {
+		return ErrRemote
+	}
 	target := (number + EpochBlocks - 1) / EpochBlocks * EpochBlocks
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -508,6 +536,9 @@ func (c *Chain) waitMined(ctx context.Context, hash common.Hash) (Tx, error) {
 // are mined again on the new branch. Finalized blocks cannot be reorged;
 // the sender must be a dev account.
 func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
+	if c.remote != nil {
+		return Reorg{}, ErrRemote
+	}
 	hash := common.HexToHash(txHash)
 	c.mu.Lock()
 	defer c.mu.Unlock()
