@@ -18,7 +18,6 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
-	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
@@ -81,18 +80,7 @@ func parseTimeOfDay(v string) (time.Duration, error) {
 }
 
 func main() {
-	if len(os.Args) > 1 {
-		fmt.Fprintf(os.Stderr, "scheduler: unknown argument %q (the scheduler takes settings from the environment only)\n", os.Args[1])
-		os.Exit(service.ExitSettings)
-	}
-	env := config.FromOS()
-	s := readSettings(env)
-	service.ExitOnSettingsError("scheduler", env)
-	log := logging.New("scheduler", s.LogLevel)
-	if err := run(s, log); err != nil {
-		log.Error().Err(err).Msg("scheduler failed")
-		os.Exit(service.ExitFailure)
-	}
+	service.Main("scheduler", readSettings, func(s settings) zerolog.Level { return s.LogLevel }, run)
 }
 
 func run(s settings, log zerolog.Logger) error {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"time"
 
@@ -16,7 +15,6 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
-	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
@@ -60,18 +58,7 @@ func readSettings(env *config.Env) settings {
 }
 
 func main() {
-	if len(os.Args) > 1 {
-		fmt.Fprintf(os.Stderr, "worker: unknown argument %q (the worker takes settings from the environment only)\n", os.Args[1])
-		os.Exit(service.ExitSettings)
-	}
-	env := config.FromOS()
-	s := readSettings(env)
-	service.ExitOnSettingsError("worker", env)
-	log := logging.New("worker", s.LogLevel)
-	if err := run(s, log); err != nil {
-		log.Error().Err(err).Msg("worker failed")
-		os.Exit(service.ExitFailure)
-	}
+	service.Main("worker", readSettings, func(s settings) zerolog.Level { return s.LogLevel }, run)
 }
 
 func run(s settings, log zerolog.Logger) error {

@@ -61,6 +61,24 @@ func ExitOnSettingsError(binary string, env *config.Env) {
 	}
 }
 
+// Main is the main of a long-running binary that takes its settings from
+// the environment only: read them (exit 2 naming the first bad one), make
+// the logger, run, exit 1 if run fails.
+func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.Level, run func(S, zerolog.Logger) error) {
+	if len(os.Args) > 1 {
+		fmt.Fprintf(os.Stderr, "%s: unknown argument %q (settings come from the environment only)\n", binary, os.Args[1])
+		os.Exit(ExitSettings)
+	}
+	env := config.FromOS()
+	s := read(env)
+	ExitOnSettingsError(binary, env)
+	log := logging.New(binary, level(s))
+	if err := run(s, log); err != nil {
+		log.Error().Err(err).Msg(binary + " failed")
+		os.Exit(ExitFailure)
+	}
+}
+
 // SignalContext ends on SIGTERM or SIGINT.
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
