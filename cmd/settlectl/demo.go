@@ -87,7 +87,7 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		{"fromAddress": chain.Accounts()[1].Address, "toAddress": bob.address, "blockNum": fmt.Sprintf("0x%x", tokenTx.BlockNumber),
 			"hash": tokenTx.Hash, "value": 25, "asset": "TUSD", "category": "token",
 			"rawContract": map[string]any{"rawValue": "0x17d7840", "address": st.Token, "decimals": 6},
-			"log": map[string]any{"address": st.Token, "transactionHash": tokenTx.Hash, "logIndex": "0x0", "blockHash": tokenTx.BlockHash, "removed": false}},
+			"log":         map[string]any{"address": st.Token, "transactionHash": tokenTx.Hash, "logIndex": "0x0", "blockHash": tokenTx.BlockHash, "removed": false}},
 	})
 	for delivery := 1; delivery <= 2; delivery++ { // providers deliver at least once: send it twice
 		answer, err := d.post(ctx, "/webhook/alchemy", payload, "X-Alchemy-Signature", st.AlchemyKey)
