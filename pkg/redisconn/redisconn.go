@@ -7,15 +7,29 @@
 //	redis://[user:password@]host:port[/db]            plain TCP
 //	rediss://[user:password@]host:port[/db]           TLS
 //	redis-sentinel://[user:password@]host:port[,host:port...]/master[/db]
-//	                                                  Sentinel; ?sentinel_password=...
-//	                                                  and ?tls=true are optional
+//	                                                  Sentinel
+//
+// The user and password are the data nodes' (Redis ACL or requirepass).
+// redis:// and rediss:// take go-redis's query options (dial_timeout,
+// pool_size, skip_verify, ...). redis-sentinel:// takes only these:
+//
+//	sentinel_username, sentinel_password  the Sentinels' own credentials
+//	tls=true|false                        TLS to the Sentinels and the data nodes
+//
+// Both TLS forms take tls_ca_file=/path/ca.pem: a PEM bundle of the CAs
+// trusted for the server's certificate instead of the system's roots (a
+// private CA, as managed Redis services use). Hosts in a Sentinel list
+// may be IPv6 literals in brackets.
 package redisconn
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +45,20 @@ const (
 	WriteTimeout = 2 * time.Second
 )
 
+// Limits on what a URL may ask for.
+const (
+	sentinelsMax = 16
+	caFileMax    = 1 << 20
+)
+
+const (
+	paramCAFile           = "tls_ca_file"
+	paramTLS              = "tls"
+	paramSentinelUsername = "sentinel_username"
+	paramSentinelPassword = "sentinel_password"
+	sentinelScheme        = "redis-sentinel"
+)
+
 // Options is a parsed REDIS_URL.
 type Options struct {
 	// Exactly one of Single and Sentinel is set.
@@ -38,36 +66,84 @@ type Options struct {
 	Sentinel *redis.FailoverOptions
 }
 
-// Parse validates a REDIS_URL.
+// Parse validates a REDIS_URL. It reads tls_ca_file, so a missing or
+// unreadable CA fails here, at start, rather than at the first call.
 func Parse(raw string) (Options, error) {
+	scheme, _, ok := strings.Cut(raw, "://")
+	if !ok {
+		return Options{}, errors.New("not a URL (expected redis://, rediss:// or redis-sentinel://)")
+	}
+	switch scheme {
+	case "redis", "rediss":
+		return parseSingle(raw)
+	case sentinelScheme:
+		return parseSentinel(raw)
+	}
+	return Options{}, fmt.Errorf("scheme %q is not redis, rediss or redis-sentinel", scheme)
+}
+
+func parseSingle(raw string) (Options, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return Options{}, errors.New("not a URL")
 	}
-	switch u.Scheme {
-	case "redis", "rediss":
-		opts, err := redis.ParseURL(raw)
-		if err != nil {
+	// tls_ca_file is ours; go-redis refuses options it does not know.
+	query := u.Query()
+	caFile, withCA := query.Get(paramCAFile), query.Has(paramCAFile)
+	if withCA {
+		if u.Scheme != "rediss" {
+			return Options{}, fmt.Errorf("%s needs rediss:// (TLS)", paramCAFile)
+		}
+		query.Del(paramCAFile)
+		u.RawQuery = query.Encode()
+		raw = u.String()
+	}
+	opts, err := redis.ParseURL(raw)
+	if err != nil {
+		return Options{}, err
+	}
+	if withCA {
+		if opts.TLSConfig.RootCAs, err = loadCAs(caFile); err != nil {
 			return Options{}, err
 		}
-		applyTimeouts(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
-		return Options{Single: opts}, nil
-	case "redis-sentinel":
-		return parseSentinel(u)
 	}
-	return Options{}, fmt.Errorf("scheme %q is not redis, rediss or redis-sentinel", u.Scheme)
+	applyTimeouts(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
+	return Options{Single: opts}, nil
 }
 
-func parseSentinel(u *url.URL) (Options, error) {
-	if u.Host == "" {
-		return Options{}, errors.New("redis-sentinel:// needs at least one sentinel host:port")
+// parseSentinel reads the host list itself: net/url takes one host, and
+// rejects a list of bracketed IPv6 addresses.
+func parseSentinel(raw string) (Options, error) {
+	rest := strings.TrimPrefix(raw, sentinelScheme+"://")
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	userinfo, hosts := "", authority
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo, hosts = authority[:i+1], authority[i+1:]
+	}
+	// The placeholder host lets net/url decode everything else.
+	u, err := url.Parse(sentinelScheme + "://" + userinfo + "sentinels" + tail)
+	if err != nil {
+		return Options{}, errors.New("not a URL")
+	}
+	if u.Fragment != "" {
+		return Options{}, errors.New("redis-sentinel:// takes no #fragment")
+	}
+	addrs, err := sentinelAddrs(hosts)
+	if err != nil {
+		return Options{}, err
 	}
 	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
-	if len(parts) == 0 || parts[0] == "" {
+	if parts[0] == "" {
 		return Options{}, errors.New("redis-sentinel:// needs the master name as the first path element")
 	}
-	opts := &redis.FailoverOptions{MasterName: parts[0], SentinelAddrs: strings.Split(u.Host, ",")}
-	if len(parts) > 1 {
+	if len(parts) > 2 {
+		return Options{}, fmt.Errorf("path %q is not /master or /master/db", u.Path)
+	}
+	opts := &redis.FailoverOptions{MasterName: parts[0], SentinelAddrs: addrs}
+	if len(parts) == 2 {
 		db, err := strconv.Atoi(parts[1])
 		if err != nil || db < 0 {
 			return Options{}, fmt.Errorf("database %q is not a number", parts[1])
@@ -79,13 +155,81 @@ func parseSentinel(u *url.URL) (Options, error) {
 		opts.Password, _ = u.User.Password()
 	}
 	query := u.Query()
-	opts.SentinelPassword = query.Get("sentinel_password")
-	opts.SentinelUsername = query.Get("sentinel_username")
-	if query.Get("tls") == "true" {
+	for name, values := range query {
+		switch name {
+		case paramSentinelUsername, paramSentinelPassword, paramTLS, paramCAFile:
+		default:
+			return Options{}, fmt.Errorf("unknown option %q (redis-sentinel:// takes %s, %s, %s and %s)",
+				name, paramSentinelUsername, paramSentinelPassword, paramTLS, paramCAFile)
+		}
+		if len(values) > 1 {
+			return Options{}, fmt.Errorf("option %q given %d times", name, len(values))
+		}
+	}
+	opts.SentinelUsername = query.Get(paramSentinelUsername)
+	opts.SentinelPassword = query.Get(paramSentinelPassword)
+	switch query.Get(paramTLS) {
+	case "", "false":
+	case "true":
+		// crypto/tls takes each server's name from the address it dials.
 		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	default:
+		return Options{}, fmt.Errorf("tls=%q is not true or false", query.Get(paramTLS))
+	}
+	if query.Has(paramCAFile) {
+		if opts.TLSConfig == nil {
+			return Options{}, fmt.Errorf("%s needs tls=true", paramCAFile)
+		}
+		if opts.TLSConfig.RootCAs, err = loadCAs(query.Get(paramCAFile)); err != nil {
+			return Options{}, err
+		}
 	}
 	applyTimeouts(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
 	return Options{Sentinel: opts}, nil
+}
+
+func sentinelAddrs(hosts string) ([]string, error) {
+	if hosts == "" {
+		return nil, errors.New("redis-sentinel:// needs at least one sentinel host:port")
+	}
+	list := strings.Split(hosts, ",")
+	if len(list) > sentinelsMax {
+		return nil, fmt.Errorf("%d sentinels (at most %d)", len(list), sentinelsMax)
+	}
+	addrs := make([]string, 0, len(list))
+	for _, hostPort := range list {
+		host, port, err := net.SplitHostPort(hostPort)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("sentinel %q is not host:port", hostPort)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return nil, fmt.Errorf("sentinel %q: port is not 1..65535", hostPort)
+		}
+		addrs = append(addrs, net.JoinHostPort(host, port))
+	}
+	return addrs, nil
+}
+
+func loadCAs(path string) (*x509.CertPool, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%s is empty", paramCAFile)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", paramCAFile, err)
+	}
+	if info.Size() > caFileMax {
+		return nil, fmt.Errorf("%s %s: larger than %d bytes", paramCAFile, path, caFileMax)
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", paramCAFile, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", paramCAFile, path)
+	}
+	return pool, nil
 }
 
 func applyTimeouts(dial, read, write *time.Duration) {
