@@ -87,7 +87,9 @@ func run(s settings, log zerolog.Logger) error {
 	ctx, stop := service.SignalContext()
 	defer stop()
 
-	db, err := postgres.Open(ctx, s.DatabaseURL, postgres.Options{ConnsMax: 8, ApplicationName: "settle-scheduler"})
+	openCtx, cancelOpen := context.WithTimeout(ctx, service.StartTimeout)
+	defer cancelOpen()
+	db, err := postgres.Open(openCtx, s.DatabaseURL, postgres.Options{ConnsMax: 8, ApplicationName: "settle-scheduler"})
 	if err != nil {
 		return err
 	}
@@ -196,7 +198,8 @@ func enqueueMaintenance(client *asynq.Client, queueName, taskType string, every 
 		period := time.Now().UnixNano() / int64(every)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
 			asynq.Queue(queueName), asynq.TaskID(taskType+":"+strconv.FormatInt(period, 10)),
-			asynq.MaxRetry(0), asynq.Timeout(every), asynq.Retention(0))
+			// asynq keeps timeouts in whole seconds: below one, it would be 0.
+			asynq.MaxRetry(0), asynq.Timeout(max(every, time.Second)), asynq.Retention(0))
 		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 			return err
 		}

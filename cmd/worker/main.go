@@ -65,7 +65,9 @@ func run(s settings, log zerolog.Logger) error {
 	ctx, stop := service.SignalContext()
 	defer stop()
 
-	db, err := postgres.Open(ctx, s.DatabaseURL, postgres.Options{
+	openCtx, cancelOpen := context.WithTimeout(ctx, service.StartTimeout)
+	defer cancelOpen()
+	db, err := postgres.Open(openCtx, s.DatabaseURL, postgres.Options{
 		ConnsMax:        int32(s.InFlightMax + 6),
 		ApplicationName: "settle-worker",
 	})
@@ -109,6 +111,7 @@ func run(s settings, log zerolog.Logger) error {
 		Concurrency:       s.Concurrency,
 		Queues:            queue.QueueWeights,
 		RetryDelayFunc:    queue.FullJitter(s.RetryBaseDelay, s.RetryMaxDelay),
+		IsFailure:         queue.IsFailure,
 		TaskCheckInterval: s.PollInterval,
 		// Retries become due on this tick; asynq's 5s default would add up
 		// to five seconds to every retry's backoff.

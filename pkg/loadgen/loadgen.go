@@ -349,7 +349,8 @@ func buildPlan(cfg Config) [][]request {
 		}
 		if pct(cfg.Mix.Conflicts) {
 			// Sent after every original, so the original is the one stored.
-			other := payment(id, eventType, user, asset, amount+"1")
+			// One whole unit more: a different amount valid for any asset.
+			other := payment(id, eventType, user, asset, decimal.RequireFromString(amount).Add(decimal.NewFromInt(1)).String())
 			conflicts = append(conflicts, []request{{kind: conflict, body: other, expect: []int{http.StatusConflict}}})
 		}
 		if pct(cfg.Mix.Invalid) {

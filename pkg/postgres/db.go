@@ -26,6 +26,15 @@ type Options struct {
 	ApplicationName string
 }
 
+// Open's patience with a PostgreSQL that is not up yet; the caller's
+// context bounds it.
+const (
+	openWaitMax      = time.Minute // when the caller sets no deadline
+	openPingTimeout  = 5 * time.Second
+	openBackoffFirst = 100 * time.Millisecond
+	openBackoffMax   = 2 * time.Second
+)
+
 // DB is a connection pool plus the statements that run on it.
 type DB struct {
 	pool *pgxpool.Pool
@@ -66,7 +75,7 @@ func (b *boundedSet) Store(k any, v struct{}) {
 	b.keys[k] = v
 }
 
-// Open connects and checks the connection once. The URL may carry any
+// Open connects and waits, within ctx, until PostgreSQL answers. The URL may carry any
 // pgx setting; behind PgBouncer in transaction pooling, add
 // default_query_exec_mode=cache_describe (see README, "PgBouncer").
 func Open(ctx context.Context, url string, opts Options) (*DB, error) {
@@ -93,13 +102,30 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	db := &DB{pool: pool}
-	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect: %w", err)
+	if _, bounded := ctx.Deadline(); !bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, openWaitMax)
+		defer cancel()
 	}
-	return db, nil
+	// PostgreSQL may still be starting (or failing over) when a binary
+	// starts: keep trying with backoff until the caller's deadline rather
+	// than leave it to the orchestrator's restart loop.
+	backoff := openBackoffFirst
+	for {
+		pingCtx, cancel := context.WithTimeout(ctx, openPingTimeout)
+		err := pool.Ping(pingCtx)
+		cancel()
+		if err == nil {
+			return db, nil
+		}
+		select {
+		case <-ctx.Done():
+			pool.Close()
+			return nil, fmt.Errorf("connect: %w", err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, openBackoffMax)
+	}
 }
 
 // Close releases every connection.
@@ -125,6 +151,11 @@ const (
 	codeUndefinedTable      = "42P01"
 	codeAdminShutdown       = "57P01"
 	codeCannotConnectNow    = "57P03"
+	// Errors a connection pooler in front of PostgreSQL answers with when
+	// it is misconfigured or restarting: the database is not the problem.
+	codeInvalidStatementName = "26000"
+	codeDuplicatePrepared    = "42P05"
+	codeProtocolViolation    = "08P01"
 )
 
 // classify maps a driver error to the domain's kinds. Lock and statement
@@ -144,7 +175,7 @@ func classify(op string, err error) error {
 		switch pgErr.Code {
 		case codeLockNotAvailable, codeQueryCanceled, codeDeadlockDetected, codeSerializationFail:
 			return payment.Retryable(op, err)
-		case codeAdminShutdown, codeCannotConnectNow:
+		case codeAdminShutdown, codeCannotConnectNow, codeInvalidStatementName, codeDuplicatePrepared, codeProtocolViolation:
 			return payment.Unavailable(op, err)
 		}
 		return fmt.Errorf("%s: %w", op, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
@@ -68,6 +69,7 @@ type pipeline struct {
 }
 
 type pipelineOptions struct {
+	dsn        string // default: a fresh database on the shared server
 	redisURL   string // default: a private database on the shared server
 	noWorker   bool
 	retryDelay time.Duration
@@ -77,7 +79,10 @@ type pipelineOptions struct {
 func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &pipeline{t: t, dsn: testenv.DatabaseURL(t), alerts: &alerts{}}
+	if o.dsn == "" {
+		o.dsn = testenv.DatabaseURL(t)
+	}
+	p := &pipeline{t: t, dsn: o.dsn, alerts: &alerts{}}
 	p.db = testenv.OpenDB(t, p.dsn)
 	conn, err := pgx.Connect(ctx, p.dsn)
 	require.NoError(t, err)
@@ -114,7 +119,7 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		p.server = asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
 			Concurrency: 16, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
 			DelayedTaskCheckInterval: 50 * time.Millisecond,
-			RetryDelayFunc:           queue.FullJitter(o.retryDelay, 2*o.retryDelay), ShutdownTimeout: 2 * time.Second,
+			RetryDelayFunc:           queue.FullJitter(o.retryDelay, 2*o.retryDelay), IsFailure: queue.IsFailure, ShutdownTimeout: 2 * time.Second,
 			Logger: queue.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
 		})
 		require.NoError(t, p.server.Start(worker))
@@ -342,4 +347,61 @@ func TestUnknownTaskTypeIsDeadLetteredWithoutRetry(t *testing.T) {
 		info, err := inspector.GetQueueInfo(queue.QueuePayments)
 		return err == nil && info.Archived == 1 && info.Retry == 0
 	})
+}
+
+// TestPostgresOutageDoesNotSpendRetries keeps PostgreSQL down while the
+// worker holds tasks, for longer than five quick retries would last: the
+// tasks keep retrying off budget and every event completes once the
+// database is back, none dead-lettered.
+func TestPostgresOutageDoesNotSpendRetries(t *testing.T) {
+	ctx := context.Background()
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
+	require.NoError(t, err)
+	t.Cleanup(pg.Close)
+	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx)
+	require.NoError(t, err)
+	migrator.Close()
+
+	// A long lock timeout: the tasks wait on the held row, not fail.
+	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), retryDelay: 10 * time.Millisecond, lock: 30 * time.Second})
+	p.user(1, map[string]string{"ETH": "0"})
+	// count opens a connection per question: PostgreSQL restarts below.
+	count := func(query string) int {
+		conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+		if err != nil {
+			return -1
+		}
+		defer conn.Close(ctx)
+		n := -1
+		_ = conn.QueryRow(ctx, query).Scan(&n)
+		return n
+	}
+	// Hold the balance row so the tasks are in the worker when the
+	// database goes away.
+	holder, err := pgx.Connect(ctx, pg.URL("postgres"))
+	require.NoError(t, err)
+	// Referenced until the end: a collected connection closes its socket
+	// and PostgreSQL would drop the lock with it.
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	locked, err := tx.Exec(ctx, `SELECT 1 FROM balances WHERE user_id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, locked.RowsAffected())
+	for i := range 30 {
+		p.accept(fmt.Sprintf("outage-%d", i), payment.Deposit, 1, "ETH", "1")
+	}
+	p.waitFor("tasks in flight", 10*time.Second, func() bool {
+		return count(`SELECT count(*) FROM payment_events WHERE status = 'enqueued'`) == 30
+	})
+	pg.Stop()                   // ends the holder's transaction too
+	time.Sleep(3 * time.Second) // five retries at 10-20 ms would be long spent
+	require.NoError(t, pg.Start(ctx))
+	p.waitFor("all confirmed", 60*time.Second, func() bool {
+		return count(`SELECT count(*) FROM payment_events WHERE status = 'confirmed'`) == 30
+	})
+	require.Zero(t, count(`SELECT count(*) FROM dead_letter_queue`))
+	require.Equal(t, 30, count(`SELECT count(*) FROM balance_events`))
 }

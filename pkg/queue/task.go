@@ -7,6 +7,7 @@ package queue
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -50,10 +51,27 @@ const (
 // RetryDelay is the production backoff: uniform(0, min(60s, 1s·2^n)).
 var RetryDelay = FullJitter(RetryBaseDelay, RetryMaxDelay)
 
+// outageBackoffSteps fixes the retry delay while a dependency is down:
+// IsFailure keeps such retries off the budget, so the attempt count does
+// not grow and cannot space them out.
+const outageBackoffSteps = 3
+
+// IsFailure tells asynq which errors spend a task's retry budget. A
+// dependency outage (PostgreSQL unreachable, restarting, failing over) is
+// not the event's fault: its task retries for as long as the outage lasts
+// and stays within budget, instead of dead-lettering every event in flight
+// during a failover.
+func IsFailure(err error) bool { return !errors.Is(err, payment.ErrUnavailable) }
+
 // FullJitter returns asynq's retry delay function for
-// uniform(0, min(ceiling, base·2^attempt)).
+// uniform(0, min(ceiling, base·2^attempt)); during an outage (which does
+// not count as an attempt) uniform(base, min(ceiling, base·2^3)).
 func FullJitter(base, ceiling time.Duration) asynq.RetryDelayFunc {
-	return func(attempt int, _ error, _ *asynq.Task) time.Duration {
+	return func(attempt int, err error, _ *asynq.Task) time.Duration {
+		if err != nil && !IsFailure(err) {
+			limit := min(ceiling, base<<outageBackoffSteps)
+			return base + time.Duration(rand.Int64N(int64(max(limit-base, 0))+1))
+		}
 		limit := ceiling
 		if attempt >= 0 && attempt < 32 && base<<attempt > 0 && base<<attempt < ceiling {
 			limit = base << attempt

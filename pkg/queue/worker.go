@@ -179,8 +179,10 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 
 // retryOrFail returns err for asynq to retry (with RetryDelay's backoff)
 // while the task has retries left and the error is transient; otherwise
-// the event fails into the DLQ now. The seed's exhaustion branch never ran
-// under Celery; this one is exercised by the tests.
+// the event fails into the DLQ now. An outage (ErrUnavailable) is retried
+// without spending the budget (IsFailure), so only errors of the event's
+// own, like a lock held too long, exhaust it. The seed's exhaustion branch
+// never ran under Celery; this one is exercised by the tests.
 func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) error {
 	transient := errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable)
 	retried := retryCount(ctx)

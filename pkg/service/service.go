@@ -31,6 +31,9 @@ const (
 // ShutdownTimeoutDefault bounds a graceful stop.
 const ShutdownTimeoutDefault = 30 * time.Second
 
+// StartTimeout bounds waiting for PostgreSQL at start.
+const StartTimeout = time.Minute
+
 // Common are the settings every long-running binary reads.
 type Common struct {
 	DatabaseURL     string

@@ -55,7 +55,9 @@ WITH input AS (
     FROM input i
     WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id)
       AND EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset)
-    ORDER BY i.n
+    -- Rows (and so their unique-index locks) in id order: two api replicas
+    -- inserting the same ids in arrival order would deadlock.
+    ORDER BY i.event_id
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id
 ), wake AS (
