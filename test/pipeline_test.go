@@ -47,7 +47,7 @@ func TestDepositsWithDuplicateDeliveries(t *testing.T) {
 	api := s.StartAPI(nil)
 	s.StartWorker(nil)
 	s.StartWorker(nil)
-	s.StartScheduler(nil)
+	scheduler := s.StartScheduler(nil)
 	client := harness.NewClient(api.URL())
 	users := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	createUsers(t, client, users...)
@@ -100,6 +100,7 @@ func TestDepositsWithDuplicateDeliveries(t *testing.T) {
 	})
 	require.Equal(t, n, s.Count(`SELECT count(*) FROM balance_events`))
 	require.Equal(t, n, s.Count(`SELECT count(*) FROM processed_events WHERE outcome='success'`))
+	require.NotContains(t, scheduler.Logs(), "LISTEN receives no notifications", "a direct connection passes the listener's self-check")
 	requireInvariants(t, s)
 }
 

@@ -144,7 +144,7 @@ func run(s settings, log zerolog.Logger) error {
 	done := make(chan struct{}, 3)
 	go func() {
 		postgres.Listen(ctx, s.ListenURL, postgres.OutboxChannel, enqueuer.Wake, func(err error) {
-			log.Warn().Err(err).Msg("outbox listener lost its connection; polling meanwhile")
+			log.Warn().Err(err).Msg("outbox listener trouble; the poll delivers meanwhile")
 		})
 		done <- struct{}{}
 	}()

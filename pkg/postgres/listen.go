@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,7 @@ const (
 func Listen(ctx context.Context, dsn, channel string, wake func(), onError func(error)) {
 	backoff := listenBackoffFirst
 	for ctx.Err() == nil {
-		err := listenOnce(ctx, dsn, channel, wake, func() { backoff = listenBackoffFirst })
+		err := listenOnce(ctx, dsn, channel, wake, func() { backoff = listenBackoffFirst }, onError)
 		if ctx.Err() != nil {
 			return
 		}
@@ -38,7 +39,29 @@ func Listen(ctx context.Context, dsn, channel string, wake func(), onError func(
 	}
 }
 
-func listenOnce(ctx context.Context, dsn, channel string, wake, connected func()) error {
+// selfCheckTimeout bounds waiting for our own notification.
+const selfCheckTimeout = 2 * time.Second
+
+// selfCheck notifies the channel and waits for the notification to come
+// back. Behind a transaction pooler it never does (LISTEN and NOTIFY land
+// on different server connections), and the enqueuer would silently run
+// on its poll alone: say so.
+func selfCheck(ctx context.Context, conn *pgx.Conn, channel string) error {
+	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, 'settle-self-check')", channel); err != nil {
+		return err
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, selfCheckTimeout)
+	defer cancel()
+	if _, err := conn.WaitForNotification(waitCtx); err != nil {
+		if ctx.Err() == nil && waitCtx.Err() != nil {
+			return errors.New("LISTEN receives no notifications (is this connection behind a transaction pooler? point DATABASE_LISTEN_URL at PostgreSQL directly); the outbox is polled only")
+		}
+		return err
+	}
+	return nil
+}
+
+func listenOnce(ctx context.Context, dsn, channel string, wake, connected func(), onProblem func(error)) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -51,6 +74,9 @@ func listenOnce(ctx context.Context, dsn, channel string, wake, connected func()
 	// Whatever was committed while we were not listening is found by the
 	// wake-up that follows a (re)connect.
 	wake()
+	if err := selfCheck(ctx, conn, channel); err != nil {
+		onProblem(err)
+	}
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err
