@@ -267,6 +267,10 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		if err := claim.read(br); err != nil {
 			return err
 		}
+		if len(claim.keys) == 0 {
+			replays = map[string]payment.Outcome{}
+			return nil
+		}
 		replays, err = readOutcomes(br)
 		return err
 	}); err != nil {
@@ -409,16 +413,23 @@ func newClaim(items []LedgerItem, live []int) *claim {
 	n := len(live)
 	c := &claim{
 		ids: make([]string, n), types: make([]string, n), assets: make([]string, n), amounts: make([]string, n),
-		keys: make([]string, n), generations: make([]int32, n), users: make([]int64, n),
+		generations: make([]int32, n), users: make([]int64, n),
 		itemOf: map[identity]int{}, locked: map[string]bool{},
 	}
 	for k, i := range live {
 		e := items[i].Event
 		c.ids[k], c.types[k], c.assets[k], c.amounts[k] = e.ID, string(e.Type), e.Asset, e.Amount.String()
 		c.generations[k], c.users[k] = int32(e.Generation), e.UserID
-		// The key from the task's type: a task whose type is not the row's
-		// locks nothing, so a wrong key is never used.
-		c.keys[k] = payment.IdempotencyKey(e.ID, e.Type)
+		// Only an event handed to the queue afresh (generation > 0) can have
+		// an idempotency record already: the record is written in the same
+		// transaction that makes an event terminal, and only a DLQ replay
+		// takes a terminal event back. Looking up the others would probe
+		// every daily partition of processed_events for nothing. (The key
+		// comes from the task's type: a task whose type is not the row's
+		// locks nothing, so a wrong key is never used.)
+		if e.Generation > 0 {
+			c.keys = append(c.keys, payment.IdempotencyKey(e.ID, e.Type))
+		}
 		c.itemOf[identity{e.ID, e.Generation}] = i
 	}
 	return c
@@ -426,7 +437,9 @@ func newClaim(items []LedgerItem, live []int) *claim {
 
 func (c *claim) queue(batch *pgx.Batch) {
 	batch.Queue(q("ledger_claim").text, c.ids, c.generations, c.types, c.users, c.assets, c.amounts)
-	batch.Queue(q("ledger_key_outcomes").text, c.keys)
+	if len(c.keys) > 0 {
+		batch.Queue(q("ledger_key_outcomes").text, c.keys)
+	}
 }
 
 func (c *claim) read(br pgx.BatchResults) error {

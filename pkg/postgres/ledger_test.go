@@ -75,6 +75,18 @@ func (f *fixture) enqueue(id string, typ payment.EventType, user int64, asset, a
 	return payment.Event{}
 }
 
+// reEnqueued is an event of user 1 handed to the queue afresh (generation
+// 1), as stale recovery or a DLQ replay does: only such an event may meet
+// an idempotency record written before, so only its records are read.
+func (f *fixture) reEnqueued(id string, typ payment.EventType, amount string) payment.Event {
+	f.t.Helper()
+	task := f.enqueue(id, typ, 1, "ETH", amount)
+	_, err := f.sql.Exec(context.Background(), `UPDATE payment_events SET generation = 1 WHERE event_id = $1`, id)
+	require.NoError(f.t, err)
+	task.Generation = 1
+	return task
+}
+
 func (f *fixture) apply(events ...payment.Event) []postgres.LedgerResult {
 	f.t.Helper()
 	items := make([]postgres.LedgerItem, len(events))
@@ -298,7 +310,7 @@ func TestReplayPathOutcomes(t *testing.T) {
 		t.Run(tc.outcome, func(t *testing.T) {
 			f := f.with(t)
 			id := "replay-" + tc.outcome
-			task := f.enqueue(id, tc.typ, 1, "ETH", "1")
+			task := f.reEnqueued(id, tc.typ, "1")
 			// The key says the event was decided before, but the event
 			// lags behind: the replay path must catch it up, moving no money.
 			_, err := f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome) VALUES ($1, $2, $3)`,
@@ -316,7 +328,7 @@ func TestReplayPathOutcomes(t *testing.T) {
 	}
 	t.Run("pending key is retryable", func(t *testing.T) {
 		f := f.with(t)
-		task := f.enqueue("replay-pending", payment.Deposit, 1, "ETH", "1")
+		task := f.reEnqueued("replay-pending", payment.Deposit, "1")
 		_, err := f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id) VALUES ($1, $2)`, task.Key(), task.ID)
 		require.NoError(t, err)
 		other := f.enqueue("replay-other", payment.Deposit, 1, "ETH", "2")
@@ -523,4 +535,26 @@ func TestInitialBalanceIsFixedOnceJournaled(t *testing.T) {
 	require.ErrorIs(t, err, payment.ErrInvalid)
 	require.True(t, f.balance(1, "ETH").Equal(dec("5")))
 	f.requireJournalInvariant()
+}
+
+// TestJournalGuardsAnImpossibleState: an enqueued first-generation event
+// whose journal row already exists (a state settle never produces: the
+// row and the terminal status commit together) is refused loudly by the
+// journal's unique constraint, and no money moves.
+func TestJournalGuardsAnImpossibleState(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	task := f.enqueue("ghost", payment.Deposit, 1, "ETH", "1")
+	_, err := f.sql.Exec(ctx, `INSERT INTO balances (user_id, asset, balance) VALUES (1, 'ETH', 1)
+		ON CONFLICT (user_id, asset) DO UPDATE SET balance = 1`)
+	require.NoError(t, err)
+	_, err = f.sql.Exec(ctx, `INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id) VALUES (1, 'ETH', 1, 'deposit', 'ghost')`)
+	require.NoError(t, err)
+	_, err = f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: task}}, postgres.LedgerOptions{})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, payment.ErrRetryable, "not a transient condition: it must reach a human")
+	require.True(t, f.balance(1, "ETH").Equal(dec("1")), "credited once")
+	status, _ := f.status("ghost")
+	require.Equal(t, payment.StatusEnqueued, status)
 }
