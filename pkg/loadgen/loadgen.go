@@ -35,7 +35,9 @@ const (
 	ConcurrencyMax  = 1024
 	EventsMax       = 10_000_000
 	requestTimeout  = 30 * time.Second
-	waitPoll        = 200 * time.Millisecond
+	// waitPoll is how often settlement is measured; each look counts the
+	// run's events, so not too often.
+	waitPoll        = time.Second
 	responseBodyMax = 1 << 16
 )
 

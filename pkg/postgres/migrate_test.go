@@ -4,11 +4,24 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
+
+// TestSessionsUseCustomPlans: the migrations make custom plans the
+// database's default, so a statement planned while a table was small does
+// not keep scanning it as it grows.
+func TestSessionsUseCustomPlans(t *testing.T) {
+	conn, err := pgx.Connect(context.Background(), testenv.DatabaseURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var mode string
+	require.NoError(t, conn.QueryRow(context.Background(), "SHOW plan_cache_mode").Scan(&mode))
+	require.Equal(t, "force_custom_plan", mode)
+}
 
 func TestMigrateIsIdempotent(t *testing.T) {
 	db := testenv.DB(t) // already migrated from the template

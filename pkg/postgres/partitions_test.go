@@ -42,7 +42,7 @@ func TestPartitioningMigratesAPopulatedTable(t *testing.T) {
 		FROM generate_series(1, $1) i`, rows)
 	require.NoError(t, err)
 
-	applied, err := db.Migrate(ctx)
+	applied, err := db.MigrateTo(ctx, 4)
 	require.NoError(t, err)
 	require.Equal(t, []string{"0003_processed_events_partition_prepare.sql", "0004_processed_events_partition.sql"}, applied)
 	require.Equal(t, rows, count(`SELECT count(*) FROM processed_events`), "every record survived")

@@ -193,6 +193,19 @@ func DatabaseURL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("create database: %v", err)
 	}
+	// A clone does not inherit the template's per-database settings (the
+	// migrations set some): copy them.
+	_, err = admin.Exec(ctx, `DO $$
+		DECLARE setting text;
+		BEGIN
+			FOR setting IN SELECT unnest(setconfig) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
+			               WHERE d.datname = '`+templateDatabase+`' AND s.setrole = 0 LOOP
+				EXECUTE format('ALTER DATABASE %I SET %s = %L', '`+name+`', split_part(setting, '=', 1), substr(setting, strpos(setting, '=') + 1));
+			END LOOP;
+		END $$`)
+	if err != nil {
+		t.Fatalf("copy database settings: %v", err)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -151,7 +151,8 @@ func runEndToEnd(b *testing.B) report {
 	r.CPUMsPerEvent["total"] = 1000 * total / float64(result.Terminal)
 	r.CPUMsPerEvent["load-generator"] = 1000 * r.CPUSeconds["load-generator"] / float64(result.Terminal)
 	r.OtherCPU = r.CPUSeconds["machine"] - total - r.CPUSeconds["load-generator"]
-	b.Logf("\n%s", r.text())
+	// Printed, not logged: the testing package truncates a benchmark's log.
+	fmt.Println(r.text())
 	if *flagOut != "" {
 		data, _ := json.MarshalIndent(r, "", "  ")
 		if err := os.WriteFile(*flagOut, data, 0o644); err != nil {
