@@ -32,9 +32,9 @@ import (
 
 // Bounds.
 const (
-	ConcurrencyMax  = 1024
-	EventsMax       = 10_000_000
-	requestTimeout  = 30 * time.Second
+	ConcurrencyMax = 1024
+	EventsMax      = 10_000_000
+	requestTimeout = 30 * time.Second
 	// waitPoll is how often settlement is measured; each look counts the
 	// run's events, so not too often.
 	waitPoll        = time.Second
