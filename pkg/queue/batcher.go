@@ -19,7 +19,7 @@ const (
 	BatchMaxDefault = 64
 	// InFlightMaxDefault is how many ledger transactions one worker
 	// process runs at once; while they commit, the next batch gathers.
-	InFlightMaxDefault = 2
+	InFlightMaxDefault = 1
 	// batchTimeout bounds one transaction including its retries inside
 	// the ledger (its statements are bounded by statement_timeout too).
 	batchTimeout = 30 * time.Second
