@@ -2,7 +2,7 @@ package postgres
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,11 +42,24 @@ func Listen(ctx context.Context, dsn, channel string, wake func(), onError func(
 // selfCheckTimeout bounds waiting for our own notification.
 const selfCheckTimeout = 2 * time.Second
 
-// selfCheck notifies the channel and waits for the notification to come
-// back. Behind a transaction pooler it never does (LISTEN and NOTIFY land
-// on different server connections), and the enqueuer would silently run
-// on its poll alone: say so.
+// errListenPooled is what the self-check reports when LISTEN cannot be
+// trusted: the enqueuer then runs on its poll alone.
+const errListenPooled = "LISTEN receives no notifications reliably (%s: is this connection behind a transaction pooler? point DATABASE_LISTEN_URL at PostgreSQL directly); the outbox is polled only"
+
+// selfCheck makes sure the listening session is a real PostgreSQL session
+// that hears its channel. Behind a transaction pooler LISTEN lands on a
+// pooled server connection and notifications reach whoever holds it, so
+// the enqueuer would silently run on its poll alone: say so. A pooler
+// shows itself by the backend pid: the one given at startup is its own,
+// not the server's. The round trip of a notification catches the rest.
 func selfCheck(ctx context.Context, conn *pgx.Conn, channel string) error {
+	var serverPID uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&serverPID); err != nil {
+		return err
+	}
+	if startupPID := conn.PgConn().PID(); startupPID != serverPID {
+		return fmt.Errorf(errListenPooled, fmt.Sprintf("the session's pid %d is not the server's %d", startupPID, serverPID))
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_notify($1, 'settle-self-check')", channel); err != nil {
 		return err
 	}
@@ -54,7 +67,7 @@ func selfCheck(ctx context.Context, conn *pgx.Conn, channel string) error {
 	defer cancel()
 	if _, err := conn.WaitForNotification(waitCtx); err != nil {
 		if ctx.Err() == nil && waitCtx.Err() != nil {
-			return errors.New("LISTEN receives no notifications (is this connection behind a transaction pooler? point DATABASE_LISTEN_URL at PostgreSQL directly); the outbox is polled only")
+			return fmt.Errorf(errListenPooled, "our own notification did not come back")
 		}
 		return err
 	}
