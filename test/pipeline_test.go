@@ -166,8 +166,11 @@ func TestRedisFlushedAfterEnqueue(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, status)
 	}
-	s.WaitFor("all 50 tasks in the queue", 30*time.Second, func() bool {
-		return queuedTasks(t, s.RedisURL) == 50
+	// Events travel several to a task: every event enqueued, and every
+	// task the rows name waiting in the queue.
+	s.WaitFor("all 50 events in the queue", 30*time.Second, func() bool {
+		return s.Count(`SELECT count(*) FROM payment_events WHERE status = 'enqueued'`) == 50 &&
+			queuedTasks(t, s.RedisURL) == s.Count(`SELECT count(DISTINCT COALESCE(task_id, event_id)) FROM payment_events`)
 	})
 	flushRedis(t, s.RedisURL)
 	s.StartWorker(nil)

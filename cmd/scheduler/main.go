@@ -31,6 +31,7 @@ type settings struct {
 	ListenURL          string
 	PollInterval       time.Duration
 	EnqueueBatch       int
+	TaskEvents         int
 	QueueDepthMax      int
 	StaleEnqueuedAfter time.Duration
 	RecoverInterval    time.Duration
@@ -50,6 +51,7 @@ func readSettings(env *config.Env) settings {
 		MetricsAddr:        env.String("METRICS_ADDR", ":9092"),
 		PollInterval:       env.Duration("POLL_INTERVAL", 5*time.Second),
 		EnqueueBatch:       env.Int("ENQUEUE_BATCH", queue.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
+		TaskEvents:         env.Int("TASK_EVENTS_MAX", queue.TaskEventsDefault, 1, postgres.TaskEventsMax),
 		QueueDepthMax:      env.Int("QUEUE_DEPTH_MAX", queue.QueueDepthMaxDefault, 1, 10_000_000),
 		StaleEnqueuedAfter: env.Duration("STALE_ENQUEUED_AFTER", queue.StaleEnqueuedAfterDefault),
 		RecoverInterval:    env.Duration("RECOVER_INTERVAL", queue.RecoverIntervalDefault),
@@ -110,7 +112,7 @@ func run(s settings, log zerolog.Logger) error {
 
 	enqueuer := queue.NewEnqueuer(queue.EnqueuerOptions{
 		Outbox: db, Client: client, Redis: rdb, Log: log, PollInterval: s.PollInterval,
-		BatchMax: s.EnqueueBatch, DepthMax: s.QueueDepthMax, Registerer: reg,
+		BatchMax: s.EnqueueBatch, TaskEvents: s.TaskEvents, DepthMax: s.QueueDepthMax, Registerer: reg,
 	})
 	recovery := &queue.Recovery{
 		Store: db, Inspector: inspector, Alerts: alerts, Log: log,

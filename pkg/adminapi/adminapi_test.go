@@ -77,7 +77,7 @@ func (e *env) deadLettered(id string) int64 {
 	require.NoError(e.t, err)
 	_, err = e.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3")}})
 	require.NoError(e.t, err)
-	claimed, err := e.db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := e.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(e.t, err)
 	c := claimed[0].Event
 	moved, dlq, err := e.db.FailToDLQ(ctx, payment.DeadLetter{EventID: c.ID, EventType: string(c.Type), UserID: 1, Asset: "ETH", Amount: "3",
@@ -90,7 +90,7 @@ func (e *env) deadLettered(id string) int64 {
 func (e *env) settle() {
 	e.t.Helper()
 	ctx := context.Background()
-	claimed, err := e.db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := e.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(e.t, err)
 	for _, c := range claimed {
 		_, err := e.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{})

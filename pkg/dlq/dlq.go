@@ -103,7 +103,8 @@ func (s *Sink) FailEvent(ctx context.Context, letter payment.DeadLetter) Outcome
 }
 
 // Record writes a dead letter that fails no event (the task named no
-// stored event, or its payload could not be read).
+// stored event, or its payload could not be read). A letter with a
+// FallbackID is written at most once.
 func (s *Sink) Record(ctx context.Context, letter payment.DeadLetter) Outcome {
 	if letter.CreatedAt.IsZero() {
 		letter.CreatedAt = time.Now().UTC()
@@ -113,13 +114,19 @@ func (s *Sink) Record(ctx context.Context, letter payment.DeadLetter) Outcome {
 	cancel()
 	if err == nil {
 		s.writes.WithLabelValues("postgres").Inc()
-		return Outcome{Sink: "postgres", ID: ids[0]}
+		out := Outcome{Sink: "postgres"}
+		if len(ids) > 0 { // none: an entry with this FallbackID exists
+			out.ID = ids[0]
+		}
+		return out
 	}
 	return s.fallback(ctx, letter, err)
 }
 
 func (s *Sink) fallback(ctx context.Context, letter payment.DeadLetter, pgErr error) Outcome {
-	letter.FallbackID = uuid.NewString()
+	if letter.FallbackID == "" {
+		letter.FallbackID = uuid.NewString()
+	}
 	body, err := json.Marshal(letter)
 	if err == nil {
 		redisCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)

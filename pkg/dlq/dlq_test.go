@@ -65,7 +65,7 @@ func enqueuedEvent(t *testing.T, db *postgres.DB) payment.Event {
 	e := payment.Event{ID: "e-1", Type: payment.Withdrawal, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("2"), TraceID: "trace-1"}
 	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: e})
 	require.NoError(t, err)
-	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	return claimed[0].Event

@@ -21,7 +21,7 @@ func settle(t *testing.T, db *postgres.DB, id string, typ payment.EventType, amo
 	ctx := context.Background()
 	_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: typ, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString(amount)}})
 	require.NoError(t, err)
-	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event}}, postgres.LedgerOptions{})

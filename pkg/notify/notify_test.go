@@ -63,7 +63,7 @@ func setup(t *testing.T) (*postgres.DB, *pgx.Conn, payment.Event) {
 	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("1")))
 	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "w", Type: payment.Withdrawal, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("5"), TraceID: "tr"}})
 	require.NoError(t, err)
-	claimed, err := db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)

@@ -31,8 +31,9 @@ type DeadLetter struct {
 	TraceID    string           `json:"trace_id,omitempty"`
 	Payload    json.RawMessage  `json:"payload,omitempty"`
 	CreatedAt  time.Time        `json:"created_at"`
-	// FallbackID identifies an entry parked in Redis while PostgreSQL was
-	// unreachable; it makes the drain idempotent.
+	// FallbackID makes writing an entry idempotent: one parked in Redis
+	// while PostgreSQL was unreachable gets one, so its drain cannot
+	// write it twice; a writer that may repeat itself sets its own.
 	FallbackID string `json:"fallback_id,omitempty"`
 	// FailEvent says the writer meant to fail the event too; the drain
 	// does so if the event is still where the writer left it.

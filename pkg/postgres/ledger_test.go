@@ -64,7 +64,7 @@ func (f *fixture) enqueue(id string, typ payment.EventType, user int64, asset, a
 	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourcePayments})
 	require.NoError(f.t, err)
 	require.True(f.t, inserted)
-	claimed, err := f.db.ClaimOutbox(ctx, 1000, 0)
+	claimed, err := f.db.ClaimOutbox(ctx, 1000, 0, postgres.TaskEventsMax)
 	require.NoError(f.t, err)
 	for _, c := range claimed {
 		if c.Event.ID == id {
@@ -463,7 +463,7 @@ func TestCompensationThatCannotBeCoveredGoesToTheDLQ(t *testing.T) {
 	require.Equal(t, postgres.Compensating, again)
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id='reorg:dep-r'`))
 
-	claimed, err := f.db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	results := f.apply(claimed[0].Event)
@@ -485,7 +485,7 @@ func TestCompensationDebitsACreditedDeposit(t *testing.T) {
 	f.apply(f.enqueue("dep-c", payment.Deposit, 1, "USDC", "5"))
 	_, err := f.db.ReverseDeposit(ctx, "dep-c", "block hash changed", "")
 	require.NoError(t, err)
-	claimed, err := f.db.ClaimOutbox(ctx, 10, 0)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	require.Equal(t, payment.ReorgCompensation, claimed[0].Event.Type)

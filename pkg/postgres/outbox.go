@@ -20,16 +20,27 @@ const OutboxClaimMax = 5000
 type Claimed struct {
 	Event     payment.Event
 	CreatedAt time.Time
+	// TaskID names the task of the claim that carries this event; empty
+	// for a row claimed alone, whose task id derives from its key.
+	TaskID string
 }
 
+// TaskEventsMax bounds the events of one task; the enqueuer's setting
+// must not exceed it.
+const TaskEventsMax = 256
+
 // ClaimOutbox moves up to pendingMax pending events and up to dueMax
-// waiting deposits whose re-check is due to 'enqueued', and commits. The
+// waiting deposits whose re-check is due to 'enqueued', cut into tasks of
+// at most taskMax events, and commits. The
 // caller enqueues them only after this returns: a worker must never see a
 // task before the database says 'enqueued'. If enqueueing then fails, the
 // rows stay 'enqueued' and stale recovery brings them back.
-func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
+func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) ([]Claimed, error) {
 	if pendingMax < 0 || dueMax < 0 || pendingMax+dueMax > OutboxClaimMax {
 		return nil, fmt.Errorf("claim of %d+%d outside 0..%d", pendingMax, dueMax, OutboxClaimMax)
+	}
+	if taskMax < 1 || taskMax > TaskEventsMax {
+		return nil, fmt.Errorf("events per task %d outside 1..%d", taskMax, TaskEventsMax)
 	}
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
@@ -41,7 +52,7 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax int) ([]Claime
 		c, err := scanClaimed(rows)
 		claimed = append(claimed, c)
 		return c.Event.ID, err
-	}, pendingMax, dueMax)
+	}, pendingMax, dueMax, taskMax)
 	if err != nil {
 		_ = tx.Rollback(ctx)
 		claimed, err = db.claimRowByRow(ctx, pendingMax, dueMax)
@@ -105,7 +116,7 @@ func scanClaimed(rows pgx.Rows) (Claimed, error) {
 	var eventType, amount string
 	var generation int32
 	if err := rows.Scan(&c.Event.ID, &eventType, &c.Event.UserID, &c.Event.Asset, &amount, &c.Event.TxHash,
-		&c.Event.TraceID, &generation, &c.CreatedAt); err != nil {
+		&c.Event.TraceID, &generation, &c.CreatedAt, &c.TaskID); err != nil {
 		return c, err
 	}
 	c.Event.Type = payment.EventType(eventType)

@@ -18,6 +18,9 @@ type StaleEvent struct {
 	Event      payment.Event
 	RetryCount int
 	UpdatedAt  time.Time
+	// TaskID is the id of the task that carries the event, empty when it
+	// derives from the event's key.
+	TaskID string
 }
 
 // RecoveryAction is what the caller decides for one stale event.
@@ -64,7 +67,7 @@ func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit 
 		var s StaleEvent
 		var eventType, amount string
 		var generation, retries int32
-		if err := rows.Scan(&s.Event.ID, &eventType, &s.Event.UserID, &s.Event.Asset, &amount, &s.Event.TraceID, &retries, &generation, &s.UpdatedAt); err != nil {
+		if err := rows.Scan(&s.Event.ID, &eventType, &s.Event.UserID, &s.Event.Asset, &amount, &s.Event.TraceID, &retries, &generation, &s.UpdatedAt, &s.TaskID); err != nil {
 			rows.Close()
 			return report, classify(stmt.name, err)
 		}

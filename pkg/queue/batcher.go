@@ -89,20 +89,37 @@ func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMa
 
 // Submit hands one event to the next transaction and waits for its fate.
 func (b *Batcher) Submit(ctx context.Context, item postgres.LedgerItem) (postgres.LedgerResult, error) {
-	r := &request{item: item, done: make(chan response, 1)}
-	select {
-	case b.requests <- r:
-	case <-ctx.Done():
-		return postgres.LedgerResult{}, payment.Retryable("ledger submit", ctx.Err())
+	results, errs := b.SubmitAll(ctx, []postgres.LedgerItem{item})
+	return results[0], errs[0]
+}
+
+// SubmitAll hands a task's events to the coming transactions together and
+// waits for each one's fate; errs[i] is set where results[i] is not.
+func (b *Batcher) SubmitAll(ctx context.Context, items []postgres.LedgerItem) (results []postgres.LedgerResult, errs []error) {
+	results, errs = make([]postgres.LedgerResult, len(items)), make([]error, len(items))
+	requests := make([]*request, len(items))
+	for i, item := range items {
+		r := &request{item: item, done: make(chan response, 1)}
+		select {
+		case b.requests <- r:
+			requests[i] = r
+		case <-ctx.Done():
+			errs[i] = payment.Retryable("ledger submit", ctx.Err())
+		}
 	}
-	select {
-	case resp := <-r.done:
-		return resp.result, resp.err
-	case <-ctx.Done():
-		// The transaction may still commit; the task is retried and then
-		// finds the event settled. Nothing is lost either way.
-		return postgres.LedgerResult{}, payment.Retryable("ledger wait", ctx.Err())
+	for i, r := range requests {
+		if r == nil {
+			continue
+		}
+		select {
+		case resp := <-r.done:
+			results[i], errs[i] = resp.result, resp.err
+		case <-ctx.Done():
+			// As in Submit: a retry finds whatever the transaction did.
+			errs[i] = payment.Retryable("ledger wait", ctx.Err())
+		}
 	}
+	return results, errs
 }
 
 // Run forms batches until ctx ends, then finishes the transactions under
@@ -159,6 +176,18 @@ func (b *Batcher) run(batch []*request) {
 		}
 		return
 	}
+	if errors.Is(err, payment.ErrRetryable) && !errors.Is(err, payment.ErrUnavailable) {
+		if groups := byUser(batch); len(groups) > 1 {
+			// Most likely a row held elsewhere (lock timeout): it must
+			// not hold back the users whose rows are free, whose events
+			// would otherwise share its every retry. One transaction per
+			// user, so a held user costs one lock timeout.
+			for _, group := range groups {
+				b.run(group)
+			}
+			return
+		}
+	}
 	if errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable) || len(batch) == 1 {
 		for _, r := range batch {
 			r.done <- response{err: err}
@@ -175,4 +204,20 @@ func (b *Batcher) run(batch []*request) {
 		}
 		r.done <- response{result: results[0]}
 	}
+}
+
+// byUser splits a batch by user, in order of first appearance.
+func byUser(batch []*request) [][]*request {
+	var groups [][]*request
+	index := make(map[int64]int)
+	for _, r := range batch {
+		i, ok := index[r.item.Event.UserID]
+		if !ok {
+			i = len(groups)
+			index[r.item.Event.UserID] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], r)
+	}
+	return groups
 }

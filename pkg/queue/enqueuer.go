@@ -21,11 +21,16 @@ const (
 	EnqueueBatchDefault = 500
 	// DueBatchDefault is how many waiting deposits one claim re-checks.
 	DueBatchDefault = 100
+	// TaskEventsDefault is how many events one payment task carries at
+	// most: a claim is cut into tasks of this size, which spares asynq
+	// (and Redis) a task's worth of work for every event but one.
+	TaskEventsDefault = 32
 	// QueueDepthMaxDefault caps the tasks waiting in asynq: beyond it the
-	// events wait, durable, in PostgreSQL, and Redis memory stays bounded.
-	QueueDepthMaxDefault = 10_000
+	// events wait, durable, in PostgreSQL, and Redis memory stays bounded
+	// (to this many times TaskEventsDefault events).
+	QueueDepthMaxDefault = 1_000
 	// EnqueueConcurrency is how many enqueue calls run at once.
-	EnqueueConcurrency = 16
+	EnqueueConcurrency = 8
 	// probeBatch is the claim size while Redis refuses enqueues: a trickle
 	// that finds out when it is back without stranding the whole backlog.
 	probeBatch = 1
@@ -37,7 +42,7 @@ const (
 
 // Outbox is the database side of the enqueuer.
 type Outbox interface {
-	ClaimOutbox(ctx context.Context, pendingMax, dueMax int) ([]postgres.Claimed, error)
+	ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) ([]postgres.Claimed, error)
 }
 
 // EnqueuerOptions configure an Enqueuer.
@@ -49,6 +54,7 @@ type EnqueuerOptions struct {
 	PollInterval time.Duration
 	BatchMax     int
 	DueMax       int
+	TaskEvents   int // events per task at most
 	DepthMax     int
 	Registerer   prometheus.Registerer
 }
@@ -75,6 +81,9 @@ func NewEnqueuer(o EnqueuerOptions) *Enqueuer {
 	}
 	if o.DueMax <= 0 {
 		o.DueMax = DueBatchDefault
+	}
+	if o.TaskEvents <= 0 {
+		o.TaskEvents = TaskEventsDefault
 	}
 	if o.DepthMax <= 0 {
 		o.DepthMax = QueueDepthMaxDefault
@@ -158,7 +167,7 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 			dueMax = min(dueMax, room-pendingMax)
 		}
 	}
-	claimed, err := e.o.Outbox.ClaimOutbox(ctx, pendingMax, dueMax)
+	claimed, err := e.o.Outbox.ClaimOutbox(ctx, pendingMax, dueMax, e.o.TaskEvents)
 	if err != nil {
 		return false, err
 	}
@@ -168,31 +177,55 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	return len(claimed) >= pendingMax && failures == 0, nil
 }
 
-// enqueueAll hands the claimed events to asynq with bounded concurrency
-// and returns how many could not be enqueued.
+// enqueueAll hands the claimed events to asynq, one task per task id,
+// with bounded concurrency, and returns how many events could not be
+// enqueued.
 func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed) int {
 	var failures atomic.Int64
 	slots := make(chan struct{}, EnqueueConcurrency)
 	var wg sync.WaitGroup
-	for _, c := range claimed {
+	for _, task := range tasksOf(claimed) {
 		slots <- struct{}{}
 		wg.Add(1)
-		go func(c postgres.Claimed) {
+		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			if err := e.enqueue(ctx, c); err != nil {
-				failures.Add(1)
-				e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
-					Msg("enqueue failed; stale recovery will bring the event back")
+			if err := e.enqueue(ctx, task); err != nil {
+				failures.Add(int64(len(task)))
+				for _, c := range task {
+					e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
+						Msg("enqueue failed; stale recovery will bring the event back")
+				}
 			}
-		}(c)
+		}()
 	}
 	wg.Wait()
 	return int(failures.Load())
 }
 
-func (e *Enqueuer) enqueue(ctx context.Context, c postgres.Claimed) error {
-	task, opts, err := NewPaymentTask(c)
+// tasksOf groups claimed events by task id, in claim order; events with
+// no task id travel alone.
+func tasksOf(claimed []postgres.Claimed) [][]postgres.Claimed {
+	var tasks [][]postgres.Claimed
+	index := make(map[string]int)
+	for _, c := range claimed {
+		if c.TaskID == "" {
+			tasks = append(tasks, []postgres.Claimed{c})
+			continue
+		}
+		i, ok := index[c.TaskID]
+		if !ok {
+			i = len(tasks)
+			index[c.TaskID] = i
+			tasks = append(tasks, nil)
+		}
+		tasks[i] = append(tasks[i], c)
+	}
+	return tasks
+}
+
+func (e *Enqueuer) enqueue(ctx context.Context, events []postgres.Claimed) error {
+	task, opts, err := NewPaymentBatch(events)
 	if err != nil {
 		e.enqueued.WithLabelValues("error").Inc()
 		return err
@@ -205,7 +238,7 @@ func (e *Enqueuer) enqueue(ctx context.Context, c postgres.Claimed) error {
 		e.enqueued.WithLabelValues("ok").Inc()
 		return nil
 	case errors.Is(err, asynq.ErrTaskIDConflict):
-		// The same generation is already queued: one task is enough.
+		// The same task is already queued: one is enough.
 		e.enqueued.WithLabelValues("duplicate").Inc()
 		return nil
 	default:

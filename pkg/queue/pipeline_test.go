@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,7 @@ type pipelineOptions struct {
 	dsn        string // default: a fresh database on the shared server
 	redisURL   string // default: a private database on the shared server
 	noWorker   bool
+	noEnqueuer bool // tests hand tasks to asynq themselves
 	retryDelay time.Duration
 	lock       time.Duration
 }
@@ -106,8 +108,10 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		StaleAfter: time.Second, MaxAttempts: 3, BatchMax: 100,
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); p.enqueuer.Run(ctx) }()
+	if !o.noEnqueuer {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.enqueuer.Run(ctx) }()
+	}
 	if !o.noWorker {
 		if o.retryDelay == 0 {
 			o.retryDelay = 20 * time.Millisecond
@@ -172,6 +176,13 @@ func (p *pipeline) waitFor(what string, timeout time.Duration, cond func() bool)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func (p *pipeline) balance(user int64, asset string) string {
+	p.t.Helper()
+	var b string
+	require.NoError(p.t, p.sql.QueryRow(context.Background(), `SELECT balance::text FROM balances WHERE user_id = $1 AND asset = $2`, user, asset).Scan(&b))
+	return decimal.RequireFromString(b).String()
 }
 
 func (p *pipeline) allTerminal() bool {
@@ -404,4 +415,119 @@ func TestPostgresOutageDoesNotSpendRetries(t *testing.T) {
 	})
 	require.Zero(t, count(`SELECT count(*) FROM dead_letter_queue`))
 	require.Equal(t, 30, count(`SELECT count(*) FROM balance_events`))
+}
+
+// TestOneTaskManyEventsEachSettledOnItsOwn sends one task with events of
+// every fate: a deposit, a withdrawal without funds, one the task
+// describes wrongly, and one whose balance row is held. Each settles on
+// its own; the held one makes the task retry, and the retry neither
+// credits the deposit again nor records the rejected event twice.
+func TestOneTaskManyEventsEachSettledOnItsOwn(t *testing.T) {
+	ctx := context.Background()
+	p := newPipeline(t, pipelineOptions{noEnqueuer: true, lock: 100 * time.Millisecond, retryDelay: 100 * time.Millisecond})
+	p.user(1, map[string]string{"ETH": "1"})
+	p.user(2, map[string]string{"USDT": "0"})
+	p.user(3, map[string]string{"DAI": "100"})
+	p.accept("b-deposit", payment.Deposit, 1, "ETH", "1")
+	p.accept("b-broke", payment.Withdrawal, 2, "USDT", "5")
+	p.accept("b-wrong", payment.Deposit, 1, "ETH", "2")
+	p.accept("b-held", payment.Withdrawal, 3, "DAI", "10")
+	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 32)
+	require.NoError(t, err)
+	require.Len(t, claimed, 4)
+	for i, c := range claimed {
+		require.Equal(t, claimed[0].TaskID, c.TaskID, "one claim of four fits one task")
+		if c.Event.ID == "b-wrong" {
+			claimed[i].Event.Amount = decimal.RequireFromString("3") // not what was stored
+		}
+	}
+
+	holder, err := pgx.Connect(ctx, p.dsn)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM balances WHERE user_id = 3 FOR UPDATE`)
+	require.NoError(t, err)
+
+	task, opts, err := queue.NewPaymentBatch(claimed)
+	require.NoError(t, err)
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(task, opts...)
+	require.NoError(t, err)
+	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
+	p.waitFor("the task retrying", 20*time.Second, func() bool {
+		info, err := inspector.GetTaskInfo(queue.QueuePayments, claimed[0].TaskID)
+		return err == nil && info.Retried >= 2
+	})
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-deposit' AND status = 'confirmed'`))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-broke' AND outcome = 'insufficient_funds'`))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-held' AND status = 'enqueued'`))
+	require.NoError(t, tx.Rollback(ctx))
+
+	p.waitFor("the held withdrawal", 20*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-held' AND status = 'confirmed'`) == 1
+	})
+	p.waitFor("the task archived for its rejected event", 20*time.Second, func() bool {
+		info, err := inspector.GetTaskInfo(queue.QueuePayments, claimed[0].TaskID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	})
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM balance_events WHERE source_event_id = 'b-deposit'`))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'b-wrong'`), "recorded once over all attempts")
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-wrong' AND status = 'enqueued'`), "a wrong task leaves the event to recovery")
+	require.Zero(t, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id <> 'b-wrong'`))
+	require.Equal(t, "90", p.balance(3, "DAI"))
+	require.Equal(t, "2", p.balance(1, "ETH"))
+	p.requireInvariants()
+}
+
+// TestRecoveryAsksAboutATaskOnceForAllItsEvents loses a task of many
+// events: recovery brings every one of them back.
+func TestRecoveryAsksAboutATaskOnceForAllItsEvents(t *testing.T) {
+	ctx := context.Background()
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	p.user(1, nil)
+	for i := range 10 {
+		p.accept(fmt.Sprintf("batch-%d", i), payment.Deposit, 1, "ETH", "1")
+	}
+	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 4)
+	require.NoError(t, err)
+	tasks := map[string]int{}
+	for _, c := range claimed {
+		tasks[c.TaskID]++
+	}
+	require.Len(t, tasks, 3, "ten events in tasks of four: %v", tasks)
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	var lost string
+	for id := range tasks {
+		var events []postgres.Claimed
+		for _, c := range claimed {
+			if c.TaskID == id {
+				events = append(events, c)
+			}
+		}
+		task, opts, err := queue.NewPaymentBatch(events)
+		require.NoError(t, err)
+		_, err = client.Enqueue(task, opts...)
+		require.NoError(t, err)
+		lost = id
+	}
+	require.NoError(t, asynq.NewInspectorFromRedisClient(p.rdb).DeleteTask(queue.QueuePayments, lost))
+	questions := &countingInspector{TaskInspector: p.recovery.Inspector}
+	p.recovery.Inspector = questions
+	time.Sleep(1100 * time.Millisecond) // past StaleAfter
+	require.NoError(t, p.recovery.Run(ctx))
+	require.EqualValues(t, len(tasks), questions.calls.Load(), "one question per task, not per event")
+	require.Equal(t, tasks[lost], p.count(`SELECT count(*) FROM payment_events WHERE status = 'pending' AND generation = 1 AND task_id = $1`, lost))
+	require.Equal(t, 10-tasks[lost], p.count(`SELECT count(*) FROM payment_events WHERE status = 'enqueued' AND generation = 0`), "the others still wait in the queue")
+}
+
+// countingInspector counts the questions recovery asks the real asynq.
+type countingInspector struct {
+	queue.TaskInspector
+	calls atomic.Int64
+}
+
+func (c *countingInspector) GetTaskInfo(queueName, id string) (*asynq.TaskInfo, error) {
+	c.calls.Add(1)
+	return c.TaskInspector.GetTaskInfo(queueName, id)
 }

@@ -65,7 +65,12 @@ func (r *Recovery) RegisterMetrics(reg prometheus.Registerer) {
 // Run recovers until a pass finds nothing more to do (bounded).
 func (r *Recovery) Run(ctx context.Context) error {
 	for range recoveryPassesPerRunMaximum {
-		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, r.decide)
+		// Events of one task share one question to asynq per pass.
+		seen := make(map[string]taskState)
+		decide := func(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
+			return r.decide(ctx, s, seen)
+		}
+		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, decide)
 		if err != nil {
 			return err
 		}
@@ -100,8 +105,17 @@ func (r *Recovery) count(report postgres.RecoveryReport) {
 // retrying: the queue still has it, so it is slow, not lost. Missing,
 // archived (asynq gave up silently), active for longer than the stale
 // bound (a zombie with no lease), or Redis unreachable: recover it.
-func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
-	info, err := r.inspect(ctx, TaskID(s.Event))
+func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[string]taskState) (postgres.RecoveryAction, string) {
+	id := s.TaskID
+	if id == "" {
+		id = TaskID(s.Event)
+	}
+	state, ok := seen[id]
+	if !ok {
+		state.info, state.err = r.inspect(ctx, id)
+		seen[id] = state
+	}
+	info, err := state.info, state.err
 	if err == nil {
 		switch info.State {
 		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
@@ -121,6 +135,12 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent) (postgres.
 	r.Log.Warn().Str("event_id", s.Event.ID).Str("trace_id", s.Event.TraceID).Int("retry_count", s.RetryCount+1).
 		Str("reason", why).Msg("stale event back to the outbox")
 	return postgres.RecoveryRequeue, ""
+}
+
+// taskState is what asynq said about a task.
+type taskState struct {
+	info *asynq.TaskInfo
+	err  error
 }
 
 // inspect bounds the Inspector call, which takes no context.

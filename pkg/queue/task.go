@@ -95,18 +95,49 @@ type PaymentTask struct {
 	AcceptedAt time.Time `json:"accepted_at"`
 }
 
-// NewPaymentTask builds the task for a claimed event.
+// PaymentBatch is the payload of a payment task: the events of one
+// chunk of a claim. A payload that is a single PaymentTask object (tasks
+// enqueued before batches existed) is read as a batch of one.
+type PaymentBatch struct {
+	Events []PaymentTask `json:"events"`
+}
+
+// NewPaymentTask builds the task of one claimed event, alone.
 func NewPaymentTask(c postgres.Claimed) (*asynq.Task, []asynq.Option, error) {
-	e := c.Event
-	body, err := json.Marshal(PaymentTask{
-		EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
-		TxHash: e.TxHash, Generation: e.Generation, TraceID: e.TraceID, AcceptedAt: c.CreatedAt,
-	})
+	c.TaskID = ""
+	return NewPaymentBatch([]postgres.Claimed{c})
+}
+
+// NewPaymentBatch builds the task that carries the claimed events, which
+// share a task id (or are one event without one).
+func NewPaymentBatch(events []postgres.Claimed) (*asynq.Task, []asynq.Option, error) {
+	if len(events) == 0 {
+		return nil, nil, errors.New("payment task with no events")
+	}
+	id := events[0].TaskID
+	if id == "" {
+		if len(events) > 1 {
+			return nil, nil, fmt.Errorf("%d events without a task id", len(events))
+		}
+		id = TaskID(events[0].Event)
+	}
+	batch := PaymentBatch{Events: make([]PaymentTask, len(events))}
+	for i, c := range events {
+		if c.TaskID != events[0].TaskID {
+			return nil, nil, fmt.Errorf("events of tasks %q and %q in one task", events[0].TaskID, c.TaskID)
+		}
+		e := c.Event
+		batch.Events[i] = PaymentTask{
+			EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
+			TxHash: e.TxHash, Generation: e.Generation, TraceID: e.TraceID, AcceptedAt: c.CreatedAt,
+		}
+	}
+	body, err := json.Marshal(batch)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := []asynq.Option{
-		asynq.TaskID(TaskID(e)),
+		asynq.TaskID(id),
 		asynq.Queue(QueuePayments),
 		asynq.MaxRetry(RetryMax),
 		asynq.Timeout(TaskTimeout),
@@ -133,20 +164,37 @@ func (p PaymentTask) Event() (payment.Event, error) {
 	}, nil
 }
 
-// DecodePaymentTask reads a payload; malformed payloads can never succeed.
-func DecodePaymentTask(body []byte) (PaymentTask, payment.Event, error) {
-	var p PaymentTask
-	if err := json.Unmarshal(body, &p); err != nil {
-		return p, payment.Event{}, payment.Invalid("payment task payload: %v", err)
+// DecodePaymentTask reads a payload: a batch, or one event alone. A
+// malformed payload, or any malformed event in it, can never succeed; the
+// well-formed events of a task dead-lettered so stay 'enqueued', and stale
+// recovery hands them out again.
+func DecodePaymentTask(body []byte) ([]PaymentTask, []payment.Event, error) {
+	var batch PaymentBatch
+	if err := json.Unmarshal(body, &batch); err != nil {
+		return nil, nil, payment.Invalid("payment task payload: %v", err)
 	}
-	if p.EventID == "" {
-		return p, payment.Event{}, payment.Invalid("payment task payload has no event_id")
+	if batch.Events == nil {
+		var one PaymentTask
+		if err := json.Unmarshal(body, &one); err != nil {
+			return nil, nil, payment.Invalid("payment task payload: %v", err)
+		}
+		batch.Events = []PaymentTask{one}
 	}
-	e, err := p.Event()
-	if err != nil {
-		return p, payment.Event{}, payment.Invalid("payment task payload: %v", err)
+	if len(batch.Events) == 0 || len(batch.Events) > postgres.TaskEventsMax {
+		return batch.Events, nil, payment.Invalid("payment task carries %d events, not 1..%d", len(batch.Events), postgres.TaskEventsMax)
 	}
-	return p, e, nil
+	events := make([]payment.Event, len(batch.Events))
+	for i, p := range batch.Events {
+		if p.EventID == "" {
+			return batch.Events, nil, payment.Invalid("payment task payload: event %d has no event_id", i)
+		}
+		e, err := p.Event()
+		if err != nil {
+			return batch.Events, nil, payment.Invalid("payment task payload: event %s: %v", p.EventID, err)
+		}
+		events[i] = e
+	}
+	return batch.Events, events, nil
 }
 
 // pendingListKey is where asynq keeps a queue's waiting tasks; the

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -106,48 +108,110 @@ func (w *Worker) maintenance(ctx context.Context, kind string, run func(context.
 	return nil
 }
 
+// gateConcurrency bounds the chain checks of one task run at once.
+const gateConcurrency = 8
+
+// payment applies the events of one task. Each event's fate is its own:
+// the settled ones are done, a failed one goes to the DLQ alone, and if
+// any still needs a retry the task is retried whole, its settled events
+// then finding themselves already done.
 func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
-	task, e, err := DecodePaymentTask(t.Payload())
-	log := w.log.With().Str(logging.FieldTraceID, task.TraceID).Str(logging.FieldEventID, task.EventID).Int64(logging.FieldUserID, task.UserID).Logger()
-	ctx = log.WithContext(ctx)
+	tasks, events, err := DecodePaymentTask(t.Payload())
 	if err != nil {
+		var first PaymentTask
+		if len(tasks) > 0 {
+			first = tasks[0]
+		}
 		w.metrics.tasks.WithLabelValues(TypePayment, "malformed").Inc()
 		out := w.dlq.Record(ctx, payment.DeadLetter{
-			EventID: orDefault(task.EventID, taskID(ctx)), EventType: TypePayment, Error: err.Error(),
-			Source: payment.SourceWorker, TraceID: task.TraceID, Payload: jsonOrNil(t.Payload()),
+			EventID: orDefault(first.EventID, taskID(ctx)), EventType: TypePayment, Error: err.Error(),
+			Source: payment.SourceWorker, TraceID: first.TraceID, Payload: jsonOrNil(t.Payload()),
 		})
-		log.Error().Err(err).Str("sink", out.Sink).Msg("malformed payment task dead-lettered")
+		w.log.Error().Err(err).Str("task_id", taskID(ctx)).Str("sink", out.Sink).Msg("malformed payment task dead-lettered")
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	if !e.Type.Known() {
-		return w.fail(ctx, e, fmt.Errorf("unknown event type %q", e.Type), "unknown_event_type")
-	}
 
-	item := &postgres.LedgerItem{Event: e}
-	if w.gate != nil && e.TxHash != "" && e.Type.ChainGated() {
-		item, err = w.gate.Check(ctx, *item)
-		if err != nil {
-			return w.retryOrFail(ctx, e, err)
-		}
-		if item == nil {
+	runs := make([]eventRun, len(events))
+	for i, e := range events {
+		log := w.log.With().Str(logging.FieldTraceID, e.TraceID).Str(logging.FieldEventID, e.ID).Int64(logging.FieldUserID, e.UserID).Logger()
+		runs[i] = eventRun{ctx: log.WithContext(ctx), log: log, event: e, acceptedAt: tasks[i].AcceptedAt}
+	}
+	w.checkChain(runs)
+
+	var items []postgres.LedgerItem
+	var submitted []*eventRun
+	for i := range runs {
+		r := &runs[i]
+		switch {
+		case r.err != nil || r.failed:
+		case !r.event.Type.Known():
+			r.err = w.fail(r.ctx, r.event, fmt.Errorf("unknown event type %q", r.event.Type), "unknown_event_type")
+			r.failed = true
+		case r.item == nil:
 			w.metrics.tasks.WithLabelValues(TypePayment, "chain_decided").Inc()
-			return nil
+		default:
+			items = append(items, *r.item)
+			submitted = append(submitted, r)
 		}
 	}
-
-	result, err := w.batcher.Submit(ctx, *item)
-	if err != nil {
-		return w.retryOrFail(ctx, e, err)
+	results, errs := w.batcher.SubmitAll(ctx, items)
+	for i, r := range submitted {
+		if errs[i] != nil {
+			r.err = errs[i]
+			continue
+		}
+		r.failed, r.err = w.settled(r, results[i])
 	}
+	return w.finish(runs)
+}
+
+// eventRun is one event of a task on its way through the worker.
+type eventRun struct {
+	ctx        context.Context
+	log        zerolog.Logger
+	event      payment.Event
+	acceptedAt time.Time
+	item       *postgres.LedgerItem // nil once decided without the ledger
+	err        error                // set: retry (or, with failed, why it failed)
+	failed     bool                 // dead-lettered
+}
+
+// checkChain runs the finality gate over the chain-gated events of a task,
+// a few at a time; the others go to the ledger as they are.
+func (w *Worker) checkChain(runs []eventRun) {
+	slots := make(chan struct{}, gateConcurrency)
+	var wg sync.WaitGroup
+	for i := range runs {
+		r := &runs[i]
+		r.item = &postgres.LedgerItem{Event: r.event}
+		if w.gate == nil || r.event.TxHash == "" || !r.event.Type.ChainGated() {
+			continue
+		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			r.item, r.err = w.gate.Check(r.ctx, *r.item)
+		}()
+	}
+	wg.Wait()
+}
+
+// settled reports the ledger's answer for one event: no error when it is
+// done, else the error to retry on (or, with failed, the one it failed
+// with).
+func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool, err error) {
+	e, log := r.event, r.log
 	switch result.Kind {
 	case postgres.Applied:
 		w.metrics.tasks.WithLabelValues(TypePayment, string(result.Outcome)).Inc()
-		if !task.AcceptedAt.IsZero() {
+		if !r.acceptedAt.IsZero() {
 			path := "trusted"
-			if item.Chain != nil {
+			if r.item.Chain != nil {
 				path = "chain"
 			}
-			w.metrics.latency.WithLabelValues(path).Observe(time.Since(task.AcceptedAt).Seconds())
+			w.metrics.latency.WithLabelValues(path).Observe(time.Since(r.acceptedAt).Seconds())
 		}
 		event := log.Info()
 		if result.Outcome == payment.OutcomeDeadLettered {
@@ -158,32 +222,65 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 		if result.Alert != "" {
 			w.alerts.Raise("ledger:"+e.ID, alert.Critical, result.Alert, map[string]any{"event_id": e.ID, "trace_id": e.TraceID, "dlq_id": result.DeadLetterID})
 		}
-		return nil
+		return false, nil
 	case postgres.AlreadyDone, postgres.Stale:
 		w.metrics.tasks.WithLabelValues(TypePayment, result.Kind.String()).Inc()
 		log.Debug().Str("result", result.Kind.String()).Str("status", string(result.Status)).Msg("nothing to do")
-		return nil
+		return false, nil
 	case postgres.Rejected:
 		// The task names no stored event, or describes it wrongly: it can
 		// never apply. The event itself (if any) is untouched; stale
 		// recovery re-enqueues it from the database if it needs it.
 		w.metrics.tasks.WithLabelValues(TypePayment, "rejected").Inc()
-		out := w.dlq.Record(ctx, letterFor(e, result.Err, retryCount(ctx)+1))
+		letter := letterFor(e, result.Err, retryCount(r.ctx)+1)
+		// The task's retries (for its other events) meet this again.
+		letter.FallbackID = "rejected:" + taskID(r.ctx) + ":" + e.ID + ":g" + strconv.Itoa(e.Generation)
+		out := w.dlq.Record(r.ctx, letter)
 		w.alerts.Raise("rejected_task:"+e.ID, alert.Critical, "payment task rejected by the ledger", map[string]any{"event_id": e.ID, "trace_id": e.TraceID, "reason": result.Err.Error(), "sink": out.Sink})
-		return fmt.Errorf("%w: %w", result.Err, asynq.SkipRetry)
+		return true, result.Err
 	case postgres.Retry:
-		return w.retryOrFail(ctx, e, result.Err)
+		return false, result.Err
 	}
-	return fmt.Errorf("ledger returned unknown result %d", result.Kind)
+	return false, fmt.Errorf("ledger returned unknown result %d", result.Kind)
 }
 
-// retryOrFail returns err for asynq to retry (with RetryDelay's backoff)
-// while the task has retries left and the error is transient; otherwise
-// the event fails into the DLQ now. An outage (ErrUnavailable) is retried
+// finish decides the task from its events' fates. While the task has
+// retries left, events that failed transiently are retried (with
+// RetryDelay's backoff); past them, or on an error that is not transient,
+// an event fails into the DLQ now. An outage (ErrUnavailable) is retried
 // without spending the budget (IsFailure), so only errors of the event's
 // own, like a lock held too long, exhaust it. The seed's exhaustion branch
-// never ran under Celery; this one is exercised by the tests.
-func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) error {
+// never ran under Celery; this one is exercised by the tests. A task with
+// a dead-lettered event is archived in asynq, where operators see it.
+func (w *Worker) finish(runs []eventRun) error {
+	var retry, failed []error
+	for i := range runs {
+		r := &runs[i]
+		if r.err == nil {
+			continue
+		}
+		if !r.failed {
+			r.failed, r.err = w.retryOrFail(r.ctx, r.event, r.err)
+		}
+		if r.failed {
+			failed = append(failed, r.err)
+		} else {
+			retry = append(retry, r.err)
+		}
+	}
+	switch {
+	case len(retry) > 0:
+		w.metrics.retries.Inc()
+		return errors.Join(retry...)
+	case len(failed) > 0:
+		return fmt.Errorf("%w: %w", errors.Join(failed...), asynq.SkipRetry)
+	}
+	return nil
+}
+
+// retryOrFail keeps a transient error for a retry while the task has
+// retries left, and otherwise fails the event into the DLQ now.
+func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (failed bool, _ error) {
 	transient := errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable)
 	retried := retryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
@@ -191,21 +288,20 @@ func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) er
 		maxRetry = RetryMax
 	}
 	if transient && retried < maxRetry {
-		w.metrics.retries.Inc()
 		w.metrics.tasks.WithLabelValues(TypePayment, "retry").Inc()
-		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment task will be retried")
-		return err
+		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment event will be retried")
+		return false, err
 	}
 	reason := "unexpected_error"
 	if transient {
 		reason = "retries_exhausted"
 		err = fmt.Errorf("retries exhausted after %d attempts: %w", retried+1, err)
 	}
-	return w.fail(ctx, e, err, reason)
+	return true, w.fail(ctx, e, err, reason)
 }
 
 // fail ends the event failed with a DLQ row (or parks the row in Redis,
-// or logs it), alerts, and stops asynq from retrying.
+// or logs it) and alerts.
 func (w *Worker) fail(ctx context.Context, e payment.Event, cause error, reason string) error {
 	out := w.dlq.FailEvent(ctx, letterFor(e, cause, retryCount(ctx)+1))
 	w.metrics.tasks.WithLabelValues(TypePayment, reason).Inc()
@@ -213,7 +309,7 @@ func (w *Worker) fail(ctx context.Context, e payment.Event, cause error, reason 
 	w.alerts.Raise("dead_letter:"+reason, alert.Critical, "payment event dead-lettered", map[string]any{
 		"event_id": e.ID, "trace_id": e.TraceID, "reason": reason, "error": cause.Error(), "sink": out.Sink,
 	})
-	return fmt.Errorf("%w: %w", cause, asynq.SkipRetry)
+	return cause
 }
 
 func letterFor(e payment.Event, cause error, attempt int) payment.DeadLetter {

@@ -4,28 +4,34 @@
 -- whose re-check is due, skipping rows another scheduler holds. One
 -- statement moves the whole batch, so one bad row cannot be half-moved;
 -- should the statement itself fail, ClaimOutbox retries row by row in
--- savepoints so that one bad row cannot block the rest.
+-- savepoints so that one bad row cannot block the rest. The claim is cut
+-- into tasks of at most $3 events (by user, then id) and every row keeps
+-- the id of its task: c<claim number>-<chunk>.
 WITH pending AS (
-    SELECT event_id FROM payment_events
+    SELECT event_id, user_id FROM payment_events
     WHERE status = 'pending'
     ORDER BY created_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT event_id FROM payment_events
+    SELECT event_id, user_id FROM payment_events
     WHERE status = 'awaiting_finality' AND next_check_at <= now()
     ORDER BY next_check_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), claim AS (
-    SELECT event_id FROM pending UNION ALL SELECT event_id FROM due
+    SELECT event_id, row_number() OVER (ORDER BY user_id, event_id) - 1 AS n
+    FROM (SELECT event_id, user_id FROM pending UNION ALL SELECT event_id, user_id FROM due) c
+), claim_no AS (
+    SELECT nextval('settle_claim_seq') AS no
 )
 UPDATE payment_events p
-SET status = 'enqueued', next_check_at = NULL, updated_at = now()
-FROM claim
+SET status = 'enqueued', next_check_at = NULL, updated_at = now(),
+    task_id = 'c' || claim_no.no || '-' || (claim.n / $3)
+FROM claim, claim_no
 WHERE p.event_id = claim.event_id
 RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
-          p.trace_id, p.generation, p.created_at;
+          p.trace_id, p.generation, p.created_at, p.task_id;
 
 -- name: outbox_candidates
 -- The row-by-row fallback: lock the batch, then move each in a savepoint.
@@ -46,8 +52,9 @@ SELECT event_id FROM pending UNION ALL SELECT event_id FROM due;
 
 -- name: claim_one
 -- transition: pending, awaiting_finality -> enqueued
+-- A row claimed alone travels alone, under the id its key derives.
 UPDATE payment_events
-SET status = 'enqueued', next_check_at = NULL, updated_at = now()
+SET status = 'enqueued', next_check_at = NULL, updated_at = now(), task_id = NULL
 WHERE event_id = $1 AND status IN ('pending', 'awaiting_finality')
 RETURNING event_id, event_type, user_id, asset, amount::text, COALESCE(tx_hash, ''),
-          trace_id, generation, created_at;
+          trace_id, generation, created_at, COALESCE(task_id, '');

@@ -1,7 +1,8 @@
 -- name: stale_enqueued
 -- Events handed to the queue longer ago than the stale bound: the queue
 -- may have lost them. Locked so two schedulers never recover one twice.
-SELECT event_id, event_type, user_id, asset, amount::text, trace_id, retry_count, generation, updated_at
+SELECT event_id, event_type, user_id, asset, amount::text, trace_id, retry_count, generation, updated_at,
+       COALESCE(task_id, '')
 FROM payment_events
 WHERE status = 'enqueued' AND updated_at < now() - $1::interval
 ORDER BY updated_at
