@@ -14,7 +14,7 @@ import (
 // Ingest group-commit bounds.
 const (
 	IngestBatchMaxDefault    = 128
-	IngestInFlightMaxDefault = 4
+	IngestInFlightMaxDefault = 1
 	ingestQueueMax           = 8192
 	// ingestStatementTimeout bounds one batched insert: past it, every
 	// webhook in the batch gets 503 and the provider redelivers.

@@ -47,6 +47,9 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) 
 		return nil, classify("claim outbox", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, q("claim_settings").text); err != nil {
+		return nil, classify("claim settings", err)
+	}
 	var claimed []Claimed
 	_, _, err = transition(ctx, tx, q("claim_outbox"), nil, func(rows pgx.Rows) (string, error) {
 		c, err := scanClaimed(rows)

@@ -18,6 +18,13 @@ import (
 // checked against payment.CanTransition when the package loads, and such a
 // statement can only be run through transition (transition.go).
 //
+// Statements that find rows by key and check their status write
+// status = '...' COLLATE "C". It is the same equality, but the planner can
+// no longer use the partial status indexes for it: their dead entries pile
+// up between vacuums under load (every move between statuses leaves one),
+// and a lookup that walked them read hundreds of heap pages where the
+// primary key reads one per row.
+//
 //go:embed queries/*.sql
 var queryFiles embed.FS
 

@@ -18,7 +18,7 @@ RETURNING id;
 -- the event fails and its DLQ row is written in the same transaction.
 UPDATE payment_events
 SET status = 'failed', outcome = 'dead_lettered', error = $3, updated_at = now()
-WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id;
 
 -- name: dlq_list

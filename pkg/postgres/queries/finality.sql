@@ -7,7 +7,7 @@ SET status = 'awaiting_finality', next_check_at = $3, check_count = check_count 
     receipt_seen_at = CASE WHEN $4 THEN COALESCE(receipt_seen_at, now()) ELSE receipt_seen_at END,
     block_number = COALESCE($5, block_number), block_hash = COALESCE($6, block_hash),
     error = NULLIF($7, ''), updated_at = now()
-WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id;
 
 -- name: decide_chain_outcome
@@ -17,7 +17,7 @@ RETURNING event_id;
 UPDATE payment_events
 SET status = 'failed', outcome = $3, error = $4, next_check_at = NULL, updated_at = now(),
     chain_state = CASE WHEN $3 = 'reorged' THEN 'reorged' ELSE chain_state END
-WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id, receipt_seen_at IS NOT NULL;
 
 -- name: chain_wait_state
@@ -36,9 +36,9 @@ LIMIT $1;
 -- name: mark_final
 UPDATE payment_events
 SET chain_state = 'final', updated_at = now()
-WHERE event_id = $1 AND chain_state = 'watching';
+WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";
 
 -- name: touch_watched
 UPDATE payment_events
 SET updated_at = now()
-WHERE event_id = $1 AND chain_state = 'watching';
+WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";

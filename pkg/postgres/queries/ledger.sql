@@ -42,7 +42,7 @@ FROM payment_events p
 JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[])
      AS t(event_id, generation, event_type, user_id, asset, amount)
   ON p.event_id = t.event_id
-WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' AND p.generation = t.generation
+WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' COLLATE "C" AND p.generation = t.generation
   AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
 ORDER BY p.event_id
 FOR UPDATE OF p;
@@ -97,7 +97,7 @@ WITH moved AS (
         block_hash = COALESCE(NULLIF(t.block_hash, ''), p.block_hash),
         chain_state = NULLIF(t.chain_state, '')
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(event_id, block_number, block_hash, chain_state)
-    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued'
+    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued' COLLATE "C"
     RETURNING p.event_id
 )
 SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_confirm moved ' || count(*) || ' of ' || cardinality($1::text[]))
@@ -109,7 +109,7 @@ WITH moved AS (
     UPDATE payment_events p
     SET status = 'failed', outcome = t.outcome, error = NULLIF(t.error, ''), updated_at = now()
     FROM unnest($1::text[], $2::text[], $3::text[]) AS t(event_id, outcome, error)
-    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued'
+    WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued' COLLATE "C"
     RETURNING p.event_id
 )
 SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_fail moved ' || count(*) || ' of ' || cardinality($1::text[]))

@@ -33,6 +33,14 @@ WHERE p.event_id = claim.event_id
 RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
           p.trace_id, p.generation, p.created_at, p.task_id;
 
+-- name: claim_settings
+-- A plain index scan of the pending index, in created_at order, marks the
+-- dead entries it meets (rows claimed before) so later scans skip them; a
+-- bitmap scan marks nothing and revisits each one's heap page every claim
+-- until vacuum runs. The planner picks the bitmap when its statistics say
+-- few rows are pending, which is when the index is fullest of dead ones.
+SELECT set_config('enable_bitmapscan', 'off', true);
+
 -- name: outbox_candidates
 -- The row-by-row fallback: lock the batch, then move each in a savepoint.
 WITH pending AS (
@@ -55,6 +63,6 @@ SELECT event_id FROM pending UNION ALL SELECT event_id FROM due;
 -- A row claimed alone travels alone, under the id its key derives.
 UPDATE payment_events
 SET status = 'enqueued', next_check_at = NULL, updated_at = now(), task_id = NULL
-WHERE event_id = $1 AND status IN ('pending', 'awaiting_finality')
+WHERE event_id = $1 AND status COLLATE "C" IN ('pending', 'awaiting_finality')
 RETURNING event_id, event_type, user_id, asset, amount::text, COALESCE(tx_hash, ''),
           trace_id, generation, created_at, COALESCE(task_id, '');

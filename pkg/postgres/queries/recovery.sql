@@ -15,12 +15,12 @@ FOR UPDATE SKIP LOCKED;
 -- creates has a new task id and any old task still around is stale.
 UPDATE payment_events
 SET status = 'pending', retry_count = retry_count + 1, generation = generation + 1, updated_at = now()
-WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id;
 
 -- name: fail_stale
 -- transition: enqueued -> failed
 UPDATE payment_events
 SET status = 'failed', outcome = 'dead_lettered', error = $3, retry_count = retry_count + 1, updated_at = now()
-WHERE event_id = $1 AND status = 'enqueued' AND generation = $2
+WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id;

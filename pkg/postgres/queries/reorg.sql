@@ -9,7 +9,7 @@ FOR UPDATE;
 -- A deposit whose transaction left the chain before it was credited.
 UPDATE payment_events
 SET status = 'failed', outcome = 'reorged', error = $2, chain_state = 'reorged', next_check_at = NULL, updated_at = now()
-WHERE event_id = $1 AND status IN ('pending', 'enqueued', 'awaiting_finality')
+WHERE event_id = $1 AND status COLLATE "C" IN ('pending', 'enqueued', 'awaiting_finality')
 RETURNING event_id;
 
 -- name: record_outcome
