@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -199,39 +201,20 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
 			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.ToAddress, r.event.Related
 		}
-		rows, err := db.pool.Query(ctx, stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related)
+		// One round trip: the statement in its own transaction, with the
+		// hot path's plan settings.
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(q("hot_path_plans").text)
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related)
+		b.Queue("COMMIT")
+		br := db.pool.SendBatch(ctx, b)
+		raced, err := readInserted(br, stmt, batch, pending, out)
+		if closeErr := br.Close(); err == nil && closeErr != nil {
+			err = classify(stmt.name, closeErr)
+		}
 		if err != nil {
-			return nil, classify(stmt.name, err)
-		}
-		var raced []int
-		for rows.Next() {
-			var pos int64
-			var inserted, userExists, assetExists bool
-			var existing []byte
-			var woken int64
-			if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken); err != nil {
-				rows.Close()
-				return nil, classify(stmt.name, err)
-			}
-			i := pending[pos-1]
-			e := batch[i].event.Event
-			switch {
-			case inserted:
-				out[i] = ingestResponse{inserted: true, stored: batch[i].hash}
-			case existing != nil && bytes.Equal(existing, batch[i].hash):
-				out[i] = ingestResponse{stored: existing}
-			case existing != nil:
-				out[i] = ingestResponse{stored: existing, err: fmt.Errorf("event %s: %w: it was delivered before with other content", e.ID, payment.ErrConflict)}
-			case !userExists:
-				out[i] = ingestResponse{err: fmt.Errorf("%w %d", payment.ErrUnknownUser, e.UserID)}
-			case !assetExists:
-				out[i] = ingestResponse{err: fmt.Errorf("%w %q", payment.ErrUnknownAsset, e.Asset)}
-			default:
-				raced = append(raced, i)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return nil, classify(stmt.name, err)
+			return nil, err
 		}
 		pending = raced
 	}
@@ -239,4 +222,55 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		out[i] = ingestResponse{err: payment.Retryable(stmt.name, errors.New("concurrent delivery of the same event kept racing"))}
 	}
 	return out, nil
+}
+
+// readInserted reads insert_events' answer into out and returns the rows
+// that raced a concurrent insert; the transaction must have committed.
+func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pending []int, out []ingestResponse) (raced []int, err error) {
+	for range 2 { // BEGIN, hot_path_plans
+		if _, err := br.Exec(); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	for rows.Next() {
+		var pos int64
+		var inserted, userExists, assetExists bool
+		var existing []byte
+		var woken int64
+		if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken); err != nil {
+			rows.Close()
+			return nil, classify(stmt.name, err)
+		}
+		i := pending[pos-1]
+		e := batch[i].event.Event
+		switch {
+		case inserted:
+			out[i] = ingestResponse{inserted: true, stored: batch[i].hash}
+		case existing != nil && bytes.Equal(existing, batch[i].hash):
+			out[i] = ingestResponse{stored: existing}
+		case existing != nil:
+			out[i] = ingestResponse{stored: existing, err: fmt.Errorf("event %s: %w: it was delivered before with other content", e.ID, payment.ErrConflict)}
+		case !userExists:
+			out[i] = ingestResponse{err: fmt.Errorf("%w %d", payment.ErrUnknownUser, e.UserID)}
+		case !assetExists:
+			out[i] = ingestResponse{err: fmt.Errorf("%w %q", payment.ErrUnknownAsset, e.Asset)}
+		default:
+			raced = append(raced, i)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, classify(stmt.name+" commit", err)
+	}
+	if tag.String() != "COMMIT" {
+		return nil, classify(stmt.name+" commit", fmt.Errorf("transaction ended with %s", tag))
+	}
+	return raced, nil
 }

@@ -230,6 +230,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
 	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	batch.Queue(q("hot_path_plans").text)
 	if len(newUsers) > 0 {
 		batch.Queue(q("ledger_ensure_balances").text, newUsers, newAssets)
 	}
@@ -238,7 +239,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	balances := map[balanceKey]decimal.Decimal{}
 	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
-		execs := 2
+		execs := 3 // BEGIN, ledger_settings, hot_path_plans
 		if len(newUsers) > 0 {
 			execs++
 		}

@@ -47,8 +47,8 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) 
 		return nil, classify("claim outbox", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, q("claim_settings").text); err != nil {
-		return nil, classify("claim settings", err)
+	if _, err := tx.Exec(ctx, q("hot_path_plans").text); err != nil {
+		return nil, classify("hot path plans", err)
 	}
 	var claimed []Claimed
 	_, _, err = transition(ctx, tx, q("claim_outbox"), nil, func(rows pgx.Rows) (string, error) {

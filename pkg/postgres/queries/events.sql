@@ -63,13 +63,17 @@ WITH input AS (
 ), wake AS (
     SELECT pg_notify('settle_outbox', '') WHERE EXISTS (SELECT 1 FROM ins)
 )
+-- Joins, not EXISTS in the select list: a generic plan may turn such an
+-- EXISTS into a hashed subplan that reads every user.
 SELECT i.n,
        ins.event_id IS NOT NULL,
        p.content_hash,
-       EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id),
-       EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset),
+       u.id IS NOT NULL,
+       a.code IS NOT NULL,
        (SELECT count(*) FROM wake)
 FROM input i
 LEFT JOIN ins ON ins.event_id = i.event_id
 LEFT JOIN payment_events p ON p.event_id = i.event_id
+LEFT JOIN users u ON u.id = i.user_id
+LEFT JOIN assets a ON a.code = i.asset
 ORDER BY i.n;

@@ -33,13 +33,21 @@ WHERE p.event_id = claim.event_id
 RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
           p.trace_id, p.generation, p.created_at, p.task_id;
 
--- name: claim_settings
--- A plain index scan of the pending index, in created_at order, marks the
--- dead entries it meets (rows claimed before) so later scans skip them; a
--- bitmap scan marks nothing and revisits each one's heap page every claim
--- until vacuum runs. The planner picks the bitmap when its statistics say
--- few rows are pending, which is when the index is fullest of dead ones.
-SELECT set_config('enable_bitmapscan', 'off', true);
+-- name: hot_path_plans
+-- The statements of the hot path (ingest, claim, ledger) find a handful
+-- of rows by key, whatever the size of the tables: the right plan is
+-- always index lookups in nested loops. Planning them afresh for every
+-- execution cost as much CPU as running them, and a generic plan made
+-- while a table was small could scan it for the life of the connection.
+-- So, for the transaction only: one generic plan per prepared statement,
+-- made with sequential and bitmap scans, hash and merge joins priced out.
+-- It also keeps the claim on a plain scan of the pending index in
+-- created_at order, which marks the dead entries it meets (rows claimed
+-- before) so later scans skip them; a bitmap scan marks nothing and
+-- revisits their heap pages every claim until vacuum runs.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true);
 
 -- name: outbox_candidates
 -- The row-by-row fallback: lock the batch, then move each in a savepoint.
