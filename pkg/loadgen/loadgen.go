@@ -74,7 +74,10 @@ type Config struct {
 	// seeding, before the first request; after settlement, before the
 	// invariant check.
 	OnSending func()
-	OnSettled func()
+	// OnIngested runs once every request has been answered, before the
+	// wait for terminal statuses.
+	OnIngested func()
+	OnSettled  func()
 }
 
 // Result is what a run measured.
@@ -222,6 +225,9 @@ send:
 		return res, ctx.Err()
 	}
 
+	if cfg.OnIngested != nil {
+		cfg.OnIngested()
+	}
 	if err := waitTerminal(ctx, cfg, int(accepted), progress); err != nil {
 		return res, err
 	}

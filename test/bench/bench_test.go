@@ -30,6 +30,7 @@ var (
 	flagInitial     = flag.String("e2e.initial-balance", "1000", "initial balance per user and asset")
 	flagOut         = flag.String("e2e.out", "", "write the result as JSON here")
 	flagExtraEnv    = flag.String("e2e.env", "", "extra settings for every process, NAME=VALUE,NAME=VALUE")
+	flagBacklog     = flag.Bool("e2e.backlog", false, "start the workers only once every webhook is stored, so the whole run waits as a backlog")
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -71,10 +72,6 @@ func runEndToEnd(b *testing.B) report {
 		}
 	}
 	api := s.StartAPI(nil)
-	var workers []*harness.Proc
-	for range *flagWorkers {
-		workers = append(workers, s.StartWorker(nil))
-	}
 	scheduler := s.StartScheduler(nil)
 	pg, rds := testenv.Postgres(b), testenv.Redis(b)
 	if pg == nil || rds == nil {
@@ -87,8 +84,16 @@ func runEndToEnd(b *testing.B) report {
 		"postgres":  func() (float64, error) { return treeCPUSeconds(pg.Pid()) },
 		"redis":     func() (float64, error) { return cpuSeconds(rds.Pid(), false) },
 	}
-	for i, w := range workers {
-		procs[fmt.Sprintf("worker-%d", i)] = func() (float64, error) { return cpuSeconds(w.Pid(), false) }
+	var workers []*harness.Proc
+	startWorkers := func() {
+		for i := range *flagWorkers {
+			w := s.StartWorker(nil)
+			workers = append(workers, w)
+			procs[fmt.Sprintf("worker-%d", i)] = func() (float64, error) { return cpuSeconds(w.Pid(), false) }
+		}
+	}
+	if !*flagBacklog {
+		startWorkers()
 	}
 	sample := func() map[string]float64 {
 		out := map[string]float64{"load-generator": selfCPUSeconds(), "machine": machineBusySeconds()}
@@ -114,6 +119,9 @@ func runEndToEnd(b *testing.B) report {
 		OnSending: func() { before, windowStart = sample(), time.Now() },
 		OnSettled: func() { after, windowEnd = sample(), time.Now() },
 	}
+	if *flagBacklog {
+		cfg.OnIngested = startWorkers
+	}
 	result, err := loadgen.Run(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -126,19 +134,19 @@ func runEndToEnd(b *testing.B) report {
 		Config: map[string]any{
 			"events": *flagEvents, "rate": *flagRate, "concurrency": *flagConcurrency, "users": *flagUsers,
 			"workers": *flagWorkers, "worker_concurrency": *flagWorkerConc, "withdrawals_pct": *flagWithdrawals,
-			"duplicates_pct": *flagDuplicates, "assets": *flagAssets, "env": *flagExtraEnv,
+			"duplicates_pct": *flagDuplicates, "assets": *flagAssets, "env": *flagExtraEnv, "backlog": *flagBacklog,
 		},
 		Load:          result,
 		WindowSeconds: windowEnd.Sub(windowStart).Seconds(),
 		CPUSeconds:    map[string]float64{},
 		CPUMsPerEvent: map[string]float64{},
-		PeakRSSMiB:    map[string]float64{"api": peakRSSMiB(api.Pid()), "scheduler": peakRSSMiB(scheduler.Pid())},
+		PeakRSSMiB:    map[string]float64{"api": peakRSSMiB(api.Pid()), "scheduler": peakRSSMiB(scheduler.Pid()), "redis": peakRSSMiB(rds.Pid())},
 	}
 	for i, w := range workers {
 		r.PeakRSSMiB[fmt.Sprintf("worker-%d", i)] = peakRSSMiB(w.Pid())
 	}
 	total := 0.0
-	for name := range before {
+	for name := range after { // workers started mid-run are missing from before: zero
 		d := after[name] - before[name]
 		r.CPUSeconds[name] = d
 		if name == "machine" || name == "load-generator" {
@@ -184,6 +192,6 @@ func (r report) text() string {
 	}
 	sort.Strings(rss)
 	fmt.Fprintf(&sb, "peak RSS: %s\n", strings.Join(rss, ", "))
-	fmt.Fprintf(&sb, "invariants: %v\n", l.InvariantsOK)
+	fmt.Fprintf(&sb, "invariants: %v\n%s", l.InvariantsOK, l.InvariantsReport)
 	return sb.String()
 }
