@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/settle/settle/pkg/loadgen"
 	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/test/harness"
@@ -44,6 +46,8 @@ type report struct {
 	CPUMsPerEvent map[string]float64 `json:"cpu_ms_per_event"`
 	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib"`
 	OtherCPU      float64            `json:"other_cpu_seconds"`
+	// Write transactions (those given a transaction id) per terminal event.
+	WriteXactsPerEvent float64 `json:"write_xacts_per_event"`
 }
 
 // BenchmarkEndToEnd runs the whole system (api, workers, scheduler as
@@ -109,6 +113,7 @@ func runEndToEnd(b *testing.B) report {
 
 	db := testenv.OpenDB(b, s.DatabaseURL)
 	var before, after map[string]float64
+	var xidBefore, xidAfter int64
 	var windowStart, windowEnd time.Time
 	ctx := context.Background()
 	cfg := loadgen.Config{
@@ -116,8 +121,8 @@ func runEndToEnd(b *testing.B) report {
 		Events: *flagEvents, Rate: *flagRate, Concurrency: *flagConcurrency, Users: *flagUsers,
 		Assets: strings.Split(*flagAssets, ","), InitialBalance: *flagInitial, WaitTimeout: 20 * time.Minute, Seed: 1,
 		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Duplicates: *flagDuplicates},
-		OnSending: func() { before, windowStart = sample(), time.Now() },
-		OnSettled: func() { after, windowEnd = sample(), time.Now() },
+		OnSending: func() { before, windowStart, xidBefore = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
+		OnSettled: func() { after, windowEnd, xidAfter = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
 	}
 	if *flagBacklog {
 		cfg.OnIngested = startWorkers
@@ -155,6 +160,7 @@ func runEndToEnd(b *testing.B) report {
 		total += d
 		r.CPUMsPerEvent[name] = 1000 * d / float64(result.Terminal)
 	}
+	r.WriteXactsPerEvent = float64(xidAfter-xidBefore) / float64(result.Terminal)
 	r.CPUSeconds["total"] = total
 	r.CPUMsPerEvent["total"] = 1000 * total / float64(result.Terminal)
 	r.CPUMsPerEvent["load-generator"] = 1000 * r.CPUSeconds["load-generator"] / float64(result.Terminal)
@@ -186,6 +192,7 @@ func (r report) text() string {
 		fmt.Fprintf(&sb, "  cpu %-15s %6.3f ms/event  (%.2f s)\n", n, r.CPUMsPerEvent[n], r.CPUSeconds[n])
 	}
 	fmt.Fprintf(&sb, "  other processes on the machine: %.2f cpu-s during the window\n", r.OtherCPU)
+	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event\n", r.WriteXactsPerEvent)
 	rss := make([]string, 0, len(r.PeakRSSMiB))
 	for n, v := range r.PeakRSSMiB {
 		rss = append(rss, fmt.Sprintf("%s %.1f MiB", n, v))
@@ -194,4 +201,21 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "peak RSS: %s\n", strings.Join(rss, ", "))
 	fmt.Fprintf(&sb, "invariants: %v\n%s", l.InvariantsOK, l.InvariantsReport)
 	return sb.String()
+}
+
+// nextXid is the transaction id PostgreSQL hands out next: read without
+// taking one, so the difference over a window counts the write
+// transactions committed or rolled back in it, with no statistics delay.
+func nextXid(b *testing.B, dsn string) int64 {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var xid int64
+	if err := conn.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").Scan(&xid); err != nil {
+		b.Fatal(err)
+	}
+	return xid
 }
