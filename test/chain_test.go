@@ -151,9 +151,10 @@ func TestDepositWaitsForFinality(t *testing.T) {
 	requireInvariants(t, c.Stack)
 }
 
-// TestChainRefusalsSayWhy: a reverted transaction and a token deposit
-// whose Transfer log does not match are never credited, and the event
-// records why.
+// TestChainRefusalsSayWhy: a reverted transaction, a token deposit whose
+// Transfer log does not match, and an ETH deposit whose transaction pays
+// another amount or another user's address are never credited, and the
+// event records why.
 func TestChainRefusalsSayWhy(t *testing.T) {
 	c := newChainStack(t, "confirmations:1", nil)
 	ctx := context.Background()
@@ -167,6 +168,14 @@ func TestChainRefusalsSayWhy(t *testing.T) {
 	c.deposit(t, "mis-1", 2, "TUSD", "50", tokenTx.Hash) // claims 50
 	c.deposit(t, "ok-1", 2, "TUSD", "5", tokenTx.Hash)   // the same transfer told truthfully, under another id
 
+	// Native ETH is held against the transaction itself: its value and
+	// its recipient (user 1's deposit address, not user 2's).
+	ethTx, err := c.chain.SendETH(ctx, 0, addrUser1, wei(2))
+	require.NoError(t, err)
+	c.deposit(t, "eth-more", 1, "ETH", "5", ethTx.Hash)
+	c.deposit(t, "eth-other-user", 2, "ETH", "2", ethTx.Hash)
+	c.deposit(t, "eth-ok", 1, "ETH", "2", ethTx.Hash)
+
 	c.waitStatus(t, "rev-1", "failed")
 	_, outcome, reason := c.event(t, "rev-1")
 	require.Equal(t, "reverted", outcome)
@@ -176,7 +185,17 @@ func TestChainRefusalsSayWhy(t *testing.T) {
 	require.Equal(t, "mismatch", outcome)
 	require.Contains(t, reason, "5000000", "the reason names what the chain says")
 	c.waitStatus(t, "ok-1", "confirmed")
-	require.Equal(t, "0", c.balance(t, 1, "ETH"))
+	c.waitStatus(t, "eth-more", "failed")
+	_, outcome, reason = c.event(t, "eth-more")
+	require.Equal(t, "mismatch", outcome)
+	require.Contains(t, reason, "carries 2000000000000000000 base units, the deposit says 5000000000000000000")
+	c.waitStatus(t, "eth-other-user", "failed")
+	_, outcome, reason = c.event(t, "eth-other-user")
+	require.Equal(t, "mismatch", outcome)
+	require.Contains(t, reason, "the transaction pays "+strings.ToLower(addrUser1))
+	c.waitStatus(t, "eth-ok", "confirmed")
+	require.Equal(t, "2", c.balance(t, 1, "ETH"))
+	require.Equal(t, "0", c.balance(t, 2, "ETH"))
 	require.Equal(t, "5", c.balance(t, 2, "TUSD"))
 	requireInvariants(t, c.Stack)
 }

@@ -175,6 +175,12 @@ func TestEventIDs(t *testing.T) {
 
 	other, _ := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_2", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
 	require.NotEqual(t, internal.EventID, other.EventID)
+	require.True(t, alchemy.InternalTransfer(internal.EventID), "the chain check cannot see its recipient and value")
+	external, _ := judge(t, activityJSON(t, map[string]any{"category": "external", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
+	require.Equal(t, "alchemy:ETH_MAINNET:"+tx1+":external", external.EventID)
+	for _, id := range []string{external.EventID, "alchemy:ETH_MAINNET:" + tx1 + ":token:3", "internal", "reorg:" + internal.EventID, "x:ETH_MAINNET:" + tx1 + ":internal:CALL_0"} {
+		require.False(t, alchemy.InternalTransfer(id), id)
+	}
 
 	// The same log written with other hex spellings is the same transfer.
 	a, _ := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x6e"}}))

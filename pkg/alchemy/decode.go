@@ -297,6 +297,18 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 	}, ""
 }
 
+// InternalTransfer tells whether an event id names native value moved by a
+// contract call inside a transaction (Alchemy's "internal" category), which
+// the transaction's own recipient and value do not show.
+func InternalTransfer(eventID string) bool {
+	rest, ok := strings.CutPrefix(eventID, EventIDPrefix)
+	if !ok {
+		return false
+	}
+	parts := strings.Split(rest, ":")
+	return len(parts) == 4 && parts[2] == kindInternal
+}
+
 // eventID names a transfer: alchemy:<network>:<tx hash>:<kind>[:<detail>],
 // where detail is the decimal log index of a token transfer or the trace
 // address of an internal one. An ETH transfer and a token transfer in one

@@ -53,6 +53,10 @@ type finalRecord struct {
 	BlockNumber uint64           `json:"block_number"`
 	BlockHash   string           `json:"block_hash"`
 	Transfers   []transferRecord `json:"transfers,omitempty"`
+	// The transaction's own recipient and value, once a native deposit
+	// needed them; TxValue empty: not known.
+	TxTo    string `json:"tx_to,omitempty"`
+	TxValue string `json:"tx_value,omitempty"`
 }
 
 type transferRecord struct {
@@ -184,6 +188,9 @@ func encodeFinalRecord(r *Receipt) ([]byte, error) {
 		Version: finalRecordVersion, TxHash: r.TxHash, Status: r.Status,
 		BlockNumber: r.BlockNumber, BlockHash: r.BlockHash,
 	}
+	if r.TxValue != nil {
+		rec.TxTo, rec.TxValue = r.TxTo, r.TxValue.String()
+	}
 	for _, t := range r.Transfers {
 		rec.Transfers = append(rec.Transfers, transferRecord{
 			Contract: t.Contract, From: t.From, To: t.To, Value: t.Value.String(), LogIndex: t.LogIndex,
@@ -217,6 +224,18 @@ func decodeFinalRecord(raw []byte, txHash string) (*Receipt, error) {
 		return nil, fmt.Errorf("block hash %q", rec.BlockHash)
 	}
 	r := &Receipt{TxHash: txHash, Status: rec.Status, BlockNumber: rec.BlockNumber, BlockHash: blockHash}
+	if rec.TxValue != "" {
+		if r.TxValue, err = decodeValue(rec.TxValue); err != nil {
+			return nil, fmt.Errorf("transaction value %q", rec.TxValue)
+		}
+		if rec.TxTo != "" {
+			if r.TxTo, err = parseHex(rec.TxTo, addressHexLength, "address"); err != nil || r.TxTo != rec.TxTo {
+				return nil, fmt.Errorf("transaction recipient %q", rec.TxTo)
+			}
+		}
+	} else if rec.TxTo != "" {
+		return nil, fmt.Errorf("transaction recipient without a value")
+	}
 	for _, t := range rec.Transfers {
 		transfer, err := decodeTransferRecord(t)
 		if err != nil {
@@ -239,10 +258,19 @@ func decodeTransferRecord(t transferRecord) (Transfer, error) {
 		}
 		*field.out = address
 	}
-	value, ok := new(big.Int).SetString(t.Value, 10)
-	if !ok || value.Sign() < 0 || value.BitLen() > 256 || value.String() != t.Value {
+	value, err := decodeValue(t.Value)
+	if err != nil {
 		return Transfer{}, fmt.Errorf("transfer value %q", t.Value)
 	}
 	out.Value = value
 	return out, nil
+}
+
+// decodeValue reads a uint256 written in decimal, in its one canonical form.
+func decodeValue(s string) (*big.Int, error) {
+	value, ok := new(big.Int).SetString(s, 10)
+	if !ok || value.Sign() < 0 || value.BitLen() > 256 || value.String() != s {
+		return nil, fmt.Errorf("value %q is not a canonical uint256", s)
+	}
+	return value, nil
 }

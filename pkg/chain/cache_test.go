@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/testenv"
 )
@@ -79,11 +80,27 @@ func TestFinalityCacheRefusesBadEntries(t *testing.T) {
 	other := "0x" + strings.Repeat("99", 32)
 	forged, err := encodeFinalRecord(&Receipt{TxHash: other, Status: 1, BlockNumber: tx.BlockNumber, BlockHash: tx.BlockHash})
 	require.NoError(t, err)
-	for _, raw := range [][]byte{[]byte("garbage"), []byte(`{"v":2}`), forged} {
+	// A record of the right transaction whose native value fields are not
+	// in canonical form.
+	base := `{"v":1,"tx_hash":"` + tx.Hash + `","status":1,"block_number":` + itoa(tx.BlockNumber) + `,"block_hash":"` + tx.BlockHash + `"`
+	badValues := [][]byte{
+		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `"}`),
+		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `","tx_value":"01"}`),
+		[]byte(base + `,"tx_to":"` + strings.ToUpper(to) + `","tx_value":"1"}`),
+		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `","tx_value":"-1"}`),
+	}
+	for _, raw := range append([][]byte{[]byte("garbage"), []byte(`{"v":2}`), forged}, badValues...) {
 		require.NoError(t, w.rdb.Set(ctx, finalKeyPrefix+tx.Hash, raw, time.Hour).Err())
 		v := check(t, w, ethDeposit(tx, to), FinalizedPolicy())
 		require.Equal(t, Wait, v.State, "the chain says not final")
 	}
+	// The control: the same record in canonical form is believed, and its
+	// value decides the deposit.
+	good := []byte(base + `,"tx_to":"` + strings.ToLower(to) + `","tx_value":"2"}`)
+	require.NoError(t, w.rdb.Set(ctx, finalKeyPrefix+tx.Hash, good, time.Hour).Err())
+	v := check(t, w, ethDeposit(tx, to), FinalizedPolicy())
+	require.Equal(t, Mismatch, v.State)
+	require.Equal(t, "the transaction carries 2 base units, the deposit says 1", v.Reason)
 }
 
 // TestBrokenRedisStillAnswersCorrectly: with Redis gone, deposits are
@@ -113,5 +130,5 @@ func TestBrokenRedisStillAnswersCorrectly(t *testing.T) {
 
 	_, err = c.Reorg(ctx, "0x"+strings.Repeat("00", 32))
 	require.Error(t, err, "no such transaction")
-	require.Equal(t, Wait, check(t, w, Deposit{TxHash: "0x" + strings.Repeat("ab", 32)}, FinalizedPolicy()).State)
+	require.Equal(t, Wait, check(t, w, ethDeposit(devchain.Tx{Hash: "0x" + strings.Repeat("ab", 32)}, to), FinalizedPolicy()).State)
 }

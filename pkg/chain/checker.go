@@ -32,7 +32,9 @@ const (
 	Wait VerdictState = "wait"
 	// Reverted: the transaction failed (receipt status 0).
 	Reverted VerdictState = "reverted"
-	// Mismatch: a token deposit whose receipt has no matching Transfer log.
+	// Mismatch: a token deposit whose receipt has no matching Transfer
+	// log, or a native deposit whose transaction pays someone else or
+	// another amount.
 	Mismatch VerdictState = "mismatch"
 )
 
@@ -57,11 +59,18 @@ type Deposit struct {
 	TxHash string
 	// Token is the ERC-20 contract address; empty for native ETH.
 	Token string
-	// Recipients are the acceptable receiving addresses; for a token the
-	// Transfer log's `to` must be one of them.
+	// Recipients are the acceptable receiving addresses: the Transfer
+	// log's `to` for a token (required), the transaction's `to` for
+	// native value (checked when any are known).
 	Recipients []string
-	// Amount in base units; checked for tokens only.
+	// Amount in base units, which the Transfer log or the transaction's
+	// value must equal exactly.
 	Amount *big.Int
+	// Internal marks native value moved by a contract call inside the
+	// transaction (a provider's "internal" transfer), which neither the
+	// transaction nor its receipt shows: only status and finality are
+	// checked for it.
+	Internal bool
 }
 
 // CanonicalState is StillCanonical's answer.
@@ -144,7 +153,12 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 			}
 			latest = h.Number
 		}
-		return decide(d, p, r, true, latest), nil
+		known := r.TxValue != nil
+		v, err := c.checkValue(ctx, d, r, decide(d, p, r, true, latest))
+		if err == nil && !known && r.TxValue != nil {
+			c.cache.putFinal(ctx, r)
+		}
+		return v, err
 	}
 	if hint, ok := c.cache.notFinal(ctx, d.TxHash, p); ok {
 		return Verdict{
@@ -177,12 +191,41 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 		return Verdict{}, err
 	}
 	isFinal := haveFinalized && r.BlockNumber <= finalized
+	v, err := c.checkValue(ctx, d, r, decide(d, p, r, isFinal, latest))
 	if isFinal {
 		c.cache.putFinal(ctx, r)
 	}
-	v := decide(d, p, r, isFinal, latest)
+	if err != nil {
+		return Verdict{}, err
+	}
 	if v.State == Wait {
 		c.cache.putNotFinal(ctx, d.TxHash, p, notFinalRecord{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash})
+	}
+	return v, nil
+}
+
+// checkValue holds a native deposit about to be credited against the
+// transaction itself: the receipt shows a token's Transfer logs but not
+// where a transaction's own value went, nor how much it was. The answer
+// is kept in r, so a cached final receipt carries it.
+func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdict) (Verdict, error) {
+	if v.State != Credit || d.Token != "" || d.Internal {
+		return v, nil
+	}
+	if r.TxValue == nil {
+		tx, err := c.client.Transaction(ctx, d.TxHash)
+		if err != nil {
+			return Verdict{}, err
+		}
+		r.TxTo, r.TxValue = tx.To, tx.Value
+	}
+	switch {
+	case r.TxTo == "":
+		v.State, v.Reason = Mismatch, "the transaction creates a contract; it pays no deposit address"
+	case len(d.Recipients) > 0 && !slices.Contains(d.Recipients, r.TxTo):
+		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction pays %s, not %s", r.TxTo, strings.Join(d.Recipients, ", "))
+	case r.TxValue.Cmp(d.Amount) != 0:
+		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction carries %s base units, the deposit says %s", r.TxValue, d.Amount)
 	}
 	return v, nil
 }
@@ -362,7 +405,7 @@ func listAddresses(transfers []Transfer, pick func(Transfer) string) string {
 
 // normalized validates a deposit and lowercases its hex.
 func (d Deposit) normalized() (Deposit, error) {
-	out := Deposit{Amount: d.Amount}
+	out := Deposit{Amount: d.Amount, Internal: d.Internal}
 	var err error
 	if out.TxHash, err = ParseTxHash(d.TxHash); err != nil {
 		return Deposit{}, err
@@ -377,17 +420,21 @@ func (d Deposit) normalized() (Deposit, error) {
 		}
 		out.Recipients = append(out.Recipients, a)
 	}
-	if d.Token == "" {
+	kind := "native"
+	switch {
+	case d.Token != "":
+		kind = "token"
+		if out.Token, err = ParseAddress(d.Token); err != nil {
+			return Deposit{}, err
+		}
+		if len(out.Recipients) == 0 {
+			return Deposit{}, payment.Invalid("token deposit without a recipient address")
+		}
+	case d.Internal:
 		return out, nil
 	}
-	if out.Token, err = ParseAddress(d.Token); err != nil {
-		return Deposit{}, err
-	}
-	if len(out.Recipients) == 0 {
-		return Deposit{}, payment.Invalid("token deposit without a recipient address")
-	}
 	if d.Amount == nil || d.Amount.Sign() <= 0 {
-		return Deposit{}, payment.Invalid("token deposit without a positive amount")
+		return Deposit{}, payment.Invalid("%s deposit without a positive amount", kind)
 	}
 	return out, nil
 }

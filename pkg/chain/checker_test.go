@@ -143,7 +143,7 @@ func TestNonePolicyCreditsAtOnce(t *testing.T) {
 func TestUnknownTransactionWaits(t *testing.T) {
 	c := startChain(t)
 	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
-	unknown := Deposit{TxHash: "0x" + strings.Repeat("ab", 32)}
+	unknown := Deposit{TxHash: "0x" + strings.Repeat("ab", 32), Recipients: []string{"0x" + strings.Repeat("cd", 20)}, Amount: big.NewInt(1)}
 	sawIndexing := false
 	require.Eventually(t, func() bool {
 		_, err := w.checker.CheckDeposit(testContext(t), unknown, FinalizedPolicy())
@@ -193,7 +193,7 @@ func TestRevertedNeverCredited(t *testing.T) {
 	require.Equal(t, Reverted, v.State)
 	require.True(t, v.Finalized)
 	// A native ETH deposit naming the reverted transaction: the same.
-	require.Equal(t, Reverted, check(t, w, Deposit{TxHash: tx.Hash}, FinalizedPolicy()).State)
+	require.Equal(t, Reverted, check(t, w, Deposit{TxHash: tx.Hash, Recipients: []string{token}, Amount: big.NewInt(1)}, FinalizedPolicy()).State)
 }
 
 func TestTokenDeposits(t *testing.T) {
@@ -202,7 +202,7 @@ func TestTokenDeposits(t *testing.T) {
 	ctx := testContext(t)
 	accounts := c.Accounts()
 	deposit, other := accounts[1].Address, accounts[2].Address
-	token, _, err := c.DeployToken(ctx, 0)
+	token, creation, err := c.DeployToken(ctx, 0)
 	require.NoError(t, err)
 	foreign, _, err := c.DeployToken(ctx, 0)
 	require.NoError(t, err)
@@ -259,8 +259,43 @@ func TestTokenDeposits(t *testing.T) {
 		})
 	}
 
-	// Native ETH deposits check status and finality only.
-	require.Equal(t, Credit, check(t, w, Deposit{TxHash: plainETH.Hash}, policy).State)
+	// A native deposit is held against the transaction itself: its
+	// recipient and its value.
+	require.Equal(t, Credit, check(t, w, Deposit{TxHash: plainETH.Hash, Recipients: []string{other, strings.ToUpper(deposit)}, Amount: amount}, policy).State)
+	for name, tc := range map[string]struct {
+		d      Deposit
+		reason string
+	}{
+		"native amount": {
+			d:      Deposit{TxHash: plainETH.Hash, Recipients: []string{deposit}, Amount: new(big.Int).Add(amount, big.NewInt(1))},
+			reason: "the transaction carries 50000000000000000000 base units, the deposit says 50000000000000000001",
+		},
+		"native recipient": {
+			d:      Deposit{TxHash: plainETH.Hash, Recipients: []string{other}, Amount: amount},
+			reason: "the transaction pays " + strings.ToLower(deposit) + ", not " + strings.ToLower(other),
+		},
+		"native claimed from a token transfer": {
+			d:      Deposit{TxHash: good.Hash, Recipients: []string{deposit}, Amount: amount},
+			reason: "the transaction pays " + token + ", not " + strings.ToLower(deposit),
+		},
+		"native claimed from a contract creation": {
+			d:      Deposit{TxHash: creation.Hash, Recipients: []string{deposit}, Amount: amount},
+			reason: "the transaction creates a contract; it pays no deposit address",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := check(t, w, tc.d, policy)
+			require.Equal(t, Mismatch, v.State)
+			require.Equal(t, tc.reason, v.Reason)
+		})
+	}
+	// With no deposit address known (a user who registered none), the
+	// value is still checked.
+	require.Equal(t, Credit, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: amount}, policy).State)
+	require.Equal(t, Mismatch, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: big.NewInt(1)}, policy).State)
+	// Value moved by a contract call inside a transaction is not in the
+	// transaction's own fields: status and finality only.
+	require.Equal(t, Credit, check(t, w, Deposit{TxHash: good.Hash, Internal: true}, policy).State)
 }
 
 func TestInvalidDeposits(t *testing.T) {
@@ -274,6 +309,7 @@ func TestInvalidDeposits(t *testing.T) {
 		"bad recipient":      {TxHash: hash, Recipients: []string{"0xnothex"}},
 		"token no recipient": {TxHash: hash, Token: addr, Amount: big.NewInt(1)},
 		"token no amount":    {TxHash: hash, Token: addr, Recipients: []string{addr}},
+		"native no amount":   {TxHash: hash, Recipients: []string{addr}},
 		"token zero amount":  {TxHash: hash, Token: addr, Recipients: []string{addr}, Amount: big.NewInt(0)},
 		"too many":           {TxHash: hash, Recipients: make([]string, RecipientsMax+1)},
 	} {
@@ -306,7 +342,7 @@ func TestReorgDropsDeposit(t *testing.T) {
 	moved, err := c.SendETH(ctx, 1, to, big.NewInt(2_000))
 	require.NoError(t, err)
 
-	v := check(t, w, ethDeposit(dropped, to), policy)
+	v := check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Credit, v.State)
 	require.False(t, v.Finalized)
 	state, err := w.checker.StillCanonical(ctx, dropped.Hash, v.BlockNumber, v.BlockHash)
@@ -316,14 +352,14 @@ func TestReorgDropsDeposit(t *testing.T) {
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
 
-	v = check(t, w, ethDeposit(dropped, to), policy)
+	v = check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Wait, v.State)
 	require.False(t, v.ReceiptSeen)
 	state, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Gone, state)
 
-	again := check(t, w, ethDeposit(moved, to), policy)
+	again := check(t, w, Deposit{TxHash: moved.Hash, Recipients: []string{to}, Amount: big.NewInt(2_000)}, policy)
 	require.Equal(t, Credit, again.State, "the other transaction was mined again on the new branch")
 	require.NotEqual(t, moved.BlockHash, again.BlockHash)
 	state, err = w.checker.StillCanonical(ctx, moved.Hash, moved.BlockNumber, moved.BlockHash)

@@ -52,6 +52,7 @@ const (
 const (
 	methodReceipt = "eth_getTransactionReceipt"
 	methodBlock   = "eth_getBlockByNumber"
+	methodTx      = "eth_getTransactionByHash"
 )
 
 // BlockTag names a moving block.
@@ -71,6 +72,10 @@ type Receipt struct {
 	BlockHash   string
 	// Transfers are the receipt's ERC-20 Transfer logs, in log order.
 	Transfers []Transfer
+	// TxTo and TxValue are the transaction's own recipient and value,
+	// filled in when a native deposit needs them; TxValue nil: not asked.
+	TxTo    string
+	TxValue *big.Int
 }
 
 // Transfer is one ERC-20 Transfer(address indexed from, address indexed
@@ -183,6 +188,31 @@ func (c *Client) Receipt(ctx context.Context, txHash string) (*Receipt, error) {
 		return nil, payment.Unavailable("chain "+methodReceipt, err)
 	}
 	return receipt, nil
+}
+
+// Transaction fetches a transaction's recipient and value. It is asked only
+// about a transaction whose receipt was just seen, so a node that does not
+// know it is answering inconsistently: unavailable, ask again later.
+func (c *Client) Transaction(ctx context.Context, txHash string) (Transaction, error) {
+	hash, err := ParseTxHash(txHash)
+	if err != nil {
+		return Transaction{}, err
+	}
+	var raw json.RawMessage
+	err = c.call(ctx, methodTx, func(ctx context.Context) error {
+		return c.rpc.CallContext(ctx, &raw, methodTx, hash)
+	})
+	if err != nil {
+		return Transaction{}, err
+	}
+	tx, ok, err := parseTransaction(raw)
+	if err == nil && !ok {
+		err = fmt.Errorf("no transaction %s, though its receipt exists", hash)
+	}
+	if err != nil {
+		return Transaction{}, payment.Unavailable("chain "+methodTx, err)
+	}
+	return tx, nil
 }
 
 // HeaderByTag fetches the latest, safe or finalized header.

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
+
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -129,4 +131,41 @@ func wordValue(data []byte) (*big.Int, bool) {
 		return nil, false
 	}
 	return new(big.Int).SetBytes(data), true
+}
+
+// Transaction is the part of a transaction settle checks a native deposit
+// against: where its value went and how much it was.
+type Transaction struct {
+	To    string // lowercase 0x hex; empty for a contract creation
+	Value *big.Int
+}
+
+// txJSON is the subset of eth_getTransactionByHash's answer we read.
+type txJSON struct {
+	To    *string `json:"to"`
+	Value *string `json:"value"`
+}
+
+// parseTransaction decodes an eth_getTransactionByHash result. A JSON null
+// (no such transaction) is reported as ok=false.
+func parseTransaction(raw json.RawMessage) (tx Transaction, ok bool, err error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return Transaction{}, false, nil
+	}
+	var t txJSON
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return Transaction{}, false, fmt.Errorf("decode transaction: %w", err)
+	}
+	if t.Value == nil {
+		return Transaction{}, false, fmt.Errorf("transaction lacks a value")
+	}
+	if tx.Value, err = hexutil.DecodeBig(*t.Value); err != nil {
+		return Transaction{}, false, fmt.Errorf("transaction value %q: %w", *t.Value, err)
+	}
+	if t.To != nil {
+		if tx.To, err = parseHex(*t.To, addressHexLength, "transaction recipient"); err != nil {
+			return Transaction{}, false, err
+		}
+	}
+	return tx, true, nil
 }

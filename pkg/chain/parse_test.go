@@ -60,6 +60,60 @@ func TestParseHeader(t *testing.T) {
 	}
 }
 
+func TestParseTransaction(t *testing.T) {
+	to := "0x" + strings.Repeat("Ab", 20)
+	tx, ok, err := parseTransaction(json.RawMessage(`{"to":"` + to + `","value":"0xde0b6b3a7640000","input":"0x"}`))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, strings.ToLower(to), tx.To)
+	require.Equal(t, "1000000000000000000", tx.Value.String())
+
+	creation, ok, err := parseTransaction(json.RawMessage(`{"to":null,"value":"0x0"}`))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, creation.To, "a contract creation pays nobody")
+
+	_, ok, err = parseTransaction(json.RawMessage(`null`))
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	for _, bad := range []string{
+		`{}`, `[]`, `"x"`, `{"to":"` + to + `"}`,
+		`{"to":"` + to + `","value":"1"}`,
+		`{"to":"` + to + `","value":"0x01"}`,
+		`{"to":"` + to + `","value":"0x1` + strings.Repeat("0", 64) + `"}`,
+		`{"to":"0x12","value":"0x1"}`,
+		`{"to":"` + to + `","value":1}`,
+	} {
+		_, _, err := parseTransaction(json.RawMessage(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func FuzzParseTransaction(f *testing.F) {
+	for _, seed := range []string{
+		`{"to":"0x` + strings.Repeat("ab", 20) + `","value":"0x1"}`, `{"to":null,"value":"0x0"}`, `null`, `{}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		tx, ok, err := parseTransaction(raw)
+		if err != nil || !ok {
+			return
+		}
+		// An accepted transaction has a canonical recipient (or none) and
+		// a non-negative value of at most 256 bits.
+		if tx.To != "" {
+			again, err := parseHex(tx.To, addressHexLength, "address")
+			require.NoError(t, err)
+			require.Equal(t, tx.To, again)
+		}
+		require.NotNil(t, tx.Value)
+		require.GreaterOrEqual(t, tx.Value.Sign(), 0)
+		require.LessOrEqual(t, tx.Value.BitLen(), 256)
+	})
+}
+
 func TestParseQuantity(t *testing.T) {
 	for in, want := range map[string]uint64{"0x0": 0, "0x1": 1, "0xff": 255, "0xFF": 255, "0xffffffffffffffff": 1<<64 - 1} {
 		got, err := parseQuantity(in)
@@ -118,6 +172,12 @@ func FuzzDecodeFinalRecord(f *testing.F) {
 	})
 	require.NoError(f, err)
 	f.Add(good)
+	native, err := encodeFinalRecord(&Receipt{
+		TxHash: txHash, Status: 1, BlockNumber: 7, BlockHash: "0x" + strings.Repeat("22", 32),
+		TxTo: "0x" + strings.Repeat("66", 20), TxValue: big.NewInt(12),
+	})
+	require.NoError(f, err)
+	f.Add(native)
 	f.Add([]byte(`{"v":1}`))
 	f.Add([]byte(`garbage`))
 	f.Fuzz(func(t *testing.T, raw []byte) {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/logging"
@@ -185,15 +186,17 @@ func (g *Gate) deposit(ctx context.Context, e payment.Event, toAddress string) (
 		return chain.Deposit{}, "", payment.Invalid("amount %s has more digits than %s's %d decimals", e.Amount, asset.Code, asset.Decimals)
 	}
 	d := chain.Deposit{TxHash: e.TxHash, Token: asset.Contract, Amount: units}
-	if asset.Native() {
+	if asset.Native() && alchemy.InternalTransfer(e.ID) {
+		d.Internal = true
 		return d, asset.Network, nil
 	}
 	if toAddress != "" {
 		d.Recipients = []string{toAddress}
 		return d, asset.Network, nil
 	}
-	// A deposit named by user only: the Transfer must go to one of the
-	// user's registered addresses on the token's network.
+	// A deposit named by user only: the Transfer (or the transaction's
+	// value) must go to one of the user's registered addresses on the
+	// asset's network.
 	addresses, err := g.o.Store.UserDepositAddresses(ctx, asset.Network, e.UserID)
 	if err != nil {
 		return chain.Deposit{}, "", err

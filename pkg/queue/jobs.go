@@ -79,6 +79,15 @@ func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
 	}
 }
 
+type periodKey struct{}
+
+// JobPeriod is the period a job run claimed (the number the replicas
+// race for), as its Run sees it through the context.
+func JobPeriod(ctx context.Context) (int64, bool) {
+	p, ok := ctx.Value(periodKey{}).(int64)
+	return p, ok
+}
+
 // Run runs every job until ctx ends, then waits for runs under way.
 func (r *Runner) Run(ctx context.Context, jobs []Job) {
 	var wg sync.WaitGroup
@@ -127,7 +136,7 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err
 	if timeout <= 0 {
 		timeout = max(j.Every, time.Minute)
 	}
-	runCtx, cancel := context.WithTimeout(ctx, timeout)
+	runCtx, cancel := context.WithTimeout(context.WithValue(ctx, periodKey{}, period), timeout)
 	defer cancel()
 	started := time.Now()
 	err = j.Run(runCtx)
