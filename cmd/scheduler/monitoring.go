@@ -33,6 +33,7 @@ func monitoringJobs(s monitorSettings, db *postgres.DB, alerts *alert.Alerter, l
 	return []queue.Job{
 		{Name: "hot_path_check", Every: s.HotPathInterval, Run: m.HotPath(s.HotPathWindow)},
 		{Name: "health_check", Every: s.HealthInterval, Run: m.Health},
+		{Name: "health_gauges", Every: s.HealthInterval, Local: true, Run: m.HealthGauges},
 		{Name: "full_reconcile", Every: monitor.FullReconcileCheckEvery, Timeout: monitor.FullReconcileCheckEvery, Run: m.FullReconcile},
 	}
 }

@@ -126,24 +126,25 @@ func (m *Monitor) reportMismatches(kind string, bad []postgres.Mismatch) {
 		map[string]any{"kind": kind, "sample": sample})
 }
 
+// HealthGauges refreshes the zombie and DLQ gauges only. It runs on every
+// scheduler replica (Health, which alerts, runs on one per period), so no
+// replica exports a count older than the health interval.
+func (m *Monitor) HealthGauges(ctx context.Context) error {
+	h, err := m.store.Health(ctx)
+	if err != nil {
+		return err
+	}
+	m.setGauges(h)
+	return nil
+}
+
 // Health counts zombies and DLQ activity and alerts on each past its bound.
 func (m *Monitor) Health(ctx context.Context) error {
 	h, err := m.store.Health(ctx)
 	if err != nil {
 		return err
 	}
-	gauges := map[string]int64{
-		"processing":        h.StuckProcessing,
-		"pending":           h.StuckPending,
-		"enqueued":          h.StuckEnqueued,
-		"awaiting_finality": h.StuckAwaiting,
-		"dlq_last_hour":     h.DeadLettersLastHour,
-		"dlq_open":          h.OpenDeadLetters,
-		"processed_pending": h.PendingKeys,
-	}
-	for status, n := range gauges {
-		m.zombies.WithLabelValues(status).Set(float64(n))
-	}
+	m.setGauges(h)
 	check := func(key string, n int64, bound int64, summary string) {
 		if n > bound {
 			m.alerts.Raise(key, alert.Critical, summary, map[string]any{"count": n})
@@ -156,4 +157,19 @@ func (m *Monitor) Health(ctx context.Context) error {
 	check("dlq_flood", h.DeadLettersLastHour, postgres.DeadLettersHourlyMax, "more than 10 dead letters in the last hour")
 	check("processed_events_pending", h.PendingKeys, 0, "idempotency records stuck pending for over 10 minutes")
 	return nil
+}
+
+func (m *Monitor) setGauges(h postgres.Health) {
+	gauges := map[string]int64{
+		"processing":        h.StuckProcessing,
+		"pending":           h.StuckPending,
+		"enqueued":          h.StuckEnqueued,
+		"awaiting_finality": h.StuckAwaiting,
+		"dlq_last_hour":     h.DeadLettersLastHour,
+		"dlq_open":          h.OpenDeadLetters,
+		"processed_pending": h.PendingKeys,
+	}
+	for status, n := range gauges {
+		m.zombies.WithLabelValues(status).Set(float64(n))
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
@@ -158,4 +159,33 @@ func TestHealthAlertsOnZombies(t *testing.T) {
 	require.NoError(t, monitor.New(db, a, zerolog.New(io.Discard), nil).Health(ctx))
 	require.True(t, a.has("zombie_pending"))
 	require.False(t, a.has("zombie_enqueued"))
+
+	// Another replica only refreshes its gauges: the same count, no alert.
+	reg := prometheus.NewRegistry()
+	other := &alerts{}
+	require.NoError(t, monitor.New(db, other, zerolog.New(io.Discard), reg).HealthGauges(ctx))
+	require.Empty(t, other.keys)
+	require.Equal(t, 1.0, gaugeValue(t, reg, "settle_zombie_events", "pending"))
+	require.Equal(t, 0.0, gaugeValue(t, reg, "settle_zombie_events", "enqueued"))
+}
+
+// gaugeValue reads one labelled gauge from a registry.
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name, status string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "status" && l.GetValue() == status {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{status=%q}", name, status)
+	return 0
 }

@@ -24,7 +24,10 @@ type Job struct {
 	At    time.Duration
 	// Timeout bounds one run.
 	Timeout time.Duration
-	Run     func(ctx context.Context) error
+	// Local jobs run on every replica, each period, without a claim: for
+	// read-only work whose result lives in the replica (a gauge).
+	Local bool
+	Run   func(ctx context.Context) error
 }
 
 // period numbers the job's current period: runs at the same period number
@@ -122,15 +125,18 @@ func (r *Runner) loop(ctx context.Context, j Job) {
 	}
 }
 
-// tryRun claims the period and runs the job if the claim is ours.
+// tryRun claims the period (unless the job is local) and runs the job if
+// the claim is ours.
 func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err error) {
-	won, err := r.Periods.ClaimPeriod(ctx, j.Name, period, r.Owner)
-	if err != nil {
-		r.Log.Warn().Err(err).Str("job", j.Name).Msg("could not claim job period")
-		return false, err
-	}
-	if !won {
-		return false, nil
+	if !j.Local {
+		won, err := r.Periods.ClaimPeriod(ctx, j.Name, period, r.Owner)
+		if err != nil {
+			r.Log.Warn().Err(err).Str("job", j.Name).Msg("could not claim job period")
+			return false, err
+		}
+		if !won {
+			return false, nil
+		}
 	}
 	timeout := j.Timeout
 	if timeout <= 0 {

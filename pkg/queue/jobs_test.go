@@ -49,6 +49,37 @@ func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
 	}
 }
 
+// TestLocalJobRunsOnEveryReplica: a local job is not claimed, so each
+// replica runs it every period.
+func TestLocalJobRunsOnEveryReplica(t *testing.T) {
+	db := testenv.DB(t)
+	const every = 100 * time.Millisecond
+	var mu sync.Mutex
+	runs := map[string]int{}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, owner := range []string{"a", "b"} {
+		job := queue.Job{Name: "gauges", Every: every, Local: true, Run: func(context.Context) error {
+			mu.Lock()
+			runs[owner]++
+			mu.Unlock()
+			return nil
+		}}
+		r := &queue.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Run(ctx, []queue.Job{job}) }()
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, runs["a"], 3)
+	require.GreaterOrEqual(t, runs["b"], 3)
+	claimed, err := db.ClaimPeriod(context.Background(), "gauges", 1, "probe")
+	require.NoError(t, err)
+	require.True(t, claimed, "a local job leaves no claim behind")
+}
+
 func TestDailyJobWaitsForItsTimeOfDay(t *testing.T) {
 	db := testenv.DB(t)
 	now := time.Now().UTC()
