@@ -160,6 +160,6 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err
 	if r.runs != nil {
 		r.runs.WithLabelValues(j.Name, result).Inc()
 	}
-	event.Str("job", j.Name).Int64("period", period).Str("owner", r.Owner).Dur("took", time.Since(started)).Msg("job ran")
+	event.Str("job", j.Name).Int64("period", period).Str("owner", r.Owner).Bool("local", j.Local).Dur("took", time.Since(started)).Msg("job ran")
 	return true, err
 }
