@@ -112,14 +112,7 @@ func StartPgBouncer(ctx context.Context, opts PgBouncerOptions) (*PgBouncer, err
 		return nil, err
 	}
 	b := &PgBouncer{Port: opts.Port, Dir: opts.Dir, owner: owner, options: opts}
-	if b.Dir == "" {
-		dir, err := os.MkdirTemp("", "settle-pgbouncer-")
-		if err != nil {
-			return nil, err
-		}
-		b.Dir, b.temp = dir, true
-	}
-	if err := os.MkdirAll(b.Dir, 0o755); err != nil {
+	if b.Dir, b.temp, err = workDir(b.Dir, "settle-pgbouncer-"); err != nil {
 		return nil, err
 	}
 	// pgbouncer runs as the server account and writes its log here.

@@ -46,14 +46,7 @@ func StartPostgres(ctx context.Context, opts PostgresOptions) (*Postgres, error)
 		return nil, err
 	}
 	p := &Postgres{binDir: binDir, owner: owner, options: opts, Dir: opts.Dir, Port: opts.Port}
-	if p.Dir == "" {
-		dir, err := os.MkdirTemp("", "settle-pg-")
-		if err != nil {
-			return nil, err
-		}
-		p.Dir, p.temp = dir, true
-	}
-	if err := os.MkdirAll(p.Dir, 0o755); err != nil {
+	if p.Dir, p.temp, err = workDir(p.Dir, "settle-pg-"); err != nil {
 		return nil, err
 	}
 	// The server account must be able to reach its data directory.

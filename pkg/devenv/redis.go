@@ -35,6 +35,21 @@ type Redis struct {
 	proc    process
 }
 
+// workDir returns dir, created if missing, or a new temporary directory
+// (temp true: the caller removes it) when dir is empty.
+func workDir(dir, prefix string) (_ string, temp bool, err error) {
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", prefix); err != nil {
+			return "", false, err
+		}
+		temp = true
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", false, err
+	}
+	return dir, temp, nil
+}
+
 // RedisServerPath finds redis-server.
 func RedisServerPath() (string, error) {
 	if path, err := exec.LookPath("redis-server"); err == nil {
@@ -46,14 +61,8 @@ func RedisServerPath() (string, error) {
 // StartRedis starts a server and waits until it answers.
 func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 	r := &Redis{options: opts, Dir: opts.Dir, Port: opts.Port}
-	if r.Dir == "" {
-		dir, err := os.MkdirTemp("", "settle-redis-")
-		if err != nil {
-			return nil, err
-		}
-		r.Dir, r.temp = dir, true
-	}
-	if err := os.MkdirAll(r.Dir, 0o755); err != nil {
+	var err error
+	if r.Dir, r.temp, err = workDir(r.Dir, "settle-redis-"); err != nil {
 		return nil, err
 	}
 	if r.Port == 0 {

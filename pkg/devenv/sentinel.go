@@ -87,11 +87,8 @@ func StartSentinel(ctx context.Context, opts SentinelOptions) (*Sentinel, error)
 		return nil, err
 	}
 	s := &Sentinel{MasterName: opts.MasterName, Dir: opts.Dir}
-	if s.Dir == "" {
-		if s.Dir, err = os.MkdirTemp("", "settle-sentinel-"); err != nil {
-			return nil, err
-		}
-		s.temp = true
+	if s.Dir, s.temp, err = workDir(s.Dir, "settle-sentinel-"); err != nil {
+		return nil, err
 	}
 	ok := false
 	defer func() {
