@@ -67,7 +67,9 @@ type Options struct {
 	Alerts       Alerter
 	Log          zerolog.Logger
 	Registerer   prometheus.Registerer
-	Now          func() time.Time
+	// Now is the worker's clock. No stored schedule and no comparison with
+	// a database time uses it: those take the database's now().
+	Now func() time.Time
 }
 
 // Gate implements queue.Gate.
@@ -127,7 +129,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		log.Warn().Err(err).Msg("chain unavailable; deposit waits")
 		// The usual schedule: while the breaker is open a check fails fast
 		// without touching the node, so asking again costs nothing.
-		return nil, g.park(ctx, e, state, postgres.Wait{NextCheckAt: g.o.Now().Add(g.recheckAfter(state.Checks)), Note: "chain unavailable: " + err.Error()})
+		return nil, g.park(ctx, e, state, postgres.Wait{RecheckIn: g.recheckAfter(state.Checks), Note: "chain unavailable: " + err.Error()})
 	}
 	if err != nil {
 		return nil, err
@@ -144,7 +146,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	case chain.Mismatch:
 		return nil, g.decide(ctx, e, payment.OutcomeMismatch, verdict.Reason, true)
 	case chain.Wait:
-		if g.o.Now().Sub(state.CreatedAt) >= g.o.Timeout {
+		if state.Age >= g.o.Timeout {
 			switch {
 			case !verdict.ReceiptSeen && state.ReceiptSeen:
 				g.verdicts.WithLabelValues("reorged").Inc()
@@ -164,7 +166,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 			log.Warn().Msg("receipt seen before is gone: the transaction left the canonical chain")
 		}
 		wait := postgres.Wait{
-			NextCheckAt: g.o.Now().Add(g.recheckAfter(state.Checks)),
+			RecheckIn:   g.recheckAfter(state.Checks),
 			ReceiptSeen: verdict.ReceiptSeen,
 			BlockNumber: int64(verdict.BlockNumber),
 			BlockHash:   verdict.BlockHash,
@@ -224,7 +226,7 @@ func (g *Gate) park(ctx context.Context, e payment.Event, state postgres.ChainWa
 		return err
 	}
 	if moved {
-		logging.From(ctx).Debug().Time("next_check_at", w.NextCheckAt).Str("why", w.Note).Msg("deposit awaits finality")
+		logging.From(ctx).Debug().Dur("recheck_in", w.RecheckIn).Str("why", w.Note).Msg("deposit awaits finality")
 	}
 	return nil
 }

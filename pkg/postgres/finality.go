@@ -12,7 +12,9 @@ import (
 
 // Wait records that a deposit is not final yet.
 type Wait struct {
-	NextCheckAt time.Time
+	// RecheckIn is added to the database's clock (now() + RecheckIn), so a
+	// worker's skewed clock never moves the schedule.
+	RecheckIn   time.Duration
 	ReceiptSeen bool
 	BlockNumber int64 // 0 when unknown
 	BlockHash   string
@@ -31,7 +33,7 @@ func (db *DB) AwaitFinality(ctx context.Context, e payment.Event, w Wait) (bool,
 		hash = &w.BlockHash
 	}
 	moved, _, err := transition(ctx, db.pool, q("await_finality"), nil, nil,
-		e.ID, e.Generation, w.NextCheckAt, w.ReceiptSeen, block, hash, w.Note)
+		e.ID, e.Generation, interval(w.RecheckIn), w.ReceiptSeen, block, hash, w.Note)
 	return moved[e.ID], err
 }
 
@@ -39,7 +41,9 @@ func (db *DB) AwaitFinality(ctx context.Context, e payment.Event, w Wait) (bool,
 type ChainWaitState struct {
 	ReceiptSeen bool
 	CreatedAt   time.Time
-	Checks      int
+	// Age is now() - created_at on the database's clock.
+	Age    time.Duration
+	Checks int
 	// ToAddress is the recipient the provider named, if any.
 	ToAddress string
 }
@@ -48,7 +52,9 @@ type ChainWaitState struct {
 func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, error) {
 	stmt := q("chain_wait_state")
 	var s ChainWaitState
-	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &s.Checks, &s.ToAddress)
+	var ageMicros int64
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress)
+	s.Age = time.Duration(ageMicros) * time.Microsecond
 	if err == pgx.ErrNoRows {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
 	}

@@ -1,9 +1,10 @@
 -- name: await_finality
 -- transition: enqueued -> awaiting_finality
 -- The deposit's transaction has not reached the finality policy: park it
--- until next_check_at. Waiting burns neither retries nor recoveries.
+-- until next_check_at, $3 from the database's clock (never the worker's).
+-- Waiting burns neither retries nor recoveries.
 UPDATE payment_events
-SET status = 'awaiting_finality', next_check_at = $3, check_count = check_count + 1,
+SET status = 'awaiting_finality', next_check_at = now() + $3::interval, check_count = check_count + 1,
     receipt_seen_at = CASE WHEN $4 THEN COALESCE(receipt_seen_at, now()) ELSE receipt_seen_at END,
     block_number = COALESCE($5, block_number), block_hash = COALESCE($6, block_hash),
     error = NULLIF($7, ''), updated_at = now()
@@ -21,7 +22,9 @@ WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id, receipt_seen_at IS NOT NULL;
 
 -- name: chain_wait_state
-SELECT receipt_seen_at IS NOT NULL, created_at, check_count, COALESCE(to_address, '')
+-- The age is taken on the database's clock, like created_at itself.
+SELECT receipt_seen_at IS NOT NULL, created_at,
+       (extract(epoch FROM now() - created_at) * 1000000)::bigint, check_count, COALESCE(to_address, '')
 FROM payment_events
 WHERE event_id = $1;
 
