@@ -73,6 +73,13 @@ const (
 	OutcomeReverted          Outcome = "reverted"
 	OutcomeNotFound          Outcome = "not_found"
 	OutcomeMismatch          Outcome = "mismatch"
+	// OutcomeDuplicateTransfer: the deposit's on-chain transfer was
+	// already credited to another event.
+	OutcomeDuplicateTransfer Outcome = "duplicate_transfer"
+	// OutcomeReopened is recorded in processed_events only: a failed
+	// deposit whose transaction the chain shows again, sent back to the
+	// ledger, which treats it as a first attempt.
+	OutcomeReopened Outcome = "reopened"
 	// OutcomeDeadLettered marks a failure that a human must look at: the
 	// event has a dead_letter_queue row.
 	OutcomeDeadLettered Outcome = "dead_lettered"
@@ -80,7 +87,15 @@ const (
 
 // BusinessFailures are the outcomes that end an event failed without a DLQ
 // row: the system worked, the payment simply cannot go through.
-var BusinessFailures = []Outcome{OutcomeInsufficientFunds, OutcomeReorged, OutcomeReverted, OutcomeNotFound, OutcomeMismatch}
+var BusinessFailures = []Outcome{OutcomeInsufficientFunds, OutcomeReorged, OutcomeReverted, OutcomeNotFound, OutcomeMismatch, OutcomeDuplicateTransfer}
+
+// Reopenable reports whether a recorded outcome lets the event run again
+// as a first attempt (a human replayed its dead letter, or the chain shows
+// its transaction again).
+func (o Outcome) Reopenable() bool { return o == OutcomeDeadLettered || o == OutcomeReopened }
+
+// RecheckOutcomes are the failed deposits' outcomes a recheck may reverse.
+var RecheckOutcomes = []Outcome{OutcomeReorged, OutcomeNotFound, OutcomeMismatch, OutcomeReverted}
 
 // IdempotencyKey is the lowercase hex SHA-256 of the length-prefixed
 // fields: a 4-byte big-endian length and the UTF-8 bytes of the event id,
@@ -110,6 +125,9 @@ type Content struct {
 	Asset  string
 	Amount decimal.Decimal
 	TxHash string // lowercase, or empty
+	// TransferIndex is the transfer a deposit names within its
+	// transaction, or empty.
+	TransferIndex string
 }
 
 // Hash is a SHA-256 over the length-prefixed canonical fields; amounts are
@@ -121,6 +139,12 @@ func (c Content) Hash() []byte {
 	writeField(h, c.Asset)
 	writeField(h, money.Canonical(c.Amount))
 	writeField(h, strings.ToLower(c.TxHash))
+	// Written only when set, so the hashes of events stored before the
+	// field existed do not change; a field more cannot collide under the
+	// length prefixes.
+	if c.TransferIndex != "" {
+		writeField(h, c.TransferIndex)
+	}
 	return h.Sum(nil)
 }
 
@@ -137,6 +161,9 @@ type Event struct {
 	Asset  string
 	Amount decimal.Decimal
 	TxHash string
+	// TransferIndex is the transfer a deposit claims in its transaction
+	// when its sender named one (see Transfer).
+	TransferIndex string
 	// Generation counts the times the event was handed to the queue
 	// afresh (stale recovery, DLQ replay); a task of an older generation
 	// is stale and does nothing.
