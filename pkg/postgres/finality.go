@@ -46,6 +46,8 @@ type ChainWaitState struct {
 	Checks int
 	// ToAddress is the recipient the provider named, if any.
 	ToAddress string
+	// TransferIndex is the transfer the deposit names, if it names one.
+	TransferIndex string
 }
 
 // ChainWait reads an event's finality history.
@@ -53,7 +55,7 @@ func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, er
 	stmt := q("chain_wait_state")
 	var s ChainWaitState
 	var ageMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress)
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex)
 	s.Age = time.Duration(ageMicros) * time.Microsecond
 	if err == pgx.ErrNoRows {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
