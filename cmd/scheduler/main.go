@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/alert"
@@ -43,6 +44,9 @@ type settings struct {
 	Retention          time.Duration
 	AlertWebhookURL    string
 	Monitor            monitorSettings
+
+	// PartitionLockTimeout bounds each partition DDL's wait for its lock.
+	PartitionLockTimeout time.Duration
 }
 
 func readSettings(env *config.Env) settings {
@@ -64,6 +68,7 @@ func readSettings(env *config.Env) settings {
 		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 	}
 	s.ListenURL = env.String("DATABASE_LISTEN_URL", s.DatabaseURL)
+	s.PartitionLockTimeout = env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault)
 	s.Monitor = readMonitorSettings(env)
 	return s
 }
@@ -132,7 +137,7 @@ func run(s settings, log zerolog.Logger) error {
 			}
 			return err
 		}},
-		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, s.Retention)},
+		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Retention, s.PartitionLockTimeout)},
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, queue.QueueMaintenance, queue.TypeWatchReorgs, s.ReorgWatchInterval)},
 		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
 	}
@@ -175,11 +180,23 @@ func run(s settings, log zerolog.Logger) error {
 
 // cleanup keeps processed_events' daily partitions (days ahead created,
 // days past retention dropped whole) and deletes old settled notifications.
-func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, retention time.Duration) func(context.Context) error {
+func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, retention, lockTimeout time.Duration) func(context.Context) error {
+	deferred := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "settle_partition_ddl_deferred_total",
+		Help: "Partition DDL statements left for the next cleanup because their lock did not come within PARTITION_LOCK_TIMEOUT on any try.",
+	})
+	reg.MustRegister(deferred)
 	return func(ctx context.Context) error {
-		report, err := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now())
+		report, err := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{LockTimeout: lockTimeout})
 		log.Info().Int("created", report.Created).Int("dropped", report.Dropped).Int64("trimmed", report.Trimmed).
 			Int64("default_rows", report.DefaultRows).Strs("kept_pending", report.KeptPending).Msg("processed_events partitions")
+		if len(report.Deferred) > 0 {
+			// Harmless for a while (30 days are created ahead); the next
+			// run tries again. Something holds locks on processed_events.
+			deferred.Add(float64(len(report.Deferred)))
+			log.Warn().Strs("deferred", report.Deferred).Dur("lock_timeout", lockTimeout).
+				Msg("partition DDL did not get its lock in time; the next cleanup retries it")
+		}
 		if report.DefaultRows > 0 {
 			alerts.Raise("processed_events_default_partition", alert.Warning,
 				"idempotency records fell outside every daily partition (is the cleanup job running?)", map[string]any{"rows": report.DefaultRows})

@@ -19,6 +19,7 @@ func (s *Server) healthz(c echo.Context) error {
 type readyJSON struct {
 	Status  string            `json:"status,omitempty"`
 	Error   string            `json:"error,omitempty"`
+	Code    string            `json:"code,omitempty"`
 	Checks  map[string]string `json:"checks"`
 	TraceID string            `json:"trace_id"`
 }
@@ -60,7 +61,7 @@ func (s *Server) readyz(c echo.Context) error {
 
 	traceID := TraceID(ctx)
 	if !ready {
-		return c.JSON(http.StatusServiceUnavailable, readyJSON{Error: "not ready", Checks: checks, TraceID: traceID})
+		return c.JSON(http.StatusServiceUnavailable, readyJSON{Error: "not ready", Code: CodeUnavailable, Checks: checks, TraceID: traceID})
 	}
 	return c.JSON(http.StatusOK, readyJSON{Status: "ready", Checks: checks, TraceID: traceID})
 }

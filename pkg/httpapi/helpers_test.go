@@ -242,13 +242,14 @@ func execSQL(t testing.TB, dsn, statement string, args ...any) {
 	require.NoError(t, err)
 }
 
-// requireError checks the JSON error shape and that its trace id is the
-// one in X-Request-ID.
+// requireError checks the JSON error shape (a known code among them) and
+// that its trace id is the one in X-Request-ID.
 func requireError(t *testing.T, r response, status int) {
 	t.Helper()
 	require.Equal(t, status, r.status, "body %s", r.raw)
 	require.True(t, strings.HasPrefix(r.header.Get("Content-Type"), "application/json"), "content type %q", r.header.Get("Content-Type"))
 	require.NotEmpty(t, r.body["error"], "body %s", r.raw)
+	require.Contains(t, httpapi.Codes(), r.body["code"], "body %s", r.raw)
 	require.NotEmpty(t, r.header.Get(httpapi.HeaderRequestID))
 	require.Equal(t, r.header.Get(httpapi.HeaderRequestID), r.body["trace_id"])
 }
@@ -288,3 +289,10 @@ func matches(m *dto.Metric, labels map[string]string) bool {
 }
 
 func jsonDecode(resp *http.Response, v any) error { return json.NewDecoder(resp.Body).Decode(v) }
+
+// requireCode is requireError with the expected code.
+func requireCode(t *testing.T, r response, status int, code string) {
+	t.Helper()
+	requireError(t, r, status)
+	require.Equal(t, code, r.body["code"], "body %s", r.raw)
+}

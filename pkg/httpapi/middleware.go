@@ -176,17 +176,24 @@ func (s *Server) requireToken(basicAuth bool, accepted ...tokenDigest) echo.Midd
 				}
 			}
 			if !ok {
-				challenge := `Bearer realm="settle"`
-				if basicAuth {
-					challenge += `, Basic realm="settle"`
-				}
-				c.Response().Header().Set(echo.HeaderWWWAuthenticate, challenge)
+				challenge(c.Response().Header(), basicAuth)
 				s.metrics.authFailures.Inc()
-				return newError(http.StatusUnauthorized, "missing or invalid bearer token")
+				return fail(errUnauthorized, "missing or invalid token")
 			}
 			return next(c)
 		}
 	}
+}
+
+// challenge asks for credentials, one scheme per WWW-Authenticate line:
+// a browser offers its login only when Basic has a line of its own
+// (Chromium ignores a Basic listed after another scheme in one line).
+func challenge(h http.Header, basicAuth bool) {
+	h.Del(echo.HeaderWWWAuthenticate)
+	if basicAuth {
+		h.Add(echo.HeaderWWWAuthenticate, `Basic realm="settle"`)
+	}
+	h.Add(echo.HeaderWWWAuthenticate, `Bearer realm="settle"`)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

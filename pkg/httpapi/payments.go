@@ -69,7 +69,7 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	}
 	if !alchemy.Verify(body, signature, s.webhookSecret) {
 		s.metrics.webhook(sourcePayments, outcomeRejected, "signature")
-		return newError(http.StatusUnauthorized, "missing or invalid signature")
+		return fail(errSignature, "")
 	}
 	req, rejected := parsePayment(body)
 	if rejected != nil {
@@ -93,11 +93,11 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	asset, amount, err := registry.ParseAmount(req.asset, req.amount)
 	switch {
 	case errors.Is(err, payment.ErrUnknownAsset):
-		s.metrics.webhook(sourcePayments, outcomeRejected, "unknown_asset")
-		return newError(http.StatusBadRequest, "unknown asset")
+		s.metrics.webhook(sourcePayments, outcomeRejected, CodeUnknownAsset)
+		return fail(err, "")
 	case err != nil:
-		s.metrics.webhook(sourcePayments, outcomeRejected, "invalid_amount")
-		return newError(http.StatusBadRequest, "invalid amount: "+amountProblem(err))
+		s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidAmount)
+		return fail(err, "invalid amount: "+amountProblem(err))
 	}
 
 	traceID := TraceID(c.Request().Context())
@@ -130,26 +130,6 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		Str("event_type", string(req.eventType)).Int64(logging.FieldUserID, req.userID).
 		Str("asset", asset.Code).Str("result", status).Msg("payment webhook")
 	return c.JSON(http.StatusOK, webhookAnswer{Status: status, EventID: req.eventID, TraceID: traceID})
-}
-
-// reasonOf names a refusal for the metric from its answer.
-func reasonOf(answer *apiError) string {
-	switch answer.status {
-	case http.StatusRequestEntityTooLarge:
-		return "body_too_large"
-	case http.StatusServiceUnavailable:
-		return "unavailable"
-	}
-	switch answer.message {
-	case "unknown user":
-		return "unknown_user"
-	case "unknown asset":
-		return "unknown_asset"
-	}
-	if answer.status == http.StatusBadRequest {
-		return "invalid"
-	}
-	return "internal"
 }
 
 // amountProblem says what is wrong with an amount in the caller's terms,

@@ -61,7 +61,7 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	}
 	if !alchemy.Verify(body, c.Request().Header.Get(HeaderAlchemySignature), s.alchemyKeys...) {
 		s.metrics.webhook(sourceAlchemy, outcomeRejected, "signature")
-		return newError(http.StatusUnauthorized, "missing or invalid signature")
+		return fail(errSignature, "")
 	}
 	payload, err := alchemy.Decode(body)
 	if err != nil {

@@ -97,7 +97,7 @@ func TestPartitioningMigratesAPopulatedTable(t *testing.T) {
 
 	// Twenty days on, with 14 days of retention.
 	later := time.Now().Add(20 * 24 * time.Hour)
-	report, err := db.MaintainPartitions(ctx, 14*24*time.Hour, 30, later)
+	report, err := db.MaintainPartitions(ctx, 14*24*time.Hour, 30, later, postgres.PartitionOptions{})
 	require.NoError(t, err)
 	require.Greater(t, report.Dropped, 0)
 	require.Contains(t, report.KeptPending, "processed_events_p"+in4.Format("20060102"), "a day with a pending record is kept")
@@ -108,4 +108,88 @@ func TestPartitioningMigratesAPopulatedTable(t *testing.T) {
 	require.Greater(t, report.Trimmed, int64(0))
 	require.Equal(t, 1, count(`SELECT count(*) FROM processed_events_legacy WHERE outcome = 'pending'`))
 	require.Zero(t, count(`SELECT count(*) FROM processed_events_legacy WHERE outcome <> 'pending' AND created_at < now() - interval '14 days'`))
+}
+
+// TestPartitionDDLNeverStallsTheLedger: while another session holds ACCESS
+// SHARE on processed_events (a pg_dump, say), the partition job's CREATE
+// and DROP time out after their short lock timeout, are tried again a few
+// times and then left for the next run, and deposits applied meanwhile
+// commit within a second.
+func TestPartitionDDLNeverStallsTheLedger(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	var lastDay time.Time
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '29 days'`).Scan(&lastDay))
+	missing := "processed_events_p" + lastDay.UTC().Format("20060102")
+	_, err := f.sql.Exec(ctx, "DROP TABLE "+missing)
+	require.NoError(t, err)
+	const deposits = 200
+	tasks := make([]payment.Event, deposits)
+	for i := range tasks {
+		tasks[i] = f.enqueue(fmt.Sprintf("dump-%d", i), payment.Deposit, 1, "ETH", "1")
+	}
+
+	dump, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer dump.Close(ctx)
+	tx, err := dump.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT * FROM processed_events LIMIT 1`)
+	require.NoError(t, err)
+
+	type result struct {
+		report postgres.PartitionReport
+		err    error
+	}
+	done := make(chan result, 1)
+	started := time.Now()
+	go func() {
+		// Retention such that today's partition is due for a drop.
+		r, err := f.db.MaintainPartitions(ctx, 14*24*time.Hour, postgres.PartitionsAheadDefault, time.Now().Add(15*24*time.Hour),
+			postgres.PartitionOptions{LockTimeout: 100 * time.Millisecond})
+		done <- result{r, err}
+	}()
+	applied := 0
+	var slowest time.Duration
+	var maintained result
+wait:
+	for {
+		select {
+		case maintained = <-done:
+			break wait
+		default:
+		}
+		if applied == deposits {
+			maintained = <-done
+			break wait
+		}
+		begin := time.Now()
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: tasks[applied]}}, postgres.LedgerOptions{})
+		took := time.Since(begin)
+		require.NoError(t, err)
+		require.Equal(t, payment.OutcomeSuccess, results[0].Outcome)
+		require.Less(t, took, time.Second, "deposit %d waited behind the partition DDL", applied)
+		slowest = max(slowest, took)
+		applied++
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, maintained.err)
+	t.Logf("partition job took %s; %d deposits applied meanwhile, the slowest in %s", time.Since(started), applied, slowest)
+	require.Greater(t, applied, 5, "deposits were applied while the DDL was trying")
+	require.Contains(t, maintained.report.Deferred, missing, "the blocked CREATE is left for the next run")
+	today := "processed_events_p" + time.Now().UTC().Format("20060102")
+	require.Contains(t, maintained.report.Deferred, today, "the blocked DROP is left for the next run")
+	require.Zero(t, maintained.report.Created)
+	require.Zero(t, maintained.report.Dropped)
+
+	// The dump ends; the next run does the work.
+	require.NoError(t, tx.Rollback(ctx))
+	report, err := f.db.MaintainPartitions(ctx, 14*24*time.Hour, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+	require.NoError(t, err)
+	require.Equal(t, 1, report.Created)
+	require.Empty(t, report.Deferred)
+	require.True(t, f.balance(1, "ETH").Equal(dec(fmt.Sprint(applied))))
+	require.Equal(t, applied, f.count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	f.requireJournalInvariant()
 }

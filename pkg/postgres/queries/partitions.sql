@@ -1,5 +1,11 @@
+-- name: partition_lock_timeout
+-- Every partition DDL runs under a short lock timeout of its own, so
+-- waiting for ACCESS EXCLUSIVE never queues the ledger's writes for long.
+SELECT set_config('lock_timeout', $1, true);
+
 -- name: partitions_ahead
-SELECT settle_processed_partitions_ahead(now(), $1);
+-- One day's partition ($1 is its midnight, UTC); 1 if it was created.
+SELECT settle_processed_partitions_ahead($1, 1);
 
 -- name: processed_partitions
 -- processed_events' daily partitions (processed_events_pYYYYMMDD).
@@ -21,8 +27,9 @@ DROP TABLE IF EXISTS %s;
 SELECT count(*) FROM processed_events_default;
 
 -- name: legacy_partition
--- Rows left in the pre-partitioning partition and the end of its range.
+-- Rows left in the pre-partitioning partition and whether the end of its
+-- range has passed (on the database's clock).
 SELECT (SELECT count(*) FROM processed_events_legacy),
-       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz < now()
 FROM pg_class c
 WHERE c.oid = 'processed_events_legacy'::regclass;

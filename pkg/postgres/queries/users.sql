@@ -9,11 +9,17 @@ SELECT EXISTS (SELECT 1 FROM users WHERE id = $1);
 -- while the journal has no row for that (user, asset): afterwards the
 -- invariant balance = initial_balance + SUM(journal) would have to be
 -- rewritten, which is a migration, not an operation.
+-- The journal check sees this statement's snapshot, so a credit committed
+-- while this waited for the row lock may be missed: the update therefore
+-- never sets the balance, it moves balance and initial_balance by the
+-- same delta on the row as locked, which keeps the invariant whatever
+-- the ledger did meanwhile.
 INSERT INTO balances (user_id, asset, balance, initial_balance)
 SELECT $1, $2, $3::numeric, $3::numeric
 WHERE NOT EXISTS (SELECT 1 FROM balance_events WHERE user_id = $1 AND asset = $2)
 ON CONFLICT (user_id, asset) DO UPDATE
-    SET balance = EXCLUDED.balance, initial_balance = EXCLUDED.initial_balance, updated_at = now()
+    SET balance = balances.balance + (EXCLUDED.initial_balance - balances.initial_balance),
+        initial_balance = EXCLUDED.initial_balance, updated_at = now()
     WHERE NOT EXISTS (SELECT 1 FROM balance_events WHERE user_id = $1 AND asset = $2);
 
 -- name: list_balances
