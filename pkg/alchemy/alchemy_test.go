@@ -52,7 +52,8 @@ func TestTransfersOfTheAcceptancePayload(t *testing.T) {
 	require.Len(t, transfers, 3)
 
 	eth := transfers[0]
-	require.Equal(t, "alchemy:ETH_MAINNET:"+tx1+":external", eth.EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", eth.EventID)
+	require.Equal(t, "native", eth.Index)
 	require.Equal(t, tx1, eth.TxHash, "stored lowercase")
 	require.Equal(t, recipient, eth.ToAddress, "stored lowercase")
 	require.Equal(t, "ETH", eth.Asset.Code)
@@ -61,7 +62,8 @@ func TestTransfersOfTheAcceptancePayload(t *testing.T) {
 	require.False(t, eth.Removed)
 
 	token := transfers[1]
-	require.Equal(t, "alchemy:ETH_MAINNET:"+tx1+":token:110", token.EventID, "log index 0x6e")
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":110", token.EventID, "log index 0x6e")
+	require.Equal(t, "110", token.Index)
 	require.Equal(t, "USDC", token.Asset.Code)
 	require.Equal(t, "293.092129", token.Amount.String())
 	require.NotEqual(t, eth.EventID, token.EventID, "an ETH and a token transfer in one transaction are two deposits")
@@ -170,17 +172,17 @@ func mustBig(decimal string) fmt.Formatter {
 func TestEventIDs(t *testing.T) {
 	internal, reason := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_1", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
 	require.Empty(t, reason)
-	require.Equal(t, "alchemy:ETH_MAINNET:"+tx1+":internal:CALL_0_1", internal.EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":trace:CALL_0_1", internal.EventID)
 	require.Equal(t, "0.000000000000000001", internal.Amount.String())
 
 	other, _ := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_2", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
 	require.NotEqual(t, internal.EventID, other.EventID)
-	require.True(t, alchemy.InternalTransfer(internal.EventID), "the chain check cannot see its recipient and value")
+	require.True(t, payment.InternalTransfer(internal.Index), "the chain check cannot see its recipient and value")
 	external, _ := judge(t, activityJSON(t, map[string]any{"category": "external", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
-	require.Equal(t, "alchemy:ETH_MAINNET:"+tx1+":external", external.EventID)
-	for _, id := range []string{external.EventID, "alchemy:ETH_MAINNET:" + tx1 + ":token:3", "internal", "reorg:" + internal.EventID, "x:ETH_MAINNET:" + tx1 + ":internal:CALL_0"} {
-		require.False(t, alchemy.InternalTransfer(id), id)
-	}
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", external.EventID)
+	require.False(t, payment.InternalTransfer(external.Index))
+	// The id is the transfer identity's, whoever reports the transfer.
+	require.Equal(t, payment.Transfer{Network: "ETH_MAINNET", TxHash: tx1, Index: "native"}.EventID(), external.EventID)
 
 	// The same log written with other hex spellings is the same transfer.
 	a, _ := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x6e"}}))

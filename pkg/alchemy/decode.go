@@ -25,17 +25,16 @@ const (
 	ActivitiesMax = 10_000
 	// networkLengthMax matches the deposit_addresses.network CHECK.
 	networkLengthMax = 64
-	// traceAddressLengthMax bounds typeTraceAddress ("CALL_0_1_…"), so
-	// that an event id always fits (see EventIDLengthMax).
-	traceAddressLengthMax = 96
 	// logIndexHexDigitsMax: a log index is a uint64 quantity.
 	logIndexHexDigitsMax = 16
 	// EventIDLengthMax is the longest id Transfers derives; it leaves
 	// room for the "reorg:" prefix of a compensation within the
 	// payment_events.event_id bound of 256 characters.
 	EventIDLengthMax = 250
-	// EventIDPrefix starts every event id derived from an Alchemy transfer.
-	EventIDPrefix = "alchemy:"
+	// LegacyEventIDPrefix started the event ids of Alchemy transfers before
+	// ids came from the transfer alone (payment.Transfer.EventID); such
+	// events still exist, so callers may not use it.
+	LegacyEventIDPrefix = "alchemy:"
 )
 
 // ErrPayload marks a body that is not an Address Activity payload at all
@@ -121,10 +120,12 @@ var Reasons = []Reason{
 // Transfer is a fungible transfer that could be a deposit: the caller
 // still has to find the recipient among the deposit addresses.
 type Transfer struct {
-	// EventID is stable across redeliveries: it is derived from the
-	// transfer's identity (network, transaction, category, and log index
-	// or trace address), never from the delivery.
-	EventID   string
+	// EventID is stable across redeliveries and across reporters: it is
+	// the transfer identity's (payment.Transfer.EventID), never derived
+	// from the delivery or the provider.
+	EventID string
+	// Index names the transfer in its transaction (payment.Transfer).
+	Index     string
 	Network   string
 	TxHash    string // lowercase
 	ToAddress string // lowercase
@@ -192,7 +193,7 @@ type activity struct {
 	Log              *activityLog    `json:"log"`
 }
 
-// Category kinds as they appear in the event id.
+// Activity categories settle credits.
 const (
 	kindExternal = "external"
 	kindInternal = "internal"
@@ -230,7 +231,7 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 		contract = *a.RawContract.Address
 	}
 
-	var kind, detail string
+	var index string
 	var asset payment.Asset
 	switch category {
 	case kindExternal, kindInternal:
@@ -239,26 +240,25 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 		if contract != "" {
 			return Transfer{}, ReasonContractMismatch
 		}
-		kind = category
+		index = payment.TransferNative
 		if category == kindInternal {
-			if a.TypeTraceAddress == nil || !validTraceAddress(*a.TypeTraceAddress) {
+			if a.TypeTraceAddress == nil || !payment.ValidTraceAddress(*a.TypeTraceAddress) {
 				return Transfer{}, ReasonMalformed
 			}
-			detail = *a.TypeTraceAddress
+			index = payment.TraceTransfer(*a.TypeTraceAddress)
 		}
 		if asset, ok = assets.Native(network); !ok {
 			return Transfer{}, ReasonUnknownAsset
 		}
 	case kindToken, "erc20":
-		kind = kindToken
 		if a.Log == nil || a.Log.LogIndex == nil {
 			return Transfer{}, ReasonMalformed
 		}
-		index, ok := parseQuantity(*a.Log.LogIndex)
+		logIndex, ok := parseQuantity(*a.Log.LogIndex)
 		if !ok {
 			return Transfer{}, ReasonMalformed
 		}
-		detail = strconv.FormatUint(index, 10)
+		index = payment.LogIndexTransfer(logIndex)
 		normalized, ok := normalizeAddress(contract)
 		if !ok {
 			return Transfer{}, ReasonMalformed
@@ -287,7 +287,8 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 	}
 	removed := a.Log != nil && a.Log.Removed
 	return Transfer{
-		EventID:   eventID(network, txHash, kind, detail),
+		EventID:   payment.Transfer{Network: network, TxHash: txHash, Index: index}.EventID(),
+		Index:     index,
 		Network:   network,
 		TxHash:    txHash,
 		ToAddress: to,
@@ -295,30 +296,6 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 		Amount:    amount,
 		Removed:   removed,
 	}, ""
-}
-
-// InternalTransfer tells whether an event id names native value moved by a
-// contract call inside a transaction (Alchemy's "internal" category), which
-// the transaction's own recipient and value do not show.
-func InternalTransfer(eventID string) bool {
-	rest, ok := strings.CutPrefix(eventID, EventIDPrefix)
-	if !ok {
-		return false
-	}
-	parts := strings.Split(rest, ":")
-	return len(parts) == 4 && parts[2] == kindInternal
-}
-
-// eventID names a transfer: alchemy:<network>:<tx hash>:<kind>[:<detail>],
-// where detail is the decimal log index of a token transfer or the trace
-// address of an internal one. An ETH transfer and a token transfer in one
-// transaction therefore get two ids.
-func eventID(network, txHash, kind, detail string) string {
-	id := EventIDPrefix + network + ":" + txHash + ":" + kind
-	if detail != "" {
-		id += ":" + detail
-	}
-	return id
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -333,19 +310,6 @@ func validNetwork(s string) bool {
 	for i := 1; i < len(s); i++ {
 		c := s[i]
 		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-func validTraceAddress(s string) bool {
-	if len(s) == 0 || len(s) > traceAddressLengthMax {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
 			return false
 		}
 	}

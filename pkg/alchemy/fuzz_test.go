@@ -8,6 +8,7 @@ import (
 
 	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // FuzzDecode feeds arbitrary bodies through the decoder and the activity
@@ -38,8 +39,12 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("%d activities, %d transfers, %d ignored", len(p.Activities), len(transfers), len(ignored))
 		}
 		for _, tr := range transfers {
-			if !strings.HasPrefix(tr.EventID, alchemy.EventIDPrefix) || len(tr.EventID) > alchemy.EventIDLengthMax {
-				t.Fatalf("event id %q", tr.EventID)
+			if len(tr.EventID) > alchemy.EventIDLengthMax ||
+				tr.EventID != (payment.Transfer{Network: tr.Network, TxHash: tr.TxHash, Index: tr.Index}).EventID() {
+				t.Fatalf("event id %q is not the transfer identity's", tr.EventID)
+			}
+			if index, err := payment.ParseTransferIndex(tr.Index); err != nil || index != tr.Index {
+				t.Fatalf("transfer index %q does not round-trip: %q, %v", tr.Index, index, err)
 			}
 			if err := money.CheckRange(tr.Amount); err != nil {
 				t.Fatalf("amount %s: %v", tr.Amount, err)

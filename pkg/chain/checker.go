@@ -52,6 +52,10 @@ type Verdict struct {
 	ReceiptSeen bool
 	// Reason says why, in words fit for a log line or a DLQ row.
 	Reason string
+	// Transfers are the indexes of the transfers that match the deposit
+	// (Credit only), in log order: the ledger claims the first that no
+	// other event holds.
+	Transfers []string
 }
 
 // Deposit is what a webhook claims about a deposit with a transaction.
@@ -71,9 +75,21 @@ type Deposit struct {
 	// transaction nor its receipt shows: only status and finality are
 	// checked for it.
 	Internal bool
+	// Index is the transfer the deposit names (a decimal log index,
+	// "native", or "trace:<address>"); empty: any matching transfer.
+	Index string
+	// Owner, when Recipients is empty, says which of the addresses the
+	// chain shows belong to the depositor: every registered address
+	// counts, looked up by the addresses themselves.
+	Owner AddressOwner
 }
 
-// CanonicalState is StillCanonical's answer.
+// AddressOwner tells which of some addresses are the depositor's.
+type AddressOwner interface {
+	Owned(ctx context.Context, addresses []string) ([]string, error)
+}
+
+// CanonicalState is what StillCanonical saw.
 type CanonicalState string
 
 const (
@@ -81,9 +97,35 @@ const (
 	Final CanonicalState = "final"
 	// Canonical: in the chain at the same hash, not final yet.
 	Canonical CanonicalState = "canonical"
-	// Gone: the receipt is missing, or the block at that height changed.
+	// Moved: the receipt is in another block, which the header at its
+	// height confirms: the transaction was mined again elsewhere.
+	Moved CanonicalState = "moved"
+	// Absent: no receipt, yet nothing else shows a reorg (the block at
+	// the stored height still has the stored hash, or the node has no
+	// block there): a lagging node or index. Not evidence on its own.
+	Absent CanonicalState = "absent"
+	// Gone: no receipt, and the block at the stored height has another
+	// hash. Evidence that the transaction left the chain.
 	Gone CanonicalState = "gone"
 )
+
+// Canonicity is StillCanonical's answer.
+type Canonicity struct {
+	State CanonicalState
+	// BlockNumber and BlockHash are where the transaction is now: the new
+	// block when Moved, else the block asked about.
+	BlockNumber uint64
+	BlockHash   string
+	// Final: the block above is finalized (Final, or Moved into a
+	// finalized block).
+	Final bool
+	// Head is the latest block number the node reported; read only when
+	// the receipt is missing (0 otherwise), for the rule that two
+	// absences must be at least one new block apart.
+	Head uint64
+	// Reason says what the chain showed, fit for a log line.
+	Reason string
+}
 
 // CheckerOptions configure NewChecker. Zero values take the defaults.
 type CheckerOptions struct {
@@ -154,6 +196,10 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 			latest = h.Number
 		}
 		known := r.TxValue != nil
+		d, err := c.resolveRecipients(ctx, d, r)
+		if err != nil {
+			return Verdict{}, err
+		}
 		v, err := c.checkValue(ctx, d, r, decide(d, p, r, true, latest))
 		if err == nil && !known && r.TxValue != nil {
 			c.cache.putFinal(ctx, r)
@@ -191,6 +237,9 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 		return Verdict{}, err
 	}
 	isFinal := haveFinalized && r.BlockNumber <= finalized
+	if d, err = c.resolveRecipients(ctx, d, r); err != nil {
+		return Verdict{}, err
+	}
 	v, err := c.checkValue(ctx, d, r, decide(d, p, r, isFinal, latest))
 	if isFinal {
 		c.cache.putFinal(ctx, r)
@@ -219,70 +268,157 @@ func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdi
 		}
 		r.TxTo, r.TxValue = tx.To, tx.Value
 	}
+	recipients := d.Recipients
+	if len(recipients) == 0 && d.Owner != nil && r.TxTo != "" {
+		owned, err := d.Owner.Owned(ctx, []string{r.TxTo})
+		if err != nil {
+			return Verdict{}, err
+		}
+		if len(owned) == 0 {
+			v.State, v.Reason, v.Transfers = Mismatch, fmt.Sprintf("the transaction pays %s, which is not a deposit address of the user", r.TxTo), nil
+			return v, nil
+		}
+		recipients = owned
+	}
 	switch {
 	case r.TxTo == "":
 		v.State, v.Reason = Mismatch, "the transaction creates a contract; it pays no deposit address"
-	case len(d.Recipients) > 0 && !slices.Contains(d.Recipients, r.TxTo):
-		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction pays %s, not %s", r.TxTo, strings.Join(d.Recipients, ", "))
+	case len(recipients) > 0 && !slices.Contains(recipients, r.TxTo):
+		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction pays %s, not %s", r.TxTo, strings.Join(recipients, ", "))
 	case r.TxValue.Cmp(d.Amount) != 0:
 		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction carries %s base units, the deposit says %s", r.TxValue, d.Amount)
+	}
+	if v.State != Credit {
+		v.Transfers = nil
 	}
 	return v, nil
 }
 
-// StillCanonical tells the reorg watcher whether a credited transaction
-// is still where it was seen: Final (finalized at the same hash; stop
-// watching), Canonical (same hash, not final yet), or Gone (no receipt,
-// or another block at that height). An error means the chain could not be
-// asked, or gave answers that contradict each other; ask again later.
-func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (CanonicalState, error) {
+// resolveRecipients fills a token deposit's recipients, when it names
+// none, with the depositor's addresses among the receipt's Transfer logs
+// of that token: one indexed lookup of those few addresses, however many
+// the user has registered.
+func (c *Checker) resolveRecipients(ctx context.Context, d Deposit, r *Receipt) (Deposit, error) {
+	if d.Token == "" || len(d.Recipients) > 0 || d.Owner == nil {
+		return d, nil
+	}
+	var candidates []string
+	for _, t := range r.Transfers {
+		if t.Contract == d.Token && !slices.Contains(candidates, t.To) {
+			candidates = append(candidates, t.To)
+		}
+	}
+	if len(candidates) == 0 {
+		return d, nil
+	}
+	owned, err := d.Owner.Owned(ctx, candidates)
+	if err != nil {
+		return Deposit{}, err
+	}
+	d.Recipients = owned
+	return d, nil
+}
+
+// StillCanonical tells the reorg watcher where a credited transaction is
+// now: still in the block it was seen in (Final or Canonical), mined
+// again in another block (Moved), missing without other evidence
+// (Absent), or missing while the block at its height changed (Gone). An
+// error means the chain could not be asked, or its answers contradict
+// each other; ask again later.
+func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (Canonicity, error) {
 	txHash, err := ParseTxHash(txHash)
 	if err != nil {
-		return "", err
+		return Canonicity{}, err
 	}
 	blockHash, err = parseHex(blockHash, hashHexLength, "block hash")
 	if err != nil {
-		return "", payment.Invalid("%w", err)
+		return Canonicity{}, payment.Invalid("%w", err)
 	}
 	if r, ok := c.cache.final(ctx, txHash); ok {
-		if r.BlockNumber == blockNumber && r.BlockHash == blockHash {
-			return Final, nil
-		}
-		return Gone, nil
+		// A final receipt never changes: if it is elsewhere, the block
+		// asked about was reorged and the transaction finalized there.
+		return located(r, blockNumber, blockHash, true), nil
 	}
 	// Finalized first, for the same reason as in CheckDeposit.
 	finalized, haveFinalized, err := c.finalizedNumber(ctx)
 	if err != nil {
-		return "", err
+		return Canonicity{}, err
 	}
 	r, err := c.client.Receipt(ctx, txHash)
 	if errors.Is(err, ErrReceiptNotFound) {
-		return Gone, nil
+		return c.missing(ctx, blockNumber, blockHash, "no receipt")
 	}
 	if err != nil {
-		return "", err
+		return Canonicity{}, err
 	}
-	if r.BlockNumber != blockNumber || r.BlockHash != blockHash {
-		return Gone, nil
-	}
-	// The receipt index could lag the chain on some nodes; the header at
-	// that height is the chain's own word on what is canonical there.
-	h, err := c.client.HeaderByNumber(ctx, blockNumber)
+	// The receipt index could lag the chain on some nodes (or come from
+	// another backend than the headers); the header at the receipt's
+	// height is the chain's own word on what is canonical there.
+	h, err := c.client.HeaderByNumber(ctx, r.BlockNumber)
 	if errors.Is(err, ErrBlockNotFound) {
-		return "", payment.Unavailable("chain still canonical",
-			fmt.Errorf("the node has a receipt in block %d but no block at that height", blockNumber))
+		return Canonicity{}, payment.Unavailable("chain still canonical",
+			fmt.Errorf("the node has a receipt in block %d but no block at that height", r.BlockNumber))
 	}
 	if err != nil {
-		return "", err
+		return Canonicity{}, err
 	}
-	if h.Hash != blockHash {
-		return Gone, nil
+	if h.Hash != r.BlockHash {
+		// A receipt of a block the headers no longer show: one backend
+		// behind another, not evidence on its own.
+		return c.absent(ctx, Canonicity{BlockNumber: blockNumber, BlockHash: blockHash,
+			Reason: fmt.Sprintf("the receipt names block %d %s, the chain has %s there", r.BlockNumber, r.BlockHash, h.Hash)})
 	}
-	if haveFinalized && blockNumber <= finalized {
+	isFinal := haveFinalized && r.BlockNumber <= finalized
+	if isFinal {
 		c.cache.putFinal(ctx, r)
-		return Final, nil
 	}
-	return Canonical, nil
+	return located(r, blockNumber, blockHash, isFinal), nil
+}
+
+// located answers for a receipt in a canonical block.
+func located(r *Receipt, blockNumber uint64, blockHash string, isFinal bool) Canonicity {
+	v := Canonicity{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, Final: isFinal}
+	switch {
+	case r.BlockNumber != blockNumber || r.BlockHash != blockHash:
+		v.State = Moved
+		v.Reason = fmt.Sprintf("mined again in block %d %s (was block %d %s)", r.BlockNumber, r.BlockHash, blockNumber, blockHash)
+	case isFinal:
+		v.State, v.Reason = Final, fmt.Sprintf("block %d is finalized", r.BlockNumber)
+	default:
+		v.State, v.Reason = Canonical, fmt.Sprintf("block %d is canonical, not finalized yet", r.BlockNumber)
+	}
+	return v
+}
+
+// missing decides a transaction without a receipt by the block at its
+// stored height: another hash there is evidence (Gone); the same hash, or
+// no block yet, is a lagging node or index (Absent).
+func (c *Checker) missing(ctx context.Context, blockNumber uint64, blockHash, why string) (Canonicity, error) {
+	v := Canonicity{BlockNumber: blockNumber, BlockHash: blockHash}
+	h, err := c.client.HeaderByNumber(ctx, blockNumber)
+	switch {
+	case errors.Is(err, ErrBlockNotFound):
+		v.Reason = fmt.Sprintf("%s; the node has no block %d yet", why, blockNumber)
+	case err != nil:
+		return Canonicity{}, err
+	case h.Hash == blockHash:
+		v.Reason = fmt.Sprintf("%s; block %d still has hash %s", why, blockNumber, blockHash)
+	default:
+		v.State, v.Reason = Gone, fmt.Sprintf("%s; block %d now has hash %s, not %s", why, blockNumber, h.Hash, blockHash)
+		return v, nil
+	}
+	return c.absent(ctx, v)
+}
+
+// absent completes an Absent answer with the head, read last, so that a
+// second absence can be told at least one new block after the first.
+func (c *Checker) absent(ctx context.Context, v Canonicity) (Canonicity, error) {
+	head, err := c.client.HeaderByTag(ctx, TagLatest)
+	if err != nil {
+		return Canonicity{}, err
+	}
+	v.State, v.Head = Absent, head.Number
+	return v, nil
 }
 
 // finalizedNumber is the finalized block's height; have is false while
@@ -314,11 +450,21 @@ func decide(d Deposit, p Policy, r *Receipt, isFinal bool, latest uint64) Verdic
 		v.State, v.Reason = Reverted, fmt.Sprintf("transaction reverted (receipt status %d) in block %d", r.Status, r.BlockNumber)
 		return v
 	}
-	if d.Token != "" {
-		if ok, mismatch := matchTransfer(d, r.Transfers); !ok {
+	switch {
+	case d.Token != "":
+		matches, mismatch := matchTransfer(d, r.Transfers)
+		if len(matches) == 0 {
 			v.State, v.Reason = Mismatch, mismatch
 			return v
 		}
+		v.Transfers = matches
+	case d.Internal:
+		v.Transfers = []string{d.Index}
+	case d.Index != "" && d.Index != payment.TransferNative:
+		v.State, v.Reason = Mismatch, fmt.Sprintf("transfer %s is not the transaction's own value, which is what a native deposit claims", d.Index)
+		return v
+	default:
+		v.Transfers = []string{payment.TransferNative}
 	}
 	v.State, v.Reason = Credit, why
 	return v
@@ -344,12 +490,29 @@ func policyHolds(p Policy, block uint64, isFinal bool, latest uint64) (bool, str
 	return true, fmt.Sprintf("mined in block %d (policy none)", block)
 }
 
-// matchTransfer looks for the Transfer log the deposit claims: from the
-// token contract, to one of the recipients, for exactly the amount. The
-// reason names the first of those that nothing satisfied.
-func matchTransfer(d Deposit, transfers []Transfer) (bool, string) {
+// matchTransfer finds the Transfer logs the deposit may claim: from the
+// token contract, to one of the recipients, for exactly the amount (and
+// at the index it names, if it names one). The reason names the first of
+// those that nothing satisfied.
+func matchTransfer(d Deposit, transfers []Transfer) ([]string, string) {
 	if len(transfers) == 0 {
-		return false, "the receipt has no ERC-20 Transfer log"
+		return nil, "the receipt has no ERC-20 Transfer log"
+	}
+	if d.Index != "" {
+		want, ok := payment.LogIndex(d.Index)
+		if !ok {
+			return nil, fmt.Sprintf("transfer %s is not a log index, which is what a token deposit claims", d.Index)
+		}
+		var at []Transfer
+		for _, t := range transfers {
+			if uint64(t.LogIndex) == want {
+				at = append(at, t)
+			}
+		}
+		if len(at) == 0 {
+			return nil, fmt.Sprintf("the receipt has no ERC-20 Transfer log at index %d", want)
+		}
+		transfers = at
 	}
 	var fromToken []Transfer
 	for _, t := range transfers {
@@ -358,7 +521,7 @@ func matchTransfer(d Deposit, transfers []Transfer) (bool, string) {
 		}
 	}
 	if len(fromToken) == 0 {
-		return false, fmt.Sprintf("no Transfer log from token contract %s (the receipt's Transfer logs come from %s)",
+		return nil, fmt.Sprintf("no Transfer log from token contract %s (the receipt's Transfer logs come from %s)",
 			d.Token, listAddresses(transfers, func(t Transfer) string { return t.Contract }))
 	}
 	var toRecipient []Transfer
@@ -368,13 +531,17 @@ func matchTransfer(d Deposit, transfers []Transfer) (bool, string) {
 		}
 	}
 	if len(toRecipient) == 0 {
-		return false, fmt.Sprintf("no Transfer log of %s to %s (its Transfer logs go to %s)",
+		return nil, fmt.Sprintf("no Transfer log of %s to %s (its Transfer logs go to %s)",
 			d.Token, strings.Join(d.Recipients, ", "), listAddresses(fromToken, func(t Transfer) string { return t.To }))
 	}
+	var matches []string
 	for _, t := range toRecipient {
 		if t.Value.Cmp(d.Amount) == 0 {
-			return true, ""
+			matches = append(matches, payment.LogIndexTransfer(uint64(t.LogIndex)))
 		}
+	}
+	if len(matches) > 0 {
+		return matches, ""
 	}
 	values := make([]string, 0, min(len(toRecipient), reasonAddressesMax))
 	for i, t := range toRecipient {
@@ -384,7 +551,7 @@ func matchTransfer(d Deposit, transfers []Transfer) (bool, string) {
 		}
 		values = append(values, t.Value.String())
 	}
-	return false, fmt.Sprintf("Transfer log of %s to %s carries %s base units, the deposit says %s",
+	return nil, fmt.Sprintf("Transfer log of %s to %s carries %s base units, the deposit says %s",
 		d.Token, toRecipient[0].To, strings.Join(values, ", "), d.Amount)
 }
 
@@ -405,7 +572,7 @@ func listAddresses(transfers []Transfer, pick func(Transfer) string) string {
 
 // normalized validates a deposit and lowercases its hex.
 func (d Deposit) normalized() (Deposit, error) {
-	out := Deposit{Amount: d.Amount, Internal: d.Internal}
+	out := Deposit{Amount: d.Amount, Internal: d.Internal, Index: d.Index, Owner: d.Owner}
 	var err error
 	if out.TxHash, err = ParseTxHash(d.TxHash); err != nil {
 		return Deposit{}, err
@@ -427,10 +594,13 @@ func (d Deposit) normalized() (Deposit, error) {
 		if out.Token, err = ParseAddress(d.Token); err != nil {
 			return Deposit{}, err
 		}
-		if len(out.Recipients) == 0 {
+		if len(out.Recipients) == 0 && out.Owner == nil {
 			return Deposit{}, payment.Invalid("token deposit without a recipient address")
 		}
 	case d.Internal:
+		if !payment.InternalTransfer(d.Index) {
+			return Deposit{}, payment.Invalid("internal transfer without its trace address")
+		}
 		return out, nil
 	}
 	if d.Amount == nil || d.Amount.Sign() <= 0 {

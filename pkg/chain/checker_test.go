@@ -68,7 +68,7 @@ func TestFinalizedPolicyBoundary(t *testing.T) {
 
 	advanceTo(t, c, 64)
 	v = check(t, w, ethDeposit(tx, to), policy)
-	require.Equal(t, Verdict{State: Credit, BlockNumber: 33, BlockHash: tx.BlockHash, Finalized: true, ReceiptSeen: true, Reason: "block 33 is finalized"}, v)
+	require.Equal(t, Verdict{State: Credit, BlockNumber: 33, BlockHash: tx.BlockHash, Finalized: true, ReceiptSeen: true, Reason: "block 33 is finalized", Transfers: []string{"native"}}, v)
 
 	// Asked again (from the cache now), the answer is the same.
 	require.Equal(t, v, check(t, w, ethDeposit(tx, to), policy))
@@ -105,7 +105,7 @@ func TestConfirmationsPolicyBoundary(t *testing.T) {
 
 	advanceTo(t, c, 43)
 	v = check(t, w, ethDeposit(tx, to), policy)
-	require.Equal(t, Verdict{State: Credit, BlockNumber: 41, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 41 has 3 confirmations (policy confirmations:3)"}, v)
+	require.Equal(t, Verdict{State: Credit, BlockNumber: 41, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 41 has 3 confirmations (policy confirmations:3)", Transfers: []string{"native"}}, v)
 	require.False(t, v.Finalized, "credited before finality: the ledger must watch it")
 
 	state, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
@@ -295,7 +295,7 @@ func TestTokenDeposits(t *testing.T) {
 	require.Equal(t, Mismatch, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: big.NewInt(1)}, policy).State)
 	// Value moved by a contract call inside a transaction is not in the
 	// transaction's own fields: status and finality only.
-	require.Equal(t, Credit, check(t, w, Deposit{TxHash: good.Hash, Internal: true}, policy).State)
+	require.Equal(t, Credit, check(t, w, Deposit{TxHash: good.Hash, Internal: true, Index: "trace:CALL_0"}, policy).State)
 }
 
 func TestInvalidDeposits(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/logging"
@@ -30,6 +29,9 @@ const (
 	RecheckMaxDefault   = time.Minute
 	// WatchBatchMax bounds one reorg-watch pass.
 	WatchBatchMax = 500
+	// ReorgRecheckDelayDefault: two reads of a missing receipt this far
+	// apart (and a block apart) are evidence of a reorg.
+	ReorgRecheckDelayDefault = 30 * time.Second
 )
 
 // Store is the database side of the gate.
@@ -37,17 +39,20 @@ type Store interface {
 	ChainWait(ctx context.Context, eventID string) (postgres.ChainWaitState, error)
 	AwaitFinality(ctx context.Context, e payment.Event, w postgres.Wait) (bool, error)
 	DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error)
-	UserDepositAddresses(ctx context.Context, network string, user int64) ([]string, error)
+	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	WatchedDeposits(ctx context.Context, limit int) ([]postgres.WatchedDeposit, error)
 	MarkFinal(ctx context.Context, eventID string) error
 	TouchWatched(ctx context.Context, eventID string) error
+	KeepWatching(ctx context.Context, eventID string) error
+	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (bool, error)
+	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 }
 
 // Chain is what the gate asks the chain.
 type Chain interface {
 	CheckDeposit(ctx context.Context, d chain.Deposit, p chain.Policy) (chain.Verdict, error)
-	StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (chain.CanonicalState, error)
+	StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (chain.Canonicity, error)
 }
 
 // Alerter tells a human.
@@ -67,6 +72,9 @@ type Options struct {
 	Alerts       Alerter
 	Log          zerolog.Logger
 	Registerer   prometheus.Registerer
+	// ReorgRecheckDelay (REORG_RECHECK_DELAY): how far apart, on the
+	// database's clock, two reads of a missing receipt must be.
+	ReorgRecheckDelay time.Duration
 	// Now is the worker's clock. No stored schedule and no comparison with
 	// a database time uses it: those take the database's now().
 	Now func() time.Time
@@ -90,6 +98,9 @@ func New(o Options) *Gate {
 	if o.RecheckMax <= 0 {
 		o.RecheckMax = RecheckMaxDefault
 	}
+	if o.ReorgRecheckDelay <= 0 {
+		o.ReorgRecheckDelay = ReorgRecheckDelayDefault
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -99,7 +110,7 @@ func New(o Options) *Gate {
 			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by verdict (credit, wait, reverted, mismatch, unavailable, reorged, not_found).",
 		}, []string{"verdict"}),
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by state (final, canonical, gone).",
+			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by what the chain showed (final, canonical, moved, absent, gone, error).",
 		}, []string{"state"}),
 	}
 	if o.Registerer != nil {
@@ -117,11 +128,8 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	if err != nil {
 		return nil, err
 	}
-	deposit, network, err := g.deposit(ctx, e, state.ToAddress)
-	if err != nil {
-		return nil, err
-	}
-	verdict, err := g.o.Chain.CheckDeposit(ctx, deposit, g.o.Policy)
+	e.TransferIndex = state.TransferIndex
+	verdict, network, err := g.verdict(ctx, e, state.ToAddress)
 	if errors.Is(err, payment.ErrUnavailable) {
 		// The chain cannot be asked: wait, and do not count this against
 		// the finality timeout's outcome (it is decided on an answer).
@@ -139,46 +147,70 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	case chain.Credit:
 		watch := !verdict.Finalized
 		log.Info().Str("network", network).Uint64("block", verdict.BlockNumber).Bool("final", verdict.Finalized).Msg("deposit passes the finality policy")
-		item.Chain = &postgres.ChainEvidence{BlockNumber: int64(verdict.BlockNumber), BlockHash: verdict.BlockHash, Watch: watch}
+		item.Chain = &postgres.ChainEvidence{
+			BlockNumber: int64(verdict.BlockNumber), BlockHash: verdict.BlockHash, Watch: watch, Transfers: verdict.Transfers,
+		}
 		return &item, nil
 	case chain.Reverted:
 		return nil, g.decide(ctx, e, payment.OutcomeReverted, verdict.Reason, false)
 	case chain.Mismatch:
 		return nil, g.decide(ctx, e, payment.OutcomeMismatch, verdict.Reason, true)
 	case chain.Wait:
-		if state.Age >= g.o.Timeout {
-			switch {
-			case !verdict.ReceiptSeen && state.ReceiptSeen:
-				g.verdicts.WithLabelValues("reorged").Inc()
-				return nil, g.decide(ctx, e, payment.OutcomeReorged, "receipt seen, then gone; not back within "+g.o.Timeout.String(), true)
-			case !verdict.ReceiptSeen:
-				g.verdicts.WithLabelValues("not_found").Inc()
-				return nil, g.decide(ctx, e, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String(), true)
-			default:
-				// Mined and still canonical, only slow to finalize: a real
-				// deposit is never failed for the chain's slowness.
-				g.o.Alerts.Raise("finality_stalled", alert.Warning, "deposits mined but not final past FINALITY_TIMEOUT", map[string]any{
-					"event_id": e.ID, "trace_id": e.TraceID, "tx_hash": e.TxHash,
-				})
-			}
-		}
-		if state.ReceiptSeen && !verdict.ReceiptSeen {
-			log.Warn().Msg("receipt seen before is gone: the transaction left the canonical chain")
-		}
-		wait := postgres.Wait{
-			RecheckIn:   g.recheckAfter(state.Checks),
-			ReceiptSeen: verdict.ReceiptSeen,
-			BlockNumber: int64(verdict.BlockNumber),
-			BlockHash:   verdict.BlockHash,
-			Note:        verdict.Reason,
-		}
-		return nil, g.park(ctx, e, state, wait)
+		return nil, g.wait(ctx, e, state, verdict)
 	}
 	return nil, fmt.Errorf("chain returned unknown verdict %q", verdict.State)
 }
 
+// wait parks a deposit the chain cannot decide yet, or fails it once
+// FINALITY_TIMEOUT has passed without its transaction.
+func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWaitState, verdict chain.Verdict) error {
+	if state.Age >= g.o.Timeout {
+		switch {
+		case !verdict.ReceiptSeen && state.ReceiptSeen:
+			g.verdicts.WithLabelValues("reorged").Inc()
+			return g.decide(ctx, e, payment.OutcomeReorged, "receipt seen, then gone; not back within "+g.o.Timeout.String(), true)
+		case !verdict.ReceiptSeen:
+			g.verdicts.WithLabelValues("not_found").Inc()
+			return g.decide(ctx, e, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String(), true)
+		default:
+			// Mined and still canonical, only slow to finalize: a real
+			// deposit is never failed for the chain's slowness.
+			g.o.Alerts.Raise("finality_stalled", alert.Warning, "deposits mined but not final past FINALITY_TIMEOUT", map[string]any{
+				"event_id": e.ID, "trace_id": e.TraceID, "tx_hash": e.TxHash,
+			})
+		}
+	}
+	if state.ReceiptSeen && !verdict.ReceiptSeen {
+		logging.From(ctx).Warn().Msg("receipt seen before is gone: the transaction left the canonical chain")
+	}
+	return g.park(ctx, e, state, postgres.Wait{
+		RecheckIn:   g.recheckAfter(state.Checks),
+		ReceiptSeen: verdict.ReceiptSeen,
+		BlockNumber: int64(verdict.BlockNumber),
+		BlockHash:   verdict.BlockHash,
+		Note:        verdict.Reason,
+	})
+}
+
+// Verdict asks the chain about a deposit as Check would, without parking
+// or deciding anything: what a recheck shows an operator. toAddress is the
+// recipient the provider named, if any.
+func (g *Gate) Verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, error) {
+	v, _, err := g.verdict(ctx, e, toAddress)
+	return v, err
+}
+
+func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, string, error) {
+	deposit, network, err := g.deposit(e, toAddress)
+	if err != nil {
+		return chain.Verdict{}, "", err
+	}
+	v, err := g.o.Chain.CheckDeposit(ctx, deposit, g.o.Policy)
+	return v, network, err
+}
+
 // deposit describes the event as the chain should confirm it.
-func (g *Gate) deposit(ctx context.Context, e payment.Event, toAddress string) (chain.Deposit, string, error) {
+func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string, error) {
 	asset, ok := g.o.Assets.ByCode(e.Asset)
 	if !ok {
 		return chain.Deposit{}, "", payment.Invalid("asset %s is not in the registry", e.Asset)
@@ -187,8 +219,11 @@ func (g *Gate) deposit(ctx context.Context, e payment.Event, toAddress string) (
 	if !ok {
 		return chain.Deposit{}, "", payment.Invalid("amount %s has more digits than %s's %d decimals", e.Amount, asset.Code, asset.Decimals)
 	}
-	d := chain.Deposit{TxHash: e.TxHash, Token: asset.Contract, Amount: units}
-	if asset.Native() && alchemy.InternalTransfer(e.ID) {
+	d := chain.Deposit{TxHash: e.TxHash, Token: asset.Contract, Amount: units, Index: e.TransferIndex}
+	if payment.InternalTransfer(e.TransferIndex) {
+		if !asset.Native() {
+			return chain.Deposit{}, "", payment.Invalid("transfer %s moves the native coin, not %s", e.TransferIndex, asset.Code)
+		}
 		d.Internal = true
 		return d, asset.Network, nil
 	}
@@ -198,16 +233,30 @@ func (g *Gate) deposit(ctx context.Context, e payment.Event, toAddress string) (
 	}
 	// A deposit named by user only: the Transfer (or the transaction's
 	// value) must go to one of the user's registered addresses on the
-	// asset's network.
-	addresses, err := g.o.Store.UserDepositAddresses(ctx, asset.Network, e.UserID)
-	if err != nil {
-		return chain.Deposit{}, "", err
-	}
-	if len(addresses) > chain.RecipientsMax {
-		addresses = addresses[:chain.RecipientsMax]
-	}
-	d.Recipients = addresses
+	// asset's network, whichever of them the chain shows.
+	d.Owner = owner{store: g.o.Store, network: asset.Network, user: e.UserID}
 	return d, asset.Network, nil
+}
+
+// owner answers chain.AddressOwner from deposit_addresses.
+type owner struct {
+	store   Store
+	network string
+	user    int64
+}
+
+func (o owner) Owned(ctx context.Context, addresses []string) ([]string, error) {
+	owners, err := o.store.DepositAddressOwners(ctx, o.network, addresses)
+	if err != nil {
+		return nil, err
+	}
+	var owned []string
+	for _, a := range addresses {
+		if u, ok := owners[a]; ok && u == o.user {
+			owned = append(owned, a)
+		}
+	}
+	return owned, nil
 }
 
 // recheckAfter grows from RecheckFirst to RecheckMax with each check.
@@ -246,38 +295,87 @@ func (g *Gate) decide(ctx context.Context, e payment.Event, outcome payment.Outc
 }
 
 // WatchReorgs follows credited, not yet final deposits: final ones stop
-// being watched; ones whose transaction left the canonical chain get their
-// compensation event (once, however often the reorg is seen).
+// being watched, ones mined again in another block keep their credit and
+// their evidence moves there, and ones the chain shows gone (see
+// watchOne) get their compensation event, once however often it is seen.
+// A deposit the chain could not be asked about goes to the back of the
+// list; an outage ends the pass.
 func (g *Gate) WatchReorgs(ctx context.Context) error {
 	watched, err := g.o.Store.WatchedDeposits(ctx, WatchBatchMax)
 	if err != nil {
 		return err
 	}
+	var unchecked error
 	for _, w := range watched {
-		state, err := g.o.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
-		if err != nil {
-			return fmt.Errorf("reorg watch of %s: %w", w.EventID, err)
-		}
-		g.watched.WithLabelValues(string(state)).Inc()
-		switch state {
-		case chain.Final:
-			err = g.o.Store.MarkFinal(ctx, w.EventID)
-		case chain.Canonical:
-			err = g.o.Store.TouchWatched(ctx, w.EventID)
-		case chain.Gone:
-			var r postgres.Reversal
-			r, err = g.o.Store.ReverseDeposit(ctx, w.EventID, fmt.Sprintf("transaction %s left the canonical chain (block %d %s)", w.TxHash, w.BlockNumber, w.BlockHash), w.TraceID)
-			if err == nil {
-				g.o.Log.Warn().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).Str("reversal", r.String()).
-					Msg("credited deposit reorged away")
-				g.o.Alerts.Raise("deposit_reorged:"+w.EventID, alert.Critical, "credited deposit left the canonical chain; compensating", map[string]any{
-					"event_id": w.EventID, "trace_id": w.TraceID, "tx_hash": w.TxHash, "reversal": r.String(),
-				})
+		seen, askErr := g.o.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
+		if askErr != nil {
+			g.watched.WithLabelValues("error").Inc()
+			g.o.Log.Warn().Err(askErr).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Msg("reorg watch could not ask the chain; not evidence")
+			if unchecked == nil {
+				unchecked = fmt.Errorf("reorg watch of %s: %w", w.EventID, askErr)
 			}
+			if err := g.o.Store.TouchWatched(ctx, w.EventID); err != nil {
+				return err
+			}
+			if errors.Is(askErr, payment.ErrUnavailable) {
+				break
+			}
+			continue
 		}
-		if err != nil {
+		g.watched.WithLabelValues(string(seen.State)).Inc()
+		if err := g.watchOne(ctx, w, seen); err != nil {
 			return err
 		}
 	}
+	return unchecked
+}
+
+// watchOne acts on what the chain showed about one watched deposit. Gone
+// is evidence at once; Absent becomes evidence only on a second read at
+// least ReorgRecheckDelay (on the database's clock) and one new block
+// after the first: a single null, or a lagging backend, never is.
+func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen chain.Canonicity) error {
+	log := g.o.Log.With().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).Logger()
+	switch seen.State {
+	case chain.Final:
+		return g.o.Store.MarkFinal(ctx, w.EventID)
+	case chain.Canonical:
+		return g.o.Store.KeepWatching(ctx, w.EventID)
+	case chain.Moved:
+		moved, err := g.o.Store.MoveEvidence(ctx, w.EventID, w.BlockHash, int64(seen.BlockNumber), seen.BlockHash, seen.Final)
+		if err == nil && moved {
+			log.Warn().Int64("from_block", w.BlockNumber).Str("from_hash", w.BlockHash).
+				Uint64("block", seen.BlockNumber).Str("block_hash", seen.BlockHash).Bool("final", seen.Final).
+				Msg("credited deposit's transaction mined again in another block; credit kept, evidence moved")
+		}
+		return err
+	case chain.Absent:
+		a, err := g.o.Store.RecordAbsence(ctx, w.EventID, w.BlockHash, int64(seen.Head), g.o.ReorgRecheckDelay)
+		if err != nil || !a.Evidence {
+			if err == nil {
+				log.Info().Bool("first", a.First).Dur("absent_for", a.Since).Int64("head_then", a.HeadThen).Uint64("head", seen.Head).
+					Str("chain", seen.Reason).Msg("credited deposit's receipt missing; not evidence yet")
+			}
+			return err
+		}
+		return g.reverse(ctx, w, fmt.Sprintf("transaction %s: receipt absent on reads %s and %d blocks apart (block %d %s)",
+			w.TxHash, a.Since.Round(time.Second), int64(seen.Head)-a.HeadThen, w.BlockNumber, w.BlockHash))
+	case chain.Gone:
+		return g.reverse(ctx, w, fmt.Sprintf("transaction %s left the canonical chain: %s", w.TxHash, seen.Reason))
+	}
+	return fmt.Errorf("reorg watch of %s: chain returned unknown state %q", w.EventID, seen.State)
+}
+
+// reverse compensates a credited deposit the chain shows gone.
+func (g *Gate) reverse(ctx context.Context, w postgres.WatchedDeposit, reason string) error {
+	r, err := g.o.Store.ReverseDeposit(ctx, w.EventID, reason, w.TraceID)
+	if err != nil {
+		return err
+	}
+	g.o.Log.Warn().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).Str("reversal", r.String()).
+		Str("reason", reason).Msg("credited deposit reorged away")
+	g.o.Alerts.Raise("deposit_reorged:"+w.EventID, alert.Critical, "credited deposit left the canonical chain; compensating", map[string]any{
+		"event_id": w.EventID, "trace_id": w.TraceID, "tx_hash": w.TxHash, "reversal": r.String(),
+	})
 	return nil
 }

@@ -27,7 +27,7 @@ const (
 // reservedEventIDPrefixes name events settle derives itself; a caller may
 // not use them, or it could occupy the id of a future compensation or
 // Alchemy deposit.
-var reservedEventIDPrefixes = []string{"reorg:", alchemy.EventIDPrefix}
+var reservedEventIDPrefixes = []string{"reorg:", alchemy.LegacyEventIDPrefix, payment.TransferEventIDPrefix}
 
 // rejection is a 400 with the reason it is counted under.
 type rejection struct {
@@ -42,6 +42,8 @@ type paymentRequest struct {
 	amount    string
 	asset     string
 	txHash    string
+	// transferIndex names the transfer of txHash a deposit claims.
+	transferIndex string
 }
 
 type webhookAnswer struct {
@@ -104,7 +106,7 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
 		Event: payment.Event{
 			ID: req.eventID, Type: req.eventType, UserID: req.userID,
-			Asset: asset.Code, Amount: amount, TxHash: req.txHash, TraceID: traceID,
+			Asset: asset.Code, Amount: amount, TxHash: req.txHash, TransferIndex: req.transferIndex, TraceID: traceID,
 		},
 		Source: postgres.SourcePayments,
 	})
@@ -212,6 +214,20 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		}
 		if req.txHash, ok = alchemy.NormalizeTxHash(hash); !ok {
 			return req, &rejection{"invalid_tx_hash", "tx_hash must be 0x followed by 64 hex digits"}
+		}
+	}
+
+	if raw, ok = fields["transfer_index"]; ok && !isJSONNull(raw) {
+		index, ok := jsonString(raw)
+		if !ok {
+			return req, &rejection{"invalid_transfer_index", "transfer_index must be a string"}
+		}
+		if req.txHash == "" || !req.eventType.ChainGated() {
+			return req, &rejection{"invalid_transfer_index", "transfer_index names a transfer of tx_hash; only a deposit or airdrop with a tx_hash may have one"}
+		}
+		var err error
+		if req.transferIndex, err = payment.ParseTransferIndex(index); err != nil {
+			return req, &rejection{"invalid_transfer_index", "transfer_index must be a decimal log index, \"native\" or \"trace:<address>\""}
 		}
 	}
 	return req, nil

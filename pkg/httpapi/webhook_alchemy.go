@@ -133,7 +133,7 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 		inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
 			Event: payment.Event{
 				ID: t.EventID, Type: payment.Deposit, UserID: user, Asset: t.Asset.Code,
-				Amount: t.Amount, TxHash: t.TxHash, TraceID: traceID,
+				Amount: t.Amount, TxHash: t.TxHash, TransferIndex: t.Index, TraceID: traceID,
 			},
 			Source:    postgres.SourceAlchemy,
 			ToAddress: t.ToAddress,

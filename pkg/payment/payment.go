@@ -171,6 +171,11 @@ type Event struct {
 	TraceID    string
 }
 
+// Content is what a redelivery of the event must carry again.
+func (e Event) Content() Content {
+	return Content{Type: e.Type, UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TransferIndex: e.TransferIndex}
+}
+
 // Key is the event's idempotency key.
 func (e Event) Key() string { return IdempotencyKey(e.ID, e.Type) }
 

@@ -48,15 +48,14 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 	if e.Source == "" {
 		e.Source = SourcePayments
 	}
-	content := payment.Content{Type: ev.Type, UserID: ev.UserID, Asset: ev.Asset, Amount: ev.Amount, TxHash: ev.TxHash}
-	hash := content.Hash()
+	hash := ev.Content().Hash()
 	stmt := q("insert_event")
 	for range insertRaceRetries {
 		var inserted int64
 		var existing []byte
 		var userExists, assetExists bool
 		err := qr.QueryRow(ctx, stmt.text, ev.ID, string(ev.Type), ev.UserID, ev.Asset, ev.Amount.String(),
-			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress), nullable(e.Related)).
+			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress), nullable(e.Related), nullable(ev.TransferIndex)).
 			Scan(&inserted, &existing, &userExists, &assetExists)
 		if err != nil {
 			return false, classify(stmt.name, err)

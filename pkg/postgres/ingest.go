@@ -74,7 +74,7 @@ func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
 	}
 	ev := e.Event
 	r := &ingestRequest{ctx: ctx, event: e, done: make(chan ingestResponse, 1),
-		hash: payment.Content{Type: ev.Type, UserID: ev.UserID, Asset: ev.Asset, Amount: ev.Amount, TxHash: ev.TxHash}.Hash()}
+		hash: ev.Content().Hash()}
 	select {
 	case g.requests <- r:
 	case <-ctx.Done():
@@ -194,19 +194,20 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		ids, types, assets, amounts, txs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		users := make([]int64, n)
 		hashes := make([][]byte, n)
-		traces, sources, tos, related := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		traces, sources, tos, related, indexes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		for k, i := range pending {
 			r := batch[i]
 			e := r.event.Event
 			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
 			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.ToAddress, r.event.Related
+			indexes[k] = e.TransferIndex
 		}
 		// One round trip: the statement in its own transaction, with the
 		// hot path's plan settings.
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(q("hot_path_plans").text)
-		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related)
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes)
 		b.Queue("COMMIT")
 		br := db.pool.SendBatch(ctx, b)
 		raced, err := readInserted(br, stmt, batch, pending, out)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -54,6 +55,10 @@ type ChainEvidence struct {
 	// Watch: credited before finality; the reorg watcher follows it until
 	// its block is finalized. False with a block means already final.
 	Watch bool
+	// Transfers are the indexes of the transfers in the transaction that
+	// match the deposit, in log order; the ledger claims the first that no
+	// other event holds.
+	Transfers []string
 }
 
 // LedgerItem asks for one event to be applied. Event comes from the task:
@@ -124,6 +129,10 @@ type claimedEvent struct {
 	createdAt time.Time
 	key       string
 	item      int // index into the deduplicated items
+	// network and native describe the event's asset: where its transfer
+	// lives, and whether it is the network's own coin.
+	network string
+	native  bool
 }
 
 // ApplyBatch applies events in one transaction: lock the balances rows in
@@ -305,7 +314,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	for _, c := range claimed {
 		chain[c.item] = items[c.item].Chain
 	}
-	plan := planBatch(claimed, chain, replays, balances)
+	plan := planBatch(claimed, chain, replays, balances, claim.claims)
 	if len(plan.retry) > 0 {
 		return nil, plan.retry, nil
 	}
@@ -397,12 +406,16 @@ func balancePairs(items []LedgerItem, live []int) []balanceKey {
 // read of their idempotency records into the first pipeline, then sorts
 // out the tasks whose events it could not lock.
 type claim struct {
-	ids, types, assets, amounts, keys []string
-	generations                       []int32
-	users                             []int64
-	itemOf                            map[identity]int
-	claimed                           []claimedEvent
-	locked                            map[string]bool
+	ids, types, assets, amounts, keys, txs []string
+	generations                            []int32
+	users                                  []int64
+	itemOf                                 map[identity]int
+	claimed                                []claimedEvent
+	locked                                 map[string]bool
+	// txHashes of the deposits that claim a transfer, and the claims
+	// already held on those transactions.
+	txHashes []string
+	claims   map[txKey][]transferClaim
 }
 
 type identity struct {
@@ -413,13 +426,13 @@ type identity struct {
 func newClaim(items []LedgerItem, live []int) *claim {
 	n := len(live)
 	c := &claim{
-		ids: make([]string, n), types: make([]string, n), assets: make([]string, n), amounts: make([]string, n),
+		ids: make([]string, n), types: make([]string, n), assets: make([]string, n), amounts: make([]string, n), txs: make([]string, n),
 		generations: make([]int32, n), users: make([]int64, n),
 		itemOf: map[identity]int{}, locked: map[string]bool{},
 	}
 	for k, i := range live {
 		e := items[i].Event
-		c.ids[k], c.types[k], c.assets[k], c.amounts[k] = e.ID, string(e.Type), e.Asset, e.Amount.String()
+		c.ids[k], c.types[k], c.assets[k], c.amounts[k], c.txs[k] = e.ID, string(e.Type), e.Asset, e.Amount.String(), e.TxHash
 		c.generations[k], c.users[k] = int32(e.Generation), e.UserID
 		// Only an event handed to the queue afresh (generation > 0) can have
 		// an idempotency record already: the record is written in the same
@@ -432,12 +445,19 @@ func newClaim(items []LedgerItem, live []int) *claim {
 			c.keys = append(c.keys, payment.IdempotencyKey(e.ID, e.Type))
 		}
 		c.itemOf[identity{e.ID, e.Generation}] = i
+		if e.TxHash != "" && e.Type.Credit() && !slices.Contains(c.txHashes, e.TxHash) {
+			c.txHashes = append(c.txHashes, e.TxHash)
+		}
 	}
 	return c
 }
 
 func (c *claim) queue(batch *pgx.Batch) {
-	batch.Queue(q("ledger_claim").text, c.ids, c.generations, c.types, c.users, c.assets, c.amounts)
+	batch.Queue(q("ledger_claim").text, c.ids, c.generations, c.types, c.users, c.assets, c.amounts, c.txs)
+	if len(c.txHashes) > 0 {
+		batch.Queue(q("ledger_lock_transfers").text, c.txHashes)
+		batch.Queue(q("ledger_transfer_claims").text, c.txHashes)
+	}
 	if len(c.keys) > 0 {
 		batch.Queue(q("ledger_key_outcomes").text, c.keys)
 	}
@@ -454,7 +474,7 @@ func (c *claim) read(br pgx.BatchResults) error {
 		var eventType, amount string
 		var generation int32
 		if err := rows.Scan(&e.event.ID, &generation, &eventType, &e.event.UserID, &e.event.Asset, &amount,
-			&e.event.TraceID, &e.related, &e.createdAt); err != nil {
+			&e.event.TraceID, &e.related, &e.createdAt, &e.event.TxHash, &e.event.TransferIndex, &e.network, &e.native); err != nil {
 			return err
 		}
 		e.event.Type = payment.EventType(eventType)
@@ -465,7 +485,49 @@ func (c *claim) read(br pgx.BatchResults) error {
 		c.claimed = append(c.claimed, e)
 		c.locked[e.event.ID] = true
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows.Close()
+	if len(c.txHashes) == 0 {
+		return nil
+	}
+	if _, err := br.Exec(); err != nil { // ledger_lock_transfers
+		return err
+	}
+	c.claims, err = readTransferClaims(br)
+	return err
+}
+
+// txKey names a transaction on a network.
+type txKey struct {
+	network string
+	txHash  string
+}
+
+// transferClaim is a chain_transfers row.
+type transferClaim struct {
+	index   string
+	asset   string
+	eventID string
+}
+
+func readTransferClaims(br pgx.BatchResults) (map[txKey][]transferClaim, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	claims := map[txKey][]transferClaim{}
+	for rows.Next() {
+		var k txKey
+		var t transferClaim
+		if err := rows.Scan(&k.network, &k.txHash, &t.index, &t.asset, &t.eventID); err != nil {
+			return nil, err
+		}
+		claims[k] = append(claims[k], t)
+	}
+	return claims, rows.Err()
 }
 
 func readOutcomes(br pgx.BatchResults) (map[string]payment.Outcome, error) {
@@ -544,6 +606,7 @@ type writeKind int
 const (
 	writeBalances writeKind = iota
 	writeJournal
+	writeTransfers
 	writeOutcomes
 	writeKeyUpdates
 	writeConfirm
@@ -560,6 +623,10 @@ type batchPlan struct {
 
 	deltas  map[balanceKey]decimal.Decimal
 	journal []journalRow
+	// claims on each transaction, held before and planned here; newClaims
+	// are the rows to write.
+	claims    map[txKey][]transferClaim
+	newClaims []plannedClaim
 	// outcomes to record, by idempotency key, with their event ids;
 	// reopened keys exist already (a dead-lettered attempt) and are updated
 	outcomes     map[string]payment.Outcome
@@ -572,6 +639,11 @@ type batchPlan struct {
 	notification []notificationRow
 
 	writeKinds []writeKind
+}
+
+type plannedClaim struct {
+	tx    txKey
+	claim transferClaim
 }
 
 type journalRow struct {
@@ -605,8 +677,12 @@ type notificationRow struct {
 // planBatch decides each claimed event's fate against the running
 // balances, in (user, asset, accepted-at) order so that a user's
 // withdrawals are served first come, first served.
-func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal) *batchPlan {
+func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal, claims map[txKey][]transferClaim) *batchPlan {
+	if claims == nil {
+		claims = map[txKey][]transferClaim{}
+	}
 	p := &batchPlan{
+		claims:    claims,
 		results:   map[int]LedgerResult{},
 		retry:     map[int]error{},
 		deltas:    map[balanceKey]decimal.Decimal{},
@@ -633,10 +709,10 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 	for _, c := range claimed {
 		result := LedgerResult{Kind: Applied, CreatedAt: c.createdAt, Event: c.event}
 		prior, seen := replays[c.key]
-		if seen && prior == payment.OutcomeDeadLettered {
+		if seen && prior.Reopenable() {
 			p.reopened[c.key] = true
 		}
-		if seen && prior != payment.OutcomeDeadLettered {
+		if seen && !prior.Reopenable() {
 			// Replay path: the key was written before; bring the event to
 			// the status its recorded outcome implies, without moving money.
 			switch {
@@ -678,6 +754,15 @@ func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[bal
 			p.deadLetter(c, result, fmt.Sprintf("crediting %s %s would take the balance of user %d past 10^20", e.Amount, e.Asset, e.UserID), "")
 			return
 		}
+		if e.TxHash != "" && !p.claimTransfer(c, chain) {
+			// Another event holds every transfer this deposit could be: the
+			// money arrived once and was credited once.
+			p.outcomes[c.key] = payment.OutcomeDuplicateTransfer
+			p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeDuplicateTransfer,
+				err: fmt.Sprintf("transfer of %s already credited to another event", e.TxHash)})
+			result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeDuplicateTransfer
+			return
+		}
 		p.post(c, e.Amount, next, balances)
 		p.confirms = append(p.confirms, confirmRow{id: e.ID, chain: chain})
 		p.notify(c, NotifyDepositCredited, next)
@@ -705,6 +790,66 @@ func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[bal
 	}
 	p.notify(c, kind, next)
 	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
+}
+
+// claimTransfer picks the transfer a crediting deposit claims: the first
+// of its candidates that no event holds. Candidates come from the chain
+// check; without one (no RPC) a deposit is what it names, the
+// transaction's own value for the native coin, or else an unresolved
+// claim on its transaction. Unresolved claims count against the
+// transaction's transfers of the same asset, so that no guess can credit
+// one transfer twice.
+func (p *batchPlan) claimTransfer(c claimedEvent, chain *ChainEvidence) bool {
+	e := c.event
+	k := txKey{c.network, e.TxHash}
+	held := p.claims[k]
+	var candidates []string
+	switch {
+	case chain != nil && len(chain.Transfers) > 0:
+		candidates = chain.Transfers
+	case e.TransferIndex != "":
+		candidates = []string{e.TransferIndex}
+	case c.native:
+		candidates = []string{payment.TransferNative}
+	default:
+		for _, h := range held {
+			if h.asset == e.Asset {
+				return false
+			}
+		}
+		p.addClaim(k, payment.UnresolvedTransfer(e.ID), e)
+		return true
+	}
+	taken := map[string]bool{}
+	unresolved := 0
+	for _, h := range held {
+		switch {
+		case h.eventID == e.ID:
+			return true // its own claim (a credit replayed after a crash)
+		case payment.Unresolved(h.index) && h.asset == e.Asset:
+			unresolved++
+		default:
+			taken[h.index] = true
+		}
+	}
+	for _, index := range candidates {
+		if taken[index] {
+			continue
+		}
+		if unresolved > 0 {
+			unresolved--
+			continue
+		}
+		p.addClaim(k, index, e)
+		return true
+	}
+	return false
+}
+
+func (p *batchPlan) addClaim(k txKey, index string, e payment.Event) {
+	claim := transferClaim{index: index, asset: e.Asset, eventID: e.ID}
+	p.claims[k] = append(p.claims[k], claim)
+	p.newClaims = append(p.newClaims, plannedClaim{tx: k, claim: claim})
 }
 
 func (p *batchPlan) post(c claimedEvent, signed, next decimal.Decimal, balances map[balanceKey]decimal.Decimal) {
@@ -756,6 +901,7 @@ func (p *batchPlan) order() {
 	}
 	add(len(p.deltas) > 0, writeBalances)
 	add(len(p.journal) > 0, writeJournal)
+	add(len(p.newClaims) > 0, writeTransfers)
 	add(len(p.outcomes) > len(p.reopened), writeOutcomes)
 	add(len(p.reopened) > 0, writeKeyUpdates)
 	add(len(p.confirms) > 0, writeConfirm)
@@ -792,6 +938,13 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 				users[i], assets[i], amounts[i], types[i], sources[i] = j.user, j.asset, j.amount.String(), string(j.eventType), j.source
 			}
 			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
+		case writeTransfers:
+			n := len(p.newClaims)
+			networks, hashes, indexes, assets, events := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			for i, c := range p.newClaims {
+				networks[i], hashes[i], indexes[i], assets[i], events[i] = c.tx.network, c.tx.txHash, c.claim.index, c.claim.asset, c.claim.eventID
+			}
+			batch.Queue(q("ledger_claim_transfers").text, networks, hashes, indexes, assets, events)
 		case writeOutcomes:
 			var keys, events, outcomes []string
 			for k, o := range p.outcomes {

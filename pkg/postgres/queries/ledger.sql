@@ -37,15 +37,38 @@ FOR UPDATE OF b;
 -- sees an intermediate status; the lock keeps everyone else out meanwhile.
 -- event_id = ANY keeps the plan on the primary key whatever the backlog.
 SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
-       COALESCE(p.related_event_id, ''), p.created_at
+       COALESCE(p.related_event_id, ''), p.created_at,
+       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), a.network, a.contract_address IS NULL
 FROM payment_events p
-JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[])
-     AS t(event_id, generation, event_type, user_id, asset, amount)
+JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[], $7::text[])
+     AS t(event_id, generation, event_type, user_id, asset, amount, tx_hash)
   ON p.event_id = t.event_id
+JOIN assets a ON a.code = p.asset
 WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' COLLATE "C" AND p.generation = t.generation
   AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
+  -- The transfer locks are taken for the tasks' transactions.
+  AND COALESCE(p.tx_hash, '') = t.tx_hash
 ORDER BY p.event_id
 FOR UPDATE OF p;
+
+-- name: ledger_lock_transfers
+-- Deposits with a transaction claim a transfer in chain_transfers. The
+-- transaction-scoped lock per transaction hash (taken after the balances
+-- and events, in hash order) makes the claims of two batches on one
+-- transaction queue: the second reads the first's committed claims
+-- instead of racing it to the unique index.
+SELECT pg_advisory_xact_lock(1397, s.k)
+FROM (SELECT DISTINCT hashtext(h) AS k FROM unnest($1::text[]) AS h ORDER BY 1) s;
+
+-- name: ledger_transfer_claims
+SELECT network, tx_hash, transfer_index, asset, event_id
+FROM chain_transfers
+WHERE tx_hash = ANY($1::text[]);
+
+-- name: ledger_claim_transfers
+-- A violation here means the plan missed a claim: it aborts the batch.
+INSERT INTO chain_transfers (network, tx_hash, transfer_index, asset, event_id)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]);
 
 -- name: ledger_key_outcomes
 -- Idempotency keys already recorded: their events take the replay path.
@@ -79,12 +102,13 @@ FROM unnest($1::text[], $2::text[], $3::text[]) AS t(idempotency_key, event_id, 
 ORDER BY t.idempotency_key;
 
 -- name: ledger_update_keys
--- Records of replayed events whose last attempt was dead-lettered.
+-- Records of events run again as first attempts: a replayed dead letter,
+-- or a deposit reopened because the chain shows its transaction again.
 UPDATE processed_events p
 SET outcome = t.outcome, updated_at = now()
 FROM unnest($1::text[], $2::text[]) AS t(idempotency_key, outcome)
 WHERE p.idempotency_key = ANY($1::text[]) AND p.idempotency_key = t.idempotency_key
-  AND p.outcome = 'dead_lettered';
+  AND p.outcome IN ('dead_lettered', 'reopened');
 
 -- name: ledger_confirm
 -- transition: enqueued -> confirmed
