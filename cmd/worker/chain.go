@@ -28,18 +28,22 @@ type chainSettings struct {
 	// HintTTL is how long "not final yet" is believed without asking the
 	// chain again.
 	HintTTL time.Duration
-	Breaker chain.BreakerSettings
+	// ReorgRecheckDelay: two reads of a credited deposit's missing receipt
+	// at least this far apart (and a block apart) are evidence of a reorg.
+	ReorgRecheckDelay time.Duration
+	Breaker           chain.BreakerSettings
 }
 
 func readChainSettings(env *config.Env) chainSettings {
 	s := chainSettings{
-		Policy:          config.Parse(env, "DEPOSIT_FINALITY", chain.FinalizedPolicy(), chain.ParsePolicy),
-		RPCURL:          env.URL("ETH_RPC_URL", "", "http", "https"),
-		FinalityTimeout: env.Duration("FINALITY_TIMEOUT", finality.TimeoutDefault),
-		RecheckFirst:    env.Duration("FINALITY_RECHECK_MIN", finality.RecheckFirstDefault),
-		RecheckMax:      env.Duration("FINALITY_RECHECK_MAX", finality.RecheckMaxDefault),
-		CallTimeout:     env.Duration("ETH_RPC_TIMEOUT", chain.CallTimeoutDefault),
-		HintTTL:         env.Duration("FINALITY_HINT_TTL", chain.NotFinalTTLDefault),
+		Policy:            config.Parse(env, "DEPOSIT_FINALITY", chain.FinalizedPolicy(), chain.ParsePolicy),
+		RPCURL:            env.URL("ETH_RPC_URL", "", "http", "https"),
+		FinalityTimeout:   env.Duration("FINALITY_TIMEOUT", finality.TimeoutDefault),
+		RecheckFirst:      env.Duration("FINALITY_RECHECK_MIN", finality.RecheckFirstDefault),
+		RecheckMax:        env.Duration("FINALITY_RECHECK_MAX", finality.RecheckMaxDefault),
+		CallTimeout:       env.Duration("ETH_RPC_TIMEOUT", chain.CallTimeoutDefault),
+		HintTTL:           env.Duration("FINALITY_HINT_TTL", chain.NotFinalTTLDefault),
+		ReorgRecheckDelay: env.Duration("REORG_RECHECK_DELAY", finality.ReorgRecheckDelayDefault),
 		Breaker: chain.BreakerSettings{
 			ErrorsMax:   env.Int("ETH_RPC_BREAKER_ERRORS", chain.BreakerErrorsMaxDefault, 1, 1000),
 			ErrorWindow: env.Duration("ETH_RPC_BREAKER_WINDOW", chain.BreakerErrorWindowDefault),
@@ -72,7 +76,7 @@ func newGate(ctx context.Context, s chainSettings, db *postgres.DB, rdb redis.Un
 	gate := finality.New(finality.Options{
 		Store: db, Chain: chain.NewChecker(client, chain.CheckerOptions{Redis: rdb, Registerer: reg, NotFinalTTL: s.HintTTL}),
 		Assets: registry, Policy: s.Policy, Timeout: s.FinalityTimeout,
-		RecheckFirst: s.RecheckFirst, RecheckMax: s.RecheckMax,
+		RecheckFirst: s.RecheckFirst, RecheckMax: s.RecheckMax, ReorgRecheckDelay: s.ReorgRecheckDelay,
 		Alerts: alerts, Log: log, Registerer: reg,
 	})
 	return gate, client.Close, nil

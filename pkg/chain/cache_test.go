@@ -52,9 +52,9 @@ func TestFinalityCacheSparesTheNode(t *testing.T) {
 	underNone := check(t, b, ethDeposit(tx, to), NonePolicy())
 	require.Equal(t, Credit, underNone.State)
 	require.True(t, underNone.Finalized)
-	state, err := b.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err := b.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Final, state)
+	require.Equal(t, Final, seen.State)
 	require.Equal(t, before, p.requests.Load(), "the final cache answered")
 
 	// confirmations:N still needs the head, and nothing else.
@@ -123,9 +123,9 @@ func TestBrokenRedisStillAnswersCorrectly(t *testing.T) {
 	v := check(t, w, ethDeposit(tx, to), FinalizedPolicy())
 	require.Equal(t, Credit, v.State)
 	require.True(t, v.Finalized)
-	state, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Final, state)
+	require.Equal(t, Final, seen.State)
 	require.Positive(t, metricValue(t, w.checker.cache.metrics.redisFailure.WithLabelValues("get_final")))
 
 	_, err = c.Reorg(ctx, "0x"+strings.Repeat("00", 32))

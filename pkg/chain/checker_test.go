@@ -108,17 +108,17 @@ func TestConfirmationsPolicyBoundary(t *testing.T) {
 	require.Equal(t, Verdict{State: Credit, BlockNumber: 41, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 41 has 3 confirmations (policy confirmations:3)", Transfers: []string{"native"}}, v)
 	require.False(t, v.Finalized, "credited before finality: the ledger must watch it")
 
-	state, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Canonical, state)
+	require.Equal(t, Canonical, seen.State)
 
 	require.NoError(t, c.FinalizeThrough(ctx, tx.BlockNumber))
 	v = check(t, w, ethDeposit(tx, to), policy)
 	require.Equal(t, Credit, v.State)
 	require.True(t, v.Finalized)
-	state, err = w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Final, state)
+	require.Equal(t, Canonicity{State: Final, BlockNumber: tx.BlockNumber, BlockHash: tx.BlockHash, Final: true, Reason: "block 41 is finalized"}, seen)
 }
 
 func TestNonePolicyCreditsAtOnce(t *testing.T) {
@@ -327,7 +327,7 @@ func TestInvalidDeposits(t *testing.T) {
 // TestReorgDropsDeposit: a real reorg (the simulated backend's fork)
 // drops a credited transaction. CheckDeposit no longer sees a receipt,
 // StillCanonical says Gone, and a transaction of the dropped blocks that
-// the new branch mined again is Gone at its old block too (hash changed).
+// the new branch mined again is Moved from its old block to the new one.
 func TestReorgDropsDeposit(t *testing.T) {
 	c := startChain(t)
 	w := newWorker(t, c.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
@@ -345,9 +345,9 @@ func TestReorgDropsDeposit(t *testing.T) {
 	v := check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Credit, v.State)
 	require.False(t, v.Finalized)
-	state, err := w.checker.StillCanonical(ctx, dropped.Hash, v.BlockNumber, v.BlockHash)
+	seen, err := w.checker.StillCanonical(ctx, dropped.Hash, v.BlockNumber, v.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Canonical, state)
+	require.Equal(t, Canonical, seen.State)
 
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
@@ -355,19 +355,21 @@ func TestReorgDropsDeposit(t *testing.T) {
 	v = check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Wait, v.State)
 	require.False(t, v.ReceiptSeen)
-	state, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Gone, state)
+	require.Equal(t, Gone, seen.State)
 
 	again := check(t, w, Deposit{TxHash: moved.Hash, Recipients: []string{to}, Amount: big.NewInt(2_000)}, policy)
 	require.Equal(t, Credit, again.State, "the other transaction was mined again on the new branch")
 	require.NotEqual(t, moved.BlockHash, again.BlockHash)
-	state, err = w.checker.StillCanonical(ctx, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, moved.Hash, moved.BlockNumber, moved.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Gone, state, "its block changed")
-	state, err = w.checker.StillCanonical(ctx, moved.Hash, again.BlockNumber, again.BlockHash)
+	require.Equal(t, Moved, seen.State, "its block changed")
+	require.Equal(t, again.BlockNumber, seen.BlockNumber)
+	require.Equal(t, again.BlockHash, seen.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, moved.Hash, again.BlockNumber, again.BlockHash)
 	require.NoError(t, err)
-	require.Equal(t, Canonical, state)
+	require.Equal(t, Canonical, seen.State)
 }
 
 func itoa(n uint64) string { return new(big.Int).SetUint64(n).String() }

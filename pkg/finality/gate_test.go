@@ -28,8 +28,8 @@ func (waitingChain) CheckDeposit(context.Context, chain.Deposit, chain.Policy) (
 	return chain.Verdict{State: chain.Wait, ReceiptSeen: true, BlockNumber: 7, BlockHash: "0xb7", Reason: "block 7 not final"}, nil
 }
 
-func (waitingChain) StillCanonical(context.Context, string, uint64, string) (chain.CanonicalState, error) {
-	return chain.Canonical, nil
+func (waitingChain) StillCanonical(context.Context, string, uint64, string) (chain.Canonicity, error) {
+	return chain.Canonicity{State: chain.Canonical}, nil
 }
 
 type noAlerts struct{}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -134,4 +135,53 @@ func (db *DB) TouchWatched(ctx context.Context, eventID string) error {
 	stmt := q("touch_watched")
 	_, err := db.pool.Exec(ctx, stmt.text, eventID)
 	return classify(stmt.name, err)
+}
+
+// KeepWatching moves a deposit seen canonical where its evidence says to
+// the back of the watch list and forgets any absence recorded before.
+func (db *DB) KeepWatching(ctx context.Context, eventID string) error {
+	stmt := q("keep_watching")
+	_, err := db.pool.Exec(ctx, stmt.text, eventID)
+	return classify(stmt.name, err)
+}
+
+// MoveEvidence records that a watched deposit's transaction is canonical
+// in another block, and stops watching it if that block is final. It
+// reports false if the deposit was no longer watched in block fromHash.
+func (db *DB) MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (bool, error) {
+	stmt := q("move_evidence")
+	tag, err := db.pool.Exec(ctx, stmt.text, eventID, fromHash, blockNumber, blockHash, final)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Absence is what RecordAbsence found.
+type Absence struct {
+	// First: no absence was recorded before; this read is the first.
+	First bool
+	// Since is how long ago the first absence was recorded (database clock).
+	Since time.Duration
+	// HeadThen is the head seen at the first absence.
+	HeadThen int64
+	// Evidence: this read is at least the delay and one new block after
+	// the first, so the transaction is gone.
+	Evidence bool
+}
+
+// RecordAbsence notes that a watched deposit's receipt is missing while
+// the chain shows nothing else, with the head seen now. A second absence
+// at least delay later (on the database's clock) and with a higher head
+// is evidence. Watched no longer in block blockHash: the zero Absence.
+func (db *DB) RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (Absence, error) {
+	stmt := q("record_absence")
+	var a Absence
+	var sinceMicros int64
+	err := db.pool.QueryRow(ctx, stmt.text, eventID, blockHash, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Absence{}, nil
+	}
+	a.Since = time.Duration(sinceMicros) * time.Microsecond
+	return a, classify(stmt.name, err)
 }

@@ -39,10 +39,52 @@ LIMIT $1;
 
 -- name: mark_final
 UPDATE payment_events
-SET chain_state = 'final', updated_at = now()
+SET chain_state = 'final', absent_since = NULL, absent_head = NULL, updated_at = now()
 WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";
 
 -- name: touch_watched
+-- To the back of the watch list, whatever the chain said (or could not).
 UPDATE payment_events
 SET updated_at = now()
 WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";
+
+-- name: keep_watching
+-- Seen canonical where the evidence says: any absence recorded before was
+-- a lagging node, not the first of two reads.
+UPDATE payment_events
+SET absent_since = NULL, absent_head = NULL, updated_at = now()
+WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";
+
+-- name: move_evidence
+-- The transaction is canonical in another block ($3, $4): the evidence
+-- follows it there, and the deposit stops being watched if that block is
+-- final ($5). Guarded by the block it was seen in ($2), so a pass that
+-- raced another changes nothing.
+UPDATE payment_events
+SET block_number = $3, block_hash = $4, absent_since = NULL, absent_head = NULL,
+    chain_state = CASE WHEN $5::boolean THEN 'final' ELSE chain_state END, updated_at = now()
+WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C" AND block_hash = $2
+RETURNING event_id;
+
+-- name: record_absence
+-- The receipt is missing and nothing else shows a reorg. The first
+-- absence stamps the database's clock and the head seen ($3); a later one
+-- is evidence only once $4 (REORG_RECHECK_DELAY) has passed on the
+-- database's clock and the head is past the one seen then. Guarded by the
+-- block it was seen in ($2). Answers: first absence, time since the
+-- first, the head then, evidence.
+WITH prev AS (
+    SELECT event_id, absent_since, absent_head
+    FROM payment_events
+    WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C" AND block_hash = $2
+    FOR UPDATE
+)
+UPDATE payment_events p
+SET absent_since = COALESCE(prev.absent_since, now()), absent_head = COALESCE(prev.absent_head, $3::bigint),
+    updated_at = now()
+FROM prev
+WHERE p.event_id = prev.event_id
+RETURNING prev.absent_since IS NULL,
+          (extract(epoch FROM now() - COALESCE(prev.absent_since, now())) * 1000000)::bigint,
+          COALESCE(prev.absent_head, $3::bigint),
+          COALESCE(now() - prev.absent_since >= $4::interval AND $3::bigint > prev.absent_head, false);
