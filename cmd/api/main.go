@@ -53,6 +53,7 @@ type settings struct {
 	shutdownTimeout time.Duration
 
 	httpAddr       string
+	adminAddr      string // set: the only listener of /admin/*, /metrics, /openapi.yaml
 	webhookSecret  string
 	alchemyKeys    []string
 	apiToken       string
@@ -81,6 +82,12 @@ func readServe(env *config.Env, s *settings) {
 		return v, err
 	})
 	s.httpAddr = config.Parse(env, "HTTP_ADDR", httpAddrDefault, parseListenAddress)
+	s.adminAddr = config.Parse(env, "ADMIN_ADDR", "", func(v string) (string, error) {
+		if v == s.httpAddr {
+			return "", errors.New("must differ from HTTP_ADDR")
+		}
+		return parseListenAddress(v)
+	})
 	s.webhookSecret = env.Secret("WEBHOOK_SECRET", httpapi.SecretLengthMin)
 	s.alchemyKeys = config.Parse(env, "ALCHEMY_SIGNING_KEY", nil, parseSigningKeys)
 	s.apiToken = env.Secret("API_TOKEN", httpapi.SecretLengthMin)
@@ -224,10 +231,19 @@ func serve(log zerolog.Logger, s settings) error {
 	if err != nil {
 		return fmt.Errorf("HTTP_ADDR: %w", err)
 	}
-	log.Info().Str("addr", listener.Addr().String()).Str("rate_limit", s.rateLimit.String()).
+	var adminListener net.Listener
+	adminAddr := "" // empty in the log line: the public listener serves all
+	if s.adminAddr != "" {
+		if adminListener, err = net.Listen("tcp", s.adminAddr); err != nil {
+			_ = listener.Close()
+			return fmt.Errorf("ADMIN_ADDR: %w", err)
+		}
+		adminAddr = adminListener.Addr().String()
+	}
+	log.Info().Str("addr", listener.Addr().String()).Str("admin_addr", adminAddr).Str("rate_limit", s.rateLimit.String()).
 		Int("trusted_proxies", len(s.trustedProxies)).Bool("alchemy", len(s.alchemyKeys) > 0).
 		Msg("api serving")
-	if err := server.Serve(ctx, listener, s.shutdownTimeout); err != nil {
+	if err := server.ServeSplit(ctx, listener, adminListener, s.shutdownTimeout); err != nil {
 		return err
 	}
 	log.Info().Msg("api stopped cleanly")

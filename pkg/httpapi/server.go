@@ -194,6 +194,7 @@ func New(opts Options) (*Server, error) {
 	// observer sees the final status, and a panic anywhere below is
 	// recovered into that status.
 	e.Pre(s.traceMiddleware, s.observeMiddleware, s.recoverMiddleware)
+	e.Use(s.listenerMiddleware)
 
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
@@ -306,34 +307,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.Serv
 // lets the requests in flight finish within shutdownTimeout. It returns
 // nil after a clean stop.
 func (s *Server) Serve(ctx context.Context, l net.Listener, shutdownTimeout time.Duration) error {
-	srv := &http.Server{
-		Handler:           s,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    headerBytesMax,
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	// /readyz now fails, so a load balancer stops sending new work while
-	// the requests in flight finish.
-	s.stopping.Store(true)
-	stopCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(stopCtx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("shutdown: requests still running after %s: %w", shutdownTimeout, err)
-	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", err)
-	}
-	return nil
+	return s.ServeSplit(ctx, l, nil, shutdownTimeout)
 }
 
 // storeContext bounds the storage work of a request.
