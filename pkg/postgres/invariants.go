@@ -49,6 +49,8 @@ var invariantChecks = []struct {
 	{name: "failed events have a DLQ row or a business outcome", query: "inv_failed_unexplained"},
 	{name: "no idempotency record stuck pending", query: "inv_processed_pending", arg: true},
 	{name: "open DLQ entries name stored events", query: "inv_dlq_unaccounted"},
+	{name: "every chain_transfers row names one confirmed deposit", query: "inv_transfer_claims"},
+	{name: "every confirmed deposit with a tx_hash holds one transfer", query: "inv_deposits_without_transfer"},
 	{name: "every accepted event is terminal", query: "inv_not_terminal", terminal: true},
 }
 

@@ -57,7 +57,7 @@ SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), ''
 FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
       WHERE e.status = 'failed'
         AND (e.outcome IS NULL
-             OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'dead_lettered')
+             OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'duplicate_transfer', 'dead_lettered')
              OR (e.outcome = 'dead_lettered' AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.event_id = e.event_id)))) x;
 
 -- name: inv_processed_pending
@@ -74,6 +74,25 @@ FROM (SELECT d.id, d.event_id, row_number() OVER (ORDER BY d.id) AS rn FROM dead
       WHERE d.resolution IS NULL
         AND d.event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation')
         AND NOT EXISTS (SELECT 1 FROM payment_events e WHERE e.event_id = d.event_id)) d;
+
+-- name: inv_transfer_claims
+-- 5. Every chain_transfers row names exactly one confirmed deposit (or
+-- airdrop) of that transaction (event_id is unique, so "one" is the
+-- constraint's; this checks "confirmed deposit of that transaction").
+SELECT count(*), COALESCE(string_agg(network || ':' || tx_hash || ':' || transfer_index || '=' || event_id, ', ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT t.network, t.tx_hash, t.transfer_index, t.event_id, row_number() OVER (ORDER BY t.created_at) AS rn
+      FROM chain_transfers t
+      LEFT JOIN payment_events e ON e.event_id = t.event_id
+      WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type NOT IN ('deposit', 'airdrop')
+         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
+
+-- name: inv_deposits_without_transfer
+-- 5. Every confirmed deposit with a tx_hash holds exactly one transfer.
+SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
+      WHERE e.status = 'confirmed' AND e.event_type IN ('deposit', 'airdrop') AND e.tx_hash IS NOT NULL
+        AND NOT EXISTS (SELECT 1 FROM chain_transfers t WHERE t.event_id = e.event_id)) x;
 
 -- name: inv_conservation
 -- Money conservation per asset: SUM(balance) = SUM(initial) + confirmed
