@@ -15,6 +15,7 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
@@ -35,7 +36,7 @@ type settings struct {
 	RetryMaxDelay   time.Duration
 	AlertWebhookURL string
 	NotifyURL       string
-	Chain           chainSettings
+	Chain           finality.Settings
 }
 
 func readSettings(env *config.Env) settings {
@@ -53,7 +54,7 @@ func readSettings(env *config.Env) settings {
 		AlertWebhookURL: env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 		NotifyURL:       env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
 	}
-	s.Chain = readChainSettings(env)
+	s.Chain = finality.ReadSettings(env, true)
 	return s
 }
 
