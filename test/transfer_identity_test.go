@@ -1,0 +1,130 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain/devchain"
+)
+
+func alchemyETHPayload(to string, tx devchain.Tx, rawValue string) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"webhookId": "wh_test", "id": "whevt_eth_" + tx.Hash[2:14], "createdAt": time.Now().UTC().Format(time.RFC3339),
+		"type": "ADDRESS_ACTIVITY",
+		"event": map[string]any{"network": "ETH_MAINNET", "activity": []any{map[string]any{
+			"fromAddress": "0x9999999999999999999999999999999999999999", "toAddress": to,
+			"blockNum": fmt.Sprintf("0x%x", tx.BlockNumber), "hash": tx.Hash, "value": 2, "asset": "ETH", "category": "external",
+			"rawContract": map[string]any{"rawValue": rawValue, "address": nil, "decimals": 18},
+		}}},
+	})
+	return b
+}
+
+// eventsOf lists the events naming a transaction as id=status/outcome.
+func (c *chainStack) eventsOf(t *testing.T, txHash string) map[string]string {
+	t.Helper()
+	rows, err := c.DB.Query(context.Background(), `SELECT event_id, status || '/' || COALESCE(outcome, '') FROM payment_events WHERE tx_hash = $1`, txHash)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, state string
+		require.NoError(t, rows.Scan(&id, &state))
+		out[id] = state
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// TestOneTransferTwoReporters: a real ETH transfer and a real ERC-20
+// transfer, each reported by /webhook/payments under its own id and by
+// Alchemy, in both orders: one credit each; the other event ends
+// duplicate_transfer; invariants 1–5 hold.
+func TestOneTransferTwoReporters(t *testing.T) {
+	c := newChainStack(t, "finalized", nil)
+	ctx := context.Background()
+	ethTx, err := c.chain.SendETH(ctx, 0, addrUser1, wei(2))
+	require.NoError(t, err)
+	tokenTx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser1, big.NewInt(7_000_000))
+	require.NoError(t, err)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tokenTx.BlockNumber))
+
+	// ETH: the payments webhook first, then Alchemy.
+	c.deposit(t, "own-eth", 1, "ETH", "2", ethTx.Hash)
+	c.waitStatus(t, "own-eth", "confirmed")
+	status, answer := c.alchemy(t, alchemyETHPayload(addrUser1, ethTx, "0x1bc16d674ec80000"))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.EqualValues(t, 1, answer["accepted"], "a new event: its id is the transfer's, not the payments one")
+
+	// The token: Alchemy first, then the payments webhook.
+	status, answer = c.alchemy(t, alchemyTokenPayload(c.token, addrUser1, tokenTx, "0x6acfc0", false))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.EqualValues(t, 1, answer["accepted"])
+	tokenID := "chain:ETH_MAINNET:" + tokenTx.Hash + ":0"
+	c.waitStatus(t, tokenID, "confirmed")
+	c.deposit(t, "own-token", 1, "TUSD", "7", tokenTx.Hash)
+
+	ethID := "chain:ETH_MAINNET:" + ethTx.Hash + ":native"
+	c.waitStatus(t, ethID, "failed")
+	c.waitStatus(t, "own-token", "failed")
+	require.Equal(t, map[string]string{"own-eth": "confirmed/success", ethID: "failed/duplicate_transfer"}, c.eventsOf(t, ethTx.Hash))
+	require.Equal(t, map[string]string{tokenID: "confirmed/success", "own-token": "failed/duplicate_transfer"}, c.eventsOf(t, tokenTx.Hash))
+	require.Equal(t, "2", c.balance(t, 1, "ETH"))
+	require.Equal(t, "7", c.balance(t, 1, "TUSD"))
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM chain_transfers`))
+	require.Equal(t, 0, c.Count(`SELECT count(*) FROM dead_letter_queue`))
+
+	// Redelivered by both, nothing changes.
+	c.deposit(t, "own-eth", 1, "ETH", "2", ethTx.Hash)
+	status, answer = c.alchemy(t, alchemyTokenPayload(c.token, addrUser1, tokenTx, "0x6acfc0", false))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.EqualValues(t, 0, answer["accepted"])
+	require.Equal(t, "2", c.balance(t, 1, "ETH"))
+	require.Equal(t, "7", c.balance(t, 1, "TUSD"))
+	requireInvariants(t, c.Stack)
+}
+
+// TestTransferIndexOnPayments: a payments deposit may name its transfer;
+// a malformed index, or one without a transaction, is a 400 and stores
+// nothing.
+func TestTransferIndexOnPayments(t *testing.T) {
+	c := newChainStack(t, "confirmations:1", nil)
+	ctx := context.Background()
+	tx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(3_000_000))
+	require.NoError(t, err)
+	for _, bad := range []map[string]any{
+		{"event_id": "bad-index", "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "3", "tx_hash": tx.Hash, "transfer_index": "-1"},
+		{"event_id": "bad-index", "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "3", "tx_hash": tx.Hash, "transfer_index": 0},
+		{"event_id": "bad-index", "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "3", "transfer_index": "0"},
+		{"event_id": "bad-index", "event_type": "withdrawal", "user_id": 2, "asset": "TUSD", "amount": "3", "tx_hash": tx.Hash, "transfer_index": "0"},
+	} {
+		body, _ := json.Marshal(bad)
+		status, resp, err := c.client.Webhook(body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusBadRequest, status, resp)
+	}
+	require.Equal(t, 0, c.Count(`SELECT count(*) FROM payment_events`))
+
+	// Log 1 does not exist in that receipt: a mismatch that says so.
+	for id, index := range map[string]string{"named-wrong": "1", "named-right": "0"} {
+		body, _ := json.Marshal(map[string]any{"event_id": id, "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "3", "tx_hash": tx.Hash, "transfer_index": index})
+		status, resp, err := c.client.Webhook(body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status, resp)
+	}
+	c.waitStatus(t, "named-wrong", "failed")
+	c.waitStatus(t, "named-right", "confirmed")
+	_, outcome, reason := c.event(t, "named-wrong")
+	require.Equal(t, "mismatch", outcome)
+	require.Contains(t, reason, "index 1")
+	require.Equal(t, "3", c.balance(t, 2, "TUSD"))
+	requireInvariants(t, c.Stack)
+}
