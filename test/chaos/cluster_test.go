@@ -41,6 +41,7 @@ type cluster struct {
 	dsn      string // direct, for the test's own checks
 	redisURL string // direct
 	proxies  map[string]*proxy
+	rpc      *rpcProxy // chain mode: between the workers and the node
 	members  []*member
 	timeline *timeline
 }
@@ -66,8 +67,10 @@ func (m *member) startProc() {
 
 // newCluster starts PostgreSQL and Redis (the package's own, or ours if
 // the environment points elsewhere), one proxy per link, and settle:
-// api, three workers, the scheduler.
-func newCluster(t *testing.T, seed uint64, settings map[string]string) *cluster {
+// api, three workers, the scheduler. prepare, if set, runs on the fresh
+// database before any process starts (the asset registry is read at
+// start).
+func newCluster(t *testing.T, seed uint64, settings map[string]string, prepare func(*harness.Stack)) *cluster {
 	t.Helper()
 	c := &cluster{t: t, stack: harness.NewStack(t), proxies: map[string]*proxy{}, timeline: newTimeline()}
 	c.pg, c.dsn = testenv.Postgres(t), c.stack.DatabaseURL
@@ -109,6 +112,9 @@ func newCluster(t *testing.T, seed uint64, settings map[string]string) *cluster 
 	}
 	for k, v := range settings {
 		c.stack.Env[k] = v
+	}
+	if prepare != nil {
+		prepare(c.stack)
 	}
 	via := func(group string) map[string]string {
 		return map[string]string{
@@ -253,6 +259,29 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 			c.proxies[name].Heal()
 		}
 		note = "healed"
+	case rpcNulls, rpcErrors, rpcReset, rpcLatency, rpcBlackhole, rpcLag:
+		if c.rpc == nil {
+			note = "no chain: skipped"
+			break
+		}
+		switch f.Kind {
+		case rpcNulls:
+			c.rpc.NullStorm()
+		case rpcErrors:
+			c.rpc.ErrorStorm(float64(f.Share) / 100)
+		case rpcReset:
+			c.rpc.ResetAll()
+		case rpcLatency:
+			c.rpc.SetLatency(f.Latency)
+		case rpcBlackhole:
+			c.rpc.Blackhole()
+		case rpcLag:
+			c.rpc.Lag(f.Blocks)
+		}
+		c.timeline.add("%v: on", f)
+		hold()
+		c.rpc.Heal()
+		note = "healed"
 	}
 	to := time.Now()
 	c.timeline.window(f, from, to)
@@ -314,6 +343,9 @@ func (c *cluster) restore(ctx context.Context) error {
 	c.startServer(ctx, "redis", c.redis.Start)
 	for _, p := range c.proxies {
 		p.Heal()
+	}
+	if c.rpc != nil {
+		c.rpc.Heal()
 	}
 	for _, m := range c.members {
 		m.mu.Lock()

@@ -23,6 +23,13 @@ const (
 	linkLatency   faultKind = "latency"        // add Latency to a link for Hold
 	linkReset     faultKind = "reset"          // RST every connection of a link (or of all links to a backend)
 	linkBlackhole faultKind = "blackhole"      // swallow a link's traffic for Hold
+	// Chain mode: faults of the JSON-RPC proxy in front of the node.
+	rpcNulls     faultKind = "rpc-nulls"     // null for every receipt (per-transaction budget) for Hold
+	rpcErrors    faultKind = "rpc-errors"    // fail a share (Rate) of requests with 5xx or a reset for Hold
+	rpcReset     faultKind = "rpc-reset"     // reset every request's connection for Hold
+	rpcLatency   faultKind = "rpc-latency"   // add Latency to every request for Hold
+	rpcBlackhole faultKind = "rpc-blackhole" // hold every request unanswered for Hold
+	rpcLag       faultKind = "rpc-lag"       // a node Blocks behind the head for Hold
 )
 
 // Schedule bounds. Every duration the injector uses comes from here.
@@ -52,6 +59,17 @@ const (
 	// blackholes.
 	blackholeMin = time.Second
 	blackholeMax = 6 * time.Second
+	// RPC fault windows. rpcLatencyMax exceeds the soak's ETH_RPC_TIMEOUT,
+	// so some calls time out.
+	rpcHoldMin       = time.Second
+	rpcHoldMax       = 6 * time.Second
+	rpcResetHoldMax  = 1500 * time.Millisecond
+	rpcLatencyMin    = 50 * time.Millisecond
+	rpcLatencyMax    = 3 * time.Second
+	rpcErrorShareMin = 30 // percent
+	rpcErrorShareMax = 90
+	rpcLagHoldMax    = 3 * time.Second
+	rpcLagBlocksMax  = 3
 	// plannedFaultsMax bounds one schedule, whatever the duration.
 	plannedFaultsMax = 10_000
 )
@@ -70,6 +88,8 @@ type fault struct {
 	Target  string
 	Hold    time.Duration
 	Latency time.Duration
+	Share   int    // rpc-errors: percent of requests failed
+	Blocks  uint64 // rpc-lag: how far behind
 }
 
 func (f fault) String() string {
@@ -78,7 +98,17 @@ func (f fault) String() string {
 		s += " for " + f.Hold.Round(time.Millisecond).String()
 	}
 	if f.Latency > 0 {
-		s += " +" + f.Latency.Round(time.Millisecond).String() + "/chunk"
+		unit := "/chunk"
+		if f.resource() == "rpc" {
+			unit = "/request"
+		}
+		s += " +" + f.Latency.Round(time.Millisecond).String() + unit
+	}
+	if f.Share > 0 {
+		s += fmt.Sprintf(" %d%% of requests", f.Share)
+	}
+	if f.Blocks > 0 {
+		s += fmt.Sprintf(" %d blocks behind", f.Blocks)
 	}
 	return s
 }
@@ -91,6 +121,8 @@ func (f fault) resource() string {
 		return "pg"
 	case redisRestart:
 		return "redis"
+	case rpcNulls, rpcErrors, rpcReset, rpcLatency, rpcBlackhole, rpcLag:
+		return "rpc"
 	}
 	return f.Target
 }
@@ -111,14 +143,27 @@ var faultWeights = []weighted{
 	{linkLatency, 3}, {linkReset, 3}, {linkBlackhole, 2},
 }
 
+// chainFaultWeights join faultWeights in chain mode.
+var chainFaultWeights = []weighted{
+	{rpcNulls, 3}, {rpcErrors, 2}, {rpcReset, 1}, {rpcLatency, 2}, {rpcBlackhole, 2}, {rpcLag, 2},
+}
+
+func weightsFor(chain bool) []weighted {
+	if !chain {
+		return faultWeights
+	}
+	return append(slices.Clone(faultWeights), chainFaultWeights...)
+}
+
 // planFaults lays out the whole schedule from the seed alone, before
 // anything runs: the same seed and duration give the same faults, at the
 // same offsets, whatever the machine's timing.
-func planFaults(seed uint64, duration time.Duration) []fault {
+func planFaults(seed uint64, duration time.Duration, chain bool) []fault {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	weights := weightsFor(chain)
 	total := 0
-	for _, w := range faultWeights {
+	for _, w := range weights {
 		total += w.weight
 	}
 	var faults []fault
@@ -131,7 +176,7 @@ func planFaults(seed uint64, duration time.Duration) []fault {
 		}
 		pick := rng.IntN(total)
 		var kind faultKind
-		for _, w := range faultWeights {
+		for _, w := range weights {
 			if pick < w.weight {
 				kind = w.kind
 				break
@@ -160,6 +205,16 @@ func planFaults(seed uint64, duration time.Duration) []fault {
 			f.Target = targets[rng.IntN(len(targets))]
 		case linkBlackhole:
 			f.Target, f.Hold = links[rng.IntN(len(links))], between(blackholeMin, blackholeMax)
+		case rpcNulls, rpcBlackhole:
+			f.Target, f.Hold = "workers→rpc", between(rpcHoldMin, rpcHoldMax)
+		case rpcErrors:
+			f.Target, f.Hold, f.Share = "workers→rpc", between(rpcHoldMin, rpcHoldMax), rpcErrorShareMin+rng.IntN(rpcErrorShareMax-rpcErrorShareMin+1)
+		case rpcReset:
+			f.Target, f.Hold = "workers→rpc", between(0, rpcResetHoldMax)
+		case rpcLatency:
+			f.Target, f.Hold, f.Latency = "workers→rpc", between(rpcHoldMin, rpcHoldMax), between(rpcLatencyMin, rpcLatencyMax)
+		case rpcLag:
+			f.Target, f.Hold, f.Blocks = "workers→rpc", between(rpcHoldMin, rpcLagHoldMax), 1+rng.Uint64N(rpcLagBlocksMax)
 		}
 		// Every fault ends inside the fault phase.
 		if f.end() > duration {
@@ -206,7 +261,7 @@ func TestPlanFaults(t *testing.T) {
 	seen := map[faultKind]bool{}
 	overlaps := 0
 	for seed := uint64(1); seed <= 5; seed++ {
-		a, b := planFaults(seed, duration), planFaults(seed, duration)
+		a, b := planFaults(seed, duration, true), planFaults(seed, duration, true)
 		if !slices.Equal(a, b) {
 			t.Fatalf("seed %d: two plans differ", seed)
 		}
@@ -215,7 +270,7 @@ func TestPlanFaults(t *testing.T) {
 		}
 		for i, f := range a {
 			seen[f.Kind] = true
-			if f.At < warmup || f.end() > duration || f.Hold < 0 || f.Hold > max(pauseMax, latencyHoldMax) || f.Latency > latencyMax {
+			if f.At < warmup || f.end() > duration || f.Hold < 0 || f.Hold > max(pauseMax, latencyHoldMax) || f.Latency > max(latencyMax, rpcLatencyMax) {
 				t.Fatalf("seed %d: fault out of bounds: %+v", seed, f)
 			}
 			if f.Kind == pgPause && f.Hold < pauseMin {
@@ -231,13 +286,18 @@ func TestPlanFaults(t *testing.T) {
 			}
 		}
 	}
-	for _, w := range faultWeights {
+	for _, w := range weightsFor(true) {
 		if !seen[w.kind] {
 			t.Errorf("no %s fault in five seeds", w.kind)
 		}
 	}
 	if overlaps == 0 {
 		t.Error("faults never overlap")
+	}
+	for _, f := range planFaults(1, duration, false) {
+		if f.resource() == "rpc" {
+			t.Fatalf("chain fault %v planned without the chain", f)
+		}
 	}
 	if got := linkTargets("*→redis"); len(got) != 3 {
 		t.Errorf("*→redis is %v", got)

@@ -89,12 +89,21 @@ func TestChaosSoak(t *testing.T) {
 		seed = 1 + rand.Uint64N(1<<53) // prints and parses without surprises
 	}
 	duration := *flagDuration
-	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g", seed, duration, *flagRate)
+	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g",
+		seed, duration, *flagRate, *flagChain, *flagChainRate)
 	t.Logf("chaos seed %d (replay: %s)", seed, replay)
-	faults := planFaults(seed, duration)
+	faults := planFaults(seed, duration, *flagChain)
 	t.Logf("%d faults planned over %s", len(faults), duration)
 
-	c := newCluster(t, seed, soakSettings())
+	settings := soakSettings()
+	var rig *chainRig
+	var prepare func(*harness.Stack)
+	if *flagChain {
+		rig = startChain(t, seed)
+		rig.settings(settings)
+		prepare = rig.prepare
+	}
+	c := newCluster(t, seed, settings, prepare)
 	db := testenv.OpenDB(t, c.dsn)
 	pool, err := pgxpool.New(context.Background(), c.dsn)
 	if err != nil {
@@ -104,17 +113,26 @@ func TestChaosSoak(t *testing.T) {
 
 	var v *verdict
 	var s *sender
+	var chainLoad *chainLoad
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Log(failureReport(c, seed, replay, s, v))
+			t.Log(failureReport(c, seed, replay, s, chainLoad, v))
 		}
 	})
 
 	initial := seedUsers(t, c, db)
 	s = newSender(c.api().URL(), fmt.Sprintf("chaos%d", seed), seed, *flagRate, users(), assets)
+	if rig != nil {
+		c.rpc = rig.rpc
+		rig.register(t, c.api().URL())
+		chainLoad = newChainLoad(rig, c.api().URL(), fmt.Sprintf("chaos%d", seed), seed, *flagChainRate)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	balances := watchBalances(watchCtx, pool)
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	supervised := make(chan struct{})
 	go func() { c.supervise(superviseCtx); close(supervised) }()
@@ -122,7 +140,14 @@ func TestChaosSoak(t *testing.T) {
 
 	stopLoad := make(chan struct{})
 	loadDone := make(chan struct{})
+	chainDone := make(chan struct{})
 	go func() { s.run(ctx, stopLoad); close(loadDone) }()
+	go func() {
+		if chainLoad != nil {
+			chainLoad.run(ctx, stopLoad)
+		}
+		close(chainDone)
+	}()
 
 	c.timeline.add("fault phase: %d faults over %s", len(faults), duration)
 	phase := time.Now()
@@ -150,13 +175,30 @@ func TestChaosSoak(t *testing.T) {
 	case <-time.After(deliveryMax + time.Minute):
 		t.Fatal("the load's deliveries did not finish")
 	}
+	select {
+	case <-chainDone:
+	case <-time.After(deliveryMax + time.Minute):
+		t.Fatal("the chain load's reports did not finish")
+	}
 	c.timeline.add("load done: %s", strings.TrimSpace(strings.SplitN(s.summary(), "\n", 2)[0]))
+	if chainLoad != nil {
+		c.timeline.add("chain load done: %s", strings.TrimSpace(strings.SplitN(chainLoad.summary(), "\n", 2)[0]))
+	}
 
 	if err := waitSettled(ctx, t, c, pool, *flagSettle); err != nil {
 		c.timeline.add("not settled: %v", err)
 		t.Errorf("events did not settle: %v", err)
 	} else {
 		c.timeline.add("every event settled; the DLQ fallback is empty")
+	}
+	if rig != nil && !t.Failed() {
+		// Let the reorg watch finish with every credited deposit, then
+		// settle whatever it decided (a compensation is an event too).
+		waitFinal(ctx, t, c, rig, pool)
+		if err := waitSettled(ctx, t, c, pool, *flagSettle); err != nil {
+			c.timeline.add("not settled after finality: %v", err)
+			t.Errorf("events did not settle after finality: %v", err)
+		}
 	}
 
 	stopSupervising()
@@ -165,7 +207,13 @@ func TestChaosSoak(t *testing.T) {
 
 	checkCtx, cancelCheck := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancelCheck()
+	stopWatching()
 	v = verify(checkCtx, db, pool, s, initial, c.timeline.faultWindows())
+	if chainLoad != nil {
+		verifyChain(checkCtx, v, pool, chainLoad, rig, c.timeline.faultWindows())
+	}
+	balances.sample(checkCtx, pool) // once more, on the quiet books
+	balances.report(v)
 	for _, m := range c.members {
 		for _, line := range strings.Split(m.proc.Logs(), "\n") {
 			if strings.HasPrefix(line, "panic:") || strings.HasPrefix(line, "fatal error:") {
@@ -177,6 +225,9 @@ func TestChaosSoak(t *testing.T) {
 		t.Logf("fault timeline:\n%s", c.timeline)
 	}
 	t.Logf("seed %d: %s", seed, strings.TrimSpace(s.summary()))
+	if chainLoad != nil {
+		t.Logf("seed %d: %s", seed, strings.TrimSpace(chainLoad.summary()))
+	}
 	t.Logf("processes: %s; proxies: %s", c.restarts(), c.proxyStats())
 	for _, n := range v.notes {
 		t.Log(n)
@@ -284,6 +335,42 @@ func openSample(ctx context.Context, pool *pgxpool.Pool) string {
 	return b.String()
 }
 
+// Finality wait bounds (chain mode).
+const (
+	watchEndMax  = time.Minute
+	watchEndPoll = 500 * time.Millisecond
+)
+
+// waitFinal seals blocks until every transfer's block is finalized and
+// waits, bounded, until the reorg watch has let go of every deposit.
+func waitFinal(ctx context.Context, t *testing.T, c *cluster, rig *chainRig, pool *pgxpool.Pool) {
+	head, err := rig.chain.Head(ctx)
+	if err == nil {
+		err = rig.chain.FinalizeThrough(ctx, head)
+	}
+	if err != nil {
+		t.Errorf("finalize the chain: %v", err)
+		return
+	}
+	c.timeline.add("chain finalized through block %d", head)
+	deadline := time.Now().Add(watchEndMax)
+	for {
+		var watching int
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := pool.QueryRow(qctx, `SELECT count(*) FROM payment_events WHERE chain_state = 'watching'`).Scan(&watching)
+		cancel()
+		if err == nil && watching == 0 {
+			c.timeline.add("no deposit watched any more")
+			return
+		}
+		if time.Now().After(deadline) {
+			c.timeline.add("after %s, %d deposits still watched (err %v)", watchEndMax, watching, err)
+			return
+		}
+		time.Sleep(watchEndPoll)
+	}
+}
+
 // stopAll sends SIGTERM to every process at once; each must exit 0
 // within SHUTDOWN_TIMEOUT (plus a margin).
 func stopAll(t *testing.T, c *cluster) {
@@ -303,12 +390,15 @@ func stopAll(t *testing.T, c *cluster) {
 
 // failureReport is everything needed to understand and replay a failed
 // soak; the full logs go to a directory that outlives the test.
-func failureReport(c *cluster, seed uint64, replay string, s *sender, v *verdict) string {
+func failureReport(c *cluster, seed uint64, replay string, s *sender, l *chainLoad, v *verdict) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n==== CHAOS SOAK FAILED — seed %d ====\nreplay: %s\n", seed, replay)
 	fmt.Fprintf(&b, "\n---- fault timeline ----\n%s\n", c.timeline)
 	if s != nil {
 		fmt.Fprintf(&b, "\n---- load ----\n%s", s.summary())
+	}
+	if l != nil {
+		fmt.Fprintf(&b, "%s", l.summary())
 	}
 	if v != nil {
 		fmt.Fprintf(&b, "\n---- invariant report ----\n%s", v.report)

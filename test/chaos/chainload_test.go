@@ -1,0 +1,553 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/big"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/ethclient"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/test/harness"
+)
+
+var (
+	flagChain     = flag.Bool("chaos.chain", true, "chain mode: real transactions on a simulated node behind a JSON-RPC fault proxy, reported by both webhooks")
+	flagChainRate = flag.Float64("chaos.chainrate", 2, "on-chain transfers per second (chain mode)")
+)
+
+// Chain mode bounds.
+const (
+	chainNetwork       = "ETH_MAINNET"
+	chainToken         = "CHAOS"
+	chainTokenDecimals = 6
+	ethDecimals        = 18
+	// chainUserBase: the chain's users are apart from the webhook load's,
+	// so each side's expected balances are its own.
+	chainUserBase    = 100
+	chainUserCount   = 8
+	addressesPerUser = 2
+	// chainSenders dev accounts send transfers, one transaction at a time
+	// each; account 0 deploys the token.
+	chainSenders       = 3
+	chainBlockInterval = 500 * time.Millisecond
+	// The soak's finality: a few confirmations, so deposits are credited
+	// before finality and watched; a short recheck delay, so the watch's
+	// evidence rule is exercised within the run.
+	chainConfirmations = 3
+	reorgRecheckDelay  = 5 * time.Second
+	// rpcNullBurst bounds every lie about one transaction well inside
+	// reorgRecheckDelay: no two invented nulls are the delay apart.
+	rpcNullBurst = reorgRecheckDelay / 2
+	// Baseline lies of the RPC proxy, always on.
+	rpcNullShare  = 0.15
+	rpcErrorShare = 0.002
+	// A transfer is reported by 1..reportsMax deliveries, each after up to
+	// reportDelayMax, each redelivered up to redeliveriesMax times.
+	reportsMax      = 3
+	reportDelayMax  = 3 * time.Second
+	redeliveriesMax = 2
+	redeliveryGap   = 2 * time.Second
+	// conflictPct of the later deliveries race a conflicting version
+	// (same id, one base unit more); transferIndexPct of the payments
+	// deliveries name their transfer.
+	conflictPct       = 20
+	transferIndexPct  = 50
+	alchemyPct        = 50
+	ethWeiMax         = 3_000_000_000_000_000_000
+	tokenUnitsMax     = 5_000_000_000
+	chainSendRetries  = 3
+	alchemySigningKey = "whsec_chaos-alchemy-signing-key-0123456789"
+)
+
+// chainRig is the chain of chain mode: the node, a direct client for
+// the soak's own questions, the fault proxy settle talks through, and
+// the token and addresses the deposits use.
+type chainRig struct {
+	chain *devchain.Chain
+	eth   *ethclient.Client // straight to the node: the verifier's truth
+	rpc   *rpcProxy
+	token string
+	users []int64
+	addrs map[int64][]string
+	owner map[string]int64
+}
+
+func startChain(t *testing.T, seed uint64) *chainRig {
+	t.Helper()
+	ctx := context.Background()
+	ch, err := devchain.Serve(ctx, devchain.Options{BlockInterval: chainBlockInterval, Accounts: chainSenders + 1})
+	if err != nil {
+		t.Fatalf("dev chain: %v", err)
+	}
+	t.Cleanup(func() { _ = ch.Close() })
+	token, _, err := ch.DeployToken(ctx, 0)
+	if err != nil {
+		t.Fatalf("deploy token: %v", err)
+	}
+	eth, err := ethclient.DialContext(ctx, ch.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(eth.Close)
+	r := &chainRig{chain: ch, eth: eth, token: strings.ToLower(token), addrs: map[int64][]string{}, owner: map[string]int64{}}
+	r.rpc = newRPCProxy(t, ch.URL(), seed, rpcNullBurst)
+	r.rpc.SetBaseline(rpcNullShare, rpcErrorShare)
+	rng := rand.New(rand.NewPCG(seed, 0xadd7))
+	for i := range chainUserCount {
+		user := int64(chainUserBase + 1 + i)
+		r.users = append(r.users, user)
+		for range addressesPerUser {
+			var a common.Address
+			for j := range a {
+				a[j] = byte(rng.IntN(256))
+			}
+			addr := strings.ToLower(a.Hex())
+			r.addrs[user] = append(r.addrs[user], addr)
+			r.owner[addr] = user
+		}
+	}
+	return r
+}
+
+// settings point settle at the proxy with a finality that credits early
+// and watches, and a finality timeout no slow chain in the soak reaches.
+func (r *chainRig) settings(m map[string]string) {
+	m["ETH_RPC_URL"] = r.rpc.URL()
+	m["DEPOSIT_FINALITY"] = fmt.Sprintf("confirmations:%d", chainConfirmations)
+	m["REORG_RECHECK_DELAY"] = reorgRecheckDelay.String()
+	m["FINALITY_TIMEOUT"] = "30m"
+	m["FINALITY_RECHECK_MIN"] = "200ms"
+	m["FINALITY_RECHECK_MAX"] = "2s"
+	m["FINALITY_HINT_TTL"] = "200ms"
+	m["REORG_WATCH_INTERVAL"] = "1s"
+	m["ETH_RPC_TIMEOUT"] = "2s"
+	m["ETH_RPC_BREAKER_OPEN_FOR"] = "3s"
+	m["ALCHEMY_SIGNING_KEY"] = alchemySigningKey
+}
+
+// prepare registers the token before any process reads the registry.
+func (r *chainRig) prepare(s *harness.Stack) {
+	_, err := s.DB.Exec(context.Background(), `INSERT INTO assets (code, network, contract_address, decimals) VALUES ($1, $2, $3, $4)`,
+		chainToken, chainNetwork, r.token, chainTokenDecimals)
+	if err != nil {
+		s.T.Fatalf("register token: %v", err)
+	}
+}
+
+// register creates the chain's users and their deposit addresses
+// through the admin API.
+func (r *chainRig) register(t *testing.T, apiURL string) {
+	t.Helper()
+	client := harness.NewClient(apiURL)
+	for _, user := range r.users {
+		status, body, err := client.Admin(http.MethodPut, fmt.Sprintf("/admin/users/%d", user), nil)
+		if err != nil || (status != http.StatusCreated && status != http.StatusOK) {
+			t.Fatalf("create user %d: %d %v %v", user, status, body, err)
+		}
+		for _, addr := range r.addrs[user] {
+			status, body, err := client.Admin(http.MethodPost, "/admin/deposit-addresses", map[string]any{"address": addr, "network": chainNetwork, "user_id": user})
+			if err != nil || status != http.StatusCreated {
+				t.Fatalf("register %s for user %d: %d %v %v", addr, user, status, body, err)
+			}
+		}
+	}
+}
+
+// transfer is one on-chain transfer the soak made: the model's truth.
+type transfer struct {
+	n      int
+	user   int64
+	to     string
+	from   string
+	token  string // the token's contract, for its payloads
+	asset  string
+	base   *big.Int
+	amount decimal.Decimal
+	hash   string
+	block  uint64
+	// index is the contract's transfer index: "native" or the Transfer
+	// log's decimal logIndex.
+	index   string
+	reports []*report
+}
+
+// report is one provider delivery of a transfer, with the answers it got.
+type report struct {
+	source       string // "payments" or "alchemy"
+	id           string // payments only: the provider's id
+	withIndex    bool
+	body         []byte
+	conflictBody []byte // non-nil: a conflicting version races the original
+	redeliveries int
+
+	// Under chainLoad.mu: which version the api said it holds.
+	originalHeld bool
+	conflictHeld bool
+	answered     bool
+}
+
+// chainLoad makes transfers on the chain and reports each one through
+// the providers, as they would: late, more than once, under other ids,
+// out of order, sometimes contradicting themselves.
+type chainLoad struct {
+	rig    *chainRig
+	apiURL string
+	runID  string
+	seed   uint64
+	rate   float64
+	client *http.Client
+
+	mu         sync.Mutex
+	transfers  []*transfer
+	sendErrors map[string]int
+	answers    map[string]int
+	retried    map[string]int
+	anomalies  []string
+	anomalous  int
+	undeliv    []string
+	deliveries int
+}
+
+func newChainLoad(rig *chainRig, apiURL, runID string, seed uint64, rate float64) *chainLoad {
+	return &chainLoad{
+		rig: rig, apiURL: apiURL, runID: runID, seed: seed, rate: rate,
+		client: &http.Client{Timeout: attemptTimeout, Transport: &http.Transport{
+			MaxIdleConns: groupsInFlightMax, MaxIdleConnsPerHost: groupsInFlightMax, IdleConnTimeout: time.Minute,
+		}},
+		sendErrors: map[string]int{}, answers: map[string]int{}, retried: map[string]int{},
+	}
+}
+
+// run makes transfers until stop, then waits for every report to get
+// its answer.
+func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
+	var reports sync.WaitGroup
+	var senders sync.WaitGroup
+	interval := time.Duration(float64(time.Second) * chainSenders / l.rate)
+	for s := range chainSenders {
+		senders.Go(func() {
+			rng := rand.New(rand.NewPCG(l.seed, uint64(0xc4a1+s)))
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-ctx.Done():
+					return
+				case <-time.After(interval/2 + rand.N(interval)):
+				}
+				tr := l.transfer(ctx, rng, s, i)
+				if tr == nil {
+					continue
+				}
+				for _, rep := range tr.reports {
+					reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
+				}
+			}
+		})
+	}
+	senders.Wait()
+	reports.Wait()
+}
+
+// transfer sends one real transaction and plans its reports.
+func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int) *transfer {
+	user := l.rig.users[rng.IntN(len(l.rig.users))]
+	to := l.rig.addrs[user][rng.IntN(addressesPerUser)]
+	tr := &transfer{user: user, to: to, from: l.rig.chain.Accounts()[1+sender].Address, token: l.rig.token}
+	var tx devchain.Tx
+	var err error
+	for attempt := range chainSendRetries {
+		if rng.IntN(2) == 0 {
+			tr.asset, tr.index = "ETH", "native"
+			tr.base = big.NewInt(1 + rng.Int64N(ethWeiMax))
+			tr.amount = decimal.NewFromBigInt(tr.base, -ethDecimals)
+			tx, err = l.rig.chain.SendETH(ctx, 1+sender, to, tr.base)
+		} else {
+			tr.asset = chainToken
+			tr.base = big.NewInt(1 + rng.Int64N(tokenUnitsMax))
+			tr.amount = decimal.NewFromBigInt(tr.base, -chainTokenDecimals)
+			tx, err = l.rig.chain.TransferToken(ctx, 1+sender, l.rig.token, to, tr.base)
+		}
+		if err == nil && tx.Status == 1 {
+			break
+		}
+		l.mu.Lock()
+		l.sendErrors[fmt.Sprintf("attempt %d: %v", attempt, err)]++
+		l.mu.Unlock()
+	}
+	if err != nil || tx.Status != 1 {
+		return nil
+	}
+	tr.hash, tr.block = tx.Hash, tx.BlockNumber
+	if tr.asset == chainToken {
+		receipt, err := l.rig.eth.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
+		if err != nil || len(receipt.Logs) != 1 {
+			l.mu.Lock()
+			l.sendErrors[fmt.Sprintf("token receipt: %v", err)]++
+			l.mu.Unlock()
+			return nil
+		}
+		tr.index = strconv.FormatUint(uint64(receipt.Logs[0].Index), 10)
+	}
+	l.plan(rng, tr, sender, i)
+	l.mu.Lock()
+	tr.n = len(l.transfers)
+	l.transfers = append(l.transfers, tr)
+	l.mu.Unlock()
+	return tr
+}
+
+// plan draws the transfer's reports. The first report is never
+// contradicted, so each transfer has at least one truthful report; a
+// conflict races a payments report under its own id, or the transfer's
+// only Alchemy report (all Alchemy reports of a transfer share one id).
+func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, sender, i int) {
+	n := 1 + rng.IntN(reportsMax)
+	alchemyReports := 0
+	for k := range n {
+		rep := &report{source: "payments", redeliveries: rng.IntN(redeliveriesMax + 1)}
+		if rng.IntN(100) < alchemyPct {
+			rep.source = "alchemy"
+			alchemyReports++
+		}
+		switch rep.source {
+		case "payments":
+			rep.id = fmt.Sprintf("%s-tx%d-%d-%d-%d", l.runID, sender, i, k, rng.IntN(1_000_000))
+			rep.withIndex = rng.IntN(100) < transferIndexPct
+			rep.body = paymentsBody(rep.id, tr, tr.amount, rep.withIndex)
+		case "alchemy":
+			rep.body = alchemyBody(tr, tr.base, rng)
+		}
+		tr.reports = append(tr.reports, rep)
+	}
+	more := new(big.Int).Add(tr.base, big.NewInt(1))
+	decimals := int32(ethDecimals)
+	if tr.asset == chainToken {
+		decimals = chainTokenDecimals
+	}
+	for _, rep := range tr.reports[1:] {
+		if rng.IntN(100) >= conflictPct {
+			continue
+		}
+		switch {
+		case rep.source == "payments":
+			rep.conflictBody = paymentsBody(rep.id, tr, decimal.NewFromBigInt(more, -decimals), rep.withIndex)
+		case alchemyReports == 1:
+			rep.conflictBody = alchemyBody(tr, more, rng)
+		}
+	}
+}
+
+func paymentsBody(id string, tr *transfer, amount decimal.Decimal, withIndex bool) []byte {
+	m := map[string]any{"event_id": id, "event_type": "deposit", "user_id": tr.user, "asset": tr.asset, "amount": amount.String(), "tx_hash": tr.hash}
+	if withIndex {
+		m["transfer_index"] = tr.index
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// alchemyBody is an Address Activity payload with the one activity of
+// the transfer; its amount is rawValue, the float value is decoration.
+func alchemyBody(tr *transfer, raw *big.Int, rng *rand.Rand) []byte {
+	act := map[string]any{
+		"fromAddress": tr.from, "toAddress": tr.to, "blockNum": fmt.Sprintf("0x%x", tr.block), "hash": tr.hash,
+		"value": 0.1, "asset": tr.asset,
+	}
+	if tr.asset == "ETH" {
+		act["category"] = "external"
+		act["rawContract"] = map[string]any{"rawValue": "0x" + raw.Text(16), "address": nil, "decimals": ethDecimals}
+	} else {
+		logIndex, _ := strconv.ParseUint(tr.index, 10, 64)
+		act["category"] = "token"
+		act["rawContract"] = map[string]any{"rawValue": "0x" + raw.Text(16), "address": tr.token, "decimals": chainTokenDecimals}
+		act["log"] = map[string]any{"address": tr.token, "transactionHash": tr.hash, "logIndex": fmt.Sprintf("0x%x", logIndex), "removed": false}
+	}
+	b, _ := json.Marshal(map[string]any{
+		"webhookId": "wh_chaos", "id": fmt.Sprintf("whevt_%d", rng.Uint64()), "createdAt": time.Now().UTC().Format(time.RFC3339Nano),
+		"type": "ADDRESS_ACTIVITY", "event": map[string]any{"network": chainNetwork, "activity": []any{act}},
+	})
+	return b
+}
+
+// deliverReport sends one report late, with its conflicting twin at the
+// same instant if it has one, then redelivers it.
+func (l *chainLoad) deliverReport(ctx context.Context, seed uint64, rep *report) {
+	rng := rand.New(rand.NewPCG(seed, 0xde11))
+	select {
+	case <-time.After(time.Duration(rng.Int64N(int64(reportDelayMax)))):
+	case <-ctx.Done():
+		return
+	}
+	var race sync.WaitGroup
+	if rep.conflictBody != nil {
+		race.Go(func() { l.deliver(ctx, rep, true) })
+	}
+	l.deliver(ctx, rep, false)
+	race.Wait()
+	for range rep.redeliveries {
+		select {
+		case <-time.After(time.Duration(rng.Int64N(int64(redeliveryGap)))):
+		case <-ctx.Done():
+			return
+		}
+		l.deliver(ctx, rep, false)
+	}
+}
+
+// deliver repeats one version of a report until a definitive answer.
+func (l *chainLoad) deliver(ctx context.Context, rep *report, conflicting bool) {
+	l.mu.Lock()
+	l.deliveries++
+	l.mu.Unlock()
+	body, label := rep.body, rep.source
+	if conflicting {
+		body, label = rep.conflictBody, rep.source+"-conflict"
+	}
+	deadline := time.Now().Add(deliveryMax)
+	backoff := backoffMin
+	for {
+		status, answer, err := l.post(ctx, rep.source, body)
+		if err == nil && definitive(status) {
+			l.record(rep, conflicting, label, status, answer)
+			return
+		}
+		why := fmt.Sprintf("status %d", status)
+		if err != nil {
+			why = errorClass(err)
+		}
+		l.mu.Lock()
+		l.retried[why]++
+		l.mu.Unlock()
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			l.mu.Lock()
+			l.undeliv = append(l.undeliv, fmt.Sprintf("%s %s (last: %s)", label, rep.id, why))
+			l.mu.Unlock()
+			return
+		}
+		select {
+		case <-time.After(backoff/2 + rand.N(backoff/2)):
+		case <-ctx.Done():
+		}
+		backoff = min(backoff*2, backoffMax)
+	}
+}
+
+type providerAnswer struct {
+	Status     string `json:"status"`
+	Accepted   int    `json:"accepted"`
+	Duplicates int    `json:"duplicates"`
+	Ignored    int    `json:"ignored"`
+}
+
+// record reads what the answer says the api now holds under the
+// report's id: this version, the other one, or (Alchemy only) nothing.
+func (l *chainLoad) record(rep *report, conflicting bool, label string, status int, a providerAnswer) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	key := fmt.Sprintf("%s %d %s", label, status, a.Status)
+	if rep.source == "alchemy" {
+		key = fmt.Sprintf("%s %d accepted=%d duplicates=%d ignored=%d", label, status, a.Accepted, a.Duplicates, a.Ignored)
+	}
+	l.answers[key]++
+	held, other := &rep.originalHeld, &rep.conflictHeld
+	if conflicting {
+		held, other = other, held
+	}
+	switch {
+	case rep.source == "payments" && status == http.StatusOK && (a.Status == "accepted" || a.Status == "duplicate"):
+		*held = true
+	case rep.source == "payments" && status == http.StatusConflict:
+		*other = true
+	case rep.source == "alchemy" && status == http.StatusOK && a.Accepted+a.Duplicates == 1 && a.Ignored == 0:
+		*held = true
+	case rep.source == "alchemy" && status == http.StatusOK && a.Ignored == 1 && conflicting:
+		// The transfer's event holds other content (or the activity was
+		// refused): the conflict is not stored.
+	case rep.source == "alchemy" && status == http.StatusOK && a.Ignored == 1 && rep.conflictBody != nil:
+		*other = true
+	default:
+		l.anomalyLocked("%s %s: got %d %+v", label, rep.id, status, a)
+		return
+	}
+	if !conflicting {
+		rep.answered = true
+	}
+	if rep.originalHeld && rep.conflictHeld {
+		l.anomalyLocked("%s %s: both versions answered as stored", label, rep.id)
+	}
+}
+
+func (l *chainLoad) anomalyLocked(format string, args ...any) {
+	l.anomalous++
+	if len(l.anomalies) < anomalySamples {
+		l.anomalies = append(l.anomalies, fmt.Sprintf(format, args...))
+	}
+}
+
+func (l *chainLoad) post(ctx context.Context, source string, b []byte) (int, providerAnswer, error) {
+	path, header, secret := "/webhook/payments", "X-Signature", harness.WebhookSecret
+	if source == "alchemy" {
+		path, header, secret = "/webhook/alchemy", "X-Alchemy-Signature", alchemySigningKey
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.apiURL+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, providerAnswer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(header, harness.Sign(b, secret))
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, providerAnswer{}, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, responseBytesMax))
+	if err != nil {
+		return 0, providerAnswer{}, err
+	}
+	var a providerAnswer
+	_ = json.Unmarshal(data, &a)
+	return resp.StatusCode, a, nil
+}
+
+// summary is the chain load's account of the run.
+func (l *chainLoad) summary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	reports := 0
+	for _, tr := range l.transfers {
+		reports += len(tr.reports)
+	}
+	fmt.Fprintf(&b, "chain: %d transfers, %d reports, %d deliveries\n", len(l.transfers), reports, l.deliveries)
+	b.WriteString("chain answers:")
+	for _, k := range sortedKeys(l.answers) {
+		fmt.Fprintf(&b, " [%s]=%d", k, l.answers[k])
+	}
+	b.WriteString("\nchain redelivered because:")
+	for _, k := range sortedKeys(l.retried) {
+		fmt.Fprintf(&b, " [%s]=%d", k, l.retried[k])
+	}
+	if len(l.sendErrors) > 0 {
+		b.WriteString("\nchain send errors:")
+		for _, k := range sortedKeys(l.sendErrors) {
+			fmt.Fprintf(&b, " [%s]=%d", k, l.sendErrors[k])
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

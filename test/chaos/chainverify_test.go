@@ -1,0 +1,438 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+)
+
+// balanceSampleInterval spaces the run-time checks that no balance is
+// negative (the schema's CHECK is not what is being tested).
+const balanceSampleInterval = time.Second
+
+// balanceWatch samples negative balances while the soak runs.
+type balanceWatch struct {
+	mu       sync.Mutex
+	samples  []string
+	found    int
+	checks   int
+	failures int
+}
+
+// watchBalances samples until ctx ends; errors (PostgreSQL down on
+// purpose) only skip a sample.
+func watchBalances(ctx context.Context, pool *pgxpool.Pool) *balanceWatch {
+	w := &balanceWatch{}
+	go func() {
+		ticker := time.NewTicker(balanceSampleInterval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			w.sample(ctx, pool)
+		}
+	}()
+	return w
+}
+
+func (w *balanceWatch) sample(ctx context.Context, pool *pgxpool.Pool) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rows, err := pool.Query(ctx, `SELECT user_id, asset, balance::text FROM balances WHERE balance < 0 LIMIT 5`)
+	if err != nil {
+		w.mu.Lock()
+		w.failures++
+		w.mu.Unlock()
+		return
+	}
+	defer rows.Close()
+	var found []string
+	for rows.Next() {
+		var user int64
+		var asset, balance string
+		if rows.Scan(&user, &asset, &balance) == nil {
+			found = append(found, fmt.Sprintf("user %d %s at %s: %s", user, asset, time.Now().Format("15:04:05.000"), balance))
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if rows.Err() != nil {
+		w.failures++
+		return
+	}
+	w.checks++
+	w.found += len(found)
+	for _, f := range found {
+		if len(w.samples) < findingSamples {
+			w.samples = append(w.samples, f)
+		}
+	}
+}
+
+func (w *balanceWatch) report(v *verdict) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.samples {
+		v.fail("NEGATIVE BALANCE", "%s", s)
+	}
+	if w.found > len(w.samples) {
+		v.count["NEGATIVE BALANCE"] += w.found - len(w.samples)
+	}
+	v.note("balances sampled %d times during the run (%d samples skipped: database unreachable)", w.checks, w.failures)
+}
+
+func isChainUser(user int64) bool {
+	return user > chainUserBase && user <= chainUserBase+chainUserCount
+}
+
+// verifyChain holds the books of the chain's users against the soak's
+// own model: what it put on the chain (each transfer's recipient, asset,
+// exact amount, transaction and log), what the chain shows now, and what
+// each provider delivery was answered. payment_events is read only to
+// find the rows that name a transaction, never for what to expect.
+func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLoad, rig *chainRig, windows []window) {
+	stored, err := loadEvents(ctx, pool)
+	if err != nil {
+		v.fail("books unreadable", "%v", err)
+		return
+	}
+	l.mu.Lock()
+	transfers := append([]*transfer(nil), l.transfers...)
+	anomalies, anomalous, undelivered := append([]string(nil), l.anomalies...), l.anomalous, append([]string(nil), l.undeliv...)
+	l.mu.Unlock()
+	for _, a := range anomalies {
+		v.fail("chain: provider answers the contract forbids", "%s", a)
+	}
+	if anomalous > len(anomalies) {
+		v.count["chain: provider answers the contract forbids"] += anomalous - len(anomalies)
+	}
+	for _, u := range undelivered {
+		v.fail("chain: reports never answered", "no definitive answer within %s: %s", deliveryMax, u)
+	}
+
+	byTx := map[string][]*storedEvent{}
+	outcomes := map[string]int{}
+	for _, e := range stored {
+		if !isChainUser(e.User) {
+			continue
+		}
+		outcomes[e.Type+" "+e.status+"/"+e.outcome]++
+		if e.Type == "reorg_compensation" {
+			continue
+		}
+		if e.txHash == "" {
+			v.fail("chain: event of a chain user without a transaction", "%s %+v", e.ID, e.spec)
+			continue
+		}
+		byTx[strings.ToLower(e.txHash)] = append(byTx[strings.ToLower(e.txHash)], e)
+	}
+	claims, err := loadChainTransfers(ctx, pool)
+	if err != nil {
+		v.fail("books unreadable", "chain_transfers: %v", err)
+	}
+
+	expected := map[balanceKey]decimal.Decimal{}
+	modelTx := map[string]bool{}
+	crediting := map[string]*transfer{}
+	credited, doubled, lost, reorged := 0, 0, 0, 0
+	for _, tr := range transfers {
+		modelTx[tr.hash] = true
+		canonical, err := rig.canonical(ctx, tr)
+		if err != nil {
+			v.fail("chain unreadable", "%s: %v", tr.hash, err)
+			continue
+		}
+		if !canonical {
+			reorged++
+		}
+		truthful := false
+		payments := map[string]*report{}
+		for _, rep := range tr.reports {
+			truthful = truthful || rep.originalHeld
+			if rep.source == "payments" {
+				payments[rep.id] = rep
+			}
+		}
+		// Every id the api acknowledged is stored, with the version the
+		// answers say it holds.
+		for id, rep := range payments {
+			if !rep.originalHeld && !rep.conflictHeld {
+				continue
+			}
+			e, ok := stored[id]
+			if !ok {
+				v.fail("chain: LOST (acknowledged, not stored)", "%s (transfer %s)", id, tr.hash)
+				continue
+			}
+			want := tr.amount
+			if rep.conflictHeld {
+				want = tr.amount.Add(decimal.New(1, -unitExponent(tr.asset)))
+			}
+			if !decimal.RequireFromString(e.Amount).Equal(want) || e.User != tr.user || e.Asset != tr.asset || !strings.EqualFold(e.txHash, tr.hash) {
+				v.fail("chain: stored content differs from what was sent", "%s stored as %+v tx %s, sent %s %s to user %d in %s", id, e.spec, e.txHash, want, tr.asset, tr.user, tr.hash)
+			}
+		}
+
+		events := byTx[tr.hash]
+		var credits []*storedEvent
+		unexplained := 0
+		for _, e := range events {
+			if _, ok := payments[e.ID]; !ok {
+				unexplained++ // the provider-derived event (Alchemy's), at most one
+			}
+			if e.journalRows > 0 || e.status == "confirmed" {
+				credits = append(credits, e)
+				continue
+			}
+			truthfulContent := e.User == tr.user && e.Asset == tr.asset && decimal.RequireFromString(e.Amount).Equal(tr.amount)
+			switch {
+			case e.status != "failed":
+				v.fail("chain: NOT SETTLED", "%s is still %s (transfer %s)", e.ID, e.status, tr.hash)
+			case truthfulContent && canonical && e.outcome != "duplicate_transfer":
+				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, tr.hash)
+			case !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
+				v.fail("chain: a false report failed for the wrong reason", "%s (%s %s, the chain says %s) ended failed/%s", e.ID, e.Amount, e.Asset, tr.amount, e.outcome)
+			}
+		}
+		if unexplained > 1 {
+			v.fail("chain: events no report explains", "transfer %s is named by %d events that are no acknowledged payments id (one Alchemy event at most)", tr.hash, unexplained)
+		}
+		want := 0
+		if truthful && canonical {
+			want = 1
+		}
+		switch {
+		case len(credits) > want && want == 1:
+			doubled++
+			ids := make([]string, 0, len(credits))
+			for _, e := range credits {
+				ids = append(ids, fmt.Sprintf("%s (%s, %d journal rows)", e.ID, e.status, e.journalRows))
+			}
+			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s: credited by %s", tr.amount, tr.asset, tr.user, tr.hash, strings.Join(ids, ", "))
+		case len(credits) > want:
+			v.fail("chain: CREDIT WITHOUT A CANONICAL, TRUTHFULLY REPORTED TRANSFER", "%s: %d credits (canonical %v, truthful report acknowledged %v)", tr.hash, len(credits), canonical, truthful)
+		case len(credits) < want:
+			lost++
+			v.fail("chain: LOST (canonical transfer, acknowledged report, never credited)", "%s %s to user %d in %s (events: %s)", tr.amount, tr.asset, tr.user, tr.hash, describe(events))
+		}
+		for _, e := range credits {
+			if e.journalRows != 1 || !e.journalSum.Equal(tr.amount) || e.User != tr.user || e.Asset != tr.asset || e.status != "confirmed" {
+				v.fail("chain: credit differs from the transfer", "%s: %s with %d journal rows summing %s for user %d %s; the chain moved %s %s to user %d",
+					e.ID, e.status, e.journalRows, e.journalSum, e.User, e.Asset, tr.amount, tr.asset, tr.user)
+			}
+		}
+		if want == 1 {
+			credited++
+			k := balanceKey{tr.user, tr.asset}
+			expected[k] = expected[k].Add(tr.amount)
+			if len(credits) > 0 {
+				crediting[credits[0].ID] = tr
+			}
+			if claims != nil {
+				c, ok := claims[claimKey{chainNetwork, tr.hash, tr.index}]
+				switch {
+				case !ok:
+					v.fail("chain: credited transfer without its chain_transfers row", "%s %s index %s", chainNetwork, tr.hash, tr.index)
+				case len(credits) == 1 && c.eventID != credits[0].ID:
+					v.fail("chain: chain_transfers names another event than the credit", "%s index %s names %s, credited by %s", tr.hash, tr.index, c.eventID, credits[0].ID)
+				}
+			}
+		}
+	}
+	for hash, events := range byTx {
+		if !modelTx[hash] {
+			v.fail("chain: events naming a transaction the soak never made", "%s: %s", hash, describe(events))
+		}
+	}
+	for key := range claims {
+		if !modelTx[key.txHash] {
+			v.fail("chain: chain_transfers row for a transaction the soak never made", "%+v", key)
+		}
+	}
+	// No compensation: the soak makes no reorg, so whatever the RPC
+	// proxy says, every transfer is canonical.
+	for _, e := range stored {
+		if isChainUser(e.User) && e.Type == "reorg_compensation" && e.journalRows > 0 {
+			origin := strings.TrimPrefix(e.ID, "reorg:")
+			if tr, ok := crediting[origin]; ok {
+				v.fail("chain: COMPENSATED A CANONICAL TRANSFER (a lie of the RPC taken as a reorg)", "%s debited %s %s of user %d; %s is canonical", e.ID, e.journalSum.Neg(), e.Asset, e.User, tr.hash)
+			} else {
+				v.fail("chain: compensation of no canonical credit", "%s: %s %s", e.ID, e.journalSum, e.Asset)
+			}
+		}
+	}
+	// Dead letters of the chain's events: only a fault that kept the
+	// workers from PostgreSQL or the node can explain one.
+	for _, e := range stored {
+		if !isChainUser(e.User) {
+			continue
+		}
+		for _, d := range e.dlq {
+			if _, ok := explainChain(d, windows); !ok {
+				v.fail("chain: UNEXPLAINED DEAD LETTERS", "row %d for %s (at %s, event now %s/%s): %s", d.id, d.eventID, d.created.Format("15:04:05.000"), e.status, e.outcome, d.reason)
+			}
+		}
+	}
+
+	balances, err := loadBalances(ctx, pool)
+	if err != nil {
+		v.fail("books unreadable", "balances: %v", err)
+		return
+	}
+	for _, user := range rig.users {
+		for _, asset := range []string{"ETH", chainToken} {
+			k := balanceKey{user, asset}
+			if got, want := balances[k], expected[k]; !got.Equal(want) {
+				v.fail("chain: BALANCE WRONG", "user %d %s is %s; the chain and the reports say %s (off by %s)", user, asset, got, want, got.Sub(want))
+			}
+		}
+	}
+	for k, got := range balances {
+		if isChainUser(k.user) && k.asset != "ETH" && k.asset != chainToken && !got.IsZero() {
+			v.fail("chain: BALANCE WRONG", "user %d %s is %s; no transfer touched it", k.user, k.asset, got)
+		}
+	}
+	checkInvariant5(ctx, v, pool)
+	v.note("chain: %d transfers (%d credited once as expected, %d doubled, %d lost, %d not canonical); events of the chain's users: %v",
+		len(transfers), credited-doubled-lost, doubled, lost, reorged, outcomes)
+	v.note("chain: rpc proxy %s", rig.rpc.Stats())
+}
+
+func unitExponent(asset string) int32 {
+	if asset == chainToken {
+		return chainTokenDecimals
+	}
+	return ethDecimals
+}
+
+func describe(events []*storedEvent) string {
+	if len(events) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, e := range events {
+		parts = append(parts, fmt.Sprintf("%s %s %s/%s", e.ID, e.Amount, e.status, e.outcome))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
+}
+
+// canonical asks the node itself, not through the proxy.
+func (r *chainRig) canonical(ctx context.Context, tr *transfer) (bool, error) {
+	receipt, err := r.eth.TransactionReceipt(ctx, common.HexToHash(tr.hash))
+	if errors.Is(err, ethereum.NotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if receipt.Status != 1 {
+		return false, nil
+	}
+	if tr.asset != chainToken {
+		return true, nil
+	}
+	for _, lg := range receipt.Logs {
+		if fmt.Sprint(lg.Index) == tr.index && strings.EqualFold(lg.Address.Hex(), tr.token) && len(lg.Topics) == 3 &&
+			strings.EqualFold(common.BytesToAddress(lg.Topics[2].Bytes()).Hex(), tr.to) && new(big.Int).SetBytes(lg.Data).Cmp(tr.base) == 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+type claimKey struct{ network, txHash, index string }
+
+type claim struct{ eventID string }
+
+func loadChainTransfers(ctx context.Context, pool *pgxpool.Pool) (map[claimKey]claim, error) {
+	rows, err := pool.Query(ctx, `SELECT network, tx_hash, transfer_index, event_id FROM chain_transfers`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[claimKey]claim{}
+	for rows.Next() {
+		var k claimKey
+		var c claim
+		if err := rows.Scan(&k.network, &k.txHash, &k.index, &c.eventID); err != nil {
+			return nil, err
+		}
+		out[k] = c
+	}
+	return out, rows.Err()
+}
+
+// checkInvariant5 is CONTRACT.md's invariant 5, in SQL of its own: every
+// chain_transfers row names exactly one confirmed deposit, and every
+// confirmed deposit with a tx_hash has exactly one row.
+func checkInvariant5(ctx context.Context, v *verdict, pool *pgxpool.Pool) {
+	const kind = "INVARIANT 5 VIOLATED"
+	queries := []struct{ what, sql string }{
+		{"chain_transfers row naming no confirmed deposit", `
+			SELECT ct.tx_hash || ' ' || ct.transfer_index || ' → ' || ct.event_id || ' (' || COALESCE(pe.status || '/' || pe.event_type, 'no such event') || ')'
+			FROM chain_transfers ct LEFT JOIN payment_events pe ON pe.event_id = ct.event_id
+			WHERE pe.event_id IS NULL OR pe.status <> 'confirmed' OR pe.event_type NOT IN ('deposit', 'airdrop')
+			ORDER BY ct.created_at LIMIT 20`},
+		{"event named by several chain_transfers rows", `
+			SELECT event_id || ': ' || count(*) FROM chain_transfers GROUP BY event_id HAVING count(*) > 1 LIMIT 20`},
+		{"confirmed deposit with a tx_hash and not exactly one chain_transfers row", `
+			SELECT pe.event_id || ' (' || pe.tx_hash || '): ' || (SELECT count(*) FROM chain_transfers ct WHERE ct.event_id = pe.event_id) || ' rows'
+			FROM payment_events pe
+			WHERE pe.status = 'confirmed' AND pe.event_type IN ('deposit', 'airdrop') AND pe.tx_hash IS NOT NULL
+			  AND (SELECT count(*) FROM chain_transfers ct WHERE ct.event_id = pe.event_id) <> 1
+			ORDER BY pe.updated_at LIMIT 20`},
+	}
+	for _, q := range queries {
+		rows, err := pool.Query(ctx, q.sql)
+		if err != nil {
+			v.fail(kind, "%s: query failed: %v", q.what, err)
+			continue
+		}
+		for rows.Next() {
+			var s string
+			if rows.Scan(&s) == nil {
+				v.fail(kind, "%s: %s", q.what, s)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			v.fail(kind, "%s: %v", q.what, err)
+		}
+		rows.Close()
+	}
+}
+
+// explainChain accepts a chain event's dead letter only as a retry
+// budget spent while the workers could not reach PostgreSQL or the node.
+func explainChain(d dlqRow, windows []window) (string, bool) {
+	if why, ok := explain(d, windows); ok {
+		return why, true
+	}
+	if !strings.Contains(d.reason, "retries exhausted") {
+		return "", false
+	}
+	for _, w := range windows {
+		switch w.fault.Kind {
+		case rpcErrors, rpcReset, rpcLatency, rpcBlackhole:
+		default:
+			continue
+		}
+		if !d.created.Before(w.from) && d.created.Before(w.to.Add(dlqSlack)) {
+			return fmt.Sprintf("retry budget spent during %v", w.fault), true
+		}
+	}
+	return "", false
+}
