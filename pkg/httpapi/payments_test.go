@@ -165,6 +165,7 @@ func TestPaymentsBadRequests(t *testing.T) {
 		"event_id control char": with("event_id", `"a\u0000b"`),
 		"event_id reserved":     with("event_id", `"reorg:evt"`),
 		"event_id alchemy":      with("event_id", `"alchemy:ETH_MAINNET:0x1:external"`),
+		"event_id transfer":     with("event_id", `"chain:ETH_MAINNET:0x1:native"`),
 		"amount a number":       with("amount", `1.5`),
 		"amount an integer":     with("amount", `15`),
 		"amount null":           with("amount", `null`),
@@ -375,7 +376,8 @@ func TestPaymentsDepositIDsAreNotShared(t *testing.T) {
 	// always free for settle.
 	h := newHarness(t, harnessOptions{})
 	h.createUser(7)
-	for _, id := range []string{payment.CompensationEventID("x"), "alchemy:ETH_MAINNET:" + strings.ToLower(txHash) + ":external"} {
+	for _, id := range []string{payment.CompensationEventID("x"), "alchemy:ETH_MAINNET:" + strings.ToLower(txHash) + ":external",
+		payment.Transfer{Network: "ETH_MAINNET", TxHash: strings.ToLower(txHash), Index: payment.TransferNative}.EventID()} {
 		requireError(t, h.postPayment(deposit(id, 7, "1")), http.StatusBadRequest)
 	}
 	require.Equal(t, 0, h.countEvents())

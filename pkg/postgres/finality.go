@@ -42,7 +42,8 @@ func (db *DB) AwaitFinality(ctx context.Context, e payment.Event, w Wait) (bool,
 type ChainWaitState struct {
 	ReceiptSeen bool
 	CreatedAt   time.Time
-	// Age is now() - created_at on the database's clock.
+	// Age is now() - created_at (reopened_at for a reopened deposit) on
+	// the database's clock.
 	Age    time.Duration
 	Checks int
 	// ToAddress is the recipient the provider named, if any.

@@ -22,9 +22,10 @@ WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
 RETURNING event_id, receipt_seen_at IS NOT NULL;
 
 -- name: chain_wait_state
--- The age is taken on the database's clock, like created_at itself.
+-- The age is taken on the database's clock, like created_at itself; a
+-- reopened deposit's finality clock starts at its reopening.
 SELECT receipt_seen_at IS NOT NULL, created_at,
-       (extract(epoch FROM now() - created_at) * 1000000)::bigint, check_count, COALESCE(to_address, ''),
+       (extract(epoch FROM now() - COALESCE(reopened_at, created_at)) * 1000000)::bigint, check_count, COALESCE(to_address, ''),
        COALESCE(transfer_index, '')
 FROM payment_events
 WHERE event_id = $1;

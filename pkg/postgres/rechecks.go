@@ -1,0 +1,154 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// RechecksListMax bounds the history Rechecks returns.
+const RechecksListMax = 100
+
+// RecheckResult is what a recheck did to its deposit.
+type RecheckResult string
+
+const (
+	// RecheckReopened: the chain shows the transfer final and unclaimed;
+	// the deposit went back to the outbox and the ledger credits it.
+	RecheckReopened RecheckResult = "reopened"
+	// RecheckUnchanged: the chain was asked and does not show the
+	// transfer final and unclaimed; the deposit stays failed.
+	RecheckUnchanged RecheckResult = "unchanged"
+	// RecheckNotApplicable: the event is not a failed deposit a recheck
+	// may reverse (confirmed, in flight, another outcome, no tx_hash).
+	RecheckNotApplicable RecheckResult = "not_applicable"
+)
+
+// Recheck is one recorded recheck of a failed deposit.
+type Recheck struct {
+	ID          int64
+	EventID     string
+	RequestedBy string
+	// ChainState is what the chain showed: a verdict state (credit, wait,
+	// reverted, mismatch), "unavailable", or "not_asked".
+	ChainState string
+	Result     RecheckResult
+	Detail     string
+	CreatedAt  time.Time
+	// Status is the event's status once the recheck is recorded.
+	Status payment.Status
+}
+
+// RecheckTarget is a stored event as a recheck asks the chain about it.
+type RecheckTarget struct {
+	Event     payment.Event // with its TransferIndex and Generation
+	Status    payment.Status
+	Outcome   payment.Outcome // "" while not terminal
+	Error     string
+	ToAddress string
+}
+
+// RecheckTarget reads one event; payment.ErrNotFound if there is none.
+func (db *DB) RecheckTarget(ctx context.Context, eventID string) (RecheckTarget, error) {
+	stmt := q("recheck_target")
+	var r RecheckTarget
+	var eventType, amount, status, outcome string
+	var generation int32
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&r.Event.ID, &eventType, &r.Event.UserID, &r.Event.Asset, &amount,
+		&status, &outcome, &r.Error, &r.Event.TxHash, &r.Event.TransferIndex, &r.ToAddress, &r.Event.TraceID, &generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RecheckTarget{}, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
+	}
+	if err != nil {
+		return RecheckTarget{}, classify(stmt.name, err)
+	}
+	r.Event.Type, r.Event.Amount, r.Event.Generation = payment.EventType(eventType), decimal.RequireFromString(amount), int(generation)
+	r.Status, r.Outcome = payment.Status(status), payment.Outcome(outcome)
+	return r, nil
+}
+
+// TransferClaim is one chain_transfers row: the event holding a transfer.
+type TransferClaim struct {
+	Index   string // a transfer index, or an unresolved claim (payment.Unresolved)
+	EventID string
+	Asset   string
+}
+
+// TransferClaims lists the claimed transfers of one transaction.
+func (db *DB) TransferClaims(ctx context.Context, network, txHash string) ([]TransferClaim, error) {
+	stmt := q("transfer_claims")
+	rows, err := db.pool.Query(ctx, stmt.text, network, txHash)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (TransferClaim, error) {
+		var c TransferClaim
+		return c, row.Scan(&c.Index, &c.EventID, &c.Asset)
+	})
+	return out, classify(stmt.name, err)
+}
+
+// RecordRecheck records a recheck and, when reopen is set, reopens its
+// failed deposit (ReopenDeposit with payment.RecheckOutcomes) in the same
+// transaction. A reopen that finds the deposit no longer failed with such
+// an outcome (a concurrent recheck won) is recorded as not_applicable.
+// r.Result is ignored when reopen is set; the answer carries the id, the
+// time, the result and the event's status after.
+func (db *DB) RecordRecheck(ctx context.Context, r Recheck, reopen bool) (Recheck, error) {
+	if r.RequestedBy == "" {
+		return Recheck{}, payment.Invalid("a recheck needs the operator's name")
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return Recheck{}, classify("record recheck", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if reopen {
+		reopened, err := reopenDeposit(ctx, tx, r.EventID, payment.RecheckOutcomes, "recheck by "+r.RequestedBy+": "+r.Detail)
+		if err != nil {
+			return Recheck{}, err
+		}
+		r.Result = RecheckReopened
+		if !reopened {
+			r.Result = RecheckNotApplicable
+			r.Detail = "the event moved on while the chain was asked; " + r.Detail
+		}
+	}
+	stmt := q("insert_recheck")
+	if err := tx.QueryRow(ctx, stmt.text, r.EventID, r.RequestedBy, r.ChainState, string(r.Result), r.Detail).Scan(&r.ID, &r.CreatedAt); err != nil {
+		return Recheck{}, classify(stmt.name, err)
+	}
+	states, err := eventStates(ctx, tx, []string{r.EventID})
+	if err != nil {
+		return Recheck{}, err
+	}
+	r.Status = states[r.EventID].Status
+	if err := tx.Commit(ctx); err != nil {
+		return Recheck{}, classify("record recheck commit", err)
+	}
+	return r, nil
+}
+
+// Rechecks lists the recorded rechecks of an event, oldest first, at most
+// RechecksListMax.
+func (db *DB) Rechecks(ctx context.Context, eventID string) ([]Recheck, error) {
+	stmt := q("rechecks_of_event")
+	rows, err := db.pool.Query(ctx, stmt.text, eventID, RechecksListMax)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recheck, error) {
+		var r Recheck
+		var result string
+		err := row.Scan(&r.ID, &r.EventID, &r.RequestedBy, &r.ChainState, &result, &r.Detail, &r.CreatedAt)
+		r.Result = RecheckResult(result)
+		return r, err
+	})
+	return out, classify(stmt.name, err)
+}
