@@ -233,7 +233,7 @@ func TestReorgAfterCreditCompensatesOnce(t *testing.T) {
 	status, body := c.alchemy(t, payload)
 	require.Equal(t, http.StatusOK, status, body)
 	require.EqualValues(t, 1, body["accepted"])
-	eventID := "alchemy:ETH_MAINNET:" + tx.Hash + ":token:0"
+	eventID := "chain:ETH_MAINNET:" + tx.Hash + ":0"
 	c.waitStatus(t, eventID, "confirmed")
 	require.Equal(t, "7", c.balance(t, 1, "TUSD"))
 	require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE event_id=$1 AND chain_state='watching'`, eventID))

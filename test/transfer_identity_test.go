@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain/devchain"
@@ -126,5 +129,40 @@ func TestTransferIndexOnPayments(t *testing.T) {
 	require.Equal(t, "mismatch", outcome)
 	require.Contains(t, reason, "index 1")
 	require.Equal(t, "3", c.balance(t, 2, "TUSD"))
+	requireInvariants(t, c.Stack)
+}
+
+// TestTransferRaceAcrossWorkers: ten events naming one real transfer,
+// delivered at once and settled by two worker processes: one credit.
+func TestTransferRaceAcrossWorkers(t *testing.T) {
+	c := newChainStack(t, "confirmations:1", map[string]string{"TASK_EVENTS_MAX": "1"})
+	c.StartWorker(nil)
+	ctx := context.Background()
+	tx, err := c.chain.SendETH(ctx, 0, addrUser1, wei(5))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body, _ := json.Marshal(map[string]any{"event_id": fmt.Sprintf("race-%d", i), "event_type": "deposit", "user_id": 1, "asset": "ETH", "amount": "5", "tx_hash": tx.Hash})
+			status, resp, err := c.client.Webhook(body)
+			assert.NoError(t, err)
+			assert.Equal(t, http.StatusOK, status, resp)
+		}()
+	}
+	wg.Wait()
+	c.WaitFor("all ten terminal", time.Minute, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE tx_hash = $1 AND status IN ('confirmed', 'failed')`, tx.Hash) == 10
+	})
+	require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE tx_hash = $1 AND status = 'confirmed'`, tx.Hash))
+	require.Equal(t, 9, c.Count(`SELECT count(*) FROM payment_events WHERE tx_hash = $1 AND outcome = 'duplicate_transfer'`, tx.Hash))
+	require.Equal(t, "5", c.balance(t, 1, "ETH"))
+	require.Equal(t, 1, c.Count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	for _, p := range c.Procs {
+		if strings.HasPrefix(p.Name, "worker") {
+			t.Logf("%s checked %d of the deposits", p.Name, strings.Count(p.Logs(), "deposit passes the finality policy"))
+		}
+	}
 	requireInvariants(t, c.Stack)
 }

@@ -373,3 +373,34 @@ func TestReorgDropsDeposit(t *testing.T) {
 }
 
 func itoa(n uint64) string { return new(big.Int).SetUint64(n).String() }
+
+// TestTwoIdenticalTransferLogs: a transaction paying one address twice
+// the same amount offers both logs, in log order, to be claimed one each;
+// a deposit naming one gets only that one.
+func TestTwoIdenticalTransferLogs(t *testing.T) {
+	token, to := "0x"+strings.Repeat("1", 40), "0x"+strings.Repeat("2", 40)
+	logs := []Transfer{
+		{Contract: token, To: to, Value: big.NewInt(10), LogIndex: 3},
+		{Contract: token, To: "0x" + strings.Repeat("3", 40), Value: big.NewInt(10), LogIndex: 4},
+		{Contract: token, To: to, Value: big.NewInt(10), LogIndex: 5},
+		{Contract: token, To: to, Value: big.NewInt(11), LogIndex: 6},
+	}
+	d := Deposit{Token: token, Recipients: []string{to}, Amount: big.NewInt(10)}
+	matches, why := matchTransfer(d, logs)
+	require.Equal(t, []string{"3", "5"}, matches, why)
+	d.Index = "5"
+	matches, _ = matchTransfer(d, logs)
+	require.Equal(t, []string{"5"}, matches)
+	d.Index = "4"
+	matches, why = matchTransfer(d, logs)
+	require.Empty(t, matches)
+	require.Contains(t, why, "no Transfer log of")
+	d.Index = "6"
+	matches, why = matchTransfer(d, logs)
+	require.Empty(t, matches)
+	require.Contains(t, why, "carries 11 base units")
+	d.Index = "native"
+	matches, why = matchTransfer(d, logs)
+	require.Empty(t, matches)
+	require.Contains(t, why, "not a log index")
+}

@@ -19,8 +19,8 @@ const (
 	alchemyTx        = "0x7a4a39da2a3fa1fc2ef88fd1eaea070286ed2aba21e0419dcfb6d5c5d9f02a72"
 	alchemyRecipient = "0xbe3f4b43db5eb49d1f48f53443b9abce45da3b79"
 	unknownRecipient = "0x7a250d5630b4cf539739df2c5dacb4c659f2488d"
-	ethEventID       = "alchemy:ETH_MAINNET:" + alchemyTx + ":external"
-	usdcEventID      = "alchemy:ETH_MAINNET:" + alchemyTx + ":token:110"
+	ethEventID       = "chain:ETH_MAINNET:" + alchemyTx + ":native"
+	usdcEventID      = "chain:ETH_MAINNET:" + alchemyTx + ":110"
 )
 
 // The acceptance case: an ETH transfer, a USDC transfer, an NFT, a token
@@ -110,7 +110,7 @@ func TestAlchemyRemovedLogReversesDeposit(t *testing.T) {
 
 	r := h.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey)
 	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
-	id := "alchemy:ETH_MAINNET:" + alchemyTx + ":token:1"
+	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
 	e, err := h.db.Event(context.Background(), id)
 	require.NoError(t, err)
 	require.Equal(t, "1.5", e.Amount.String())
