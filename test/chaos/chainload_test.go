@@ -49,6 +49,11 @@ const (
 	// evidence rule is exercised within the run.
 	chainConfirmations = 3
 	reorgRecheckDelay  = 5 * time.Second
+	// chainFinalityTimeout is far beyond what a canonical transfer needs
+	// (confirmations take seconds; an RPC outage does not count), and is
+	// how long a report of a transfer a fork dropped before its credit
+	// waits before it ends reorged or not_found.
+	chainFinalityTimeout = 45 * time.Second
 	// rpcNullBurst bounds every lie about one transaction well inside
 	// reorgRecheckDelay: no two invented nulls are the delay apart.
 	rpcNullBurst = reorgRecheckDelay / 2
@@ -124,12 +129,12 @@ func startChain(t *testing.T, seed uint64) *chainRig {
 }
 
 // settings point settle at the proxy with a finality that credits early
-// and watches, and a finality timeout no slow chain in the soak reaches.
+// and watches.
 func (r *chainRig) settings(m map[string]string) {
 	m["ETH_RPC_URL"] = r.rpc.URL()
 	m["DEPOSIT_FINALITY"] = fmt.Sprintf("confirmations:%d", chainConfirmations)
 	m["REORG_RECHECK_DELAY"] = reorgRecheckDelay.String()
-	m["FINALITY_TIMEOUT"] = "30m"
+	m["FINALITY_TIMEOUT"] = chainFinalityTimeout.String()
 	m["FINALITY_RECHECK_MIN"] = "200ms"
 	m["FINALITY_RECHECK_MAX"] = "2s"
 	m["FINALITY_HINT_TTL"] = "200ms"
@@ -183,6 +188,7 @@ type transfer struct {
 	// log's decimal logIndex.
 	index   string
 	reports []*report
+	reorged bool // under chainLoad.mu: a fork the soak made dropped it
 }
 
 // report is one provider delivery of a transfer, with the answers it got.
@@ -193,6 +199,7 @@ type report struct {
 	body         []byte
 	conflictBody []byte // non-nil: a conflicting version races the original
 	redeliveries int
+	removed      bool // Alchemy reports the log removed by a reorg
 
 	// Under chainLoad.mu: which version the api said it holds.
 	originalHeld bool
@@ -211,7 +218,11 @@ type chainLoad struct {
 	rate   float64
 	client *http.Client
 
+	// reports tracks every delivery under way, the reorgs' too.
+	reports sync.WaitGroup
+
 	mu         sync.Mutex
+	reorgs     []string
 	transfers  []*transfer
 	sendErrors map[string]int
 	answers    map[string]int
@@ -235,7 +246,6 @@ func newChainLoad(rig *chainRig, apiURL, runID string, seed uint64, rate float64
 // run makes transfers until stop, then waits for every report to get
 // its answer.
 func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
-	var reports sync.WaitGroup
 	var senders sync.WaitGroup
 	interval := time.Duration(float64(time.Second) * chainSenders / l.rate)
 	for s := range chainSenders {
@@ -254,13 +264,65 @@ func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
 					continue
 				}
 				for _, rep := range tr.reports {
-					reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
+					l.reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
 				}
 			}
 		})
 	}
 	senders.Wait()
-	reports.Wait()
+	l.reports.Wait()
+}
+
+// reorg forks the chain to drop one recent, not yet final transfer (the
+// deepest whose block is at most depth blocks below the head), and has
+// Alchemy report its log removed if Alchemy reported it. Transactions of the dropped blocks other than
+// it are mined again in other blocks.
+func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
+	head, err := l.rig.chain.Head(ctx)
+	if err != nil {
+		return "head: " + err.Error()
+	}
+	finalized, err := l.rig.chain.Finalized(ctx)
+	if err != nil {
+		return "finalized: " + err.Error()
+	}
+	l.mu.Lock()
+	var candidates []*transfer
+	for _, tr := range l.transfers {
+		if !tr.reorged && tr.block > finalized && head-tr.block+1 <= depth {
+			candidates = append(candidates, tr)
+		}
+	}
+	l.mu.Unlock()
+	if len(candidates) == 0 {
+		return fmt.Sprintf("no transfer within %d blocks of head %d (finalized %d): nothing reorged", depth, head, finalized)
+	}
+	// The deepest candidate is the likeliest to be credited already, so
+	// that the fork takes money back rather than only a pending deposit.
+	tr := candidates[rand.N(len(candidates))]
+	for _, c := range candidates {
+		if c.block < tr.block {
+			tr = c
+		}
+	}
+	r, err := l.rig.chain.Reorg(ctx, tr.hash)
+	if err != nil {
+		return fmt.Sprintf("reorg of %s failed: %v", tr.hash, err)
+	}
+	l.mu.Lock()
+	tr.reorged = true
+	what := fmt.Sprintf("dropped %s (%s %s to user %d, block %d): forked at %d, head %d → %d", tr.hash, tr.amount, tr.asset, tr.user, tr.block, r.ForkedAt, r.OldHead, r.NewHead)
+	l.reorgs = append(l.reorgs, what)
+	alchemyReported := false
+	for _, rep := range tr.reports {
+		alchemyReported = alchemyReported || rep.source == "alchemy"
+	}
+	l.mu.Unlock()
+	if alchemyReported {
+		removed := &report{source: "alchemy", removed: true, body: alchemyBody(tr, tr.base, rand.New(rand.NewPCG(rand.Uint64(), 1)), true)}
+		l.reports.Go(func() { l.deliver(ctx, removed, false) })
+	}
+	return what
 }
 
 // transfer sends one real transaction and plans its reports.
@@ -330,7 +392,7 @@ func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, sender, i int) {
 			rep.withIndex = rng.IntN(100) < transferIndexPct
 			rep.body = paymentsBody(rep.id, tr, tr.amount, rep.withIndex)
 		case "alchemy":
-			rep.body = alchemyBody(tr, tr.base, rng)
+			rep.body = alchemyBody(tr, tr.base, rng, false)
 		}
 		tr.reports = append(tr.reports, rep)
 	}
@@ -347,7 +409,7 @@ func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, sender, i int) {
 		case rep.source == "payments":
 			rep.conflictBody = paymentsBody(rep.id, tr, decimal.NewFromBigInt(more, -decimals), rep.withIndex)
 		case alchemyReports == 1:
-			rep.conflictBody = alchemyBody(tr, more, rng)
+			rep.conflictBody = alchemyBody(tr, more, rng, false)
 		}
 	}
 }
@@ -363,7 +425,7 @@ func paymentsBody(id string, tr *transfer, amount decimal.Decimal, withIndex boo
 
 // alchemyBody is an Address Activity payload with the one activity of
 // the transfer; its amount is rawValue, the float value is decoration.
-func alchemyBody(tr *transfer, raw *big.Int, rng *rand.Rand) []byte {
+func alchemyBody(tr *transfer, raw *big.Int, rng *rand.Rand, removed bool) []byte {
 	act := map[string]any{
 		"fromAddress": tr.from, "toAddress": tr.to, "blockNum": fmt.Sprintf("0x%x", tr.block), "hash": tr.hash,
 		"value": 0.1, "asset": tr.asset,
@@ -371,11 +433,14 @@ func alchemyBody(tr *transfer, raw *big.Int, rng *rand.Rand) []byte {
 	if tr.asset == "ETH" {
 		act["category"] = "external"
 		act["rawContract"] = map[string]any{"rawValue": "0x" + raw.Text(16), "address": nil, "decimals": ethDecimals}
+		if removed {
+			act["log"] = map[string]any{"transactionHash": tr.hash, "removed": true}
+		}
 	} else {
 		logIndex, _ := strconv.ParseUint(tr.index, 10, 64)
 		act["category"] = "token"
 		act["rawContract"] = map[string]any{"rawValue": "0x" + raw.Text(16), "address": tr.token, "decimals": chainTokenDecimals}
-		act["log"] = map[string]any{"address": tr.token, "transactionHash": tr.hash, "logIndex": fmt.Sprintf("0x%x", logIndex), "removed": false}
+		act["log"] = map[string]any{"address": tr.token, "transactionHash": tr.hash, "logIndex": fmt.Sprintf("0x%x", logIndex), "removed": removed}
 	}
 	b, _ := json.Marshal(map[string]any{
 		"webhookId": "wh_chaos", "id": fmt.Sprintf("whevt_%d", rng.Uint64()), "createdAt": time.Now().UTC().Format(time.RFC3339Nano),
@@ -451,6 +516,7 @@ type providerAnswer struct {
 	Status     string `json:"status"`
 	Accepted   int    `json:"accepted"`
 	Duplicates int    `json:"duplicates"`
+	Reversed   int    `json:"reversed"`
 	Ignored    int    `json:"ignored"`
 }
 
@@ -459,11 +525,21 @@ type providerAnswer struct {
 func (l *chainLoad) record(rep *report, conflicting bool, label string, status int, a providerAnswer) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if rep.removed {
+		label = "alchemy-removed"
+	}
 	key := fmt.Sprintf("%s %d %s", label, status, a.Status)
 	if rep.source == "alchemy" {
-		key = fmt.Sprintf("%s %d accepted=%d duplicates=%d ignored=%d", label, status, a.Accepted, a.Duplicates, a.Ignored)
+		key = fmt.Sprintf("%s %d accepted=%d duplicates=%d reversed=%d ignored=%d", label, status, a.Accepted, a.Duplicates, a.Reversed, a.Ignored)
 	}
 	l.answers[key]++
+	if rep.removed {
+		// What a removal does is the chain's to decide; any 200 will do.
+		if status != http.StatusOK {
+			l.anomalyLocked("alchemy removal: got %d %+v", status, a)
+		}
+		return
+	}
 	held, other := &rep.originalHeld, &rep.conflictHeld
 	if conflicting {
 		held, other = other, held
@@ -541,6 +617,9 @@ func (l *chainLoad) summary() string {
 	b.WriteString("\nchain redelivered because:")
 	for _, k := range sortedKeys(l.retried) {
 		fmt.Fprintf(&b, " [%s]=%d", k, l.retried[k])
+	}
+	for _, r := range l.reorgs {
+		fmt.Fprintf(&b, "\nchain reorg: %s", r)
 	}
 	if len(l.sendErrors) > 0 {
 		b.WriteString("\nchain send errors:")

@@ -147,6 +147,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	expected := map[balanceKey]decimal.Decimal{}
 	modelTx := map[string]bool{}
 	crediting := map[string]*transfer{}
+	compensated := map[string]bool{} // credits of dropped transfers, compensated as they must be
 	credited, doubled, lost, reorged := 0, 0, 0, 0
 	for _, tr := range transfers {
 		modelTx[tr.hash] = true
@@ -201,9 +202,11 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			switch {
 			case e.status != "failed":
 				v.fail("chain: NOT SETTLED", "%s is still %s (transfer %s)", e.ID, e.status, tr.hash)
-			case truthfulContent && canonical && e.outcome != "duplicate_transfer":
+			case !canonical && e.outcome != "reorged" && e.outcome != "not_found" && e.outcome != "duplicate_transfer" && (truthfulContent || e.outcome != "mismatch"):
+				v.fail("chain: a report of a transfer a fork dropped failed for the wrong reason", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, tr.hash)
+			case canonical && truthfulContent && e.outcome != "duplicate_transfer":
 				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, tr.hash)
-			case !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
+			case canonical && !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
 				v.fail("chain: a false report failed for the wrong reason", "%s (%s %s, the chain says %s) ended failed/%s", e.ID, e.Amount, e.Asset, tr.amount, e.outcome)
 			}
 		}
@@ -215,15 +218,23 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			want = 1
 		}
 		switch {
+		case !canonical && len(credits) > 1:
+			doubled++
+			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s (dropped by a fork): credited by %s", tr.amount, tr.asset, tr.user, tr.hash, describe(credits))
+		case !canonical:
+			// Credited before the fork: it must be compensated, once.
+			for _, e := range credits {
+				comp, ok := stored["reorg:"+e.ID]
+				if !ok || comp.status != "confirmed" || comp.journalRows != 1 || !comp.journalSum.Equal(tr.amount.Neg()) {
+					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, compensation: %s", e.ID, tr.amount, tr.asset, tr.user, tr.hash, describeOne(comp))
+				}
+				compensated[e.ID] = true
+			}
 		case len(credits) > want && want == 1:
 			doubled++
-			ids := make([]string, 0, len(credits))
-			for _, e := range credits {
-				ids = append(ids, fmt.Sprintf("%s (%s, %d journal rows)", e.ID, e.status, e.journalRows))
-			}
-			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s: credited by %s", tr.amount, tr.asset, tr.user, tr.hash, strings.Join(ids, ", "))
+			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s: credited by %s", tr.amount, tr.asset, tr.user, tr.hash, describe(credits))
 		case len(credits) > want:
-			v.fail("chain: CREDIT WITHOUT A CANONICAL, TRUTHFULLY REPORTED TRANSFER", "%s: %d credits (canonical %v, truthful report acknowledged %v)", tr.hash, len(credits), canonical, truthful)
+			v.fail("chain: CREDIT WITHOUT A TRUTHFUL, ACKNOWLEDGED REPORT", "%s: credited by %s", tr.hash, describe(credits))
 		case len(credits) < want:
 			lost++
 			v.fail("chain: LOST (canonical transfer, acknowledged report, never credited)", "%s %s to user %d in %s (events: %s)", tr.amount, tr.asset, tr.user, tr.hash, describe(events))
@@ -262,15 +273,16 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			v.fail("chain: chain_transfers row for a transaction the soak never made", "%+v", key)
 		}
 	}
-	// No compensation: the soak makes no reorg, so whatever the RPC
-	// proxy says, every transfer is canonical.
+	// Compensations only for credits of transfers a fork dropped: a lie
+	// of the RPC proxy is never evidence.
 	for _, e := range stored {
 		if isChainUser(e.User) && e.Type == "reorg_compensation" && e.journalRows > 0 {
 			origin := strings.TrimPrefix(e.ID, "reorg:")
-			if tr, ok := crediting[origin]; ok {
+			switch tr, ok := crediting[origin]; {
+			case ok:
 				v.fail("chain: COMPENSATED A CANONICAL TRANSFER (a lie of the RPC taken as a reorg)", "%s debited %s %s of user %d; %s is canonical", e.ID, e.journalSum.Neg(), e.Asset, e.User, tr.hash)
-			} else {
-				v.fail("chain: compensation of no canonical credit", "%s: %s %s", e.ID, e.journalSum, e.Asset)
+			case !compensated[origin]:
+				v.fail("chain: compensation of no credit of a dropped transfer", "%s: %s %s", e.ID, e.journalSum, e.Asset)
 			}
 		}
 	}
@@ -318,13 +330,20 @@ func unitExponent(asset string) int32 {
 	return ethDecimals
 }
 
+func describeOne(e *storedEvent) string {
+	if e == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s %s/%s, %d journal rows summing %s", e.ID, e.status, e.outcome, e.journalRows, e.journalSum)
+}
+
 func describe(events []*storedEvent) string {
 	if len(events) == 0 {
 		return "none"
 	}
 	var parts []string
 	for _, e := range events {
-		parts = append(parts, fmt.Sprintf("%s %s %s/%s", e.ID, e.Amount, e.status, e.outcome))
+		parts = append(parts, fmt.Sprintf("%s %s %s/%s (%d journal rows)", e.ID, e.Amount, e.status, e.outcome, e.journalRows))
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, "; ")

@@ -42,6 +42,9 @@ type cluster struct {
 	redisURL string // direct
 	proxies  map[string]*proxy
 	rpc      *rpcProxy // chain mode: between the workers and the node
+	// reorg, in chain mode, forks the chain to drop a recent transfer at
+	// most depth blocks deep and says what it did.
+	reorg    func(ctx context.Context, depth uint64) string
 	members  []*member
 	timeline *timeline
 }
@@ -282,6 +285,12 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 		hold()
 		c.rpc.Heal()
 		note = "healed"
+	case chainReorg:
+		if c.reorg == nil {
+			note = "no chain: skipped"
+			break
+		}
+		note = c.reorg(ctx, f.Blocks)
 	}
 	to := time.Now()
 	c.timeline.window(f, from, to)

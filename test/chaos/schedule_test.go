@@ -30,6 +30,7 @@ const (
 	rpcLatency   faultKind = "rpc-latency"   // add Latency to every request for Hold
 	rpcBlackhole faultKind = "rpc-blackhole" // hold every request unanswered for Hold
 	rpcLag       faultKind = "rpc-lag"       // a node Blocks behind the head for Hold
+	chainReorg   faultKind = "chain-reorg"   // a real fork drops a recent transfer (depth 1..reorgDepthMax)
 )
 
 // Schedule bounds. Every duration the injector uses comes from here.
@@ -70,6 +71,8 @@ const (
 	rpcErrorShareMax = 90
 	rpcLagHoldMax    = 3 * time.Second
 	rpcLagBlocksMax  = 3
+	// reorgDepthMax bounds the blocks a chain-reorg drops.
+	reorgDepthMax = 5
 	// plannedFaultsMax bounds one schedule, whatever the duration.
 	plannedFaultsMax = 10_000
 )
@@ -107,7 +110,10 @@ func (f fault) String() string {
 	if f.Share > 0 {
 		s += fmt.Sprintf(" %d%% of requests", f.Share)
 	}
-	if f.Blocks > 0 {
+	switch {
+	case f.Blocks > 0 && f.Kind == chainReorg:
+		s += fmt.Sprintf(" depth ≤ %d", f.Blocks)
+	case f.Blocks > 0:
 		s += fmt.Sprintf(" %d blocks behind", f.Blocks)
 	}
 	return s
@@ -123,6 +129,8 @@ func (f fault) resource() string {
 		return "redis"
 	case rpcNulls, rpcErrors, rpcReset, rpcLatency, rpcBlackhole, rpcLag:
 		return "rpc"
+	case chainReorg:
+		return "chain"
 	}
 	return f.Target
 }
@@ -146,6 +154,7 @@ var faultWeights = []weighted{
 // chainFaultWeights join faultWeights in chain mode.
 var chainFaultWeights = []weighted{
 	{rpcNulls, 3}, {rpcErrors, 2}, {rpcReset, 1}, {rpcLatency, 2}, {rpcBlackhole, 2}, {rpcLag, 2},
+	{chainReorg, 2},
 }
 
 func weightsFor(chain bool) []weighted {
@@ -215,6 +224,8 @@ func planFaults(seed uint64, duration time.Duration, chain bool) []fault {
 			f.Target, f.Hold, f.Latency = "workers→rpc", between(rpcHoldMin, rpcHoldMax), between(rpcLatencyMin, rpcLatencyMax)
 		case rpcLag:
 			f.Target, f.Hold, f.Blocks = "workers→rpc", between(rpcHoldMin, rpcLagHoldMax), 1+rng.Uint64N(rpcLagBlocksMax)
+		case chainReorg:
+			f.Target, f.Blocks = "chain", 1+rng.Uint64N(reorgDepthMax)
 		}
 		// Every fault ends inside the fault phase.
 		if f.end() > duration {

@@ -126,6 +126,7 @@ func TestChaosSoak(t *testing.T) {
 		c.rpc = rig.rpc
 		rig.register(t, c.api().URL())
 		chainLoad = newChainLoad(rig, c.api().URL(), fmt.Sprintf("chaos%d", seed), seed, *flagChainRate)
+		c.reorg = chainLoad.reorg
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
