@@ -43,4 +43,16 @@
 // that height is in the finalized chain. Every terminal verdict waits for
 // the policy: a reverted or mismatching receipt in a block that can still
 // be reorged is a Wait, not yet a Reverted or Mismatch.
+//
+// # Reorg evidence
+//
+// StillCanonical reads the receipt, then the header at the receipt's
+// height: Final or Canonical at the same block; Moved when the header
+// confirms a receipt in another block (the transaction was mined again
+// there). Without a receipt in a block the headers show, the header at
+// the stored height decides: another hash there is Gone; the same hash,
+// or no block there yet, is Absent (a lagging node or index), which
+// carries the head so the watcher can require a second absence
+// REORG_RECHECK_DELAY and one new block later before calling it gone.
+// Errors are never states.
 package chain
