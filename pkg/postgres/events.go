@@ -110,17 +110,33 @@ type EventView struct {
 // Event reads one event; payment.ErrNotFound if there is none.
 func (db *DB) Event(ctx context.Context, id string) (EventView, error) {
 	stmt := q("get_event")
-	var v EventView
-	var eventType, status, amount string
-	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&v.ID, &eventType, &v.UserID, &v.Asset, &amount, &status,
-		&v.RetryCount, &v.Generation, &v.TxHash, &v.TraceID, &v.Source, &v.Related, &v.Outcome, &v.Error,
-		&v.ChainState, &v.BlockNumber, &v.NextCheckAt, &v.CheckCount, &v.CreatedAt, &v.UpdatedAt)
+	var scan eventScan
+	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(scan.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return EventView{}, fmt.Errorf("event %s: %w", id, payment.ErrNotFound)
 	}
 	if err != nil {
 		return EventView{}, classify(stmt.name, err)
 	}
-	v.Type, v.Status, v.Amount = payment.EventType(eventType), payment.Status(status), decimal.RequireFromString(amount)
-	return v, nil
+	return scan.view(), nil
+}
+
+// eventScan receives get_event's columns, in its order; the page queries
+// (pages.sql) select the same ones.
+type eventScan struct {
+	v                         EventView
+	eventType, status, amount string
+}
+
+func (s *eventScan) dest() []any {
+	v := &s.v
+	return []any{&v.ID, &s.eventType, &v.UserID, &v.Asset, &s.amount, &s.status,
+		&v.RetryCount, &v.Generation, &v.TxHash, &v.TraceID, &v.Source, &v.Related, &v.Outcome, &v.Error,
+		&v.ChainState, &v.BlockNumber, &v.NextCheckAt, &v.CheckCount, &v.CreatedAt, &v.UpdatedAt}
+}
+
+func (s *eventScan) view() EventView {
+	v := s.v
+	v.Type, v.Status, v.Amount = payment.EventType(s.eventType), payment.Status(s.status), decimal.RequireFromString(s.amount)
+	return v
 }

@@ -152,7 +152,7 @@ func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration)
 		return false, err
 	}
 	defer conn.Release()
-	if _, err := conn.Conn().PgConn().Exec(ctx, m.text).ReadAll(); err != nil {
+	if _, err := execEach(ctx, conn.Conn().PgConn(), m.text); err != nil {
 		return false, err
 	}
 	tag, err := conn.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2) ON CONFLICT DO NOTHING`, m.version, m.name)
