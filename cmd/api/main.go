@@ -23,6 +23,7 @@ import (
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/logging"
+	notifyadmin "github.com/settle/settle/pkg/notify/admin"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/service"
@@ -221,7 +222,7 @@ func serve(log zerolog.Logger, s settings) error {
 		AdminToken:         s.adminToken,
 		RateLimit:          s.rateLimit,
 		TrustedProxies:     s.trustedProxies,
-		AdminRoutes:        adminapi.Routes(db),
+		AdminRoutes:        append(adminapi.Routes(db), notifyadmin.Routes(db)...),
 		AdminMounts:        []httpapi.Mount{adminapi.Dashboard(rdb, s.dashboardReadOnly)},
 	})
 	if err != nil {

@@ -38,12 +38,17 @@ func TestMain(m *testing.M) {
 // down; it is a safety net, not a timing assertion.
 const waitLimit = 2 * time.Minute
 
+const (
+	testWebhookSecret = "w3bh00k-5ecret-9f8e7d6c5b4a392817060"
+	testAdminToken    = "adm1n-t0ken-a1b2c3d4e5f60718293a4b5c"
+)
+
 func validSettings() map[string]string {
 	return map[string]string{
 		"DATABASE_URL":   "postgres://localhost/settle",
-		"WEBHOOK_SECRET": strings.Repeat("w", 32),
-		"API_TOKEN":      strings.Repeat("a", 32),
-		"ADMIN_TOKEN":    strings.Repeat("d", 32),
+		"WEBHOOK_SECRET": testWebhookSecret,
+		"API_TOKEN":      "api-t0ken-1f2e3d4c5b6a798807162534",
+		"ADMIN_TOKEN":    testAdminToken,
 	}
 }
 
@@ -58,7 +63,10 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 		"short secret":         {change: map[string]string{"WEBHOOK_SECRET": strings.Repeat("w", 31)}, want: "WEBHOOK_SECRET"},
 		"missing api token":    {drop: "API_TOKEN", want: "API_TOKEN"},
 		"short admin token":    {change: map[string]string{"ADMIN_TOKEN": "short"}, want: "ADMIN_TOKEN"},
-		"same tokens":          {change: map[string]string{"API_TOKEN": strings.Repeat("d", 32)}, want: "API_TOKEN"},
+		"same tokens":          {change: map[string]string{"API_TOKEN": testAdminToken}, want: "API_TOKEN"},
+		"placeholder secret":   {change: map[string]string{"WEBHOOK_SECRET": "change-me-webhook-secret-0123456789abcdef"}, want: "WEBHOOK_SECRET"},
+		"k8s placeholder":      {change: map[string]string{"ADMIN_TOKEN": "CHANGE-ME-admin-token-at-least-32-characters-long"}, want: "ADMIN_TOKEN"},
+		"one-character token":  {change: map[string]string{"API_TOKEN": strings.Repeat("a", 40)}, want: "API_TOKEN"},
 		"bad rate limit":       {change: map[string]string{"WEBHOOK_RATE_LIMIT": "30 per second"}, want: "WEBHOOK_RATE_LIMIT"},
 		"bad trusted proxies":  {change: map[string]string{"TRUSTED_PROXIES": "10.0.0.0/99"}, want: "TRUSTED_PROXIES"},
 		"empty signing key":    {change: map[string]string{"ALCHEMY_SIGNING_KEY": "whsec_a,,whsec_b"}, want: "ALCHEMY_SIGNING_KEY"},
@@ -78,7 +86,7 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 			require.Equal(t, exitFailure, run(nil, config.FromMap(env), &out))
 			require.Equal(t, 1, strings.Count(out.String(), "\n"), "one line: %q", out.String())
 			require.Contains(t, out.String(), tc.want)
-			for _, secret := range []string{strings.Repeat("w", 31), strings.Repeat("d", 32)} {
+			for _, secret := range []string{strings.Repeat("w", 31), testAdminToken, testWebhookSecret, "change-me-webhook", "CHANGE-ME-admin", strings.Repeat("a", 40)} {
 				require.NotContains(t, out.String(), secret, "secrets are never printed")
 			}
 		})

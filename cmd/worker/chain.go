@@ -35,9 +35,9 @@ func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, rdb redi
 
 // newNotifier delivers the notification outbox when NOTIFY_WEBHOOK_URL is
 // set; without it the ledger writes no notifications at all.
-func newNotifier(url string, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) func(context.Context) error {
+func newNotifier(url string, key []byte, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) func(context.Context) error {
 	if url == "" {
 		return nil
 	}
-	return notify.New(db, url, log, alerts, reg).Deliver
+	return notify.New(db, url, key, log, alerts, reg).Deliver
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -16,6 +17,7 @@ import (
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/finality"
+	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
@@ -36,6 +38,7 @@ type settings struct {
 	RetryMaxDelay   time.Duration
 	AlertWebhookURL string
 	NotifyURL       string
+	NotifyKey       []byte // HMAC key of the notification signatures
 	Chain           finality.Settings
 }
 
@@ -54,8 +57,22 @@ func readSettings(env *config.Env) settings {
 		AlertWebhookURL: env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 		NotifyURL:       env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
 	}
+	if s.NotifyURL != "" {
+		s.NotifyKey = config.Parse(env, "NOTIFY_WEBHOOK_SECRET", nil, parseNotifySecret)
+		if s.NotifyKey == nil && env.String("NOTIFY_WEBHOOK_SECRET", "") == "" {
+			env.Reject("NOTIFY_WEBHOOK_SECRET", errors.New("required when NOTIFY_WEBHOOK_URL is set: notifications are always signed"))
+		}
+	}
 	s.Chain = finality.ReadSettings(env, true)
 	return s
+}
+
+// parseNotifySecret is notify.ParseSecret refusing placeholders too.
+func parseNotifySecret(v string) ([]byte, error) {
+	if why := config.WeakSecret(strings.TrimPrefix(v, notify.SecretPrefix)); why != "" {
+		return nil, errors.New(why)
+	}
+	return notify.ParseSecret(v)
 }
 
 func main() {
@@ -95,7 +112,7 @@ func run(s settings, log zerolog.Logger) error {
 		return err
 	}
 	defer closeGate()
-	notify := newNotifier(s.NotifyURL, db, alerts, log, reg)
+	notify := newNotifier(s.NotifyURL, s.NotifyKey, db, alerts, log, reg)
 	worker := queue.NewWorker(queue.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
 	})

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/logging"
 )
 
 // Severity orders alerts.
@@ -223,7 +225,9 @@ func (a *Alerter) post(msg Alert) {
 		backoff *= 2
 	}
 	a.deliveryErr.Inc()
-	a.log.Error().Err(last).Str("alert_key", msg.Key).Msg("alert webhook delivery failed")
+	// The client's errors embed the webhook URL, itself a secret.
+	a.log.Error().Err(logging.RedactError(last)).Str("receiver", logging.URL(a.opts.WebhookURL)).
+		Str("alert_key", msg.Key).Msg("alert webhook delivery failed")
 }
 
 func (a *Alerter) postOnce(body []byte) error {
@@ -240,7 +244,7 @@ func (a *Alerter) postOnce(body []byte) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("webhook answered %s", resp.Status)
+		return fmt.Errorf("webhook answered HTTP %d", resp.StatusCode)
 	}
 	return nil
 }

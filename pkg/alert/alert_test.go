@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,3 +102,36 @@ func TestDeliveryRetriesThenGivesUp(t *testing.T) {
 	time.Sleep(3 * deliveryBackoffFirst)
 	require.EqualValues(t, DeliveryAttemptsMax, calls.Load(), "bounded attempts")
 }
+
+func TestFailedDeliveryLogsNoURL(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL + "/services/T0/B0/SECRETPATH123"
+	srv.Close() // refused
+	var logs syncBuffer
+	a := New(zerolog.New(&logs), Options{WebhookURL: url, Client: &http.Client{Timeout: time.Second}})
+	a.Raise("k", Critical, "x", nil)
+	require.Eventually(t, func() bool { return a.deliveryErr != nil && logs.contains("alert webhook delivery failed") }, 10*time.Second, 20*time.Millisecond)
+	a.Close()
+	require.NotContains(t, logs.String(), "SECRETPATH123")
+	require.Contains(t, logs.String(), srv.Listener.Addr().String(), "scheme and host are kept")
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+func (b *syncBuffer) contains(s string) bool { return strings.Contains(b.String(), s) }

@@ -67,13 +67,40 @@ func (e *Env) Required(name string) string {
 	return v
 }
 
-// Secret is a required setting of at least minLength characters.
+// Secret is a required setting of at least minLength characters that is
+// not a placeholder (WeakSecret).
 func (e *Env) Secret(name string, minLength int) string {
 	v := e.Required(name)
 	if v != "" && len(v) < minLength {
 		e.fail(name, "must be at least %d characters, got %d", minLength, len(v))
+	} else if why := WeakSecret(v); v != "" && why != "" {
+		e.fail(name, "%s: generate one with `openssl rand -hex 32`", why)
 	}
 	return v
+}
+
+// placeholderMarks are the words of placeholder secrets (the ones this
+// repository ships in compose.yaml, deploy/k8s and its docs among them).
+var placeholderMarks = []string{"change-me", "change_me", "changeme", "placeholder", "example", "replace-me", "replace_me", "replaceme"}
+
+// WeakSecret says why secret is a placeholder or obviously weak, "" when
+// it is neither: it contains a placeholder word, or it is at most two
+// characters repeated.
+func WeakSecret(secret string) string {
+	lower := strings.ToLower(secret)
+	for _, mark := range placeholderMarks {
+		if strings.Contains(lower, mark) {
+			return fmt.Sprintf("is a placeholder (contains %q)", mark)
+		}
+	}
+	distinct := map[rune]bool{}
+	for _, r := range secret {
+		distinct[r] = true
+	}
+	if len(distinct) <= 2 {
+		return "is too weak (at most two distinct characters)"
+	}
+	return ""
 }
 
 // Duration parses Go duration syntax ("5s", "2m"); it must be positive.
@@ -150,7 +177,7 @@ func (e *Env) URL(name, def string, schemes ...string) string {
 	}
 	u, err := url.Parse(v)
 	if err != nil || u.Host == "" && u.Scheme != "unix" {
-		e.fail(name, "%q is not an absolute URL", redact(v))
+		e.fail(name, "is not an absolute URL")
 		return def
 	}
 	for _, s := range schemes {
@@ -182,19 +209,6 @@ func (e *Env) Reject(name string, err error) {
 		e.fail(name, "%v", err)
 	}
 }
-
-// redact hides credentials in a URL before it is logged.
-func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	u.User = url.User(u.User.Username())
-	return u.String()
-}
-
-// Redact is exported for binaries that print where they connect.
-func Redact(s string) string { return redact(s) }
 
 // ErrUsage marks a command-line mistake (exit code 2).
 var ErrUsage = errors.New("usage")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/settle/settle/pkg/adminapi"
 	"github.com/settle/settle/pkg/httpapi"
+	notifyadmin "github.com/settle/settle/pkg/notify/admin"
 )
 
 // syncBuffer collects log lines written from handler goroutines.
@@ -244,7 +245,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	// The routes the api binary really contributes, so the spec cannot
 	// drift from them.
 	full := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
-		o.AdminRoutes = adminapi.Routes(nil)
+		o.AdminRoutes = append(adminapi.Routes(nil), notifyadmin.Routes(nil)...)
 		o.AdminMounts = []httpapi.Mount{adminapi.Dashboard(o.Redis, true)}
 	}})
 	require.Equal(t, sortedKeys(all), sortedKeys(registered(full)))

@@ -4,21 +4,34 @@
 // deduplicates on; it is retried with backoff and, if it never gets
 // through, marked failed with an alert. A notification never touches the
 // payment it describes: a failing receiver cannot put a payment in the DLQ.
+//
+// Every POST is signed the Standard Webhooks way (signature.go) and every
+// attempt is kept in the delivery log (notification_deliveries): when, how
+// long, and the HTTP status or the class of the transport error. Neither
+// the log, last_error nor a log line ever holds the URL: its path is often
+// the receiver's secret.
 package notify
 
 import (
 	"bytes"
 	"context"
-	"fmt"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -32,13 +45,14 @@ const (
 	BackoffFirst    = 2 * time.Second
 	BackoffMax      = time.Hour
 	responseBodyMax = 1 << 10
+	recordTimeout   = 5 * time.Second
 )
 
 // Store is the outbox.
 type Store interface {
 	ClaimNotifications(ctx context.Context, limit int, lease time.Duration) ([]postgres.Notification, error)
-	NotificationDelivered(ctx context.Context, id int64) error
-	NotificationFailed(ctx context.Context, id int64, reason string, retryIn time.Duration, final bool) error
+	NotificationDelivered(ctx context.Context, id int64, attempt postgres.DeliveryAttempt) error
+	NotificationFailed(ctx context.Context, id int64, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) error
 }
 
 // Alerter tells a human.
@@ -50,17 +64,24 @@ type Alerter interface {
 type Deliverer struct {
 	store   Store
 	url     string
+	key     []byte
+	now     func() time.Time
 	client  *http.Client
 	log     zerolog.Logger
 	alerts  Alerter
 	results *prometheus.CounterVec
 }
 
-// New builds a deliverer; reg may be nil.
-func New(store Store, url string, log zerolog.Logger, alerts Alerter, reg prometheus.Registerer) *Deliverer {
+// New builds a deliverer signing with key (ParseSecret); reg may be nil.
+func New(store Store, url string, key []byte, log zerolog.Logger, alerts Alerter, reg prometheus.Registerer) *Deliverer {
 	d := &Deliverer{
-		store: store, url: url, log: log, alerts: alerts,
-		client: &http.Client{Timeout: RequestTimeout},
+		store: store, url: url, key: key, now: time.Now, log: log.With().Str("receiver", logging.URL(url)).Logger(), alerts: alerts,
+		client: &http.Client{
+			Timeout: RequestTimeout,
+			// A redirect is a failed delivery: following it would re-send
+			// a POST as a GET, to a URL nobody configured.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_notifications_total", Help: "Notification delivery attempts by result (delivered, retry, failed).",
 		}, []string{"result"}),
@@ -95,52 +116,123 @@ func (d *Deliverer) Deliver(ctx context.Context) error {
 func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
 	log := d.log.With().Str("trace_id", n.TraceID).Str("event_id", n.EventID).Int64("user_id", n.UserID).
 		Str("delivery_id", n.DeliveryID).Int("attempt", n.Attempts).Logger()
-	err := d.post(ctx, n)
-	if err == nil {
+	attempt := d.post(ctx, n)
+	// The attempt happened: record it even when ctx ended meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	if attempt.HTTPStatus/100 == 2 {
 		d.results.WithLabelValues("delivered").Inc()
-		if err := d.store.NotificationDelivered(ctx, n.ID); err != nil {
+		if err := d.store.NotificationDelivered(ctx, n.ID, attempt); err != nil {
 			// Delivered but not recorded: it will be sent again after the
 			// lease, and the receiver deduplicates on the delivery id.
-			log.Warn().Err(err).Msg("notification delivered but not recorded")
+			log.Warn().Err(logging.RedactError(err)).Msg("notification delivered but not recorded")
 		}
 		return
 	}
+	reason := failureReason(attempt)
 	final := n.Attempts >= AttemptsMax
 	retryIn := backoff(n.Attempts)
 	if final {
 		d.results.WithLabelValues("failed").Inc()
 		d.alerts.Raise("notification_undeliverable", alert.Warning, "notification given up after every attempt", map[string]any{
-			"delivery_id": n.DeliveryID, "event_id": n.EventID, "trace_id": n.TraceID, "error": err.Error(),
+			"delivery_id": n.DeliveryID, "event_id": n.EventID, "trace_id": n.TraceID, "error": reason,
 		})
 	} else {
 		d.results.WithLabelValues("retry").Inc()
 	}
-	log.Warn().Err(err).Bool("final", final).Dur("retry_in", retryIn).Msg("notification not delivered")
-	if err := d.store.NotificationFailed(ctx, n.ID, err.Error(), retryIn, final); err != nil {
-		log.Warn().Err(err).Msg("notification failure not recorded; the lease brings it back")
+	log.Warn().Str("error", reason).Int("http_status", attempt.HTTPStatus).Str("error_class", attempt.ErrorClass).
+		Bool("final", final).Dur("retry_in", retryIn).Msg("notification not delivered")
+	if err := d.store.NotificationFailed(ctx, n.ID, attempt, reason, retryIn, final); err != nil {
+		log.Warn().Err(logging.RedactError(err)).Msg("notification failure not recorded; the lease brings it back")
 	}
 }
 
-func (d *Deliverer) post(ctx context.Context, n postgres.Notification) error {
+// failureReason is last_error: the status or the error class, nothing the
+// receiver or the URL could have put there.
+func failureReason(a postgres.DeliveryAttempt) string {
+	if a.HTTPStatus != 0 {
+		return "receiver answered HTTP " + strconv.Itoa(a.HTTPStatus)
+	}
+	return "not delivered: " + a.ErrorClass
+}
+
+// post sends one signed notification and says what happened.
+func (d *Deliverer) post(ctx context.Context, n postgres.Notification) postgres.DeliveryAttempt {
+	start := d.now()
+	attempt := postgres.DeliveryAttempt{At: start}
+	status, err := d.send(ctx, n, start)
+	attempt.Duration = d.now().Sub(start)
+	attempt.HTTPStatus = status
+	if err != nil {
+		attempt.ErrorClass = ErrorClass(err)
+	}
+	return attempt
+}
+
+func (d *Deliverer) send(ctx context.Context, n postgres.Notification, at time.Time) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(n.Payload))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderID, n.DeliveryID)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(at.Unix(), 10))
+	req.Header.Set(HeaderSignature, Sign(d.key, n.DeliveryID, at, n.Payload))
 	req.Header.Set("X-Delivery-ID", n.DeliveryID)
 	req.Header.Set("X-Request-ID", n.TraceID)
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, responseBodyMax))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("receiver answered %s", resp.Status)
+	return resp.StatusCode, nil
+}
+
+// Error classes of the delivery log.
+const (
+	ClassTimeout           = "timeout"
+	ClassConnectionRefused = "connection_refused"
+	ClassConnectionReset   = "connection_reset"
+	ClassConnectionClosed  = "connection_closed"
+	ClassDNS               = "dns"
+	ClassTLS               = "tls"
+	ClassCanceled          = "canceled"
+	ClassTransport         = "transport"
+)
+
+// ErrorClass names the kind of a transport error without its text (which
+// embeds the URL).
+func ErrorClass(err error) string {
+	var dnsErr *net.DNSError
+	var certErr *tls.CertificateVerificationError
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostnameErr x509.HostnameError
+	var recordErr tls.RecordHeaderError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded), isTimeout(err):
+		return ClassTimeout
+	case errors.Is(err, context.Canceled):
+		return ClassCanceled
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ClassConnectionRefused
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return ClassConnectionReset
+	case errors.As(err, &dnsErr):
+		return ClassDNS
+	case errors.As(err, &certErr), errors.As(err, &unknownAuthority), errors.As(err, &hostnameErr), errors.As(err, &recordErr):
+		return ClassTLS
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return ClassConnectionClosed
 	}
-	return nil
+	return ClassTransport
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // backoff is 2s·2^(attempt-1), capped at an hour.

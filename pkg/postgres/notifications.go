@@ -2,9 +2,15 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/settle/settle/pkg/payment"
 )
 
 // Notification is an outbox row being delivered.
@@ -37,17 +43,135 @@ func (db *DB) ClaimNotifications(ctx context.Context, limit int, lease time.Dura
 	return out, classify(stmt.name, err)
 }
 
-// NotificationDelivered records a 2xx from the receiver.
-func (db *DB) NotificationDelivered(ctx context.Context, id int64) error {
+// DeliveryAttempt is one POST of a notification, as the delivery log
+// keeps it: an HTTP status or the class of a transport error, never a URL
+// or a response body.
+type DeliveryAttempt struct {
+	At         time.Time     `json:"at"`
+	Duration   time.Duration `json:"-"`
+	DurationMS int64         `json:"duration_ms"`
+	HTTPStatus int           `json:"http_status,omitempty"` // 0: no answer
+	ErrorClass string        `json:"error_class,omitempty"` // "" when an answer came
+}
+
+func (a DeliveryAttempt) args() []any {
+	var status, class any
+	if a.HTTPStatus != 0 {
+		status = a.HTTPStatus
+	}
+	if a.ErrorClass != "" {
+		class = a.ErrorClass
+	}
+	return []any{a.At, max(a.Duration.Milliseconds(), 0), status, class}
+}
+
+// NotificationDelivered records a 2xx from the receiver and the attempt.
+func (db *DB) NotificationDelivered(ctx context.Context, id int64, a DeliveryAttempt) error {
 	stmt := q("notification_delivered")
-	_, err := db.pool.Exec(ctx, stmt.text, id)
+	_, err := db.pool.Exec(ctx, stmt.text, append([]any{id}, a.args()...)...)
 	return classify(stmt.name, err)
 }
 
 // NotificationFailed records a failed attempt: retry after retryIn, or give
-// up for good when final.
-func (db *DB) NotificationFailed(ctx context.Context, id int64, reason string, retryIn time.Duration, final bool) error {
+// up for good when final. reason is stored as last_error: the caller keeps
+// URLs and response bodies out of it.
+func (db *DB) NotificationFailed(ctx context.Context, id int64, a DeliveryAttempt, reason string, retryIn time.Duration, final bool) error {
 	stmt := q("notification_failed")
-	_, err := db.pool.Exec(ctx, stmt.text, id, reason, interval(retryIn), final)
+	args := append([]any{id}, a.args()...)
+	_, err := db.pool.Exec(ctx, stmt.text, append(args, reason, interval(retryIn), final)...)
 	return classify(stmt.name, err)
+}
+
+// Notification listing bounds.
+const (
+	NotificationPageMax     = 1000
+	NotificationPageDefault = 100
+	// NotificationAttemptsShown is how many of a notification's latest
+	// attempts a listing carries.
+	NotificationAttemptsShown = 20
+)
+
+// NotificationStates are the filters of Notifications.
+var NotificationStates = []string{"pending", "delivered", "failed", "all"}
+
+// NotificationView is an outbox row with its latest attempts, newest first.
+type NotificationView struct {
+	ID                    int64             `json:"id"`
+	DeliveryID            string            `json:"delivery_id"`
+	EventID               string            `json:"event_id"`
+	UserID                int64             `json:"user_id"`
+	Kind                  string            `json:"kind"`
+	Status                string            `json:"status"`
+	Attempts              int               `json:"attempts"`
+	NextAttemptAt         time.Time         `json:"next_attempt_at"`
+	LastError             string            `json:"last_error,omitempty"`
+	CreatedAt             time.Time         `json:"created_at"`
+	DeliveredAt           *time.Time        `json:"delivered_at,omitempty"`
+	Redeliveries          int               `json:"redeliveries"`
+	RedeliveryRequestedBy string            `json:"redelivery_requested_by,omitempty"`
+	RedeliveryRequestedAt *time.Time        `json:"redelivery_requested_at,omitempty"`
+	Log                   []DeliveryAttempt `json:"deliveries"`
+}
+
+// Notifications lists notifications in state ("pending", "delivered",
+// "failed" or "all"), newest first, with ids below beforeID (0: from the
+// newest); limit is capped at NotificationPageMax.
+func (db *DB) Notifications(ctx context.Context, state string, beforeID int64, limit int) ([]NotificationView, error) {
+	if !slices.Contains(NotificationStates, state) {
+		return nil, fmt.Errorf("notification state %q: %w", state, payment.ErrInvalid)
+	}
+	if limit <= 0 {
+		limit = NotificationPageDefault
+	}
+	limit = min(limit, NotificationPageMax)
+	stmt := q("notifications_list")
+	rows, err := db.pool.Query(ctx, stmt.text, state, beforeID, limit, NotificationAttemptsShown)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (NotificationView, error) {
+		var v NotificationView
+		var attempts, redeliveries int32
+		var log string
+		err := row.Scan(&v.ID, &v.DeliveryID, &v.EventID, &v.UserID, &v.Kind, &v.Status, &attempts, &v.NextAttemptAt,
+			&v.LastError, &v.CreatedAt, &v.DeliveredAt, &redeliveries, &v.RedeliveryRequestedBy, &v.RedeliveryRequestedAt, &log)
+		if err != nil {
+			return v, err
+		}
+		v.Attempts, v.Redeliveries = int(attempts), int(redeliveries)
+		if err := json.Unmarshal([]byte(log), &v.Log); err != nil {
+			return v, fmt.Errorf("delivery log of notification %d: %w", v.ID, err)
+		}
+		for i := range v.Log {
+			v.Log[i].Duration = time.Duration(v.Log[i].DurationMS) * time.Millisecond
+		}
+		return v, nil
+	})
+	return out, classify(stmt.name, err)
+}
+
+// Redelivery results.
+const (
+	RedeliveryScheduled      = "scheduled"
+	RedeliveryAlreadyPending = "already_pending"
+)
+
+// RedeliverNotification makes a settled notification due again, recording
+// who asked; a pending one is left alone (already_pending), so asking
+// twice sends once. payment.ErrNotFound when there is no such row.
+func (db *DB) RedeliverNotification(ctx context.Context, id int64, who string) (string, error) {
+	stmt := q("notification_redeliver")
+	var previous string
+	var moved bool
+	err := db.pool.QueryRow(ctx, stmt.text, id, who).Scan(&previous, &moved)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("notification %d: %w", id, payment.ErrNotFound)
+	}
+	if err != nil {
+		return "", classify(stmt.name, err)
+	}
+	if !moved {
+		return RedeliveryAlreadyPending, nil
+	}
+	return RedeliveryScheduled, nil
 }

@@ -16,12 +16,59 @@ WHERE n.id = due.id
 RETURNING n.id, n.delivery_id, n.kind, n.payload::text, n.attempts, n.trace_id, n.event_id, n.user_id;
 
 -- name: notification_delivered
+-- A 2xx from the receiver, and the attempt into the delivery log (logged
+-- even when the lease ran out and the row moved on: it did happen).
+WITH attempt AS (
+    INSERT INTO notification_deliveries (notification_id, attempted_at, duration_ms, http_status, error_class)
+    VALUES ($1, $2::timestamptz, $3::integer, $4::integer, $5::text)
+)
 UPDATE notification_outbox
 SET status = 'delivered', delivered_at = now(), last_error = NULL
 WHERE id = $1 AND status = 'pending';
 
 -- name: notification_failed
+-- A failed attempt: retry after $8, or give up for good when $9.
+WITH attempt AS (
+    INSERT INTO notification_deliveries (notification_id, attempted_at, duration_ms, http_status, error_class)
+    VALUES ($1, $2::timestamptz, $3::integer, $4::integer, $5::text)
+)
 UPDATE notification_outbox
-SET last_error = $2, next_attempt_at = now() + $3::interval,
-    status = CASE WHEN $4 THEN 'failed' ELSE status END
+SET last_error = $6, next_attempt_at = now() + $7::interval,
+    status = CASE WHEN $8 THEN 'failed' ELSE status END
 WHERE id = $1 AND status = 'pending';
+
+-- name: notifications_list
+-- Newest first, optionally by status, before id $2 (0: from the newest);
+-- each with its last $4 attempts, newest first.
+SELECT n.id, n.delivery_id, n.event_id, n.user_id, n.kind, n.status, n.attempts, n.next_attempt_at,
+       COALESCE(n.last_error, ''), n.created_at, n.delivered_at, n.redeliveries,
+       COALESCE(n.redelivery_requested_by, ''), n.redelivery_requested_at,
+       COALESCE((
+           SELECT json_agg(json_build_object(
+                      'at', d.attempted_at, 'duration_ms', d.duration_ms,
+                      'http_status', d.http_status, 'error_class', d.error_class) ORDER BY d.id DESC)
+           FROM (SELECT * FROM notification_deliveries d
+                 WHERE d.notification_id = n.id
+                 ORDER BY d.id DESC LIMIT $4) d
+       ), '[]')::text
+FROM notification_outbox n
+WHERE ($1::text = 'all' OR n.status = $1::text) AND ($2::bigint = 0 OR n.id < $2::bigint)
+ORDER BY n.id DESC
+LIMIT $3;
+
+-- name: notification_redeliver
+-- An operator asks for one notification to be sent again: a settled one
+-- (delivered or failed) becomes due now with a fresh attempt budget; a
+-- pending one is already on its way and is left alone, so asking twice
+-- sends it once. Who and when are kept.
+WITH target AS (
+    SELECT id, status FROM notification_outbox WHERE id = $1 FOR UPDATE
+), moved AS (
+    UPDATE notification_outbox n
+    SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL,
+        redeliveries = n.redeliveries + 1, redelivery_requested_by = $2, redelivery_requested_at = now()
+    FROM target
+    WHERE n.id = target.id AND target.status <> 'pending'
+    RETURNING n.id
+)
+SELECT target.status, EXISTS (SELECT 1 FROM moved) FROM target;

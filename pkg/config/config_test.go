@@ -1,0 +1,39 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/config"
+)
+
+func TestSecretRefusesPlaceholdersAndWeakValues(t *testing.T) {
+	for _, weak := range []string{
+		"change-me-webhook-secret-0123456789abcdef", // compose's old default
+		"CHANGE-ME-api-token-at-least-32-characters-long",
+		"a-placeholder-that-is-long-enough-0123456789",
+		"https://example.com/not-a-secret-but-long-enough",
+		strings.Repeat("a", 40),
+		strings.Repeat("ab", 20),
+	} {
+		env := config.FromMap(map[string]string{"WEBHOOK_SECRET": weak})
+		env.Secret("WEBHOOK_SECRET", 32)
+		require.Len(t, env.Errs(), 1, weak)
+		require.ErrorContains(t, env.Err(), "setting WEBHOOK_SECRET:")
+		require.NotContains(t, env.Err().Error(), weak, "the value itself is never printed")
+		require.NotContains(t, env.Err().Error(), "\n")
+	}
+	env := config.FromMap(map[string]string{"WEBHOOK_SECRET": "3f9c1a7be04d2c58a6e1f0b9d7c3a2e5"})
+	require.Equal(t, "3f9c1a7be04d2c58a6e1f0b9d7c3a2e5", env.Secret("WEBHOOK_SECRET", 32))
+	require.NoError(t, env.Err())
+	require.Empty(t, config.WeakSecret("test-webhook-secret-0123456789abcdef"))
+}
+
+func TestBadURLIsNotPrinted(t *testing.T) {
+	env := config.FromMap(map[string]string{"ALERT_WEBHOOK_URL": "hooks.example/SECRETPATH"})
+	env.URL("ALERT_WEBHOOK_URL", "", "https")
+	require.ErrorContains(t, env.Err(), "ALERT_WEBHOOK_URL")
+	require.NotContains(t, env.Err().Error(), "SECRETPATH")
+}

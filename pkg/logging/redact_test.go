@@ -1,0 +1,52 @@
+package logging_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/logging"
+)
+
+func TestURLKeepsSchemeAndHostOnly(t *testing.T) {
+	for raw, want := range map[string]string{
+		"https://hooks.slack.com/services/T0/B0/SECRET":        "https://hooks.slack.com",
+		"http://user:pw@127.0.0.1:8080/hooks/SECRET?token=abc": "http://127.0.0.1:8080",
+		"redis://:pw@redis:6379/0":                             "redis://redis:6379",
+		"postgres://settle:pw@db:5432/settle?sslmode=disable":  "postgres://db:5432",
+		"redis-sentinel://s1:26379,s2:26379/mymaster/0":        "redis-sentinel://s1:26379,s2:26379",
+		"not a url":  "[redacted]",
+		"":           "[redacted]",
+		"/just/path": "[redacted]",
+		"%zz":        "[redacted]",
+	} {
+		require.Equal(t, want, logging.URL(raw), raw)
+	}
+}
+
+func TestRedactErrorStripsTheURLOfAClientError(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL + "/hooks/SECRETPATH123?k=SECRETQUERY"
+	srv.Close() // refused from now on
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url, nil)
+	require.NoError(t, err)
+	_, err = http.DefaultClient.Do(req)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "SECRETPATH123", "the premise: net/http embeds the URL")
+
+	red := logging.RedactError(errors.Join(errors.New("delivery"), err))
+	require.NotContains(t, red.Error(), "SECRETPATH123")
+	require.NotContains(t, red.Error(), "SECRETQUERY")
+	require.Contains(t, red.Error(), strings.TrimPrefix(srv.URL, "http://"))
+	require.ErrorIs(t, red, syscall.ECONNREFUSED, "the kind of error survives")
+
+	plain := errors.New("no url here")
+	require.Same(t, plain, logging.RedactError(plain))
+	require.NoError(t, logging.RedactError(nil))
+}

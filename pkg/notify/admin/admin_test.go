@@ -1,0 +1,150 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/notify/admin"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const adminToken = "admin-token-0123456789abcdefghijklmnop"
+
+func serve(t *testing.T) (*postgres.DB, string) {
+	t.Helper()
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	server, err := httpapi.New(httpapi.Options{
+		Store: db, Redis: rdb, Log: zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789abcdefghijkl", APIToken: "api-token-0123456789abcdefghijklmnopqrs", AdminToken: adminToken,
+		AdminRoutes: admin.Routes(db),
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+	return db, ts.URL
+}
+
+func call(t *testing.T, method, url, token, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// notifications writes n notifications through the ledger (withdrawals
+// that cannot be covered notify insufficient_funds).
+func notifications(t *testing.T, db *postgres.DB, n int) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.Zero))
+	for i := range n {
+		_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: fmt.Sprintf("w%d", i), Type: payment.Withdrawal, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("5"), TraceID: "tr"}})
+		require.NoError(t, err)
+	}
+	claimed, err := db.ClaimOutbox(ctx, n, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	var items []postgres.LedgerItem
+	for _, c := range claimed {
+		items = append(items, postgres.LedgerItem{Event: c.Event})
+	}
+	_, err = db.ApplyBatch(ctx, items, postgres.LedgerOptions{Notify: true})
+	require.NoError(t, err)
+}
+
+func TestListAndRedeliver(t *testing.T) {
+	db, base := serve(t)
+	notifications(t, db, 3)
+	ctx := context.Background()
+
+	status, body := call(t, http.MethodGet, base+"/admin/notifications", "", "")
+	require.Equal(t, http.StatusUnauthorized, status, "behind the admin token")
+
+	status, body = call(t, http.MethodGet, base+"/admin/notifications?state=pending&limit=2", adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	list := body["notifications"].([]any)
+	require.Len(t, list, 2)
+	first, second := list[0].(map[string]any), list[1].(map[string]any)
+	require.Greater(t, first["id"].(float64), second["id"].(float64), "newest first")
+	require.Equal(t, second["id"], body["next_before"])
+	status, body = call(t, http.MethodGet, fmt.Sprintf("%s/admin/notifications?state=pending&before=%v", base, body["next_before"]), adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	require.Len(t, body["notifications"].([]any), 1)
+	require.Nil(t, body["next_before"])
+
+	// Deliver one by hand and redeliver it through the endpoint.
+	due, err := db.ClaimNotifications(ctx, 1, 0)
+	require.NoError(t, err)
+	require.NoError(t, db.NotificationDelivered(ctx, due[0].ID, postgres.DeliveryAttempt{At: time.Now(), HTTPStatus: 204}))
+	status, body = call(t, http.MethodGet, base+"/admin/notifications?state=delivered", adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	delivered := body["notifications"].([]any)[0].(map[string]any)
+	require.Equal(t, float64(due[0].ID), delivered["id"])
+	require.Equal(t, float64(204), delivered["deliveries"].([]any)[0].(map[string]any)["http_status"])
+
+	path := fmt.Sprintf("/admin/notifications/%d/redeliver", due[0].ID)
+	status, body = call(t, http.MethodPost, base+path, adminToken, `{"operator": "alice"}`)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, postgres.RedeliveryScheduled, body["result"])
+	status, body = call(t, http.MethodPost, base+path, adminToken, "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, postgres.RedeliveryAlreadyPending, body["result"], "idempotent")
+	views, err := db.Notifications(ctx, "pending", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, views, 3)
+	for _, v := range views {
+		if v.ID == due[0].ID {
+			require.Equal(t, 1, v.Redeliveries)
+			require.True(t, strings.HasPrefix(v.RedeliveryRequestedBy, "alice @127.0.0.1"), v.RedeliveryRequestedBy)
+		}
+	}
+
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{http.MethodGet, "/admin/notifications?state=open", "", http.StatusBadRequest},
+		{http.MethodGet, "/admin/notifications?limit=1001", "", http.StatusBadRequest},
+		{http.MethodGet, "/admin/notifications?limit=0", "", http.StatusBadRequest},
+		{http.MethodGet, "/admin/notifications?before=x", "", http.StatusBadRequest},
+		{http.MethodPost, "/admin/notifications/0/redeliver", "", http.StatusBadRequest},
+		{http.MethodPost, "/admin/notifications/abc/redeliver", "", http.StatusBadRequest},
+		{http.MethodPost, "/admin/notifications/999999/redeliver", "", http.StatusNotFound},
+		{http.MethodPost, path, `{"who": "x"}`, http.StatusBadRequest},
+		{http.MethodPost, path, `{"operator": "` + strings.Repeat("x", 201) + `"}`, http.StatusBadRequest},
+		{http.MethodPost, path, strings.Repeat(" ", 17<<10), http.StatusRequestEntityTooLarge},
+	} {
+		status, body := call(t, c.method, base+c.path, adminToken, c.body)
+		require.Equal(t, c.status, status, "%s %s: %v", c.method, c.path, body)
+		require.NotEmpty(t, body["error"])
+	}
+}
