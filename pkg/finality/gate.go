@@ -353,7 +353,12 @@ func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen cha
 		a, err := g.o.Store.RecordAbsence(ctx, w.EventID, w.BlockHash, int64(seen.Head), g.o.ReorgRecheckDelay)
 		if err != nil || !a.Evidence {
 			if err == nil {
-				log.Info().Bool("first", a.First).Dur("absent_for", a.Since).Int64("head_then", a.HeadThen).Uint64("head", seen.Head).
+				// Every pass while it lasts: the first at info, the rest at debug.
+				event := log.Debug()
+				if a.First {
+					event = log.Info()
+				}
+				event.Bool("first", a.First).Dur("absent_for", a.Since).Int64("head_then", a.HeadThen).Uint64("head", seen.Head).
 					Str("chain", seen.Reason).Msg("credited deposit's receipt missing; not evidence yet")
 			}
 			return err
