@@ -41,7 +41,7 @@ func TestAlchemyAcceptancePayload(t *testing.T) {
 	r := h.postAlchemy(body, alchemyKey, httpapi.HeaderAlchemyRequestID, "alchemy-delivery-1")
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
 	require.Equal(t, map[string]any{
-		"status": "accepted", "accepted": 2.0, "duplicates": 0.0, "reversed": 0.0, "ignored": 3.0,
+		"status": "accepted", "accepted": 2.0, "duplicates": 0.0, "reopened": 0.0, "rechecked": 0.0, "reversed": 0.0, "ignored": 3.0,
 		"trace_id": "alchemy-delivery-1",
 	}, r.body)
 	require.Equal(t, 2, h.countEvents())

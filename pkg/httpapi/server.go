@@ -55,6 +55,8 @@ type Store interface {
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
+	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
+	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
 	Ping(ctx context.Context) error
 	SchemaCurrent(ctx context.Context) (bool, error)
 }
@@ -112,6 +114,10 @@ type Options struct {
 	AdminRoutes []Route
 	AdminMounts []Mount
 
+	// Chain asks the chain about deposits (the recheck; Alchemy's removed
+	// is then a reason to ask, not evidence); nil: no ETH_RPC_URL.
+	Chain Chain
+
 	// Now is the clock of the rate limiter (tests fix it); nil: time.Now.
 	Now func() time.Time
 }
@@ -126,6 +132,7 @@ type Server struct {
 	limiter *limiter
 	assets  *assetCache
 	proxies TrustedProxies
+	chain   Chain
 
 	webhookSecret []byte
 	alchemyKeys   [][]byte
@@ -181,6 +188,7 @@ func New(opts Options) (*Server, error) {
 		s.alchemyKeys = append(s.alchemyKeys, []byte(key))
 	}
 	s.assets = &assetCache{load: opts.Store.Assets, now: now}
+	s.chain = opts.Chain
 	if len(opts.RateLimit) > 0 {
 		timeout := opts.RateLimitTimeout
 		if timeout <= 0 {
@@ -220,6 +228,7 @@ func New(opts Options) (*Server, error) {
 	adminAuth := s.requireToken(false, s.admins...)
 	e.PUT("/admin/users/:id", s.adminPutUser, adminAuth)
 	e.POST("/admin/deposit-addresses", s.adminAddDepositAddress, adminAuth)
+	e.POST("/admin/events/:event_id/recheck", s.adminRecheck, adminAuth)
 
 	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
 		return nil, err

@@ -39,9 +39,14 @@ type alchemyAnswer struct {
 	Status     string `json:"status"`
 	Accepted   int    `json:"accepted"`
 	Duplicates int    `json:"duplicates"`
-	Reversed   int    `json:"reversed"`
-	Ignored    int    `json:"ignored"`
-	TraceID    string `json:"trace_id"`
+	// Reopened counts duplicates of failed/reorged deposits sent back to
+	// the ledger; Rechecked removed logs the chain decides about (with an
+	// RPC), Reversed those the flag reversed (without one).
+	Reopened  int    `json:"reopened"`
+	Rechecked int    `json:"rechecked"`
+	Reversed  int    `json:"reversed"`
+	Ignored   int    `json:"ignored"`
+	TraceID   string `json:"trace_id"`
 }
 
 // webhookAlchemy turns an Address Activity delivery into deposit events.
@@ -110,18 +115,8 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	}
 	for _, t := range transfers {
 		if t.Removed {
-			reversal, err := s.store.ReverseDeposit(ctx, t.EventID, reversalReason, traceID)
-			switch {
-			case errors.Is(err, payment.ErrNotFound):
-				ignore(reasonRemovedUnknown)
-			case errors.Is(err, payment.ErrInvalid):
-				ignore(reasonRemovedNotDeposit)
-			case err != nil:
-				return storeError(err)
-			default:
-				answer.Reversed++
-				s.metrics.webhook(sourceAlchemy, outcomeReversed, "")
-				log.Warn().Str(logging.FieldEventID, t.EventID).Str("reversal", reversal.String()).Msg("alchemy deposit reversed")
+			if err := s.alchemyRemoved(ctx, t, traceID, &answer, ignore); err != nil {
+				return err
 			}
 			continue
 		}
@@ -155,8 +150,9 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 			log.Info().Str(logging.FieldEventID, t.EventID).Int64(logging.FieldUserID, user).
 				Str("asset", t.Asset.Code).Msg("alchemy deposit")
 		default:
-			answer.Duplicates++
-			s.metrics.webhook(sourceAlchemy, outcomeDuplicate, "")
+			if err := s.alchemyAgain(ctx, t, &answer); err != nil {
+				return err
+			}
 		}
 	}
 	return c.JSON(http.StatusOK, answer)
