@@ -7,8 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -180,10 +183,30 @@ func classify(op string, err error) error {
 		}
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, context.Canceled) {
-		return fmt.Errorf("%s: %w", op, err)
+	if unreachable(err) {
+		return payment.Unavailable(op, err)
 	}
-	return payment.Unavailable(op, err)
+	// Anything else (a Scan that does not fit, a bug, a caller gone) is
+	// internal: it spends the event's retries and reaches the DLQ. An
+	// outage must be proven, or a poison event would retry forever.
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// unreachable tells whether err proves that PostgreSQL could not be
+// reached or stopped answering: a refused, reset or timed out
+// connection, or one the driver says is safe to retry elsewhere.
+func unreachable(err error) bool {
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &connectErr), errors.As(err, &netErr),
+		errors.Is(err, pgconn.ErrConnClosed),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err), pgconn.SafeToRetry(err):
+		return true
+	}
+	return false
 }
 
 func isCode(err error, code string) bool {

@@ -531,3 +531,32 @@ func (c *countingInspector) GetTaskInfo(queueName, id string) (*asynq.TaskInfo, 
 	c.calls.Add(1)
 	return c.TaskInspector.GetTaskInfo(queueName, id)
 }
+
+// TestPoisonEventReachesTheDLQ: an error no outage explains (here a row
+// the ledger cannot read) spends the event's retries and ends in the DLQ,
+// instead of retrying forever as if PostgreSQL were down.
+func TestPoisonEventReachesTheDLQ(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{retryDelay: 10 * time.Millisecond, noEnqueuer: true})
+	p.user(1, nil)
+	ctx := context.Background()
+	p.accept("poison", payment.Deposit, 1, "ETH", "1")
+	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 1)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	// A NULL where the ledger reads text: its Scan fails on every try.
+	_, err = p.sql.Exec(ctx, `ALTER TABLE payment_events ALTER COLUMN trace_id DROP NOT NULL`)
+	require.NoError(t, err)
+	_, err = p.sql.Exec(ctx, `UPDATE payment_events SET trace_id = NULL WHERE event_id = 'poison'`)
+	require.NoError(t, err)
+	task, opts, err := queue.NewPaymentTask(claimed[0])
+	require.NoError(t, err)
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(task, opts...)
+	require.NoError(t, err)
+
+	p.waitFor("dead-lettered", 60*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'poison'`) > 0
+	})
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'poison' AND attempt = $1`, queue.RetryMax+1),
+		"every retry was spent, then one dead letter")
+	require.Zero(t, p.count(`SELECT count(*) FROM balance_events`))
+}

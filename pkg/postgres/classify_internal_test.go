@@ -1,0 +1,45 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// TestClassify: an outage is what the error proves, nothing more; an
+// error nobody expected is internal (it spends retries and reaches the
+// DLQ) instead of being retried forever as "unavailable".
+func TestClassify(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for name, c := range map[string]struct {
+		err         error
+		unavailable bool
+		retryable   bool
+	}{
+		"refused":          {err: refused, unavailable: true},
+		"reset":            {err: fmt.Errorf("read: %w", syscall.ECONNRESET), unavailable: true},
+		"eof":              {err: fmt.Errorf("receive: %w", io.ErrUnexpectedEOF), unavailable: true},
+		"conn closed":      {err: pgconn.ErrConnClosed, unavailable: true},
+		"deadline":         {err: context.DeadlineExceeded, unavailable: true},
+		"admin shutdown":   {err: &pgconn.PgError{Code: codeAdminShutdown}, unavailable: true},
+		"lock timeout":     {err: &pgconn.PgError{Code: codeLockNotAvailable}, retryable: true},
+		"check violation":  {err: &pgconn.PgError{Code: "23514"}},
+		"scan":             {err: errors.New("can't scan into dest[6]: cannot scan NULL into *string")},
+		"canceled":         {err: context.Canceled},
+		"already unavail.": {err: payment.Unavailable("x", errors.New("breaker open")), unavailable: true},
+	} {
+		got := classify("op", c.err)
+		require.Equal(t, c.unavailable, errors.Is(got, payment.ErrUnavailable), name)
+		require.Equal(t, c.retryable, errors.Is(got, payment.ErrRetryable), name)
+		require.ErrorIs(t, got, c.err, name)
+	}
+}
