@@ -21,6 +21,7 @@ import (
 
 	"github.com/settle/settle/pkg/adminapi"
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/logging"
 	notifyadmin "github.com/settle/settle/pkg/notify/admin"
@@ -65,6 +66,9 @@ type settings struct {
 	ingestInFlight int
 	// dashboardReadOnly hides asynqmon's delete/archive buttons.
 	dashboardReadOnly bool
+	// chain is the worker's chain settings; with ETH_RPC_URL the api can
+	// ask the chain (recheck, Alchemy's removed).
+	chain finality.Settings
 }
 
 // readCommon reads what every subcommand needs.
@@ -108,6 +112,7 @@ func readServe(env *config.Env, s *settings) {
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
+	s.chain = finality.ReadSettings(env, false)
 }
 
 func parseListenAddress(v string) (string, error) {
@@ -211,7 +216,13 @@ func serve(log zerolog.Logger, s settings) error {
 
 	registry := service.Registry()
 	registry.MustRegister(db.Collector())
+	chain, closeChain, err := openChain(openCtx, s.chain, db, rdb, log, registry)
+	if err != nil {
+		return err
+	}
+	defer closeChain()
 	server, err := httpapi.New(httpapi.Options{
+		Chain:              chain,
 		Registry:           registry,
 		Store:              groupCommit{DB: db, ingest: ingest},
 		Redis:              rdb,
@@ -243,7 +254,7 @@ func serve(log zerolog.Logger, s settings) error {
 	}
 	log.Info().Str("addr", listener.Addr().String()).Str("admin_addr", adminAddr).Str("rate_limit", s.rateLimit.String()).
 		Int("trusted_proxies", len(s.trustedProxies)).Bool("alchemy", len(s.alchemyKeys) > 0).
-		Msg("api serving")
+		Bool("chain_rpc", s.chain.HasRPC()).Msg("api serving")
 	if err := server.ServeSplit(ctx, listener, adminListener, s.shutdownTimeout); err != nil {
 		return err
 	}

@@ -151,3 +151,14 @@ func (r *Rechecker) claimed(ctx context.Context, e payment.Event, candidates []s
 	}
 	return strings.Join(append(holders, unresolved...), ", "), nil
 }
+
+// OpenRechecker builds the recheck the api and settlectl run, on
+// ETH_RPC_URL and the worker's DEPOSIT_FINALITY (see ReadSettings); nil
+// without an RPC endpoint. The returned function releases the client.
+func OpenRechecker(ctx context.Context, s Settings, d Deps, store RecheckStore) (*Rechecker, func(), error) {
+	gate, closeGate, err := Open(ctx, s, d)
+	if err != nil || gate == nil {
+		return nil, closeGate, err
+	}
+	return NewRechecker(gate, store), closeGate, nil
+}
