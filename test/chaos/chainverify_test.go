@@ -293,7 +293,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			continue
 		}
 		for _, d := range e.dlq {
-			if _, ok := explainChain(d, windows); !ok {
+			if _, ok := explainChain(d, windows, e.created); !ok {
 				v.fail("chain: UNEXPLAINED DEAD LETTERS", "row %d for %s (at %s, event now %s/%s): %s", d.id, d.eventID, d.created.Format("15:04:05.000"), e.status, e.outcome, d.reason)
 			}
 		}
@@ -436,8 +436,8 @@ func checkInvariant5(ctx context.Context, v *verdict, pool *pgxpool.Pool) {
 
 // explainChain accepts a chain event's dead letter only as a retry
 // budget spent while the workers could not reach PostgreSQL or the node.
-func explainChain(d dlqRow, windows []window) (string, bool) {
-	if why, ok := explain(d, windows); ok {
+func explainChain(d dlqRow, windows []window, eventCreated time.Time) (string, bool) {
+	if why, ok := explain(d, windows, eventCreated); ok {
 		return why, true
 	}
 	if !strings.Contains(d.reason, "retries exhausted") {
@@ -449,7 +449,7 @@ func explainChain(d dlqRow, windows []window) (string, bool) {
 		default:
 			continue
 		}
-		if !d.created.Before(w.from) && d.created.Before(w.to.Add(dlqSlack)) {
+		if overlapsAttempts(w, d, eventCreated) {
 			return fmt.Sprintf("retry budget spent during %v", w.fault), true
 		}
 	}

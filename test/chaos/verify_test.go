@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,6 +28,7 @@ type storedEvent struct {
 	journalRows     int
 	journalSum      decimal.Decimal
 	txHash          string
+	created         time.Time
 	key             string // processed_events outcome, "" if none
 	dlq             []dlqRow
 }
@@ -208,7 +210,7 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 		}
 		// Every DLQ row must be explained by a fault.
 		for _, d := range e.dlq {
-			if why, ok := explain(d, windows); ok {
+			if why, ok := explain(d, windows, e.created); ok {
 				justified = append(justified, fmt.Sprintf("dlq %d %s (%s, event now %s): %s; %s", d.id, d.eventID, d.source, e.status, d.reason, why))
 			} else {
 				v.fail("UNEXPLAINED DEAD LETTERS", "row %d for %s (source %s, at %s, event now %s/%s): %s",
@@ -237,6 +239,7 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 			v.fail("BALANCE WRONG", "user %d %s is %s; no event touched it", k.user, k.asset, got)
 		}
 	}
+	checkRefusals(ctx, v, pool, initial)
 	if orphans, err := orphanDLQ(ctx, pool, stored); err != nil {
 		v.fail("books unreadable", "dead letters: %v", err)
 	} else {
@@ -248,8 +251,11 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 }
 
 // explain accepts a dead letter only as the retry budget of a task that
-// ran out while PostgreSQL was unreachable for the workers.
-func explain(d dlqRow, windows []window) (string, bool) {
+// ran out while PostgreSQL was unreachable for the workers: the fault
+// began before the dead letter, ended no earlier than the event was
+// accepted (it overlapped the event's own attempts), and no longer ago
+// than a retry budget.
+func explain(d dlqRow, windows []window, eventCreated time.Time) (string, bool) {
 	if !strings.Contains(d.reason, "retries exhausted") {
 		return "", false
 	}
@@ -257,11 +263,17 @@ func explain(d dlqRow, windows []window) (string, bool) {
 		if !cutsWorkersFromPostgres(w.fault) {
 			continue
 		}
-		if !d.created.Before(w.from) && d.created.Before(w.to.Add(dlqSlack)) {
+		if overlapsAttempts(w, d, eventCreated) {
 			return fmt.Sprintf("retry budget spent during %v (%s–%s)", w.fault, w.from.Format("15:04:05.000"), w.to.Format("15:04:05.000")), true
 		}
 	}
 	return "", false
+}
+
+// overlapsAttempts: the fault window touches the event's life up to the
+// dead letter, and the dead letter came within a retry budget of it.
+func overlapsAttempts(w window, d dlqRow, eventCreated time.Time) bool {
+	return !d.created.Before(w.from) && d.created.Before(w.to.Add(dlqSlack)) && !w.to.Before(eventCreated)
 }
 
 func cutsWorkersFromPostgres(f fault) bool {
@@ -276,13 +288,13 @@ func cutsWorkersFromPostgres(f fault) bool {
 
 func loadEvents(ctx context.Context, pool *pgxpool.Pool) (map[string]*storedEvent, error) {
 	out := map[string]*storedEvent{}
-	rows, err := pool.Query(ctx, `SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), retry_count, generation, COALESCE(tx_hash, '') FROM payment_events`)
+	rows, err := pool.Query(ctx, `SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), retry_count, generation, COALESCE(tx_hash, ''), created_at FROM payment_events`)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
 		e := &storedEvent{}
-		if err := rows.Scan(&e.ID, &e.Type, &e.User, &e.Asset, &e.Amount, &e.status, &e.outcome, &e.retries, &e.gen, &e.txHash); err != nil {
+		if err := rows.Scan(&e.ID, &e.Type, &e.User, &e.Asset, &e.Amount, &e.status, &e.outcome, &e.retries, &e.gen, &e.txHash, &e.created); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -390,4 +402,155 @@ func loadBalances(ctx context.Context, pool *pgxpool.Pool) (map[balanceKey]decim
 		out[k] = decimal.RequireFromString(text)
 	}
 	return out, rows.Err()
+}
+
+// refusalSlack bounds how far a ledger transaction's start (its now(),
+// which its journal rows and its events' updated_at carry) may lie from
+// the moment it read a balance: lock waits, statement timeouts and a
+// paused PostgreSQL, with room to spare.
+const refusalSlack = 30 * time.Second
+
+type journalRow struct {
+	amount  decimal.Decimal
+	created time.Time
+}
+
+// checkRefusals holds every withdrawal refused for insufficient funds
+// against the journal: replayed in commit order (the ledger writes a
+// balance's rows while it holds the balance's lock, so their ids are in
+// commit order), the balance must have been short at some point the
+// refusal could have been decided. That point is inside the refusing
+// transaction's own rows if it wrote any for that balance (its debits
+// before, its credits after: the kindest order), else anywhere within
+// refusalSlack of its start. A ledger that refuses what it could pay is
+// caught; a ledger that pays what it cannot is caught by the balances.
+func checkRefusals(ctx context.Context, v *verdict, pool *pgxpool.Pool, initial map[balanceKey]decimal.Decimal) {
+	journal := map[balanceKey][]journalRow{}
+	rows, err := pool.Query(ctx, `SELECT user_id, asset, amount::text, created_at FROM balance_events ORDER BY id`)
+	if err != nil {
+		v.fail("books unreadable", "journal: %v", err)
+		return
+	}
+	for rows.Next() {
+		var k balanceKey
+		var amount string
+		var r journalRow
+		if err := rows.Scan(&k.user, &k.asset, &amount, &r.created); err != nil {
+			rows.Close()
+			v.fail("books unreadable", "journal: %v", err)
+			return
+		}
+		r.amount = decimal.RequireFromString(amount)
+		journal[k] = append(journal[k], r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		v.fail("books unreadable", "journal: %v", err)
+		return
+	}
+	rows, err = pool.Query(ctx, `SELECT event_id, user_id, asset, amount::text, updated_at FROM payment_events
+		WHERE status = 'failed' AND outcome = 'insufficient_funds' ORDER BY event_id`)
+	if err != nil {
+		v.fail("books unreadable", "refusals: %v", err)
+		return
+	}
+	defer rows.Close()
+	checked := 0
+	for rows.Next() {
+		var id, amount string
+		var k balanceKey
+		var decided time.Time
+		if err := rows.Scan(&id, &k.user, &k.asset, &amount, &decided); err != nil {
+			v.fail("books unreadable", "refusals: %v", err)
+			return
+		}
+		if isChainUser(k.user) {
+			continue
+		}
+		checked++
+		want := decimal.RequireFromString(amount)
+		if low := lowestBalance(initial[k], journal[k], decided); !low.LessThan(want) {
+			v.fail("WITHDRAWAL REFUSED THOUGH THE BALANCE COVERED IT", "%s: %s %s refused for user %d at %s; the journal never shows the balance below %s then",
+				id, want, k.asset, k.user, decided.Format("15:04:05.000000"), low)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		v.fail("books unreadable", "refusals: %v", err)
+		return
+	}
+	v.note("refusals checked against the journal: %d", checked)
+}
+
+// lowestBalance is the lowest the balance can have been when a
+// transaction that started at decided read it.
+func lowestBalance(initial decimal.Decimal, rows []journalRow, decided time.Time) decimal.Decimal {
+	prefix := make([]decimal.Decimal, len(rows)+1)
+	prefix[0] = initial
+	for i, r := range rows {
+		prefix[i+1] = prefix[i].Add(r.amount)
+	}
+	first, last := -1, -1
+	for i, r := range rows {
+		if r.created.Equal(decided) {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first >= 0 {
+		low := prefix[first]
+		for _, r := range rows[first : last+1] {
+			if r.created.Equal(decided) && r.amount.IsNegative() {
+				low = low.Add(r.amount)
+			}
+		}
+		return low
+	}
+	lo, hi := 0, len(rows)
+	for i, r := range rows {
+		if r.created.Before(decided.Add(-refusalSlack)) {
+			lo = i + 1
+		}
+		if r.created.After(decided.Add(refusalSlack)) && hi == len(rows) {
+			hi = i
+		}
+	}
+	if hi < lo {
+		hi = lo
+	}
+	low := prefix[lo]
+	for k := lo; k <= hi; k++ {
+		low = decimal.Min(low, prefix[k])
+	}
+	return low
+}
+
+// TestLowestBalance: a refusal is judged at the kindest point the
+// journal allows: inside the refusing transaction's own rows (debits
+// first), else anywhere within refusalSlack of its start.
+func TestLowestBalance(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	d := decimal.RequireFromString
+	rows := []journalRow{
+		{d("5"), t0.Add(-time.Hour)},                    // certainly before
+		{d("-4"), t0.Add(-time.Second)},                 // maybe before
+		{d("3"), t0},                                    // the refusing transaction's credit
+		{d("-2"), t0},                                   // and its debit
+		{d("10"), t0.Add(time.Hour)},                    // certainly after
+		{d("-100"), t0.Add(time.Hour + time.Second)},    // certainly after
+		{d("1"), t0.Add(2*time.Hour + refusalSlack*10)}, // far after
+	}
+	if got := lowestBalance(d("1"), rows, t0); !got.Equal(d("0")) {
+		t.Fatalf("inside its own rows: %s, want 1+5-4-2 = 0", got)
+	}
+	if got := lowestBalance(d("1"), rows, t0.Add(time.Millisecond)); !got.Equal(d("2")) {
+		t.Fatalf("no rows of its own: %s, want the lowest within the slack, 1+5-4 = 2", got)
+	}
+	if got := lowestBalance(d("1"), rows[:1], t0); !got.Equal(d("6")) {
+		t.Fatalf("only an earlier row: %s, want 6", got)
+	}
+	if got := lowestBalance(d("7"), nil, t0); !got.Equal(d("7")) {
+		t.Fatalf("no journal: %s, want the initial balance", got)
+	}
 }
