@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+func init() {
+	register("notifications", "notifications list [--state pending|delivered|failed|all] [--limit N] [--before ID] | redeliver ID [--operator NAME]", runNotifications)
+}
+
+func runNotifications(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: notifications list|redeliver", config.ErrUsage)
+	}
+	sub, args := args[0], args[1:]
+	fs := flag.NewFlagSet("notifications "+sub, flag.ContinueOnError)
+	state := fs.String("state", "all", "pending, delivered, failed or all (list)")
+	before := fs.Int64("before", 0, "list notifications with an id below this (paging)")
+	limit := fs.Int("limit", postgres.NotificationPageDefault, fmt.Sprintf("notifications per page, at most %d (list)", postgres.NotificationPageMax))
+	who := fs.String("operator", "", "who asks (default: your login name)")
+	jsonOut := fs.Bool("json", false, "print JSON, with every notification's delivery log (list)")
+	var positional []string
+	switch sub {
+	case "list":
+	case "redeliver":
+		positional = []string{"ID"}
+	default:
+		return fmt.Errorf("%w: unknown notifications command %q", config.ErrUsage, sub)
+	}
+	rest, err := parseFlags(fs, reorderFlags(args), positional...)
+	if err != nil {
+		return err
+	}
+	if *limit < 1 || *limit > postgres.NotificationPageMax {
+		return fmt.Errorf("%w: --limit must be 1..%d", config.ErrUsage, postgres.NotificationPageMax)
+	}
+	var id int64
+	if len(rest) == 1 {
+		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
+			return fmt.Errorf("%w: %q is not a notification id", config.ErrUsage, rest[0])
+		}
+	}
+	db, err := openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if sub == "redeliver" {
+		result, err := db.RedeliverNotification(ctx, id, operator(*who))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "notification %d: %s\n", id, result)
+		return nil
+	}
+	views, err := db.Notifications(ctx, *state, *before, *limit)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return writeJSON(out, views)
+	}
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tDELIVERY\tUSER\tSTATUS\tATTEMPTS\tLAST ATTEMPT\tRESULT\tREDELIVERIES\tCREATED")
+	for _, v := range views {
+		last, result := "-", "-"
+		if len(v.Log) > 0 {
+			a := v.Log[0]
+			last = a.At.UTC().Format(time.RFC3339)
+			result = a.ErrorClass
+			if a.HTTPStatus != 0 {
+				result = "HTTP " + strconv.Itoa(a.HTTPStatus)
+			}
+			result += " in " + a.Duration.String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%d\t%s\t%s\t%d\t%s\n", v.ID, v.DeliveryID, v.UserID, v.Status, v.Attempts, last, result,
+			v.Redeliveries, v.CreatedAt.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
