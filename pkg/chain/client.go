@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -273,7 +274,10 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 		o = outcomeFailure
 		c.metrics.errors.WithLabelValues(method).Inc()
 	}
-	err = redactURL(err)
+	// The endpoint's path and query hold the provider's API key
+	// (https://host/v3/<key>), and these errors reach logs, alerts and
+	// DLQ rows.
+	err = logging.RedactError(err)
 	c.breaker.report(ctx, t, o, err)
 	switch {
 	case err == nil:
@@ -283,31 +287,6 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 	}
 	return payment.Unavailable("chain "+method, err)
 }
-
-// redactURL keeps the endpoint's path, query and credentials out of error
-// text: providers put the API key there (https://host/v3/<key>), and these
-// errors end up in logs, alerts and DLQ rows.
-func redactURL(err error) error {
-	var urlErr *url.Error
-	if !errors.As(err, &urlErr) {
-		return err
-	}
-	redacted := "(unparsable url)"
-	if u, parseErr := url.Parse(urlErr.URL); parseErr == nil {
-		redacted = u.Scheme + "://" + u.Host
-	}
-	return &redactedError{msg: strings.ReplaceAll(err.Error(), urlErr.URL, redacted), err: err}
-}
-
-// redactedError shows a cleaned message and keeps the original chain for
-// errors.Is and errors.As.
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
 
 func isTxIndexing(err error) bool {
 	var dataErr rpc.DataError
