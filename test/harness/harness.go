@@ -57,7 +57,11 @@ func Binaries(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir+"/", "./cmd/api", "./cmd/worker", "./cmd/scheduler", "./cmd/settlectl")
+		args := []string{"build", "-o", binDir + "/"}
+		if RaceBinaries() {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/api", "./cmd/worker", "./cmd/scheduler", "./cmd/settlectl")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
@@ -68,6 +72,56 @@ func Binaries(t testing.TB) string {
 	}
 	return binDir
 }
+
+// RaceBinaries reports whether the binaries are built with -race:
+// SETTLE_RACE_BINARIES=1 (the Taskfile's test task sets it) or =0 decides;
+// unset, CI=true does.
+func RaceBinaries() bool {
+	switch os.Getenv(raceBinariesVar) {
+	case "1", "true":
+		return true
+	case "0", "false":
+		return false
+	}
+	return os.Getenv("CI") == "true"
+}
+
+const (
+	raceBinariesVar = "SETTLE_RACE_BINARIES"
+	// raceWarning opens every race detector report.
+	raceWarning = "WARNING: DATA RACE"
+	// raceOptions keep a racing process running after its first report
+	// (the test sees all of them at the end) and make its exit code say so.
+	raceOptions = "halt_on_error=0 exitcode=66"
+)
+
+// checkRaces fails t for every process whose output holds a race report.
+// It reads everything a process wrote over all its runs, so a run ended
+// by SIGKILL keeps the reports it printed before.
+func checkRaces(t testing.TB, procs []*Proc) {
+	t.Helper()
+	for _, p := range procs {
+		if report, ok := raceReport(p.Logs()); ok {
+			t.Errorf("%s: the race detector reported a data race:\n%s", p.Name, report)
+		}
+	}
+}
+
+// raceReport is the first race report in out, if any.
+func raceReport(out string) (string, bool) {
+	i := strings.Index(out, raceWarning)
+	if i < 0 {
+		return "", false
+	}
+	report := out[i:]
+	if end := strings.Index(report, "=================="); end >= 0 {
+		report = report[:end]
+	}
+	return tailLines(report, raceReportLinesMax), true
+}
+
+// raceReportLinesMax bounds the report quoted in a failure.
+const raceReportLinesMax = 60
 
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
@@ -232,7 +286,8 @@ type Stack struct {
 // process yet.
 func NewStack(t testing.TB) *Stack {
 	t.Helper()
-	s := &Stack{T: t, DatabaseURL: testenv.DatabaseURL(t), RedisURL: testenv.RedisURL(t)}
+	s := newStack(t)
+	s.DatabaseURL, s.RedisURL = testenv.DatabaseURL(t), testenv.RedisURL(t)
 	s.Env = map[string]string{
 		"DATABASE_URL":          s.DatabaseURL,
 		"REDIS_URL":             s.RedisURL,
@@ -256,18 +311,26 @@ func NewStack(t testing.TB) *Stack {
 		t.Fatalf("connect: %v", err)
 	}
 	s.DB = conn
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return s
+}
+
+// newStack is a Stack without a database: its cleanup stops every process
+// still running, then fails t for any race report in any process's output.
+func newStack(t testing.TB) *Stack {
+	s := &Stack{T: t, Env: map[string]string{}}
 	t.Cleanup(func() {
 		for _, p := range s.Procs {
 			if p.Running() {
 				p.Stop(15 * time.Second)
 			}
 		}
+		checkRaces(t, s.Procs)
 		if t.Failed() {
 			for _, p := range s.Procs {
 				t.Logf("---- %s logs (tail) ----\n%s", p.Name, tailLines(p.Logs(), 40))
 			}
 		}
-		conn.Close(context.Background())
 	})
 	return s
 }
@@ -278,7 +341,7 @@ func (s *Stack) newProc(name, bin string, portVar string, extra map[string]strin
 	if err != nil {
 		s.T.Fatal(err)
 	}
-	env := map[string]string{}
+	env := map[string]string{"GORACE": raceOptions}
 	for k, v := range s.Env {
 		env[k] = v
 	}
@@ -286,7 +349,11 @@ func (s *Stack) newProc(name, bin string, portVar string, extra map[string]strin
 	for k, v := range extra {
 		env[k] = v
 	}
-	p := &Proc{Name: name, Bin: filepath.Join(Binaries(s.T), bin), Args: args, Env: env, Port: port, t: s.T, logs: &lockedBuffer{}}
+	path := bin
+	if !filepath.IsAbs(bin) {
+		path = filepath.Join(Binaries(s.T), bin)
+	}
+	p := &Proc{Name: name, Bin: path, Args: args, Env: env, Port: port, t: s.T, logs: &lockedBuffer{}}
 	s.Procs = append(s.Procs, p)
 	return p
 }
@@ -350,7 +417,11 @@ func (s *Stack) StartScheduler(extra map[string]string) *Proc {
 func (s *Stack) Settlectl(args ...string) (string, int) {
 	s.T.Helper()
 	cmd := exec.Command(filepath.Join(Binaries(s.T), "settlectl"), args...)
-	cmd.Env = testenv.Env(s.Env)
+	env := map[string]string{"GORACE": raceOptions}
+	for k, v := range s.Env {
+		env[k] = v
+	}
+	cmd.Env = testenv.Env(env)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if err != nil {
@@ -359,6 +430,9 @@ func (s *Stack) Settlectl(args ...string) (string, int) {
 			s.T.Fatalf("settlectl: %v", err)
 		}
 		code = exitErr.ExitCode()
+	}
+	if report, ok := raceReport(string(out)); ok {
+		s.T.Errorf("settlectl %s: the race detector reported a data race:\n%s", strings.Join(args[:min(len(args), 1)], " "), report)
 	}
 	return string(out), code
 }
