@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -454,4 +456,85 @@ func explainChain(d dlqRow, windows []window, eventCreated time.Time) (string, b
 		}
 	}
 	return "", false
+}
+
+// breakerSampleInterval spaces the reads of the workers' breaker state.
+const breakerSampleInterval = 500 * time.Millisecond
+
+// breakerWatch records the RPC breaker's state as the workers report it,
+// to show it opened and closed again under the RPC faults.
+type breakerWatch struct {
+	mu               sync.Mutex
+	samples, open    int
+	halfOpen, closes int
+	last             map[string]int
+}
+
+func watchBreaker(ctx context.Context, c *cluster) *breakerWatch {
+	w := &breakerWatch{last: map[string]int{}}
+	go func() {
+		ticker := time.NewTicker(breakerSampleInterval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			for _, m := range c.members {
+				if !strings.HasPrefix(m.name, "worker") || !m.proc.Running() {
+					continue
+				}
+				if state, ok := breakerState(m.proc.URL()); ok {
+					w.record(m.name, state)
+				}
+			}
+		}
+	}()
+	return w
+}
+
+func breakerState(base string) (int, bool) {
+	resp, err := readyClient.Get(base + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, metricsBytesMax))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "settle_chain_breaker_state "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return int(f), err == nil
+		}
+	}
+	return 0, false
+}
+
+// metricsBytesMax bounds one /metrics page read.
+const metricsBytesMax = 4 << 20
+
+func (w *breakerWatch) record(worker string, state int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.samples++
+	switch state {
+	case 2:
+		w.open++
+	case 1:
+		w.halfOpen++
+	case 0:
+		if w.last[worker] != 0 {
+			w.closes++
+		}
+	}
+	w.last[worker] = state
+}
+
+func (w *breakerWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return fmt.Sprintf("RPC breaker seen open in %d and half-open in %d of %d worker samples, closing again %d times", w.open, w.halfOpen, w.samples, w.closes)
 }

@@ -31,6 +31,9 @@ const (
 	rpcBodyMax         = 1 << 20
 	rpcUpstreamTimeout = 10 * time.Second
 	rpcLatencyCap      = 5 * time.Second
+	// lagShare of the calls reach the lagging node during a lag window;
+	// the others reach one that keeps up, so answers flip between heads.
+	lagShare = 0.5
 )
 
 // JSON-RPC methods the proxy lies about.
@@ -143,8 +146,9 @@ func (p *rpcProxy) SetLatency(latency time.Duration) {
 	p.latency = min(max(latency, 0), rpcLatencyCap)
 }
 
-// Lag makes the proxy a node blocks behind the head: the head it reports
-// and the blocks, receipts and transactions it shows stop there.
+// Lag puts a node blocks behind the head behind the proxy, as behind a
+// load balancer: a lagShare of the calls reach it, and the head it
+// reports and the blocks, receipts and transactions it shows stop there.
 func (p *rpcProxy) Lag(blocks uint64) { p.mu.Lock(); p.lag = blocks; p.mu.Unlock() }
 
 // Blackhole holds every request, answering nothing, until Heal (then the
@@ -357,6 +361,9 @@ func (p *rpcProxy) forward(ctx context.Context, c rpcCall) rpcAnswer {
 	p.mu.Lock()
 	p.stats.Calls++
 	lag := p.lag
+	if p.rng.Float64() >= lagShare {
+		lag = 0 // the load balancer picked the node that keeps up
+	}
 	p.mu.Unlock()
 	var visible uint64 // the lagging node's head; 0: no lag
 	if lag > 0 {
@@ -525,14 +532,24 @@ func TestRPCProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Lag(2)
-	if got, err := client.BlockNumber(ctx); err != nil || got != head-2 {
-		t.Fatalf("lagging head %d %v, want %d", got, err, head-2)
+	heads := map[uint64]int{}
+	hidden := 0
+	for range 40 {
+		got, err := client.BlockNumber(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		heads[got]++
+		h, err := client.HeaderByNumber(ctx, nil)
+		if err != nil || (h.Number.Uint64() != head && h.Number.Uint64() != head-2) {
+			t.Fatalf("latest header behind a lagging balancer: %v %v", h, err)
+		}
+		if _, err := client.HeaderByNumber(ctx, new(big.Int).SetUint64(head)); errors.Is(err, ethereum.NotFound) {
+			hidden++
+		}
 	}
-	if h, err := client.HeaderByNumber(ctx, nil); err != nil || h.Number.Uint64() != head-2 {
-		t.Fatalf("lagging latest header %v %v", h, err)
-	}
-	if _, err := client.HeaderByNumber(ctx, new(big.Int).SetUint64(head)); !errors.Is(err, ethereum.NotFound) {
-		t.Fatalf("a lagging node showed the head: %v", err)
+	if len(heads) != 2 || heads[head] == 0 || heads[head-2] == 0 || hidden == 0 || hidden == 40 {
+		t.Fatalf("behind the balancer, heads %v (want %d and %d), head block hidden %d of 40 times", heads, head, head-2, hidden)
 	}
 	p.Heal()
 

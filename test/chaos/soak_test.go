@@ -134,6 +134,10 @@ func TestChaosSoak(t *testing.T) {
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	defer stopWatching()
 	balances := watchBalances(watchCtx, pool)
+	var breaker *breakerWatch
+	if rig != nil {
+		breaker = watchBreaker(watchCtx, c)
+	}
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	supervised := make(chan struct{})
 	go func() { c.supervise(superviseCtx); close(supervised) }()
@@ -215,6 +219,9 @@ func TestChaosSoak(t *testing.T) {
 	}
 	balances.sample(checkCtx, pool) // once more, on the quiet books
 	balances.report(v)
+	if breaker != nil {
+		v.note("chain: %s", breaker)
+	}
 	for _, m := range c.members {
 		for _, line := range strings.Split(m.proc.Logs(), "\n") {
 			if strings.HasPrefix(line, "panic:") || strings.HasPrefix(line, "fatal error:") {
