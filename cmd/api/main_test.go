@@ -74,6 +74,9 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 		"bad redis url":        {change: map[string]string{"REDIS_URL": "http://localhost"}, want: "REDIS_URL"},
 		"bad shutdown timeout": {change: map[string]string{"SHUTDOWN_TIMEOUT": "soon"}, want: "SHUTDOWN_TIMEOUT"},
 		"bad log level":        {change: map[string]string{"LOG_LEVEL": "chatty"}, want: "LOG_LEVEL"},
+		"bad finality policy":  {change: map[string]string{"DEPOSIT_FINALITY": "eventually"}, want: "DEPOSIT_FINALITY"},
+		"bad rpc url":          {change: map[string]string{"ETH_RPC_URL": "ftp://node.example"}, want: "ETH_RPC_URL"},
+		"bad rpc timeout":      {change: map[string]string{"ETH_RPC_TIMEOUT": "-1s"}, want: "ETH_RPC_TIMEOUT"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
