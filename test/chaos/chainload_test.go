@@ -41,7 +41,8 @@ const (
 	chainUserCount   = 8
 	addressesPerUser = 2
 	// chainSenders dev accounts send transfers, one transaction at a time
-	// each; account 0 deploys the token.
+	// each; account 0 deploys the token, the last one sends the doubler's
+	// transactions.
 	chainSenders       = 3
 	chainBlockInterval = 500 * time.Millisecond
 	// The soak's finality: a few confirmations, so deposits are credited
@@ -86,15 +87,18 @@ type chainRig struct {
 	eth   *ethclient.Client // straight to the node: the verifier's truth
 	rpc   *rpcProxy
 	token string
-	users []int64
-	addrs map[int64][]string
-	owner map[string]int64
+	// raw sends the doubler's transactions (two identical Transfer logs).
+	raw     *rawSender
+	doubler common.Address
+	users   []int64
+	addrs   map[int64][]string
+	owner   map[string]int64
 }
 
 func startChain(t *testing.T, seed uint64) *chainRig {
 	t.Helper()
 	ctx := context.Background()
-	ch, err := devchain.Serve(ctx, devchain.Options{BlockInterval: chainBlockInterval, Accounts: chainSenders + 1})
+	ch, err := devchain.Serve(ctx, devchain.Options{BlockInterval: chainBlockInterval, Accounts: chainSenders + 2})
 	if err != nil {
 		t.Fatalf("dev chain: %v", err)
 	}
@@ -109,6 +113,12 @@ func startChain(t *testing.T, seed uint64) *chainRig {
 	}
 	t.Cleanup(eth.Close)
 	r := &chainRig{chain: ch, eth: eth, token: strings.ToLower(token), addrs: map[int64][]string{}, owner: map[string]int64{}}
+	if r.raw, err = newRawSender(eth, ch.Accounts()[chainSenders+1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.deployDoubler(ctx); err != nil {
+		t.Fatalf("deploy the doubler: %v", err)
+	}
 	r.rpc = newRPCProxy(t, ch.URL(), seed, rpcNullBurst)
 	r.rpc.SetBaseline(rpcNullShare, rpcErrorShare)
 	rng := rand.New(rand.NewPCG(seed, 0xadd7))
@@ -259,12 +269,10 @@ func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
 					return
 				case <-time.After(interval/2 + rand.N(interval)):
 				}
-				tr := l.transfer(ctx, rng, s, i)
-				if tr == nil {
-					continue
-				}
-				for _, rep := range tr.reports {
-					l.reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
+				for _, tr := range l.transfer(ctx, rng, s, i) {
+					for _, rep := range tr.reports {
+						l.reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
+					}
 				}
 			}
 		})
@@ -310,7 +318,9 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 		return fmt.Sprintf("reorg of %s failed: %v", tr.hash, err)
 	}
 	l.mu.Lock()
-	tr.reorged = true
+	for _, t := range l.transfers {
+		t.reorged = t.reorged || t.hash == tr.hash
+	}
 	what := fmt.Sprintf("dropped %s (%s %s to user %d, block %d): forked at %d, head %d → %d", tr.hash, tr.amount, tr.asset, tr.user, tr.block, r.ForkedAt, r.OldHead, r.NewHead)
 	l.reorgs = append(l.reorgs, what)
 	alchemyReported := false
@@ -326,22 +336,29 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 }
 
 // transfer sends one real transaction and plans its reports.
-func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int) *transfer {
+func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int) []*transfer {
 	user := l.rig.users[rng.IntN(len(l.rig.users))]
 	to := l.rig.addrs[user][rng.IntN(addressesPerUser)]
 	tr := &transfer{user: user, to: to, from: l.rig.chain.Accounts()[1+sender].Address, token: l.rig.token}
 	var tx devchain.Tx
 	var err error
+	var twinLogs [2]uint
+	twin := false
 	for attempt := range chainSendRetries {
-		if rng.IntN(2) == 0 {
+		tr.asset, twin = chainToken, false
+		tr.base = big.NewInt(1 + rng.Int64N(tokenUnitsMax))
+		tr.amount = decimal.NewFromBigInt(tr.base, -chainTokenDecimals)
+		switch pick := rng.IntN(100); {
+		case pick < 50:
 			tr.asset, tr.index = "ETH", "native"
 			tr.base = big.NewInt(1 + rng.Int64N(ethWeiMax))
 			tr.amount = decimal.NewFromBigInt(tr.base, -ethDecimals)
 			tx, err = l.rig.chain.SendETH(ctx, 1+sender, to, tr.base)
-		} else {
-			tr.asset = chainToken
-			tr.base = big.NewInt(1 + rng.Int64N(tokenUnitsMax))
-			tr.amount = decimal.NewFromBigInt(tr.base, -chainTokenDecimals)
+		case pick < 50+50*twinPct/100:
+			twin = true
+			tr.from = strings.ToLower(l.rig.doubler.Hex())
+			tx, twinLogs, err = l.rig.sendTwin(ctx, to, tr.base)
+		default:
 			tx, err = l.rig.chain.TransferToken(ctx, 1+sender, l.rig.token, to, tr.base)
 		}
 		if err == nil && tx.Status == 1 {
@@ -355,7 +372,14 @@ func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int)
 		return nil
 	}
 	tr.hash, tr.block = tx.Hash, tx.BlockNumber
-	if tr.asset == chainToken {
+	out := []*transfer{tr}
+	switch {
+	case twin:
+		other := *tr
+		tr.index = strconv.FormatUint(uint64(twinLogs[0]), 10)
+		other.index = strconv.FormatUint(uint64(twinLogs[1]), 10)
+		out = append(out, &other)
+	case tr.asset == chainToken:
 		receipt, err := l.rig.eth.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
 		if err != nil || len(receipt.Logs) != 1 {
 			l.mu.Lock()
@@ -365,19 +389,23 @@ func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int)
 		}
 		tr.index = strconv.FormatUint(uint64(receipt.Logs[0].Index), 10)
 	}
-	l.plan(rng, tr, sender, i)
+	for j, t := range out {
+		l.plan(rng, t, fmt.Sprintf("%d-%d.%d", sender, i, j))
+	}
 	l.mu.Lock()
-	tr.n = len(l.transfers)
-	l.transfers = append(l.transfers, tr)
+	for _, t := range out {
+		t.n = len(l.transfers)
+		l.transfers = append(l.transfers, t)
+	}
 	l.mu.Unlock()
-	return tr
+	return out
 }
 
 // plan draws the transfer's reports. The first report is never
 // contradicted, so each transfer has at least one truthful report; a
 // conflict races a payments report under its own id, or the transfer's
 // only Alchemy report (all Alchemy reports of a transfer share one id).
-func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, sender, i int) {
+func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, tag string) {
 	n := 1 + rng.IntN(reportsMax)
 	alchemyReports := 0
 	for k := range n {
@@ -388,7 +416,7 @@ func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, sender, i int) {
 		}
 		switch rep.source {
 		case "payments":
-			rep.id = fmt.Sprintf("%s-tx%d-%d-%d-%d", l.runID, sender, i, k, rng.IntN(1_000_000))
+			rep.id = fmt.Sprintf("%s-tx%s-%d-%d", l.runID, tag, k, rng.IntN(1_000_000))
 			rep.withIndex = rng.IntN(100) < transferIndexPct
 			rep.body = paymentsBody(rep.id, tr, tr.amount, rep.withIndex)
 		case "alchemy":

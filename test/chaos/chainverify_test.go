@@ -150,23 +150,45 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	modelTx := map[string]bool{}
 	crediting := map[string]*transfer{}
 	compensated := map[string]bool{} // credits of dropped transfers, compensated as they must be
+	twins, twinCredits := 0, 0
 	credited, doubled, lost, reorged := 0, 0, 0, 0
+	// A transaction carries one transfer, or two identical ones (the
+	// doubler's): reports that name no index may claim either.
+	groups := map[string][]*transfer{}
+	var order []string
 	for _, tr := range transfers {
-		modelTx[tr.hash] = true
-		canonical, err := rig.canonical(ctx, tr)
-		if err != nil {
-			v.fail("chain unreadable", "%s: %v", tr.hash, err)
-			continue
+		if groups[tr.hash] == nil {
+			order = append(order, tr.hash)
+		}
+		groups[tr.hash] = append(groups[tr.hash], tr)
+	}
+	for _, hash := range order {
+		group := groups[hash]
+		tr := group[0] // the transfers of a group differ only in their index
+		modelTx[hash] = true
+		canonical := true
+		for _, t := range group {
+			ok, err := rig.canonical(ctx, t)
+			if err != nil {
+				v.fail("chain unreadable", "%s: %v", hash, err)
+			}
+			canonical = canonical && ok
 		}
 		if !canonical {
-			reorged++
+			reorged += len(group)
 		}
 		truthful := false
+		indexed := map[string]bool{} // indices a truthful, acknowledged report named
 		payments := map[string]*report{}
-		for _, rep := range tr.reports {
-			truthful = truthful || rep.originalHeld
-			if rep.source == "payments" {
-				payments[rep.id] = rep
+		for _, t := range group {
+			for _, rep := range t.reports {
+				truthful = truthful || rep.originalHeld
+				if rep.originalHeld && (rep.source == "alchemy" || rep.withIndex) {
+					indexed[t.index] = true
+				}
+				if rep.source == "payments" {
+					payments[rep.id] = rep
+				}
 			}
 		}
 		// Every id the api acknowledged is stored, with the version the
@@ -177,24 +199,24 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			}
 			e, ok := stored[id]
 			if !ok {
-				v.fail("chain: LOST (acknowledged, not stored)", "%s (transfer %s)", id, tr.hash)
+				v.fail("chain: LOST (acknowledged, not stored)", "%s (transfer %s)", id, hash)
 				continue
 			}
 			want := tr.amount
 			if rep.conflictHeld {
 				want = tr.amount.Add(decimal.New(1, -unitExponent(tr.asset)))
 			}
-			if !decimal.RequireFromString(e.Amount).Equal(want) || e.User != tr.user || e.Asset != tr.asset || !strings.EqualFold(e.txHash, tr.hash) {
-				v.fail("chain: stored content differs from what was sent", "%s stored as %+v tx %s, sent %s %s to user %d in %s", id, e.spec, e.txHash, want, tr.asset, tr.user, tr.hash)
+			if !decimal.RequireFromString(e.Amount).Equal(want) || e.User != tr.user || e.Asset != tr.asset || !strings.EqualFold(e.txHash, hash) {
+				v.fail("chain: stored content differs from what was sent", "%s stored as %+v tx %s, sent %s %s to user %d in %s", id, e.spec, e.txHash, want, tr.asset, tr.user, hash)
 			}
 		}
 
-		events := byTx[tr.hash]
+		events := byTx[hash]
 		var credits []*storedEvent
 		unexplained := 0
 		for _, e := range events {
 			if _, ok := payments[e.ID]; !ok {
-				unexplained++ // the provider-derived event (Alchemy's), at most one
+				unexplained++ // a provider-derived event (Alchemy's), one per transfer at most
 			}
 			if e.journalRows > 0 || e.status == "confirmed" {
 				credits = append(credits, e)
@@ -203,43 +225,47 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			truthfulContent := e.User == tr.user && e.Asset == tr.asset && decimal.RequireFromString(e.Amount).Equal(tr.amount)
 			switch {
 			case e.status != "failed":
-				v.fail("chain: NOT SETTLED", "%s is still %s (transfer %s)", e.ID, e.status, tr.hash)
+				v.fail("chain: NOT SETTLED", "%s is still %s (transfer %s)", e.ID, e.status, hash)
 			case !canonical && e.outcome != "reorged" && e.outcome != "not_found" && e.outcome != "duplicate_transfer" && (truthfulContent || e.outcome != "mismatch"):
-				v.fail("chain: a report of a transfer a fork dropped failed for the wrong reason", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, tr.hash)
+				v.fail("chain: a report of a transfer a fork dropped failed for the wrong reason", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
 			case canonical && truthfulContent && e.outcome != "duplicate_transfer":
-				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, tr.hash)
+				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
 			case canonical && !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
 				v.fail("chain: a false report failed for the wrong reason", "%s (%s %s, the chain says %s) ended failed/%s", e.ID, e.Amount, e.Asset, tr.amount, e.outcome)
 			}
 		}
-		if unexplained > 1 {
-			v.fail("chain: events no report explains", "transfer %s is named by %d events that are no acknowledged payments id (one Alchemy event at most)", tr.hash, unexplained)
+		if unexplained > len(group) {
+			v.fail("chain: events no report explains", "transaction %s (%d transfers) is named by %d events that are no acknowledged payments id (one Alchemy event per transfer at most)", hash, len(group), unexplained)
 		}
-		want := 0
+		// How many credits the transaction must have: each transfer at
+		// most once; at least one if a truthful report was acknowledged,
+		// and at least every transfer a truthful report named by index.
+		most := 0
 		if truthful && canonical {
-			want = 1
+			most = len(group)
 		}
+		least := min(most, max(1, len(indexed)))
 		switch {
-		case !canonical && len(credits) > 1:
+		case !canonical && len(credits) > len(group):
 			doubled++
-			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s (dropped by a fork): credited by %s", tr.amount, tr.asset, tr.user, tr.hash, describe(credits))
+			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s (dropped by a fork; %d transfers): credited by %s", tr.amount, tr.asset, tr.user, hash, len(group), describe(credits))
 		case !canonical:
 			// Credited before the fork: it must be compensated, once.
 			for _, e := range credits {
 				comp, ok := stored["reorg:"+e.ID]
 				if !ok || comp.status != "confirmed" || comp.journalRows != 1 || !comp.journalSum.Equal(tr.amount.Neg()) {
-					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, compensation: %s", e.ID, tr.amount, tr.asset, tr.user, tr.hash, describeOne(comp))
+					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, compensation: %s", e.ID, tr.amount, tr.asset, tr.user, hash, describeOne(comp))
 				}
 				compensated[e.ID] = true
 			}
-		case len(credits) > want && want == 1:
+		case len(credits) > most && most >= 1:
 			doubled++
-			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s: credited by %s", tr.amount, tr.asset, tr.user, tr.hash, describe(credits))
-		case len(credits) > want:
-			v.fail("chain: CREDIT WITHOUT A TRUTHFUL, ACKNOWLEDGED REPORT", "%s: credited by %s", tr.hash, describe(credits))
-		case len(credits) < want:
+			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s (%d transfers): credited by %s", tr.amount, tr.asset, tr.user, hash, len(group), describe(credits))
+		case len(credits) > most:
+			v.fail("chain: CREDIT WITHOUT A TRUTHFUL, ACKNOWLEDGED REPORT", "%s: credited by %s", hash, describe(credits))
+		case len(credits) < least:
 			lost++
-			v.fail("chain: LOST (canonical transfer, acknowledged report, never credited)", "%s %s to user %d in %s (events: %s)", tr.amount, tr.asset, tr.user, tr.hash, describe(events))
+			v.fail("chain: LOST (canonical transfer, acknowledged report, never credited)", "%s %s to user %d in %s (%d transfers, %d named by index; events: %s)", tr.amount, tr.asset, tr.user, hash, len(group), len(indexed), describe(events))
 		}
 		for _, e := range credits {
 			if e.journalRows != 1 || !e.journalSum.Equal(tr.amount) || e.User != tr.user || e.Asset != tr.asset || e.status != "confirmed" {
@@ -247,22 +273,29 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 					e.ID, e.status, e.journalRows, e.journalSum, e.User, e.Asset, tr.amount, tr.asset, tr.user)
 			}
 		}
-		if want == 1 {
-			credited++
-			k := balanceKey{tr.user, tr.asset}
-			expected[k] = expected[k].Add(tr.amount)
-			if len(credits) > 0 {
-				crediting[credits[0].ID] = tr
+		if most == 0 {
+			continue
+		}
+		n := min(max(len(credits), least), most)
+		credited += n
+		k := balanceKey{tr.user, tr.asset}
+		expected[k] = expected[k].Add(tr.amount.Mul(decimal.NewFromInt(int64(n))))
+		claimedBy := map[string]string{} // event id → the index its chain_transfers row names
+		for _, t := range group {
+			if c, ok := claims[claimKey{chainNetwork, hash, t.index}]; ok {
+				claimedBy[c.eventID] = t.index
 			}
-			if claims != nil {
-				c, ok := claims[claimKey{chainNetwork, tr.hash, tr.index}]
-				switch {
-				case !ok:
-					v.fail("chain: credited transfer without its chain_transfers row", "%s %s index %s", chainNetwork, tr.hash, tr.index)
-				case len(credits) == 1 && c.eventID != credits[0].ID:
-					v.fail("chain: chain_transfers names another event than the credit", "%s index %s names %s, credited by %s", tr.hash, tr.index, c.eventID, credits[0].ID)
-				}
+		}
+		for _, e := range credits {
+			crediting[e.ID] = tr
+			if _, ok := claimedBy[e.ID]; !ok && claims != nil {
+				v.fail("chain: credited transfer without its chain_transfers row", "%s credits %s %s in %s, and no chain_transfers row of that transaction's transfers (%s) names it",
+					e.ID, e.Amount, e.Asset, hash, indices(group))
 			}
+		}
+		if len(group) > 1 {
+			twins++
+			twinCredits += len(credits)
 		}
 	}
 	for hash, events := range byTx {
@@ -320,9 +353,17 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		}
 	}
 	checkInvariant5(ctx, v, pool)
-	v.note("chain: %d transfers (%d credited once as expected, %d doubled, %d lost, %d not canonical); events of the chain's users: %v",
-		len(transfers), credited-doubled-lost, doubled, lost, reorged, outcomes)
+	v.note("chain: %d transfers (%d credited, %d doubled, %d lost, %d not canonical; %d transactions with two identical logs, credited %d times); events of the chain's users: %v",
+		len(transfers), credited, doubled, lost, reorged, twins, twinCredits, outcomes)
 	v.note("chain: rpc proxy %s", rig.rpc.Stats())
+}
+
+func indices(group []*transfer) string {
+	var out []string
+	for _, t := range group {
+		out = append(out, t.index)
+	}
+	return strings.Join(out, ", ")
 }
 
 func unitExponent(asset string) int32 {
