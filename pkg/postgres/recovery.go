@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -43,40 +44,21 @@ type RecoveryReport struct {
 	Failed                      int // rows whose savepoint failed; left for the next pass
 }
 
-// RecoverStale locks up to limit events stuck in 'enqueued' for longer
-// than staleAfter and applies decide to each, every row in its own
-// savepoint so one bad row cannot undo the others. decide runs while the
-// rows are locked and must be bounded in time.
+// RecoverStale reads up to limit events stuck in 'enqueued' for longer
+// than staleAfter and applies decide to each. decide asks the queue, so it
+// runs outside any transaction and holds no row lock while it waits on
+// Redis: the ledger is never stalled behind a slow queue. Each decision is
+// then written in a short transaction of its own, guarded by the
+// generation that was read, so an event the ledger settled meanwhile, or
+// that another scheduler recovered first, is left alone.
 func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, decide func(context.Context, StaleEvent) (RecoveryAction, string)) (RecoveryReport, error) {
 	var report RecoveryReport
 	if limit <= 0 || limit > RecoveryBatchMax {
 		return report, fmt.Errorf("recovery batch %d outside 1..%d", limit, RecoveryBatchMax)
 	}
-	tx, err := db.pool.Begin(ctx)
+	stale, err := db.staleEnqueued(ctx, staleAfter, limit)
 	if err != nil {
-		return report, classify("recover stale", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	stmt := q("stale_enqueued")
-	rows, err := tx.Query(ctx, stmt.text, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
-	if err != nil {
-		return report, classify(stmt.name, err)
-	}
-	var stale []StaleEvent
-	for rows.Next() {
-		var s StaleEvent
-		var eventType, amount string
-		var generation, retries int32
-		if err := rows.Scan(&s.Event.ID, &eventType, &s.Event.UserID, &s.Event.Asset, &amount, &s.Event.TraceID, &retries, &generation, &s.UpdatedAt, &s.TaskID); err != nil {
-			rows.Close()
-			return report, classify(stmt.name, err)
-		}
-		s.Event.Type, s.Event.Amount = payment.EventType(eventType), decimal.RequireFromString(amount)
-		s.Event.Generation, s.RetryCount = int(generation), int(retries)
-		stale = append(stale, s)
-	}
-	if err := rows.Err(); err != nil {
-		return report, classify(stmt.name, err)
+		return report, err
 	}
 	for _, s := range stale {
 		report.Examined++
@@ -85,47 +67,78 @@ func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit 
 			report.Skipped++
 			continue
 		}
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return report, classify("savepoint", err)
-		}
-		var letter *payment.DeadLetter
-		switch action {
-		case RecoveryRequeue:
-			_, refused, terr := transition(ctx, sp, q("requeue_stale"), []string{s.Event.ID}, nil, s.Event.ID, s.Event.Generation)
-			err = firstErr(terr, refusedErr(refused, s.Event.ID, payment.StatusPending))
-		case RecoveryDeadLetter:
-			_, refused, terr := transition(ctx, sp, q("fail_stale"), []string{s.Event.ID}, nil, s.Event.ID, s.Event.Generation, reason)
-			err = firstErr(terr, refusedErr(refused, s.Event.ID, payment.StatusFailed))
-			if err == nil {
-				letter = &payment.DeadLetter{
-					EventID: s.Event.ID, EventType: string(s.Event.Type), UserID: s.Event.UserID, Asset: s.Event.Asset,
-					Amount: s.Event.Amount.String(), Error: reason, Attempt: s.RetryCount + 1, Generation: s.Event.Generation,
-					Source: payment.SourceRecovery, TraceID: s.Event.TraceID,
-				}
-				_, err = insertDeadLetters(ctx, sp, []payment.DeadLetter{*letter})
-			}
-		default:
-			err = fmt.Errorf("unknown recovery action %d", action)
-		}
-		if err != nil {
-			_ = sp.Rollback(ctx)
+		letter, err := db.recoverOne(ctx, s, action, reason)
+		switch {
+		case errors.Is(err, payment.ErrUnavailable):
+			return report, err
+		case err != nil:
 			report.Failed++
-			continue
-		}
-		if err := sp.Commit(ctx); err != nil {
-			return report, classify("release savepoint", err)
-		}
-		if letter != nil {
+		case letter != nil:
 			report.DeadLettered = append(report.DeadLettered, *letter)
-		} else {
+		default:
 			report.Requeued++
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return RecoveryReport{}, classify("recover stale commit", err)
-	}
 	return report, nil
+}
+
+func (db *DB) staleEnqueued(ctx context.Context, staleAfter time.Duration, limit int) ([]StaleEvent, error) {
+	stmt := q("stale_enqueued")
+	rows, err := db.pool.Query(ctx, stmt.text, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var stale []StaleEvent
+	for rows.Next() {
+		var s StaleEvent
+		var eventType, amount string
+		var generation, retries int32
+		if err := rows.Scan(&s.Event.ID, &eventType, &s.Event.UserID, &s.Event.Asset, &amount, &s.Event.TraceID, &retries, &generation, &s.UpdatedAt, &s.TaskID); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		s.Event.Type, s.Event.Amount = payment.EventType(eventType), decimal.RequireFromString(amount)
+		s.Event.Generation, s.RetryCount = int(generation), int(retries)
+		stale = append(stale, s)
+	}
+	return stale, classify(stmt.name, rows.Err())
+}
+
+// recoverOne writes one decision: back to the outbox, or failed with its
+// dead letter, in one transaction; a refused transition (the generation
+// moved on) is an error and changes nothing.
+func (db *DB) recoverOne(ctx context.Context, s StaleEvent, action RecoveryAction, reason string) (*payment.DeadLetter, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return nil, classify("recover stale", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var letter *payment.DeadLetter
+	switch action {
+	case RecoveryRequeue:
+		_, refused, terr := transition(ctx, tx, q("requeue_stale"), []string{s.Event.ID}, nil, s.Event.ID, s.Event.Generation)
+		err = firstErr(terr, refusedErr(refused, s.Event.ID, payment.StatusPending))
+	case RecoveryDeadLetter:
+		_, refused, terr := transition(ctx, tx, q("fail_stale"), []string{s.Event.ID}, nil, s.Event.ID, s.Event.Generation, reason)
+		err = firstErr(terr, refusedErr(refused, s.Event.ID, payment.StatusFailed))
+		if err == nil {
+			letter = &payment.DeadLetter{
+				EventID: s.Event.ID, EventType: string(s.Event.Type), UserID: s.Event.UserID, Asset: s.Event.Asset,
+				Amount: s.Event.Amount.String(), Error: reason, Attempt: s.RetryCount + 1, Generation: s.Event.Generation,
+				Source: payment.SourceRecovery, TraceID: s.Event.TraceID,
+			}
+			_, err = insertDeadLetters(ctx, tx, []payment.DeadLetter{*letter})
+		}
+	default:
+		err = fmt.Errorf("unknown recovery action %d", action)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classify("recover stale commit", err)
+	}
+	return letter, nil
 }
 
 func refusedErr(refused map[string]Refusal, id string, to payment.Status) error {

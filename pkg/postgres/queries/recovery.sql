@@ -1,13 +1,14 @@
 -- name: stale_enqueued
 -- Events handed to the queue longer ago than the stale bound: the queue
--- may have lost them. Locked so two schedulers never recover one twice.
+-- may have lost them. Not locked: recovery asks the queue about them
+-- before it writes, and every write is guarded by the generation read
+-- here, so two schedulers never recover one twice.
 SELECT event_id, event_type, user_id, asset, amount::text, trace_id, retry_count, generation, updated_at,
        COALESCE(task_id, '')
 FROM payment_events
 WHERE status = 'enqueued' AND updated_at < now() - $1::interval
 ORDER BY updated_at
-LIMIT $2
-FOR UPDATE SKIP LOCKED;
+LIMIT $2;
 
 -- name: requeue_stale
 -- transition: enqueued -> pending
