@@ -25,14 +25,22 @@ const (
 	Withdrawal        EventType = "withdrawal"
 	WithdrawalFee     EventType = "withdrawal_fee"
 	ReorgCompensation EventType = "reorg_compensation"
+	// WithdrawalHold reserves money of the user's available balance; its
+	// event id is the hold id.
+	WithdrawalHold EventType = "withdrawal_hold"
+	// WithdrawalPost turns an open hold into a debit, once the payment
+	// went out (on chain, when it names a tx_hash).
+	WithdrawalPost EventType = "withdrawal_post"
+	// WithdrawalVoid releases an open hold.
+	WithdrawalVoid EventType = "withdrawal_void"
 )
 
 // EventTypes lists every type the ledger knows, in a fixed order.
-var EventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee, ReorgCompensation}
+var EventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee, ReorgCompensation, WithdrawalHold, WithdrawalPost, WithdrawalVoid}
 
 // WebhookEventTypes are the types a caller may submit; compensations are
 // only ever created by settle itself.
-var WebhookEventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee}
+var WebhookEventTypes = []EventType{Deposit, Airdrop, Withdrawal, WithdrawalFee, WithdrawalHold, WithdrawalPost, WithdrawalVoid}
 
 // ParseWebhookEventType accepts only the whitelisted caller-facing types.
 func ParseWebhookEventType(s string) (EventType, bool) {
@@ -58,8 +66,22 @@ func (t EventType) Known() bool {
 func (t EventType) Credit() bool { return t == Deposit || t == Airdrop }
 
 // ChainGated reports whether an event of this type with a tx_hash waits for
-// the chain's finality policy before it is credited.
-func (t EventType) ChainGated() bool { return t.Credit() }
+// the chain's finality policy before the ledger applies it: a credit, or
+// a post paying its hold out on chain.
+func (t EventType) ChainGated() bool { return t.Credit() || t == WithdrawalPost }
+
+// ResolvesHold reports whether the type names a hold (hold_id) it posts
+// or voids.
+func (t EventType) ResolvesHold() bool { return t == WithdrawalPost || t == WithdrawalVoid }
+
+// JournalType is the event_type of the journal row an event of this type
+// writes: a post debits as a withdrawal.
+func (t EventType) JournalType() EventType {
+	if t == WithdrawalPost {
+		return Withdrawal
+	}
+	return t
+}
 
 // Outcome is the business result recorded in processed_events and on the
 // terminal event.
@@ -76,6 +98,14 @@ const (
 	// OutcomeDuplicateTransfer: the deposit's on-chain transfer was
 	// already credited to another event.
 	OutcomeDuplicateTransfer Outcome = "duplicate_transfer"
+	// OutcomeHeld: a withdrawal_hold reserved its amount (status
+	// confirmed, no journal row).
+	OutcomeHeld Outcome = "held"
+	// OutcomeHoldClosed: a post or void of a hold already posted or voided.
+	OutcomeHoldClosed Outcome = "hold_closed"
+	// OutcomeUnknownHold: a post or void of a hold that does not exist (or
+	// never reserved anything), or that belongs to another user.
+	OutcomeUnknownHold Outcome = "unknown_hold"
 	// OutcomeReopened is recorded in processed_events only: a failed
 	// deposit whose transaction the chain shows again, sent back to the
 	// ledger, which treats it as a first attempt.
@@ -87,7 +117,11 @@ const (
 
 // BusinessFailures are the outcomes that end an event failed without a DLQ
 // row: the system worked, the payment simply cannot go through.
-var BusinessFailures = []Outcome{OutcomeInsufficientFunds, OutcomeReorged, OutcomeReverted, OutcomeNotFound, OutcomeMismatch, OutcomeDuplicateTransfer}
+var BusinessFailures = []Outcome{OutcomeInsufficientFunds, OutcomeReorged, OutcomeReverted, OutcomeNotFound, OutcomeMismatch, OutcomeDuplicateTransfer,
+	OutcomeHoldClosed, OutcomeUnknownHold}
+
+// Confirms reports whether a recorded outcome leaves its event confirmed.
+func (o Outcome) Confirms() bool { return o == OutcomeSuccess || o == OutcomeHeld }
 
 // Reopenable reports whether a recorded outcome lets the event run again
 // as a first attempt (a human replayed its dead letter, or the chain shows
@@ -128,6 +162,11 @@ type Content struct {
 	// TransferIndex is the transfer a deposit names within its
 	// transaction, or empty.
 	TransferIndex string
+	// HoldID is the hold a post or void resolves; Network and ToAddress
+	// (lowercase) say where a hold's money goes. Empty when not set.
+	HoldID    string
+	Network   string
+	ToAddress string
 }
 
 // Hash is a SHA-256 over the length-prefixed canonical fields; amounts are
@@ -144,6 +183,14 @@ func (c Content) Hash() []byte {
 	// length prefixes.
 	if c.TransferIndex != "" {
 		writeField(h, c.TransferIndex)
+	}
+	// The hold fields came later still; each is written with its name, so
+	// that no two of them (nor TransferIndex) can stand for one another.
+	for _, f := range [][2]string{{"hold_id", c.HoldID}, {"network", c.Network}, {"to_address", strings.ToLower(c.ToAddress)}} {
+		if f[1] != "" {
+			writeField(h, f[0])
+			writeField(h, f[1])
+		}
 	}
 	return h.Sum(nil)
 }
@@ -164,6 +211,10 @@ type Event struct {
 	// TransferIndex is the transfer a deposit claims in its transaction
 	// when its sender named one (see Transfer).
 	TransferIndex string
+	// HoldID, Network and ToAddress: see Content.
+	HoldID    string
+	Network   string
+	ToAddress string
 	// Generation counts the times the event was handed to the queue
 	// afresh (stale recovery, DLQ replay); a task of an older generation
 	// is stale and does nothing.
@@ -173,7 +224,8 @@ type Event struct {
 
 // Content is what a redelivery of the event must carry again.
 func (e Event) Content() Content {
-	return Content{Type: e.Type, UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TransferIndex: e.TransferIndex}
+	return Content{Type: e.Type, UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TransferIndex: e.TransferIndex,
+		HoldID: e.HoldID, Network: e.Network, ToAddress: e.ToAddress}
 }
 
 // Key is the event's idempotency key.

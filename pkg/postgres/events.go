@@ -35,6 +35,15 @@ type NewEvent struct {
 	Related   string // the original of a compensation
 }
 
+// recipient is the stored to_address: the deposit's recipient the
+// provider named, or where a hold (or its post) pays out.
+func (e NewEvent) recipient() string {
+	if e.ToAddress != "" {
+		return e.ToAddress
+	}
+	return e.Event.ToAddress
+}
+
 // InsertEvent commits the event as pending and wakes the enqueuer in the
 // same statement. It reports false for a redelivery with identical
 // content, payment.ErrConflict for the same id with other content, and
@@ -55,7 +64,8 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 		var existing []byte
 		var userExists, assetExists bool
 		err := qr.QueryRow(ctx, stmt.text, ev.ID, string(ev.Type), ev.UserID, ev.Asset, ev.Amount.String(),
-			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.ToAddress), nullable(e.Related), nullable(ev.TransferIndex)).
+			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.recipient()), nullable(e.Related), nullable(ev.TransferIndex),
+			nullable(ev.HoldID), nullable(ev.Network)).
 			Scan(&inserted, &existing, &userExists, &assetExists)
 		if err != nil {
 			return false, classify(stmt.name, err)

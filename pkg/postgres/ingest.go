@@ -195,19 +195,20 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		users := make([]int64, n)
 		hashes := make([][]byte, n)
 		traces, sources, tos, related, indexes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		holds, networks := make([]string, n), make([]string, n)
 		for k, i := range pending {
 			r := batch[i]
 			e := r.event.Event
 			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
-			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.ToAddress, r.event.Related
-			indexes[k] = e.TransferIndex
+			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.recipient(), r.event.Related
+			indexes[k], holds[k], networks[k] = e.TransferIndex, e.HoldID, e.Network
 		}
 		// One round trip: the statement in its own transaction, with the
 		// hot path's plan settings.
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(q("hot_path_plans").text)
-		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes)
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks)
 		b.Queue("COMMIT")
 		br := db.pool.SendBatch(ctx, b)
 		raced, err := readInserted(br, stmt, batch, pending, out)

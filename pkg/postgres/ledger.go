@@ -133,6 +133,11 @@ type claimedEvent struct {
 	// lives, and whether it is the network's own coin.
 	network string
 	native  bool
+	// holdID is the hold a post or void resolves; holdNetwork and
+	// toAddress say where a hold pays out.
+	holdID      string
+	holdNetwork string
+	toAddress   string
 }
 
 // ApplyBatch applies events in one transaction: lock the balances rows in
@@ -246,6 +251,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	batch.Queue(q("ledger_lock_balances").text, users, assets)
 	claim.queue(batch)
 	balances := map[balanceKey]decimal.Decimal{}
+	held := map[balanceKey]decimal.Decimal{}
 	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
 		execs := 3 // BEGIN, ledger_settings, hot_path_plans
@@ -263,12 +269,13 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		}
 		for rows.Next() {
 			var k balanceKey
-			var text string
-			if err := rows.Scan(&k.user, &k.asset, &text); err != nil {
+			var text, heldText string
+			if err := rows.Scan(&k.user, &k.asset, &text, &heldText); err != nil {
 				rows.Close()
 				return err
 			}
 			balances[k] = decimal.RequireFromString(text)
+			held[k] = decimal.RequireFromString(heldText)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -314,7 +321,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	for _, c := range claimed {
 		chain[c.item] = items[c.item].Chain
 	}
-	plan := planBatch(claimed, chain, replays, balances, claim.claims)
+	plan := planBatch(claimed, chain, replays, balances, claim.claims, &holdBook{held: held, holds: claim.holds, events: claim.holdEvents})
 	if len(plan.retry) > 0 {
 		return nil, plan.retry, nil
 	}
@@ -416,6 +423,11 @@ type claim struct {
 	// already held on those transactions.
 	txHashes []string
 	claims   map[txKey][]transferClaim
+	// resolving are the ids of posts and voids; holds and holdEvents what
+	// the batch read of the holds they name.
+	resolving  []string
+	holds      map[string]*holdRow
+	holdEvents map[string]payment.Status
 }
 
 type identity struct {
@@ -448,6 +460,9 @@ func newClaim(items []LedgerItem, live []int) *claim {
 		if e.TxHash != "" && e.Type.Credit() && !slices.Contains(c.txHashes, e.TxHash) {
 			c.txHashes = append(c.txHashes, e.TxHash)
 		}
+		if e.Type.ResolvesHold() {
+			c.resolving = append(c.resolving, e.ID)
+		}
 	}
 	return c
 }
@@ -457,6 +472,10 @@ func (c *claim) queue(batch *pgx.Batch) {
 	if len(c.txHashes) > 0 {
 		batch.Queue(q("ledger_lock_transfers").text, c.txHashes)
 		batch.Queue(q("ledger_transfer_claims").text, c.txHashes)
+	}
+	if len(c.resolving) > 0 {
+		batch.Queue(q("ledger_hold_events").text, c.resolving)
+		batch.Queue(q("ledger_lock_holds").text, c.resolving)
 	}
 	if len(c.keys) > 0 {
 		batch.Queue(q("ledger_key_outcomes").text, c.keys)
@@ -474,12 +493,17 @@ func (c *claim) read(br pgx.BatchResults) error {
 		var eventType, amount string
 		var generation int32
 		if err := rows.Scan(&e.event.ID, &generation, &eventType, &e.event.UserID, &e.event.Asset, &amount,
-			&e.event.TraceID, &e.related, &e.createdAt, &e.event.TxHash, &e.event.TransferIndex, &e.network, &e.native); err != nil {
+			&e.event.TraceID, &e.related, &e.createdAt, &e.event.TxHash, &e.event.TransferIndex, &e.network, &e.native,
+			&e.holdID, &e.holdNetwork, &e.toAddress); err != nil {
 			return err
 		}
 		e.event.Type = payment.EventType(eventType)
 		e.event.Amount = decimal.RequireFromString(amount)
 		e.event.Generation = int(generation)
+		e.event.HoldID, e.event.ToAddress = e.holdID, e.toAddress
+		if e.event.Type == payment.WithdrawalHold {
+			e.event.Network = e.holdNetwork
+		}
 		e.item = c.itemOf[identity{e.event.ID, e.event.Generation}]
 		e.key = payment.IdempotencyKey(e.event.ID, e.event.Type)
 		c.claimed = append(c.claimed, e)
@@ -489,13 +513,20 @@ func (c *claim) read(br pgx.BatchResults) error {
 		return err
 	}
 	rows.Close()
-	if len(c.txHashes) == 0 {
-		return nil
+	if len(c.txHashes) > 0 {
+		if _, err := br.Exec(); err != nil { // ledger_lock_transfers
+			return err
+		}
+		if c.claims, err = readTransferClaims(br); err != nil {
+			return err
+		}
 	}
-	if _, err := br.Exec(); err != nil { // ledger_lock_transfers
-		return err
+	if len(c.resolving) > 0 {
+		if c.holdEvents, err = readHoldEvents(br); err != nil {
+			return err
+		}
+		c.holds, err = readHolds(br)
 	}
-	c.claims, err = readTransferClaims(br)
 	return err
 }
 
@@ -613,6 +644,8 @@ const (
 	writeFail
 	writeDLQ
 	writeNotifications
+	writeOpenHolds
+	writeResolveHolds
 )
 
 // batchPlan is everything one transaction will write, decided in Go from
@@ -638,6 +671,15 @@ type batchPlan struct {
 	dlqItems     []int
 	notification []notificationRow
 
+	// balances are the running balances of the locked rows; book, the
+	// holds the batch knows, heldDeltas the changes of balances.held, and
+	// newHolds and resolutions the holds rows to write.
+	balances    map[balanceKey]decimal.Decimal
+	book        *holdBook
+	heldDeltas  map[balanceKey]decimal.Decimal
+	newHolds    []holdRow
+	resolutions []holdResolution
+
 	writeKinds []writeKind
 }
 
@@ -655,8 +697,12 @@ type journalRow struct {
 }
 
 type confirmRow struct {
-	id    string
-	chain *ChainEvidence
+	id      string
+	chain   *ChainEvidence
+	outcome payment.Outcome
+	// unwatched: the chain evidence is recorded, but nobody watches it
+	// for reorgs (a post's payment out, not a deposit).
+	unwatched bool
 }
 
 type failRow struct {
@@ -677,18 +723,21 @@ type notificationRow struct {
 // planBatch decides each claimed event's fate against the running
 // balances, in (user, asset, accepted-at) order so that a user's
 // withdrawals are served first come, first served.
-func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal, claims map[txKey][]transferClaim) *batchPlan {
+func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal, claims map[txKey][]transferClaim, book *holdBook) *batchPlan {
 	if claims == nil {
 		claims = map[txKey][]transferClaim{}
 	}
 	p := &batchPlan{
-		claims:    claims,
-		results:   map[int]LedgerResult{},
-		retry:     map[int]error{},
-		deltas:    map[balanceKey]decimal.Decimal{},
-		outcomes:  map[string]payment.Outcome{},
-		keyEvents: map[string]string{},
-		reopened:  map[string]bool{},
+		balances:   balances,
+		book:       book.withDefaults(),
+		heldDeltas: map[balanceKey]decimal.Decimal{},
+		claims:     claims,
+		results:    map[int]LedgerResult{},
+		retry:      map[int]error{},
+		deltas:     map[balanceKey]decimal.Decimal{},
+		outcomes:   map[string]payment.Outcome{},
+		keyEvents:  map[string]string{},
+		reopened:   map[string]bool{},
 	}
 	for _, c := range claimed {
 		p.keyEvents[c.key] = c.event.ID
@@ -716,8 +765,8 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 			// Replay path: the key was written before; bring the event to
 			// the status its recorded outcome implies, without moving money.
 			switch {
-			case prior == payment.OutcomeSuccess:
-				p.confirms = append(p.confirms, confirmRow{id: c.event.ID})
+			case prior.Confirms():
+				p.confirms = append(p.confirms, confirmRow{id: c.event.ID, outcome: prior})
 				result.Status, result.Outcome = payment.StatusConfirmed, prior
 			case prior == payment.OutcomePending:
 				// A pending key that committed belongs to no live
@@ -731,7 +780,9 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 			p.results[c.item] = result
 			continue
 		}
-		p.apply(c, chain[c.item], balances, &result)
+		if !p.apply(c, chain[c.item], balances, &result) {
+			continue
+		}
 		p.results[c.item] = result
 	}
 	p.order()
@@ -739,15 +790,28 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 }
 
 // apply moves money for a first-time event (or one whose last attempt was
-// dead-lettered and a human replayed it).
-func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) {
+// dead-lettered and a human replayed it). It reports false when the item
+// must wait for another transaction (p.retry says why).
+func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) bool {
 	e := c.event
 	k := balanceKey{e.UserID, e.Asset}
 	balance, exists := balances[k]
-	if !exists {
+	switch {
+	case !exists:
 		p.deadLetter(c, result, fmt.Sprintf("user %d or asset %s is unknown", e.UserID, e.Asset), "")
-		return
+	case e.Type == payment.WithdrawalHold:
+		p.reserve(c, k, balance, result)
+	case e.Type.ResolvesHold():
+		return p.resolve(c, k, balance, chain, result)
+	default:
+		p.move(c, k, balance, chain, balances, result)
 	}
+	return true
+}
+
+// move credits or debits the balance; a debit takes only from available.
+func (p *batchPlan) move(c claimedEvent, k balanceKey, balance decimal.Decimal, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) {
+	e := c.event
 	if e.Type.Credit() {
 		next := balance.Add(e.Amount)
 		if !money.FitsBalance(next) {
@@ -764,26 +828,25 @@ func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[bal
 			return
 		}
 		p.post(c, e.Amount, next, balances)
-		p.confirms = append(p.confirms, confirmRow{id: e.ID, chain: chain})
+		p.confirms = append(p.confirms, confirmRow{id: e.ID, chain: chain, outcome: payment.OutcomeSuccess})
 		p.notify(c, NotifyDepositCredited, next)
 		result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 		return
 	}
-	if balance.LessThan(e.Amount) {
+	if held := p.book.held[k]; !canDebit(balance, held, e.Amount) {
 		if e.Type == payment.ReorgCompensation {
-			reason := fmt.Sprintf("reorg compensation of %s %s exceeds the balance of user %d (%s): settle by hand", e.Amount, e.Asset, e.UserID, balance)
+			reason := fmt.Sprintf("reorg compensation of %s %s exceeds the available balance of user %d (%s, of which %s held): settle by hand",
+				e.Amount, e.Asset, e.UserID, balance, held)
 			p.deadLetter(c, result, reason, reason)
 			return
 		}
-		p.outcomes[c.key] = payment.OutcomeInsufficientFunds
-		p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeInsufficientFunds})
-		p.notify(c, NotifyInsufficientFunds, balance)
-		result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeInsufficientFunds
+		p.refuse(c, result, payment.OutcomeInsufficientFunds, "")
+		p.notify(c, NotifyInsufficientFunds, available(balance, held))
 		return
 	}
 	next := balance.Sub(e.Amount)
 	p.post(c, e.Amount.Neg(), next, balances)
-	p.confirms = append(p.confirms, confirmRow{id: e.ID})
+	p.confirms = append(p.confirms, confirmRow{id: e.ID, outcome: payment.OutcomeSuccess})
 	kind := NotifyWithdrawalConfirmed
 	if e.Type == payment.ReorgCompensation {
 		kind = NotifyDepositReversed
@@ -857,7 +920,7 @@ func (p *batchPlan) post(c claimedEvent, signed, next decimal.Decimal, balances 
 	k := balanceKey{e.UserID, e.Asset}
 	balances[k] = next
 	p.deltas[k] = p.deltas[k].Add(signed)
-	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type, source: e.ID})
+	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type.JournalType(), source: e.ID})
 	p.outcomes[c.key] = payment.OutcomeSuccess
 }
 
@@ -899,8 +962,10 @@ func (p *batchPlan) order() {
 			p.writeKinds = append(p.writeKinds, kind)
 		}
 	}
-	add(len(p.deltas) > 0, writeBalances)
+	add(len(p.deltas) > 0 || len(p.heldDeltas) > 0, writeBalances)
 	add(len(p.journal) > 0, writeJournal)
+	add(len(p.newHolds) > 0, writeOpenHolds)
+	add(len(p.resolutions) > 0, writeResolveHolds)
 	add(len(p.newClaims) > 0, writeTransfers)
 	add(len(p.outcomes) > len(p.reopened), writeOutcomes)
 	add(len(p.reopened) > 0, writeKeyUpdates)
@@ -916,9 +981,14 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 	for _, kind := range p.writeKinds {
 		switch kind {
 		case writeBalances:
-			keys := make([]balanceKey, 0, len(p.deltas))
+			keys := make([]balanceKey, 0, len(p.deltas)+len(p.heldDeltas))
 			for k := range p.deltas {
 				keys = append(keys, k)
+			}
+			for k := range p.heldDeltas {
+				if _, both := p.deltas[k]; !both {
+					keys = append(keys, k)
+				}
 			}
 			sort.Slice(keys, func(i, j int) bool {
 				if keys[i].user != keys[j].user {
@@ -926,11 +996,15 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 				}
 				return keys[i].asset < keys[j].asset
 			})
-			users, assets, deltas := make([]int64, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+			users, assets, deltas, heldDeltas := make([]int64, len(keys)), make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
 			for i, k := range keys {
-				users[i], assets[i], deltas[i] = k.user, k.asset, p.deltas[k].String()
+				users[i], assets[i], deltas[i], heldDeltas[i] = k.user, k.asset, p.deltas[k].String(), p.heldDeltas[k].String()
 			}
-			batch.Queue(q("ledger_update_balances").text, users, assets, deltas)
+			batch.Queue(q("ledger_update_balances").text, users, assets, deltas, heldDeltas)
+		case writeOpenHolds:
+			p.queueOpenHolds(batch)
+		case writeResolveHolds:
+			p.queueResolveHolds(batch)
 		case writeJournal:
 			n := len(p.journal)
 			users, assets, amounts, types, sources := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -961,19 +1035,22 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 			batch.Queue(q("ledger_update_keys").text, keys, outcomes)
 		case writeConfirm:
 			n := len(p.confirms)
-			ids, blocks, hashes, states := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n)
+			ids, blocks, hashes, states, outcomes := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n), make([]string, n)
 			for i, c := range p.confirms {
-				ids[i] = c.id
+				ids[i], outcomes[i] = c.id, string(c.outcome)
 				if c.chain != nil {
 					block := c.chain.BlockNumber
 					blocks[i], hashes[i] = &block, c.chain.BlockHash
-					states[i] = "final"
-					if c.chain.Watch {
+					switch {
+					case c.unwatched:
+					case c.chain.Watch:
 						states[i] = "watching"
+					default:
+						states[i] = "final"
 					}
 				}
 			}
-			queueTransition(batch, q("ledger_confirm"), ids, blocks, hashes, states)
+			queueTransition(batch, q("ledger_confirm"), ids, blocks, hashes, states, outcomes)
 		case writeFail:
 			n := len(p.fails)
 			ids, outcomes, reasons := make([]string, n), make([]string, n), make([]string, n)

@@ -16,7 +16,9 @@ import (
 // A statement that writes payment_events.status must declare the edges it
 // performs with "-- transition: from[,from] -> to"; the declaration is
 // checked against payment.CanTransition when the package loads, and such a
-// statement can only be run through transition (transition.go).
+// statement can only be run through transition (transition.go). The same
+// holds for holds.status: "-- hold transition: from -> to" lines, checked
+// against payment.HoldStatus.CanTransition.
 //
 // Statements that find rows by key and check their status write
 // status = '...' COLLATE "C". It is the same equality, but the planner can
@@ -34,6 +36,8 @@ type query struct {
 	// from and to are set for status-writing statements.
 	from []payment.Status
 	to   payment.Status
+	// holdEdges counts the declared hold transitions.
+	holdEdges int
 }
 
 var (
@@ -90,6 +94,9 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 			if writesEventStatus(current.text) && current.to == "" {
 				return fmt.Errorf("%s: query %q writes status without a -- transition: line", file, current.name)
 			}
+			if writesStatusOf(updateHolds, current.text) && current.holdEdges == 0 {
+				return fmt.Errorf("%s: query %q writes holds.status without a -- hold transition: line", file, current.name)
+			}
 			out[current.name] = *current
 			body.Reset()
 			return nil
@@ -104,6 +111,14 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 					return nil, err
 				}
 				current = &query{name: strings.TrimSpace(strings.TrimPrefix(trimmed, "-- name:"))}
+			case strings.HasPrefix(trimmed, "-- hold transition:"):
+				if current == nil {
+					return nil, fmt.Errorf("%s: hold transition line outside a query", file)
+				}
+				if err := parseHoldEdge(strings.TrimPrefix(trimmed, "-- hold transition:")); err != nil {
+					return nil, fmt.Errorf("%s: query %q: %w", file, current.name, err)
+				}
+				current.holdEdges++
 			case strings.HasPrefix(trimmed, "-- transition:"):
 				if current == nil {
 					return nil, fmt.Errorf("%s: transition line outside a query", file)
@@ -127,14 +142,19 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 
 var (
 	updateEvents  = regexp.MustCompile(`(?i)\bupdate\s+payment_events\b`)
+	updateHolds   = regexp.MustCompile(`(?i)\bupdate\s+holds\b`)
 	assignsStatus = regexp.MustCompile(`(?i)(^|[\s,])status\s*=`)
 	whereClause   = regexp.MustCompile(`(?i)\bwhere\b`)
 )
 
 // writesEventStatus finds an UPDATE of payment_events whose SET list (up
 // to its WHERE) assigns status.
-func writesEventStatus(text string) bool {
-	for _, loc := range updateEvents.FindAllStringIndex(text, -1) {
+func writesEventStatus(text string) bool { return writesStatusOf(updateEvents, text) }
+
+// writesStatusOf finds an UPDATE of the table update matches whose SET
+// list assigns status.
+func writesStatusOf(update *regexp.Regexp, text string) bool {
+	for _, loc := range update.FindAllStringIndex(text, -1) {
 		rest := text[loc[1]:]
 		if w := whereClause.FindStringIndex(rest); w != nil {
 			rest = rest[:w[0]]
@@ -164,4 +184,16 @@ func parseEdge(text string) ([]payment.Status, payment.Status, error) {
 		from = append(from, s)
 	}
 	return from, to, nil
+}
+
+func parseHoldEdge(text string) error {
+	left, right, ok := strings.Cut(text, "->")
+	if !ok {
+		return fmt.Errorf("hold transition %q lacks ->", text)
+	}
+	from, to := payment.HoldStatus(strings.TrimSpace(left)), payment.HoldStatus(strings.TrimSpace(right))
+	if !from.Valid() || !to.Valid() || !from.CanTransition(to) {
+		return fmt.Errorf("hold %s -> %s is not an allowed transition", from, to)
+	}
+	return nil
 }

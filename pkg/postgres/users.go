@@ -54,6 +54,10 @@ func (db *DB) SetInitialBalance(ctx context.Context, user int64, asset string, a
 type Balance struct {
 	Asset   string
 	Balance decimal.Decimal
+	// Held is the sum of the open holds; Available = Balance − Held is
+	// what a debit may take.
+	Held      decimal.Decimal
+	Available decimal.Decimal
 }
 
 // Balances lists a user's balances.
@@ -67,11 +71,12 @@ func (db *DB) Balances(ctx context.Context, user int64) ([]Balance, error) {
 	var out []Balance
 	for rows.Next() {
 		var b Balance
-		var text string
-		if err := rows.Scan(&b.Asset, &text); err != nil {
+		var text, held string
+		if err := rows.Scan(&b.Asset, &text, &held); err != nil {
 			return nil, classify(stmt.name, err)
 		}
-		b.Balance = decimal.RequireFromString(text)
+		b.Balance, b.Held = decimal.RequireFromString(text), decimal.RequireFromString(held)
+		b.Available = b.Balance.Sub(b.Held)
 		out = append(out, b)
 	}
 	return out, classify(stmt.name, rows.Err())

@@ -16,11 +16,13 @@ FROM (SELECT b.user_id, b.asset, b.balance, b.initial_balance, COALESCE(j.total,
 
 -- name: inv_journal_orphans
 -- Each journal row matches its event: same user, asset, and the amount
--- with the sign of the event type.
+-- with the sign of the event type. A withdrawal_post journals as a
+-- withdrawal (its amount is its hold's).
 SELECT count(*), COALESCE(string_agg(source_event_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT j.source_event_id, row_number() OVER (ORDER BY j.id) AS rn
       FROM balance_events j
-      LEFT JOIN payment_events e ON e.event_id = j.source_event_id AND e.event_type = j.event_type
+      LEFT JOIN payment_events e ON e.event_id = j.source_event_id
+                               AND j.event_type = CASE e.event_type WHEN 'withdrawal_post' THEN 'withdrawal' ELSE e.event_type END
       WHERE e.event_id IS NULL OR e.user_id <> j.user_id OR e.asset <> j.asset
          OR j.amount <> CASE WHEN e.event_type IN ('deposit', 'airdrop') THEN e.amount ELSE -e.amount END) bad;
 
@@ -31,17 +33,19 @@ FROM (SELECT source_event_id, row_number() OVER (ORDER BY source_event_id) AS rn
       FROM balance_events GROUP BY source_event_id, event_type HAVING count(*) > 1) d;
 
 -- name: inv_confirmed_without_journal
--- A confirmed event moved money exactly once.
+-- A confirmed event moved money exactly once (holds and voids move none).
 SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
-      WHERE e.status = 'confirmed'
-        AND NOT EXISTS (SELECT 1 FROM balance_events j WHERE j.source_event_id = e.event_id AND j.event_type = e.event_type)) x;
+      WHERE e.status = 'confirmed' AND e.event_type NOT IN ('withdrawal_hold', 'withdrawal_void')
+        AND NOT EXISTS (SELECT 1 FROM balance_events j WHERE j.source_event_id = e.event_id
+                          AND j.event_type = CASE e.event_type WHEN 'withdrawal_post' THEN 'withdrawal' ELSE e.event_type END)) x;
 
 -- name: inv_journal_without_confirmed
 SELECT count(*), COALESCE(string_agg(source_event_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT j.source_event_id, row_number() OVER (ORDER BY j.id) AS rn
       FROM balance_events j
-      JOIN payment_events e ON e.event_id = j.source_event_id AND e.event_type = j.event_type
+      JOIN payment_events e ON e.event_id = j.source_event_id
+                           AND j.event_type = CASE e.event_type WHEN 'withdrawal_post' THEN 'withdrawal' ELSE e.event_type END
       WHERE e.status <> 'confirmed') x;
 
 -- name: inv_not_terminal
@@ -57,7 +61,8 @@ SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), ''
 FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
       WHERE e.status = 'failed'
         AND (e.outcome IS NULL
-             OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'duplicate_transfer', 'dead_lettered')
+             OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'duplicate_transfer',
+                                  'hold_closed', 'unknown_hold', 'dead_lettered')
              OR (e.outcome = 'dead_lettered' AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.event_id = e.event_id)))) x;
 
 -- name: inv_processed_pending
@@ -72,7 +77,8 @@ FROM (SELECT event_id, row_number() OVER (ORDER BY created_at) AS rn
 SELECT count(*), COALESCE(string_agg(id::text || ':' || event_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT d.id, d.event_id, row_number() OVER (ORDER BY d.id) AS rn FROM dead_letter_queue d
       WHERE d.resolution IS NULL
-        AND d.event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation')
+        AND d.event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation',
+                             'withdrawal_hold', 'withdrawal_post', 'withdrawal_void')
         AND NOT EXISTS (SELECT 1 FROM payment_events e WHERE e.event_id = d.event_id)) d;
 
 -- name: inv_transfer_claims
@@ -94,6 +100,40 @@ FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM pa
       WHERE e.status = 'confirmed' AND e.event_type IN ('deposit', 'airdrop') AND e.tx_hash IS NOT NULL
         AND NOT EXISTS (SELECT 1 FROM chain_transfers t WHERE t.event_id = e.event_id)) x;
 
+-- name: inv_open_holds
+-- 4. SUM(open holds) <= balance per (user, asset), and balances.held, the
+-- running sum the ledger keeps, equals it.
+SELECT count(*), COALESCE(string_agg(format('user %s %s: balance %s, held %s, open holds %s',
+                                            user_id, asset, balance, held, open), '; ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT b.user_id, b.asset, b.balance, b.held, COALESCE(h.total, 0) AS open,
+             row_number() OVER (ORDER BY b.user_id, b.asset) AS rn
+      FROM balances b
+      LEFT JOIN (SELECT user_id, asset, SUM(amount) AS total FROM holds WHERE status = 'open' GROUP BY user_id, asset) h
+        ON h.user_id = b.user_id AND h.asset = b.asset
+      WHERE COALESCE(h.total, 0) > b.balance OR b.held <> COALESCE(h.total, 0)) bad;
+
+-- name: inv_holds_without_balance
+-- 4. An open hold belongs to a balance row (a hold of nobody's balance
+-- would escape the check above).
+SELECT count(*), COALESCE(string_agg(hold_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
+      FROM holds h
+      WHERE h.status = 'open'
+        AND NOT EXISTS (SELECT 1 FROM balances b WHERE b.user_id = h.user_id AND b.asset = h.asset)) x;
+
+-- name: inv_holds_match_events
+-- Every hold row was opened by a confirmed withdrawal_hold of its user,
+-- asset and amount, and a resolved one by a confirmed post or void of it.
+SELECT count(*), COALESCE(string_agg(hold_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
+      FROM holds h
+      LEFT JOIN payment_events e ON e.event_id = h.hold_id AND e.event_type = 'withdrawal_hold'
+      LEFT JOIN payment_events r ON r.event_id = h.resolved_by
+      WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.user_id <> h.user_id OR e.asset <> h.asset OR e.amount <> h.amount
+         OR (h.status <> 'open' AND (r.event_id IS NULL OR r.status <> 'confirmed' OR r.hold_id IS DISTINCT FROM h.hold_id
+                                     OR r.event_type <> CASE h.status WHEN 'posted' THEN 'withdrawal_post' ELSE 'withdrawal_void' END))) x;
+
 -- name: inv_conservation
 -- Money conservation per asset: SUM(balance) = SUM(initial) + confirmed
 -- credits - confirmed debits, computed from the events, not the journal.
@@ -104,7 +144,7 @@ WITH per_asset AS (
            COALESCE((SELECT SUM(amount) FROM payment_events WHERE asset = a.code AND status = 'confirmed'
                        AND event_type IN ('deposit', 'airdrop')), 0) AS credits,
            COALESCE((SELECT SUM(amount) FROM payment_events WHERE asset = a.code AND status = 'confirmed'
-                       AND event_type IN ('withdrawal', 'withdrawal_fee', 'reorg_compensation')), 0) AS debits
+                       AND event_type IN ('withdrawal', 'withdrawal_fee', 'reorg_compensation', 'withdrawal_post')), 0) AS debits
     FROM assets a
 )
 SELECT asset, balances::text, initial::text, credits::text, debits::text

@@ -1,8 +1,10 @@
 -- The ledger transaction, step by step (ledger.go runs them in order).
 -- Locks are always taken in the same global order: balances rows sorted by
--- (user_id, asset) first, then event rows, then idempotency keys sorted.
--- Two batches touching the same users therefore queue behind each other
--- instead of deadlocking.
+-- (user_id, asset) first, then event rows, then the transfer locks of
+-- their transactions (hash order), then the holds rows that posts and
+-- voids resolve (hold_id order), then idempotency keys sorted. Two batches
+-- touching the same users therefore queue behind each other instead of
+-- deadlocking.
 
 -- name: ledger_settings
 SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true);
@@ -22,7 +24,7 @@ ON CONFLICT (user_id, asset) DO NOTHING;
 -- LockRows sits above the Sort, so rows are locked in (user_id, asset)
 -- order. Waiting is bounded by lock_timeout, after which the batch fails
 -- as retryable (55P03).
-SELECT b.user_id, b.asset, b.balance::text
+SELECT b.user_id, b.asset, b.balance::text, b.held::text
 FROM balances b
 JOIN unnest($1::bigint[], $2::text[]) AS t(user_id, asset)
   ON b.user_id = t.user_id AND b.asset = t.asset
@@ -38,7 +40,8 @@ FOR UPDATE OF b;
 -- event_id = ANY keeps the plan on the primary key whatever the backlog.
 SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
        COALESCE(p.related_event_id, ''), p.created_at,
-       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), a.network, a.contract_address IS NULL
+       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), a.network, a.contract_address IS NULL,
+       COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
 FROM payment_events p
 JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[], $7::text[])
      AS t(event_id, generation, event_type, user_id, asset, amount, tx_hash)
@@ -70,6 +73,29 @@ WHERE tx_hash = ANY($1::text[]);
 INSERT INTO chain_transfers (network, tx_hash, transfer_index, asset, event_id)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]);
 
+-- name: ledger_hold_events
+-- The withdrawal_hold events behind the holds that this batch's posts and
+-- voids name, read before the holds rows: a hold whose event is not yet
+-- terminal has no row yet, and its post waits for it. Read first, a hold
+-- event seen confirmed always comes with its row below.
+SELECT e.event_id, e.status
+FROM payment_events e
+WHERE e.event_id = ANY (ARRAY(SELECT p.hold_id FROM payment_events p
+                              WHERE p.event_id = ANY($1::text[]) AND p.hold_id IS NOT NULL))
+  AND e.event_type = 'withdrawal_hold';
+
+-- name: ledger_lock_holds
+-- The holds that this batch's posts and voids resolve (their hold_id as
+-- stored, the events being locked), locked in hold_id order after the
+-- balances and the events. A post by another user than the hold's does
+-- not hold the owner's balance row, and never moves its money.
+SELECT h.hold_id, h.user_id, h.asset, h.amount::text, h.status, h.network, COALESCE(h.to_address, '')
+FROM holds h
+WHERE h.hold_id = ANY (ARRAY(SELECT p.hold_id FROM payment_events p
+                             WHERE p.event_id = ANY($1::text[]) AND p.hold_id IS NOT NULL))
+ORDER BY h.hold_id
+FOR UPDATE OF h;
+
 -- name: ledger_key_outcomes
 -- Idempotency keys already recorded: their events take the replay path.
 SELECT idempotency_key, outcome
@@ -77,12 +103,37 @@ FROM processed_events
 WHERE idempotency_key = ANY($1::text[]);
 
 -- name: ledger_update_balances
--- Deltas, not absolute values: the CHECK (balance >= 0) is the last guard
--- should the arithmetic above ever be wrong.
+-- Deltas, not absolute values: the CHECKs (balance >= 0, 0 <= held <=
+-- balance) are the last guard should the arithmetic above ever be wrong.
 UPDATE balances b
-SET balance = b.balance + t.delta::numeric, updated_at = now()
-FROM unnest($1::bigint[], $2::text[], $3::text[]) AS t(user_id, asset, delta)
+SET balance = b.balance + t.delta::numeric, held = b.held + t.held_delta::numeric, updated_at = now()
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS t(user_id, asset, delta, held_delta)
 WHERE b.user_id = ANY($1::bigint[]) AND b.user_id = t.user_id AND b.asset = t.asset;
+
+-- name: ledger_open_holds
+-- Holds reserved by this batch; the hold id is the hold event's id, which
+-- this transaction holds locked, so a conflict here is a planning error
+-- and aborts the batch.
+INSERT INTO holds (hold_id, user_id, asset, amount, network, to_address)
+SELECT t.hold_id, t.user_id, t.asset, t.amount::numeric, t.network, NULLIF(t.to_address, '')
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[])
+     AS t(hold_id, user_id, asset, amount, network, to_address)
+ORDER BY t.hold_id;
+
+-- name: ledger_resolve_holds
+-- hold transition: open -> posted
+-- hold transition: open -> voided
+-- Only an open hold resolves, and every planned one must: a shortfall
+-- aborts the transaction.
+WITH moved AS (
+    UPDATE holds h
+    SET status = t.status, resolved_at = now(), resolved_by = t.resolved_by
+    FROM unnest($1::text[], $2::text[], $3::text[]) AS t(hold_id, status, resolved_by)
+    WHERE h.hold_id = ANY($1::text[]) AND h.hold_id = t.hold_id AND h.status = 'open'
+    RETURNING h.hold_id
+)
+SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_resolve_holds moved ' || count(*) || ' of ' || cardinality($1::text[]))
+FROM moved;
 
 -- name: ledger_insert_journal
 INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id)
@@ -116,11 +167,11 @@ WHERE p.idempotency_key = ANY($1::text[]) AND p.idempotency_key = t.idempotency_
 -- a shortfall aborts the transaction instead of committing half a batch.
 WITH moved AS (
     UPDATE payment_events p
-    SET status = 'confirmed', outcome = 'success', error = NULL, retry_count = 0, updated_at = now(),
+    SET status = 'confirmed', outcome = t.outcome, error = NULL, retry_count = 0, updated_at = now(),
         block_number = COALESCE(t.block_number, p.block_number),
         block_hash = COALESCE(NULLIF(t.block_hash, ''), p.block_hash),
         chain_state = NULLIF(t.chain_state, '')
-    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(event_id, block_number, block_hash, chain_state)
+    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(event_id, block_number, block_hash, chain_state, outcome)
     WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued' COLLATE "C"
     RETURNING p.event_id
 )

@@ -23,7 +23,9 @@ ON CONFLICT (user_id, asset) DO UPDATE
     WHERE NOT EXISTS (SELECT 1 FROM balance_events WHERE user_id = $1 AND asset = $2);
 
 -- name: list_balances
-SELECT asset, balance::text
+-- balance and held from one row version: available is never computed
+-- from two moments.
+SELECT asset, balance::text, held::text
 FROM balances
 WHERE user_id = $1
 ORDER BY asset;

@@ -1,0 +1,311 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// enqueueEvent accepts e as the api would and claims it as the enqueuer
+// does, returning the task.
+func (f *fixture) enqueueEvent(e payment.Event) payment.Event {
+	f.t.Helper()
+	ctx := context.Background()
+	e.TraceID = "trace-" + e.ID
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourcePayments})
+	require.NoError(f.t, err)
+	require.True(f.t, inserted)
+	claimed, err := f.db.ClaimOutbox(ctx, 1000, 0, postgres.TaskEventsMax)
+	require.NoError(f.t, err)
+	for _, c := range claimed {
+		if c.Event.ID == e.ID {
+			return c.Event
+		}
+	}
+	f.t.Fatalf("event %s was not claimed", e.ID)
+	return payment.Event{}
+}
+
+func (f *fixture) holdTask(id string, user int64, amount string) payment.Event {
+	f.t.Helper()
+	return f.enqueueEvent(payment.Event{ID: id, Type: payment.WithdrawalHold, UserID: user, Asset: "ETH", Amount: dec(amount),
+		Network: "ETH_MAINNET", ToAddress: "0x00000000000000000000000000000000000000aa"})
+}
+
+// resolveTask is a post or void as the api stores it: the hold's asset and
+// amount.
+func (f *fixture) resolveTask(id string, typ payment.EventType, user int64, holdID, amount string) payment.Event {
+	f.t.Helper()
+	return f.enqueueEvent(payment.Event{ID: id, Type: typ, UserID: user, Asset: "ETH", Amount: dec(amount), HoldID: holdID})
+}
+
+func (f *fixture) held(user int64, asset string) string {
+	f.t.Helper()
+	var text string
+	require.NoError(f.t, f.sql.QueryRow(context.Background(),
+		`SELECT COALESCE((SELECT held::text FROM balances WHERE user_id=$1 AND asset=$2), '0')`, user, asset).Scan(&text))
+	return dec(text).String()
+}
+
+func (f *fixture) holdStatus(id string) (string, string) {
+	f.t.Helper()
+	var status, by string
+	require.NoError(f.t, f.sql.QueryRow(context.Background(),
+		`SELECT status, COALESCE(resolved_by, '') FROM holds WHERE hold_id = $1`, id).Scan(&status, &by))
+	return status, by
+}
+
+func (f *fixture) journal(source string) []string {
+	f.t.Helper()
+	rows, err := f.sql.Query(context.Background(), `SELECT event_type || ' ' || amount::numeric(38,0)::text FROM balance_events WHERE source_event_id = $1 ORDER BY id`, source)
+	require.NoError(f.t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(f.t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(f.t, rows.Err())
+	return out
+}
+
+func requireOutcome(t *testing.T, r postgres.LedgerResult, status payment.Status, outcome payment.Outcome) {
+	t.Helper()
+	require.Equal(t, postgres.Applied, r.Kind, "%v", r.Err)
+	require.Equal(t, status, r.Status)
+	require.Equal(t, outcome, r.Outcome)
+}
+
+func TestHoldThenPostDebitsOnce(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	requireOutcome(t, f.apply(f.holdTask("h1", 1, "30"))[0], payment.StatusConfirmed, payment.OutcomeHeld)
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	require.Equal(t, "30", f.held(1, "ETH"))
+	require.Empty(t, f.journal("h1"), "a hold writes no journal row")
+	status, by := f.holdStatus("h1")
+	require.Equal(t, "open", status)
+	require.Empty(t, by)
+
+	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "30")
+	requireOutcome(t, f.apply(post)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "70", f.balance(1, "ETH").String())
+	require.Equal(t, "0", f.held(1, "ETH"))
+	require.Equal(t, []string{"withdrawal -30"}, f.journal("p1"))
+	status, by = f.holdStatus("h1")
+	require.Equal(t, "posted", status)
+	require.Equal(t, "p1", by)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM notification_outbox WHERE kind = 'withdrawal_posted' AND event_id = 'p1'`))
+
+	// The same task again (a redelivery) does nothing more.
+	again := f.apply(post)[0]
+	require.Equal(t, postgres.AlreadyDone, again.Kind)
+	require.Equal(t, "70", f.balance(1, "ETH").String())
+	require.Len(t, f.journal("p1"), 1)
+	f.requireInvariants()
+}
+
+func TestHoldThenVoidRestoresAvailable(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	f.apply(f.holdTask("h1", 1, "100"))
+	require.Equal(t, "100", f.held(1, "ETH"))
+	// Nothing is available while the hold is open.
+	w := f.enqueue("w1", payment.Withdrawal, 1, "ETH", "1")
+	requireOutcome(t, f.apply(w)[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
+
+	void := f.resolveTask("v1", payment.WithdrawalVoid, 1, "h1", "100")
+	requireOutcome(t, f.apply(void)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	require.Equal(t, "0", f.held(1, "ETH"))
+	require.Empty(t, f.journal("v1"))
+	status, by := f.holdStatus("h1")
+	require.Equal(t, "voided", status)
+	require.Equal(t, "v1", by)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM notification_outbox WHERE kind = 'hold_voided' AND event_id = 'v1'`))
+
+	w2 := f.enqueue("w2", payment.Withdrawal, 1, "ETH", "100")
+	requireOutcome(t, f.apply(w2)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.True(t, f.balance(1, "ETH").IsZero())
+	f.requireInvariants()
+}
+
+func TestHoldResolvesOnce(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	f.user(2, map[string]string{"ETH": "100"})
+	f.apply(f.holdTask("h1", 1, "10"), f.holdTask("h2", 1, "20"))
+
+	// Void, then post: hold_closed, no money.
+	requireOutcome(t, f.apply(f.resolveTask("v1", payment.WithdrawalVoid, 1, "h1", "10"))[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	requireOutcome(t, f.apply(f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "10"))[0], payment.StatusFailed, payment.OutcomeHoldClosed)
+	require.Empty(t, f.journal("p1"))
+	// Post, then void, and a second post: hold_closed.
+	requireOutcome(t, f.apply(f.resolveTask("p2", payment.WithdrawalPost, 1, "h2", "20"))[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	requireOutcome(t, f.apply(f.resolveTask("v2", payment.WithdrawalVoid, 1, "h2", "20"))[0], payment.StatusFailed, payment.OutcomeHoldClosed)
+	requireOutcome(t, f.apply(f.resolveTask("p3", payment.WithdrawalPost, 1, "h2", "20"))[0], payment.StatusFailed, payment.OutcomeHoldClosed)
+	require.Equal(t, "80", f.balance(1, "ETH").String())
+	require.Equal(t, "0", f.held(1, "ETH"))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	f.requireInvariants()
+}
+
+func TestPostAndVoidInOneBatchResolveOnce(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	hold := f.holdTask("h1", 1, "10")
+	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "10")
+	void := f.resolveTask("v1", payment.WithdrawalVoid, 1, "h1", "10")
+	// Hold, post and void in one transaction: the hold opens, the post
+	// (accepted first) resolves it, the void finds it closed.
+	results := f.apply(hold, post, void)
+	requireOutcome(t, results[0], payment.StatusConfirmed, payment.OutcomeHeld)
+	requireOutcome(t, results[1], payment.StatusConfirmed, payment.OutcomeSuccess)
+	requireOutcome(t, results[2], payment.StatusFailed, payment.OutcomeHoldClosed)
+	require.Equal(t, "90", f.balance(1, "ETH").String())
+	require.Equal(t, "0", f.held(1, "ETH"))
+	f.requireInvariants()
+}
+
+func TestPostOfAnotherUsersHoldIsUnknown(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	f.user(2, map[string]string{"ETH": "100"})
+	f.apply(f.holdTask("h1", 1, "10"))
+	requireOutcome(t, f.apply(f.resolveTask("p1", payment.WithdrawalPost, 2, "h1", "10"))[0], payment.StatusFailed, payment.OutcomeUnknownHold)
+	requireOutcome(t, f.apply(f.resolveTask("v1", payment.WithdrawalVoid, 2, "h1", "10"))[0], payment.StatusFailed, payment.OutcomeUnknownHold)
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	require.Equal(t, "100", f.balance(2, "ETH").String())
+	require.Equal(t, "10", f.held(1, "ETH"))
+	status, _ := f.holdStatus("h1")
+	require.Equal(t, "open", status)
+	require.Zero(t, f.count(`SELECT count(*) FROM balance_events`))
+
+	// A hold refused for insufficient funds has no row: its post is unknown.
+	requireOutcome(t, f.apply(f.holdTask("h2", 2, "1000"))[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
+	requireOutcome(t, f.apply(f.resolveTask("p2", payment.WithdrawalPost, 2, "h2", "1000"))[0], payment.StatusFailed, payment.OutcomeUnknownHold)
+	f.requireInvariants()
+}
+
+func TestPostWaitsForItsHoldToSettle(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	hold := f.holdTask("h1", 1, "10")
+	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "10")
+	// The post comes to the ledger before its hold: it is retried, not
+	// failed, and nothing moves.
+	r := f.apply(post)[0]
+	require.Equal(t, postgres.Retry, r.Kind)
+	require.ErrorIs(t, r.Err, payment.ErrRetryable)
+	st, _ := f.status("p1")
+	require.Equal(t, payment.StatusEnqueued, st)
+	f.apply(hold)
+	requireOutcome(t, f.apply(post)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "90", f.balance(1, "ETH").String())
+	f.requireInvariants()
+}
+
+func TestDebitsTakeOnlyFromAvailable(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	f.apply(f.holdTask("h1", 1, "60"))
+	for _, typ := range []payment.EventType{payment.Withdrawal, payment.WithdrawalFee} {
+		e := f.enqueue("over-"+string(typ), typ, 1, "ETH", "41")
+		requireOutcome(t, f.apply(e)[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
+	}
+	requireOutcome(t, f.apply(f.holdTask("h2", 1, "41"))[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
+	requireOutcome(t, f.apply(f.enqueue("fits", payment.Withdrawal, 1, "ETH", "40"))[0], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "60", f.balance(1, "ETH").String())
+	require.Equal(t, "60", f.held(1, "ETH"))
+
+	// A compensation that only held money could cover goes to the DLQ.
+	comp := f.enqueue("reorg:x", payment.ReorgCompensation, 1, "ETH", "1")
+	r := f.apply(comp)[0]
+	requireOutcome(t, r, payment.StatusFailed, payment.OutcomeDeadLettered)
+	require.NotEmpty(t, r.Alert)
+	require.Equal(t, "60", f.balance(1, "ETH").String())
+	require.Equal(t, []string{"withdrawal -40"}, f.journal("fits"))
+	f.requireInvariants()
+}
+
+func TestHeldNeverExceedsBalanceByConstraint(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "10"})
+	_, err := f.sql.Exec(context.Background(), `UPDATE balances SET held = 11 WHERE user_id = 1`)
+	require.ErrorContains(t, err, "balances_held_within")
+	_, err = f.sql.Exec(context.Background(), `UPDATE balances SET held = -1 WHERE user_id = 1`)
+	require.ErrorContains(t, err, "balances_held_within")
+}
+
+// TestConcurrentHoldsNeverOverReserve races 50 holds of 10 against a
+// balance of 100, each on its own connection and transaction, while a
+// sampler reads SUM(open holds) and the balance on one snapshot.
+func TestConcurrentHoldsNeverOverReserve(t *testing.T) {
+	f := newFixture(t)
+	f.user(7, map[string]string{"ETH": "100"})
+	const n = 50
+	tasks := make([]payment.Event, n)
+	for i := range tasks {
+		tasks[i] = f.holdTask(fmt.Sprintf("h-%d", i), 7, "10")
+	}
+	stop := make(chan struct{})
+	sampled := make(chan int, 1)
+	go func() {
+		samples := 0
+		defer func() { sampled <- samples }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var over bool
+			err := f.sql.QueryRow(context.Background(), `SELECT COALESCE((SELECT SUM(amount) FROM holds WHERE user_id = 7 AND status = 'open'), 0)
+				> (SELECT balance FROM balances WHERE user_id = 7 AND asset = 'ETH')`).Scan(&over)
+			if err != nil || over {
+				t.Errorf("sample %d: over=%v err=%v", samples, over, err)
+				return
+			}
+			samples++
+		}
+	}()
+	var wg sync.WaitGroup
+	results := make([]postgres.LedgerResult, n)
+	for i := range tasks {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for range 50 {
+				r, err := f.db.ApplyBatch(context.Background(), []postgres.LedgerItem{{Event: tasks[i]}}, postgres.LedgerOptions{})
+				if err == nil {
+					results[i] = r[0]
+					return
+				}
+				require.ErrorIs(t, err, payment.ErrRetryable)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(stop)
+	require.Positive(t, <-sampled)
+	held := 0
+	for _, r := range results {
+		if r.Outcome == payment.OutcomeHeld {
+			held++
+		} else {
+			require.Equal(t, payment.OutcomeInsufficientFunds, r.Outcome)
+		}
+	}
+	require.Equal(t, 10, held)
+	require.Equal(t, "100", f.held(7, "ETH"))
+	require.Equal(t, "100", f.balance(7, "ETH").String())
+	require.Zero(t, f.count(`SELECT count(*) FROM balance_events`))
+	f.requireInvariants()
+}
