@@ -3,17 +3,41 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // readyCheckTimeout bounds each dependency check of /readyz, so a probe
 // answers well within a load balancer's timeout.
 const readyCheckTimeout = 2 * time.Second
 
+// Redis probe bounds: one ping per redisProbeEvery at most, however often
+// /healthz is probed and /metrics scraped, each within redisProbeTimeout.
+const (
+	redisProbeEvery   = time.Second
+	redisProbeTimeout = time.Second
+)
+
+type healthJSON struct {
+	Status string `json:"status"`
+	// Redis is "ok" or "unreachable": the api works without it (ingest
+	// needs only PostgreSQL; the rate limit falls back to in-process), so
+	// it is reported here and in settle_redis_up, not in /readyz.
+	Redis   string `json:"redis"`
+	TraceID string `json:"trace_id"`
+}
+
+// healthz says the process is alive, with Redis's state as detail.
 func (s *Server) healthz(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]string{"status": "ok", "trace_id": TraceID(c.Request().Context())})
+	redisState := "ok"
+	if !s.redisUp.up(c.Request().Context()) {
+		redisState = "unreachable"
+	}
+	return c.JSON(http.StatusOK, healthJSON{Status: "ok", Redis: redisState, TraceID: TraceID(c.Request().Context())})
 }
 
 type readyJSON struct {
@@ -24,12 +48,14 @@ type readyJSON struct {
 	TraceID string            `json:"trace_id"`
 }
 
-// readyz says whether this replica should get traffic: PostgreSQL and
-// Redis answer and the schema is current. It fails while shutting down,
-// so new work goes elsewhere while requests in flight finish.
+// readyz says whether this replica can do its job, taking webhooks:
+// PostgreSQL answers and the schema is current. Redis is not needed for
+// that, so a Redis outage does not take every api out of its Service. It
+// fails while shutting down, so new work goes elsewhere while requests in
+// flight finish.
 func (s *Server) readyz(c echo.Context) error {
 	ctx := c.Request().Context()
-	checks := map[string]string{"postgres": "ok", "migrations": "current", "redis": "ok"}
+	checks := map[string]string{"postgres": "ok", "migrations": "current"}
 	ready := !s.stopping.Load()
 	if !ready {
 		checks["server"] = "shutting_down"
@@ -52,16 +78,45 @@ func (s *Server) readyz(c echo.Context) error {
 		}
 	}
 
-	redisCtx, cancel := context.WithTimeout(ctx, readyCheckTimeout)
-	err = s.redis.Ping(redisCtx).Err()
-	cancel()
-	if err != nil {
-		checks["redis"], ready = "unreachable", false
-	}
-
 	traceID := TraceID(ctx)
 	if !ready {
 		return c.JSON(http.StatusServiceUnavailable, readyJSON{Error: "not ready", Code: CodeUnavailable, Checks: checks, TraceID: traceID})
 	}
 	return c.JSON(http.StatusOK, readyJSON{Status: "ready", Checks: checks, TraceID: traceID})
+}
+
+// redisProbe remembers whether Redis answered a recent ping, so neither
+// probes nor scrapes can multiply the pings.
+type redisProbe struct {
+	client    redis.UniversalClient
+	mu        sync.Mutex
+	checkedAt time.Time
+	ok        bool
+}
+
+// newRedisProbe registers settle_redis_up, read from the probe at scrape.
+func newRedisProbe(client redis.UniversalClient, reg prometheus.Registerer) *redisProbe {
+	p := &redisProbe{client: client}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "settle_redis_up", Help: "1 when Redis answered the api's last ping (checked at most once a second), else 0.",
+	}, func() float64 {
+		if p.up(context.Background()) {
+			return 1
+		}
+		return 0
+	}))
+	return p
+}
+
+func (p *redisProbe) up(ctx context.Context) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.checkedAt.IsZero() && time.Since(p.checkedAt) < redisProbeEvery {
+		return p.ok
+	}
+	ctx, cancel := context.WithTimeout(ctx, redisProbeTimeout)
+	defer cancel()
+	p.ok = p.client.Ping(ctx).Err() == nil
+	p.checkedAt = time.Now()
+	return p.ok
 }

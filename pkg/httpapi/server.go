@@ -89,7 +89,7 @@ var mountMethods = []string{http.MethodGet, http.MethodPost, http.MethodDelete}
 // Options configure a Server.
 type Options struct {
 	Store Store
-	// Redis holds the shared rate-limit counters and is checked by /readyz.
+	// Redis holds the shared rate-limit counters; /healthz reports it.
 	Redis redis.UniversalClient
 	Log   zerolog.Logger
 	// Registry receives the API's metrics and is served at /metrics; nil
@@ -144,6 +144,8 @@ type Server struct {
 	routes      map[string]bool
 	quietRoutes map[string]bool
 	stopping    atomic.Bool
+	// redisUp is Redis's state for /healthz and settle_redis_up.
+	redisUp *redisProbe
 }
 
 // New checks the options and builds the routes.
@@ -188,6 +190,7 @@ func New(opts Options) (*Server, error) {
 		s.alchemyKeys = append(s.alchemyKeys, []byte(key))
 	}
 	s.assets = &assetCache{load: opts.Store.Assets, now: now}
+	s.redisUp = newRedisProbe(opts.Redis, registry)
 	s.chain = opts.Chain
 	if len(opts.RateLimit) > 0 {
 		timeout := opts.RateLimitTimeout
