@@ -240,11 +240,16 @@ func TestReorgAfterCreditCompensatesOnce(t *testing.T) {
 
 	_, err = c.chain.Reorg(ctx, tx.Hash)
 	require.NoError(t, err)
-	// The provider reports it too, twice.
+	// The provider reports it too, twice; with an RPC that only makes the
+	// chain decide, so the watcher writes the compensation.
 	for range 2 {
 		status, body = c.alchemy(t, alchemyTokenPayload(c.token, addrUser1, tx, "0x6acfc0", true))
 		require.Equal(t, http.StatusOK, status, body)
+		require.EqualValues(t, 0, body["reversed"], body)
 	}
+	c.WaitFor("compensation", time.Minute, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = $1`, "reorg:"+eventID) == 1
+	})
 	c.waitStatus(t, "reorg:"+eventID, "confirmed")
 	c.WaitFor("quiet", 30*time.Second, c.AllTerminal)
 	time.Sleep(time.Second) // a few more watcher passes: nothing more may happen
