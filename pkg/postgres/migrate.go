@@ -2,19 +2,30 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	settlesql "github.com/settle/settle/sql"
 )
 
-// migrationLockID serialises concurrent migrators. The lock is
-// transaction-scoped, so it is safe behind PgBouncer's transaction pooling.
+// migrationLockID serialises concurrent migrators. The lock is always
+// transaction-scoped (released by COMMIT or ROLLBACK, never left on a
+// pooled server connection), so it is safe behind PgBouncer's
+// transaction pooling, where a session lock could be taken on one server
+// connection and its unlock sent to another.
 const migrationLockID = 7_301_946_551
+
+// migrationLockPoll is how often a migrator waiting for another asks for
+// the lock again.
+const migrationLockPoll = 100 * time.Millisecond
 
 // noTransactionDirective marks a migration that must run outside a
 // transaction (CREATE INDEX CONCURRENTLY and the like).
@@ -78,10 +89,19 @@ func (db *DB) MigrateTo(ctx context.Context, version int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := db.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version integer PRIMARY KEY,
-		name text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	// Under the lock too: two concurrent CREATE TABLE IF NOT EXISTS can
+	// both try to create it, and one fails.
+	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if err := lockMigrations(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version integer PRIMARY KEY,
+			name text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("create schema_migrations: %w", err)
 	}
 	current, err := db.SchemaVersion(ctx)
@@ -116,7 +136,7 @@ func (db *DB) applyMigration(ctx context.Context, m migration) (bool, error) {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLockID)); err != nil {
+	if err := lockMigrations(ctx, tx); err != nil {
 		return false, err
 	}
 	var exists bool
@@ -137,26 +157,72 @@ func (db *DB) applyMigration(ctx context.Context, m migration) (bool, error) {
 }
 
 // applyMigrationOutsideTransaction runs a migration whose statements cannot
-// run in a transaction. Such a file must be written to be re-runnable (IF
-// NOT EXISTS everywhere), since a crash can leave it half applied.
+// run in a transaction, under the same lock as every other migration: a
+// transaction on one connection takes the transaction-scoped lock, checks
+// the version again, and stays open while a second connection runs the
+// statements; it then records the version and commits, which releases
+// the lock. CREATE INDEX CONCURRENTLY waits for every transaction holding
+// a snapshot, so the lock's transaction speaks the simple protocol, whose
+// portals end with their statement: an extended-protocol portal would
+// keep its snapshot until the next statement, and the two connections
+// would wait for each other. Such a file must still be re-runnable (IF NOT EXISTS everywhere): a
+// crash can leave it half applied, and the next migrator runs it again.
 func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration) (bool, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	simple := pgx.QueryExecModeSimpleProtocol
+	if err := lockMigrations(ctx, tx); err != nil {
+		return false, err
+	}
 	var exists bool
-	if err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, m.version).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, simple, m.version).Scan(&exists); err != nil {
 		return false, err
 	}
 	if exists {
 		return false, nil
 	}
+	if db.pool.Config().MaxConns < 2 {
+		return false, errors.New("a migration outside a transaction needs a pool of at least two connections")
+	}
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer conn.Release()
-	if _, err := execEach(ctx, conn.Conn().PgConn(), m.text); err != nil {
+	_, err = execEach(ctx, conn.Conn().PgConn(), m.text)
+	conn.Release()
+	if err != nil {
 		return false, err
 	}
-	tag, err := conn.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2) ON CONFLICT DO NOTHING`, m.version, m.name)
-	return err == nil && tag.RowsAffected() == 1, err
+	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, simple, m.version, m.name); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// lockMigrations takes the migration lock in tx. It asks again every
+// migrationLockPoll instead of waiting inside pg_advisory_xact_lock: a
+// session waiting in a statement holds a snapshot, which a CREATE INDEX
+// CONCURRENTLY of the migrator holding the lock would wait for, while
+// that migrator waits for its index: neither would ever finish. Between
+// two tries the transaction holds no snapshot (simple protocol).
+func lockMigrations(ctx context.Context, tx pgx.Tx) error {
+	for {
+		var locked bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, pgx.QueryExecModeSimpleProtocol, int64(migrationLockID)).Scan(&locked); err != nil {
+			return fmt.Errorf("migration lock: %w", err)
+		}
+		if locked {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for another migrator: %w", ctx.Err())
+		case <-time.After(migrationLockPoll):
+		}
+	}
 }
 
 // SchemaVersion is the newest applied migration, 0 on an empty database.

@@ -2,11 +2,15 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
@@ -47,4 +51,119 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	usdc, ok := registry.ByContract("ETH_MAINNET", "0xA0b86991c6218b36c1d19d4a2e9eB0cE3606eB48")
 	require.True(t, ok)
 	require.Equal(t, "USDC", usdc.Code)
+}
+
+// TestNonTransactionalMigrationWaitsForTheLock: 0003 runs outside a
+// transaction, yet under the migration lock like every other migration:
+// while another migrator holds it, 0003 does not start.
+func TestNonTransactionalMigrationWaitsForTheLock(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.MigrateTo(ctx, 2)
+	require.NoError(t, err)
+	other, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	tx, err := other.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7301946551)`)
+	require.NoError(t, err)
+
+	done := make(chan []string, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		applied, err := db.MigrateTo(ctx, 3)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- applied
+	}()
+	indexExists := func() bool {
+		var ok bool
+		require.NoError(t, other.QueryRow(ctx, `SELECT to_regclass('processed_events_key_created') IS NOT NULL`).Scan(&ok))
+		return ok
+	}
+	select {
+	case <-done:
+		t.Fatal("0003 ran while another migrator held the lock")
+	case <-time.After(500 * time.Millisecond):
+	}
+	require.False(t, indexExists())
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case applied := <-done:
+		require.Equal(t, []string{"0003_processed_events_partition_prepare.sql"}, applied)
+	case <-time.After(30 * time.Second):
+		t.Fatal("0003 did not run once the lock was free")
+	}
+	require.True(t, indexExists())
+}
+
+// TestConcurrentMigratorsThroughPgBouncer: two migrators race from an
+// empty database through PgBouncer in transaction pooling; every
+// migration is applied exactly once, and no pooled server connection is
+// left holding the advisory lock.
+func TestConcurrentMigratorsThroughPgBouncer(t *testing.T) {
+	pg := testenv.Postgres(t)
+	if pg == nil {
+		t.Skip("needs the harness's own PostgreSQL (TEST_DATABASE_URL is set)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bouncer, err := devenv.StartPgBouncer(ctx, devenv.PgBouncerOptions{PostgresPort: pg.Port, DefaultPoolSize: 4})
+	require.NoError(t, err)
+	defer bouncer.Close()
+	direct := testenv.EmptyDatabaseURL(t)
+	u, err := url.Parse(direct)
+	require.NoError(t, err)
+	u.Host = fmt.Sprintf("127.0.0.1:%d", bouncer.Port)
+	q := u.Query()
+	q.Set("default_query_exec_mode", "cache_describe")
+	u.RawQuery = q.Encode()
+
+	const migrators = 2
+	results := make(chan []string, migrators)
+	for range migrators {
+		go func() {
+			db, err := postgres.Open(ctx, u.String(), postgres.Options{ConnsMax: 2})
+			if err != nil {
+				t.Error(err)
+				results <- nil
+				return
+			}
+			defer db.Close()
+			applied, err := db.Migrate(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			results <- applied
+		}()
+	}
+	seen := map[string]int{}
+	for range migrators {
+		for _, name := range <-results {
+			seen[name]++
+		}
+	}
+	var files int
+	require.NoError(t, func() error {
+		conn, err := pgx.Connect(ctx, direct)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		return conn.QueryRow(ctx, `SELECT count(*) FROM schema_migrations`).Scan(&files)
+	}())
+	require.Len(t, seen, files, "every migration applied")
+	for name, n := range seen {
+		require.Equal(t, 1, n, "%s applied once", name)
+	}
+	conn, err := pgx.Connect(ctx, direct)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var locks int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&locks))
+	require.Zero(t, locks, "no server connection keeps the migration lock")
 }
