@@ -3,6 +3,7 @@ package chain
 import (
 	"encoding/json"
 	"math/big"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -143,6 +144,15 @@ func FuzzParseHeader(f *testing.F) {
 		again, err := parseHex(h.Hash, hashHexLength, "hash")
 		require.NoError(t, err)
 		require.Equal(t, h.Hash, again)
+		// Formatted as a node would send it, it parses to the same header.
+		formatted, err := json.Marshal(map[string]string{
+			"number": "0x" + strconv.FormatUint(h.Number, 16), "hash": h.Hash, "timestamp": "0x" + strconv.FormatUint(h.Time, 16),
+		})
+		require.NoError(t, err)
+		h2, ok, err := parseHeader(formatted)
+		require.NoError(t, err, "formatted %s", formatted)
+		require.True(t, ok)
+		require.Equal(t, h, h2)
 	})
 }
 

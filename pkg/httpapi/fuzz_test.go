@@ -9,13 +9,19 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // FuzzWebhookPayments feeds arbitrary bodies, correctly signed, through
 // the real handler and real PostgreSQL. Whatever the body, the answer is
-// never a 5xx, and a refused body never leaves a stored event.
+// never a 5xx, and a refused body never leaves a stored event. An accepted
+// body's stored event round-trips: its content hash is the hash of the
+// stored fields, and the stored event sent again as a body is the same
+// content (a duplicate, not a conflict).
 func FuzzWebhookPayments(f *testing.F) {
 	for _, seed := range []string{
 		`{"event_id":"f-1","event_type":"deposit","user_id":7,"amount":"50.5"}`,
@@ -86,5 +92,53 @@ func FuzzWebhookPayments(f *testing.F) {
 		if stored != 1 || (answer.Status == "accepted") != (after == before+1) {
 			t.Fatalf("answer %+v, %d stored with that id, %d → %d events", answer, stored, before, after)
 		}
+		storedRoundTrip(t, h, conn, answer.EventID)
 	})
+}
+
+// storedRoundTrip re-encodes the stored event as a webhook body, checks
+// the stored hash against the stored fields, and sends it again.
+func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
+	t.Helper()
+	ctx := context.Background()
+	var (
+		eventType, asset, amount, txHash, index string
+		userID                                  int64
+		hash                                    []byte
+	)
+	err := conn.QueryRow(ctx, `SELECT event_type, user_id, asset, amount::text, coalesce(tx_hash, ''), coalesce(transfer_index, ''), content_hash
+		FROM payment_events WHERE event_id = $1`, eventID).Scan(&eventType, &userID, &asset, &amount, &txHash, &index, &hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value, err := decimal.NewFromString(amount)
+	if err != nil {
+		t.Fatalf("stored amount %q: %v", amount, err)
+	}
+	content := payment.Content{Type: payment.EventType(eventType), UserID: userID, Asset: asset, Amount: value, TxHash: txHash, TransferIndex: index}
+	if !bytes.Equal(content.Hash(), hash) {
+		t.Fatalf("event %q: stored content_hash is not the hash of the stored fields %+v", eventID, content)
+	}
+	again := map[string]any{"event_id": eventID, "event_type": eventType, "user_id": userID, "asset": asset, "amount": money.Canonical(value)}
+	if txHash != "" {
+		again["tx_hash"] = txHash
+	}
+	if index != "" {
+		again["transfer_index"] = index
+	}
+	body, err := json.Marshal(again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/webhook/payments", bytes.NewReader(body))
+	req.Header.Set(httpapi.HeaderSignature, sign(body))
+	rec := httptest.NewRecorder()
+	h.server.ServeHTTP(rec, req)
+	var answer struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(rec.Body.Bytes(), &answer)
+	if rec.Code != http.StatusOK || answer.Status != "duplicate" {
+		t.Fatalf("stored event %q re-encoded as %s: status %d %s, want a duplicate", eventID, body, rec.Code, rec.Body.Bytes())
+	}
 }

@@ -1,6 +1,7 @@
 package money_test
 
 import (
+	"math/big"
 	"strings"
 	"testing"
 
@@ -177,7 +178,8 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// FuzzFromBaseUnits: no input panics; accepted values round-trip exactly.
+// FuzzFromBaseUnits: no input panics; accepted values round-trip exactly:
+// ToBaseUnits gives back the very integer the hex spelled.
 func FuzzFromBaseUnits(f *testing.F) {
 	for _, s := range []string{"0x1", "0x", "0x0", "0xde0b6b3a7640000", "0xg"} {
 		f.Add(s, 18)
@@ -191,6 +193,10 @@ func FuzzFromBaseUnits(f *testing.F) {
 		units, ok := money.ToBaseUnits(got, decimals)
 		if !ok || units.Sign() <= 0 {
 			t.Fatalf("%q → %s does not map back to base units", hex, got)
+		}
+		want, ok := new(big.Int).SetString(hex[2:], 16)
+		if !ok || units.Cmp(want) != 0 {
+			t.Fatalf("%q → %s → %s base units, want %s", hex, got, units, want)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -57,7 +58,8 @@ func TestDecodePaymentTaskRefusesMalformedPayloads(t *testing.T) {
 }
 
 // FuzzDecodePaymentTask: whatever Redis hands the worker, decoding either
-// refuses it as invalid or yields as many well-formed events as entries.
+// refuses it as invalid or yields as many well-formed events as entries,
+// and what it yields encodes as a batch that decodes to the same.
 func FuzzDecodePaymentTask(f *testing.F) {
 	f.Add([]byte(`{"events":[{"event_id":"a","event_type":"deposit","user_id":1,"asset":"ETH","amount":"1.5","generation":2}]}`))
 	f.Add([]byte(`{"event_id":"old","event_type":"deposit","amount":"1"}`))
@@ -75,5 +77,17 @@ func FuzzDecodePaymentTask(f *testing.F) {
 			require.NotEmpty(t, e.ID)
 			require.Equal(t, tasks[i].EventID, e.ID)
 		}
+		again, err := json.Marshal(queue.PaymentBatch{Events: tasks})
+		require.NoError(t, err)
+		tasks2, events2, err := queue.DecodePaymentTask(again)
+		require.NoError(t, err, "re-encoded %s", again)
+		require.Len(t, tasks2, len(tasks))
+		for i := range tasks {
+			// The instant, not its *time.Location, is the content.
+			require.True(t, tasks[i].AcceptedAt.Equal(tasks2[i].AcceptedAt), "accepted_at of %d", i)
+			tasks[i].AcceptedAt, tasks2[i].AcceptedAt = time.Time{}, time.Time{}
+		}
+		require.Equal(t, tasks, tasks2)
+		require.Equal(t, events, events2)
 	})
 }
