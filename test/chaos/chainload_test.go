@@ -271,7 +271,8 @@ func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
 				}
 				for _, tr := range l.transfer(ctx, rng, s, i) {
 					for _, rep := range tr.reports {
-						l.reports.Go(func() { l.deliverReport(ctx, rng.Uint64(), rep) })
+						seed := rng.Uint64() // rng belongs to this goroutine
+						l.reports.Go(func() { l.deliverReport(ctx, seed, rep) })
 					}
 				}
 			}
