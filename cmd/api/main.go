@@ -35,8 +35,12 @@ const (
 	redisURLDefault        = "redis://localhost:6379/0"
 	httpAddrDefault        = ":8080"
 	shutdownTimeoutDefault = 30 * time.Second
-	// startTimeout bounds connecting to PostgreSQL and migrating at start.
+	// startTimeout bounds connecting to PostgreSQL at start.
 	startTimeout = time.Minute
+	// migrateTimeoutDefault bounds `api migrate` (MIGRATE_TIMEOUT): a
+	// migration such as 0003's concurrent index build takes as long as the
+	// table is large, and one cut off is simply run again.
+	migrateTimeoutDefault = 10 * time.Minute
 	// signingKeysMax bounds ALCHEMY_SIGNING_KEY's list.
 	signingKeysMax = 64
 	exitFailure    = 1
@@ -69,6 +73,9 @@ type settings struct {
 	// chain is the worker's chain settings; with ETH_RPC_URL the api can
 	// ask the chain (recheck, Alchemy's removed).
 	chain finality.Settings
+
+	// migrateTimeout bounds `api migrate`.
+	migrateTimeout time.Duration
 }
 
 // readCommon reads what every subcommand needs.
@@ -153,6 +160,8 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 	s := readCommon(env)
 	if command == "serve" {
 		readServe(env, &s)
+	} else {
+		s.migrateTimeout = env.Duration("MIGRATE_TIMEOUT", migrateTimeoutDefault)
 	}
 	if errs := env.Errs(); len(errs) > 0 {
 		lines := make([]string, len(errs))
@@ -178,16 +187,24 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 }
 
 func migrate(log zerolog.Logger, s settings) error {
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, s.migrateTimeout)
 	defer cancel()
+	timedOut := func(err error) error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("migrations not done within MIGRATE_TIMEOUT (%s); run again, applied migrations stay applied: %w", s.migrateTimeout, err)
+		}
+		return err
+	}
 	db, err := postgres.Open(ctx, s.databaseURL, postgres.Options{ConnsMax: 2, ApplicationName: "settle-api-migrate"})
 	if err != nil {
-		return err
+		return timedOut(err)
 	}
 	defer db.Close()
 	applied, err := db.Migrate(ctx)
 	if err != nil {
-		return err
+		return timedOut(err)
 	}
 	log.Info().Strs("applied", applied).Int("schema_version", postgres.LatestSchemaVersion()).Msg("migrations done")
 	return nil

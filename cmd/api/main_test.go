@@ -132,6 +132,24 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	require.True(t, current)
 }
 
+// MIGRATE_TIMEOUT bounds `api migrate`: a bad value stops it naming the
+// setting, and a migration past it fails saying so.
+func TestMigrateTimeout(t *testing.T) {
+	var out bytes.Buffer
+	env := map[string]string{"DATABASE_URL": testenv.EmptyDatabaseURL(t), "MIGRATE_TIMEOUT": "soon"}
+	require.Equal(t, exitFailure, run([]string{"migrate"}, config.FromMap(env), &out))
+	require.Contains(t, out.String(), "MIGRATE_TIMEOUT")
+
+	out.Reset()
+	env["MIGRATE_TIMEOUT"] = "1ms"
+	require.Equal(t, exitFailure, run([]string{"migrate"}, config.FromMap(env), &out))
+	require.Contains(t, out.String(), "MIGRATE_TIMEOUT")
+
+	out.Reset()
+	env["MIGRATE_TIMEOUT"] = "5m"
+	require.Equal(t, 0, run([]string{"migrate"}, config.FromMap(env), &out), out.String())
+}
+
 // The real binary serves, and on SIGTERM stops cleanly with exit 0.
 func TestServeAndStopOnSIGTERM(t *testing.T) {
 	port, err := devenv.FreePort()
