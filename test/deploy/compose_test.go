@@ -16,6 +16,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/notify"
+	"github.com/settle/settle/test/harness"
 )
 
 type composeFile struct {
@@ -61,16 +65,21 @@ type composeHealth struct {
 // composeServices are the services the deployment issue asks for.
 var composeServices = []string{"postgres", "redis", "migrate", "api", "worker", "scheduler", "prometheus", "grafana"}
 
-// loadCompose reads compose.yaml the way compose does with an empty
-// environment: YAML first (anchors and merge keys), then ${VAR:-default}
-// in every scalar.
+// loadCompose reads compose.yaml the way compose does with the .env
+// `settlectl env` writes (composeEnv): YAML first (anchors and merge keys),
+// then ${VAR:-default} in every scalar.
 func loadCompose(t *testing.T) composeFile {
+	t.Helper()
+	return loadComposeWith(t, composeEnv(t))
+}
+
+func loadComposeWith(t *testing.T, env map[string]string) composeFile {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "compose.yaml"))
 	require.NoError(t, err)
 	var doc yaml.Node
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
-	interpolateNode(t, &doc)
+	interpolateNode(t, &doc, env, nil)
 	var cf composeFile
 	dec := yaml.NewDecoder(strings.NewReader(mustMarshal(t, &doc)))
 	dec.KnownFields(true)
@@ -79,6 +88,31 @@ func loadCompose(t *testing.T) composeFile {
 		require.True(t, strings.HasPrefix(key, "x-"), "unknown top-level key %q in compose.yaml", key)
 	}
 	return cf
+}
+
+// composeEnv is what `settlectl env --rpc ...` writes, read back.
+func composeEnv(t *testing.T) map[string]string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), ".env")
+	out, err := exec.Command(filepath.Join(harness.Binaries(t), "settlectl"), "env", "--out", path, "--rpc", "https://rpc.test.invalid/v2/key").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return readDotEnv(t, path)
+}
+
+func readDotEnv(t *testing.T, path string) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	env := map[string]string{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		require.True(t, ok, "%s: %q is not NAME=value", path, line)
+		env[k] = v
+	}
+	return env
 }
 
 func mustMarshal(t *testing.T, n *yaml.Node) string {
@@ -94,10 +128,11 @@ func mustMarshal(t *testing.T, n *yaml.Node) string {
 
 var composeVar = regexp.MustCompile(`\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}`)
 
-// interpolateNode applies compose's variable syntax to every scalar, with
-// no variable set: ${X:-d} and ${X-d} give d, ${X} gives "", and ${X:?e}
-// fails the test (the file must work without a .env).
-func interpolateNode(t *testing.T, n *yaml.Node) {
+// interpolateNode applies compose's variable syntax to every scalar with
+// env as the environment: ${X:-d} gives d when X is unset or empty, ${X-d}
+// when unset, ${X} gives X or "", and ${X:?e} / ${X?e} fail the test when
+// X is unset (or empty, with the colon) unless missing collects them.
+func interpolateNode(t *testing.T, n *yaml.Node, env map[string]string, missing map[string]bool) {
 	t.Helper()
 	if n.Kind == yaml.ScalarNode {
 		n.Value = composeVar.ReplaceAllStringFunc(n.Value, func(m string) string {
@@ -105,17 +140,102 @@ func interpolateNode(t *testing.T, n *yaml.Node) {
 				return "$"
 			}
 			parts := composeVar.FindStringSubmatch(m)
+			v, set := env[parts[1]]
 			switch parts[2] {
-			case ":-", "-":
-				return parts[3]
+			case ":-":
+				if v == "" {
+					return parts[3]
+				}
+			case "-":
+				if !set {
+					return parts[3]
+				}
 			case ":?", "?":
-				t.Fatalf("compose.yaml requires %s to be set (%s): give it a placeholder default", parts[1], m)
+				if !set || parts[2] == ":?" && v == "" {
+					if missing == nil {
+						t.Fatalf("compose.yaml requires %s (%s), which the generated .env does not set", parts[1], m)
+					}
+					missing[parts[1]] = true
+				}
 			}
-			return ""
+			return v
 		})
 	}
 	for _, c := range n.Content {
-		interpolateNode(t, c)
+		interpolateNode(t, c, env, missing)
+	}
+}
+
+// Without a .env compose refuses to start, naming every secret; no secret
+// has a default in the file.
+func TestComposeSecretsComeFromDotEnv(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "compose.yaml"))
+	require.NoError(t, err)
+	var doc yaml.Node
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	missing := map[string]bool{}
+	interpolateNode(t, &doc, map[string]string{}, missing)
+	for _, name := range []string{"WEBHOOK_SECRET", "API_TOKEN", "ADMIN_TOKEN", "POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD", "ETH_RPC_URL"} {
+		require.True(t, missing[name], "compose.yaml must require %s from .env (${%s:?...})", name, name)
+	}
+	for _, m := range composeVar.FindAllStringSubmatch(string(raw), -1) {
+		if strings.Contains(m[1], "SECRET") || strings.Contains(m[1], "TOKEN") || strings.Contains(m[1], "PASSWORD") || strings.Contains(m[1], "KEY") {
+			require.False(t, (m[2] == ":-" || m[2] == "-") && m[3] != "", "%s has a default value in compose.yaml: %s", m[1], m[0])
+		}
+	}
+	lower := strings.ToLower(string(raw))
+	for _, mark := range []string{"change-me", "changeme", "dev-password"} {
+		require.NotContains(t, lower, mark, "a placeholder secret is committed in compose.yaml")
+	}
+
+	// The generated .env: every secret random and accepted by the binaries'
+	// checks, the two tokens different, the file private.
+	path := filepath.Join(t.TempDir(), ".env")
+	settlectl := filepath.Join(harness.Binaries(t), "settlectl")
+	out, err := exec.Command(settlectl, "env", "--out", path, "--rpc", "https://rpc.test.invalid/v2/key").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+	env := readDotEnv(t, path)
+	for _, name := range []string{"WEBHOOK_SECRET", "API_TOKEN", "ADMIN_TOKEN"} {
+		require.GreaterOrEqual(t, len(env[name]), secretLengthMin, name)
+		require.Empty(t, config.WeakSecret(env[name]), name)
+	}
+	require.NotEqual(t, env["API_TOKEN"], env["ADMIN_TOKEN"])
+	require.Equal(t, "finalized", env["DEPOSIT_FINALITY"])
+	_, err = notify.ParseSecret(env["NOTIFY_WEBHOOK_SECRET"])
+	require.NoError(t, err)
+
+	// An existing .env is never overwritten; without an RPC endpoint only
+	// an explicit --finality none writes one.
+	out, err = exec.Command(settlectl, "env", "--out", path, "--rpc", "https://rpc.test.invalid/v2/key").CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Equal(t, env, readDotEnv(t, path), "kept as it was")
+	other := filepath.Join(t.TempDir(), ".env")
+	cmd := exec.Command(settlectl, "env", "--out", other)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err, "%s", out)
+	require.Contains(t, string(out), "--rpc")
+	require.NoFileExists(t, other)
+	out, err = exec.Command(settlectl, "env", "--out", other, "--finality", "none").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	trial := readDotEnv(t, other)
+	require.Equal(t, "none", trial["DEPOSIT_FINALITY"])
+	require.Equal(t, "", trial["ETH_RPC_URL"])
+	require.NotEqual(t, env["ADMIN_TOKEN"], trial["ADMIN_TOKEN"], "random every time")
+}
+
+// Every published port is on the loopback address.
+func TestComposePortsAreLocal(t *testing.T) {
+	for name, svc := range loadCompose(t).Services {
+		for _, p := range svc.Ports {
+			host, ip := publishedPort(t, p)
+			if host != "" {
+				require.Equal(t, "127.0.0.1", ip, "%s publishes %q on every interface", name, p)
+			}
+		}
 	}
 }
 
@@ -252,10 +372,10 @@ func TestComposeEnvironment(t *testing.T) {
 			require.Greater(t, grace, shutdown, "%s: stop_grace_period must exceed SHUTDOWN_TIMEOUT", name)
 		}
 		if binary == "worker" {
-			// Without an RPC endpoint only DEPOSIT_FINALITY=none starts.
-			if strings.TrimSpace(svc.Environment["ETH_RPC_URL"]) == "" {
-				require.Equal(t, "none", svc.Environment["DEPOSIT_FINALITY"], "worker without ETH_RPC_URL needs DEPOSIT_FINALITY=none")
-			}
+			// Deposits are checked against the chain unless .env says
+			// otherwise, and the generated .env names an endpoint.
+			require.Equal(t, "finalized", svc.Environment["DEPOSIT_FINALITY"])
+			require.NotEmpty(t, strings.TrimSpace(svc.Environment["ETH_RPC_URL"]), "worker with finality on needs ETH_RPC_URL")
 		}
 		for _, url := range []string{"DATABASE_URL", "REDIS_URL"} {
 			if v := svc.Environment[url]; v != "" {
@@ -369,14 +489,15 @@ func TestComposeConfigTool(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Only the defaults: no .env or shell variable may hide a problem.
-	empty := filepath.Join(t.TempDir(), "empty.env")
-	require.NoError(t, os.WriteFile(empty, nil, 0o600))
-	args := append(argv[1:], "--env-file", empty, "-f", filepath.Join(repoRoot(t), "compose.yaml"), "config", "-q")
+	// Only a generated .env: no shell variable may hide a problem.
+	dotEnv := filepath.Join(t.TempDir(), ".env")
+	out, err := exec.Command(filepath.Join(harness.Binaries(t), "settlectl"), "env", "--out", dotEnv, "--rpc", "https://rpc.test.invalid/").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	args := append(argv[1:], "--env-file", dotEnv, "-f", filepath.Join(repoRoot(t), "compose.yaml"), "config", "-q")
 	cmd := exec.CommandContext(ctx, argv[0], args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	cmd.Dir = t.TempDir()
-	out, err := cmd.CombinedOutput()
+	out, err = cmd.CombinedOutput()
 	require.NoError(t, err, "%s config:\n%s", strings.Join(argv, " "), out)
 }
 
