@@ -10,12 +10,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/testenv"
 )
 
 // balanceSampleInterval spaces the run-time checks that no balance is
@@ -578,4 +581,44 @@ func (w *breakerWatch) String() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return fmt.Sprintf("RPC breaker seen open in %d and half-open in %d of %d worker samples, closing again %d times", w.open, w.halfOpen, w.samples, w.closes)
+}
+
+// TestBalanceWatchSeesNegative: with the schema's CHECK dropped (a test
+// build that lets a bug through), a negative balance is a finding.
+func TestBalanceWatchSeesNegative(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, stmt := range []string{
+		// Every CHECK of balances (balance >= 0 and whatever joins it).
+		`DO $$ DECLARE c text; BEGIN
+			FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'balances'::regclass AND contype = 'c' LOOP
+				EXECUTE format('ALTER TABLE balances DROP CONSTRAINT %I', c);
+			END LOOP; END $$`,
+		`INSERT INTO users (id) VALUES (1), (2)`,
+		`INSERT INTO balances (user_id, asset, balance) VALUES (1, 'ETH', 5), (2, 'ETH', -0.000001)`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	w := &balanceWatch{}
+	w.sample(ctx, pool)
+	v := &verdict{}
+	w.report(v)
+	if v.count["NEGATIVE BALANCE"] != 1 || !strings.Contains(v.samples["NEGATIVE BALANCE"][0], "user 2 ETH") {
+		t.Fatalf("findings: %v", v.findings())
+	}
+	if _, err := pool.Exec(ctx, `UPDATE balances SET balance = 0 WHERE user_id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	w, v = &balanceWatch{}, &verdict{}
+	w.sample(ctx, pool)
+	w.report(v)
+	if len(v.kinds) != 0 || w.checks != 1 {
+		t.Fatalf("a clean table gave findings %v (checks %d)", v.findings(), w.checks)
+	}
 }
