@@ -1,7 +1,7 @@
 # settle's one image: api, worker, scheduler and settlectl, static, run as
 # a non-root user on distroless. The command picks the service:
 #
-#   docker build -t settle:dev .
+#   docker build -t settle:dev --build-arg VERSION=1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
 #   docker run settle:dev                              # api (the default)
 #   docker run settle:dev /usr/local/bin/api migrate
 #   docker run settle:dev /usr/local/bin/worker
@@ -22,10 +22,18 @@ ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 
+# What settle_build_info and `settlectl version` report:
+#   docker build --build-arg VERSION=1.2.3 --build-arg REVISION=$(git rev-parse HEAD) .
+# .git stays out of the build context, so without REVISION the binaries
+# say "unknown".
+ARG VERSION
+ARG REVISION
+
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags="-s -w" -o /out/ \
+    go build -trimpath -o /out/ \
+        -ldflags="-s -w -X github.com/settle/settle/pkg/buildinfo.version=${VERSION} -X github.com/settle/settle/pkg/buildinfo.revision=${REVISION}" \
         ./cmd/api ./cmd/worker ./cmd/scheduler ./cmd/settlectl ./deploy/healthcheck
 
 # static-debian12 carries CA certificates (the RPC and webhook endpoints are

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/buildinfo"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
@@ -87,10 +88,11 @@ func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 }
 
-// Registry is a Prometheus registry with the process and Go collectors.
+// Registry is a Prometheus registry with the process and Go collectors
+// and settle_build_info.
 func Registry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector(), buildinfo.Collector())
 	return reg
 }
 
