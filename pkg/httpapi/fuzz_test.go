@@ -103,11 +103,13 @@ func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
 	ctx := context.Background()
 	var (
 		eventType, asset, amount, txHash, index string
+		holdID, network, toAddress              string
 		userID                                  int64
 		hash                                    []byte
 	)
-	err := conn.QueryRow(ctx, `SELECT event_type, user_id, asset, amount::text, coalesce(tx_hash, ''), coalesce(transfer_index, ''), content_hash
-		FROM payment_events WHERE event_id = $1`, eventID).Scan(&eventType, &userID, &asset, &amount, &txHash, &index, &hash)
+	err := conn.QueryRow(ctx, `SELECT event_type, user_id, asset, amount::text, coalesce(tx_hash, ''), coalesce(transfer_index, ''), content_hash,
+		coalesce(hold_id, ''), coalesce(network, ''), coalesce(to_address, '')
+		FROM payment_events WHERE event_id = $1`, eventID).Scan(&eventType, &userID, &asset, &amount, &txHash, &index, &hash, &holdID, &network, &toAddress)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +117,8 @@ func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
 	if err != nil {
 		t.Fatalf("stored amount %q: %v", amount, err)
 	}
-	content := payment.Content{Type: payment.EventType(eventType), UserID: userID, Asset: asset, Amount: value, TxHash: txHash, TransferIndex: index}
+	content := payment.Content{Type: payment.EventType(eventType), UserID: userID, Asset: asset, Amount: value, TxHash: txHash, TransferIndex: index,
+		HoldID: holdID, Network: network, ToAddress: toAddress}
 	if !bytes.Equal(content.Hash(), hash) {
 		t.Fatalf("event %q: stored content_hash is not the hash of the stored fields %+v", eventID, content)
 	}
@@ -125,6 +128,14 @@ func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
 	}
 	if index != "" {
 		again["transfer_index"] = index
+	}
+	if holdID != "" {
+		again["hold_id"] = holdID // a post or void takes the rest from its hold
+	} else if network != "" {
+		again["network"] = network
+	}
+	if toAddress != "" && holdID == "" {
+		again["to_address"] = toAddress
 	}
 	body, err := json.Marshal(again)
 	if err != nil {

@@ -44,6 +44,13 @@ type paymentRequest struct {
 	txHash    string
 	// transferIndex names the transfer of txHash a deposit claims.
 	transferIndex string
+	// holdID is the hold a post or void resolves; network and toAddress
+	// (lowercase) say where a hold pays out. amountGiven is false when a
+	// post or void left its amount out (the hold's is taken).
+	holdID      string
+	network     string
+	toAddress   string
+	amountGiven bool
 }
 
 type webhookAnswer struct {
@@ -81,6 +88,16 @@ func (s *Server) webhookPayments(c echo.Context) error {
 
 	ctx, cancel := storeContext(c)
 	defer cancel()
+	var hold *postgres.HoldEvent
+	if req.eventType.ResolvesHold() {
+		h, err := s.holdOf(ctx, &req)
+		if err != nil {
+			answer := storeError(err)
+			s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
+			return answer
+		}
+		hold = &h
+	}
 	registry, err := s.assets.get(ctx)
 	if err == nil {
 		if _, known := registry.ByCode(req.asset); !known {
@@ -101,12 +118,26 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidAmount)
 		return fail(err, "invalid amount: "+amountProblem(err))
 	}
+	if hold != nil {
+		if err := checkHoldAmount(req, *hold, amount); err != nil {
+			s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidAmount)
+			return fail(payment.ErrBadAmount, "invalid amount: "+err.Error())
+		}
+		amount = hold.Amount
+	}
+	if req.eventType == payment.WithdrawalHold {
+		if err := checkHoldNetwork(registry, asset, req.network); err != nil {
+			s.metrics.webhook(sourcePayments, outcomeRejected, "invalid_network")
+			return fail(err, err.Error())
+		}
+	}
 
 	traceID := TraceID(c.Request().Context())
 	inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
 		Event: payment.Event{
 			ID: req.eventID, Type: req.eventType, UserID: req.userID,
 			Asset: asset.Code, Amount: amount, TxHash: req.txHash, TransferIndex: req.transferIndex, TraceID: traceID,
+			HoldID: req.holdID, Network: req.network, ToAddress: req.toAddress,
 		},
 		Source: postgres.SourcePayments,
 	})
@@ -181,7 +212,7 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		return req, &rejection{"invalid_event_type", "event_type must be a string"}
 	}
 	if req.eventType, ok = payment.ParseWebhookEventType(typeName); !ok {
-		return req, &rejection{"invalid_event_type", "event_type must be one of deposit, airdrop, withdrawal, withdrawal_fee"}
+		return req, &rejection{"invalid_event_type", "event_type must be one of deposit, airdrop, withdrawal, withdrawal_fee, withdrawal_hold, withdrawal_post, withdrawal_void"}
 	}
 
 	if raw, ok = fields["user_id"]; !ok {
@@ -191,13 +222,21 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		return req, &rejection{"invalid_user_id", "user_id must be a JSON integer above zero"}
 	}
 
-	if raw, ok = fields["amount"]; !ok {
-		return req, &rejection{"missing_field", "amount is required"}
+	// A post or void may leave its amount out: it is its hold's.
+	raw, ok = fields["amount"]
+	if ok && req.eventType.ResolvesHold() && isJSONNull(raw) {
+		ok = false
 	}
-	if req.amount, ok = jsonString(raw); !ok {
-		// A JSON number would have to pass through a float somewhere;
-		// amounts travel as strings only.
-		return req, &rejection{"invalid_amount", "amount must be a JSON string holding a decimal, not a number"}
+	switch {
+	case !ok && !req.eventType.ResolvesHold():
+		return req, &rejection{"missing_field", "amount is required"}
+	case ok:
+		if req.amount, ok = jsonString(raw); !ok {
+			// A JSON number would have to pass through a float somewhere;
+			// amounts travel as strings only.
+			return req, &rejection{"invalid_amount", "amount must be a JSON string holding a decimal, not a number"}
+		}
+		req.amountGiven = true
 	}
 
 	req.asset = assetDefault
@@ -222,13 +261,16 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		if !ok {
 			return req, &rejection{"invalid_transfer_index", "transfer_index must be a string"}
 		}
-		if req.txHash == "" || !req.eventType.ChainGated() {
+		if req.txHash == "" || !req.eventType.Credit() {
 			return req, &rejection{"invalid_transfer_index", "transfer_index names a transfer of tx_hash; only a deposit or airdrop with a tx_hash may have one"}
 		}
 		var err error
 		if req.transferIndex, err = payment.ParseTransferIndex(index); err != nil {
 			return req, &rejection{"invalid_transfer_index", "transfer_index must be a decimal log index, \"native\" or \"trace:<address>\""}
 		}
+	}
+	if rejected := parseHoldFields(fields, &req); rejected != nil {
+		return req, rejected
 	}
 	return req, nil
 }

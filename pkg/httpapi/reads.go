@@ -20,6 +20,9 @@ const storedEventIDLengthMax = 256
 type balanceJSON struct {
 	Asset   string `json:"asset"`
 	Balance string `json:"balance"`
+	// Held is the sum of the open holds; Available = Balance − Held.
+	Held      string `json:"held"`
+	Available string `json:"available"`
 }
 
 type balancesJSON struct {
@@ -47,7 +50,8 @@ func (s *Server) userBalances(c echo.Context) error {
 	}
 	out := balancesJSON{UserID: user, Balances: make([]balanceJSON, 0, len(balances))}
 	for _, b := range balances {
-		out.Balances = append(out.Balances, balanceJSON{Asset: b.Asset, Balance: money.Canonical(b.Balance)})
+		out.Balances = append(out.Balances, balanceJSON{Asset: b.Asset, Balance: money.Canonical(b.Balance),
+			Held: money.Canonical(b.Held), Available: money.Canonical(b.Available)})
 	}
 	return c.JSON(http.StatusOK, out)
 }

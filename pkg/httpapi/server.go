@@ -47,6 +47,8 @@ type Store interface {
 	InsertEvent(ctx context.Context, e postgres.NewEvent) (bool, error)
 	Event(ctx context.Context, id string) (postgres.EventView, error)
 	Balances(ctx context.Context, user int64) ([]postgres.Balance, error)
+	HoldEventOf(ctx context.Context, holdID string) (postgres.HoldEvent, bool, error)
+	Hold(ctx context.Context, holdID string) (postgres.Hold, error)
 	EventsPage(ctx context.Context, f postgres.EventFilter, after *postgres.EventKey, size int) (postgres.Page[postgres.EventView, postgres.EventKey], error)
 	JournalPage(ctx context.Context, user int64, asset string, after *postgres.JournalKey, size int) (postgres.Page[postgres.JournalEntry, postgres.JournalKey], error)
 	UserExists(ctx context.Context, id int64) (bool, error)
@@ -225,6 +227,7 @@ func New(opts Options) (*Server, error) {
 	readAuth := s.requireToken(false, s.readers...)
 	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)
 	e.GET("/v1/events/:event_id", s.event, readAuth)
+	e.GET("/v1/holds/:hold_id", s.hold, readAuth)
 	e.GET("/v1/events", s.eventsPage, readAuth)
 	e.GET("/v1/users/:id/journal", s.journalPage, readAuth)
 

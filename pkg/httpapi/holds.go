@@ -1,0 +1,165 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/labstack/echo/v4"
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// networkDefault is where a hold pays out unless it says otherwise.
+const networkDefault = "ETH_MAINNET"
+
+var (
+	addressPattern = regexp.MustCompile(`^0x[0-9a-fA-F]{40}$`)
+	networkPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
+)
+
+// parseHoldFields reads the fields of withdrawal_hold, withdrawal_post and
+// withdrawal_void: a hold's optional network and to_address, a post's or
+// void's hold_id. A field that only another type takes is refused, so a
+// sender's mistake is not silently dropped.
+func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *rejection {
+	raw, present := fields["hold_id"]
+	present = present && !isJSONNull(raw)
+	switch {
+	case present && !req.eventType.ResolvesHold():
+		return &rejection{"invalid_hold_id", "hold_id is taken only by withdrawal_post and withdrawal_void"}
+	case !present && req.eventType.ResolvesHold():
+		return &rejection{"missing_field", "hold_id is required"}
+	case present:
+		id, ok := jsonString(raw)
+		if !ok || utf8.RuneCountInString(id) < 1 || utf8.RuneCountInString(id) > eventIDLengthMax || !printable(id) {
+			return &rejection{"invalid_hold_id", "hold_id must be a string of 1 to 200 printable characters"}
+		}
+		req.holdID = id
+	}
+	if req.txHash != "" && (req.eventType == payment.WithdrawalHold || req.eventType == payment.WithdrawalVoid) {
+		return &rejection{"invalid_tx_hash", "tx_hash is taken by withdrawal_post, not by " + string(req.eventType)}
+	}
+	if req.eventType != payment.WithdrawalHold {
+		return nil
+	}
+	req.network = networkDefault
+	if raw, ok := fields["network"]; ok && !isJSONNull(raw) {
+		network, ok := jsonString(raw)
+		if !ok || !networkPattern.MatchString(network) {
+			return &rejection{"invalid_network", "network must be a network name such as ETH_MAINNET"}
+		}
+		req.network = network
+	}
+	if raw, ok := fields["to_address"]; ok && !isJSONNull(raw) {
+		address, ok := jsonString(raw)
+		if !ok || !addressPattern.MatchString(address) {
+			return &rejection{"invalid_to_address", "to_address must be 0x followed by 40 hex digits"}
+		}
+		req.toAddress = strings.ToLower(address)
+	}
+	return nil
+}
+
+// errUnknownHold: a post or void names a hold_id no withdrawal_hold was
+// ever accepted under. (A hold of another user, or one refused for
+// insufficient funds, is accepted and ends failed/unknown_hold.)
+var errUnknownHold = payment.Invalid("hold_id names no withdrawal_hold")
+
+// holdOf reads the hold a post or void names, and fills in what the event
+// takes from it: asset, network, recipient, and the amount when none was
+// given. The read is by primary key, before the insert.
+func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (postgres.HoldEvent, error) {
+	h, found, err := s.store.HoldEventOf(ctx, req.holdID)
+	if err != nil {
+		return postgres.HoldEvent{}, err
+	}
+	if !found {
+		return postgres.HoldEvent{}, errUnknownHold
+	}
+	req.asset, req.network, req.toAddress = h.Asset, h.Network, h.ToAddress
+	if !req.amountGiven {
+		req.amount = h.Amount.String()
+	}
+	return h, nil
+}
+
+// checkHoldAmount: an amount given on a post or void must equal its
+// hold's. Only the owner is told; another user's post ends unknown_hold
+// and learns nothing of the hold.
+func checkHoldAmount(req paymentRequest, h postgres.HoldEvent, amount decimal.Decimal) error {
+	if req.amountGiven && h.UserID == req.userID && !amount.Equal(h.Amount) {
+		return errHoldAmount
+	}
+	return nil
+}
+
+var errHoldAmount = errors.New("amount must equal the hold's amount (or be left out)")
+
+// checkHoldNetwork: a hold pays out on a known network, the one its asset
+// lives on.
+func checkHoldNetwork(registry *payment.Registry, asset payment.Asset, network string) error {
+	known := false
+	for _, a := range registry.All() {
+		known = known || a.Network == network
+	}
+	switch {
+	case !known:
+		return payment.Invalid("network %q is unknown", network)
+	case asset.Network != network:
+		return payment.Invalid("asset %s is not on network %s", asset.Code, network)
+	}
+	return nil
+}
+
+type holdJSON struct {
+	HoldID     string     `json:"hold_id"`
+	UserID     int64      `json:"user_id"`
+	Asset      string     `json:"asset"`
+	Amount     string     `json:"amount"`
+	Network    string     `json:"network"`
+	ToAddress  *string    `json:"to_address"`
+	Status     string     `json:"status"`
+	CreatedAt  time.Time  `json:"created_at"`
+	ResolvedAt *time.Time `json:"resolved_at"`
+	ResolvedBy *string    `json:"resolved_by"`
+}
+
+func viewHold(h postgres.Hold) holdJSON {
+	out := holdJSON{HoldID: h.ID, UserID: h.UserID, Asset: h.Asset, Amount: money.Canonical(h.Amount), Network: h.Network,
+		Status: string(h.Status), CreatedAt: h.CreatedAt.UTC()}
+	if h.ToAddress != "" {
+		out.ToAddress = &h.ToAddress
+	}
+	if h.ResolvedAt != nil {
+		at := h.ResolvedAt.UTC()
+		out.ResolvedAt = &at
+	}
+	if h.ResolvedBy != "" {
+		out.ResolvedBy = &h.ResolvedBy
+	}
+	return out
+}
+
+// hold answers GET /v1/holds/{hold_id}.
+func (s *Server) hold(c echo.Context) error {
+	id := unescapeParam(c, c.Param("hold_id"))
+	if id == "" || !utf8.ValidString(id) || !printable(id) || utf8.RuneCountInString(id) > storedEventIDLengthMax {
+		return newError(http.StatusNotFound, "not found")
+	}
+	ctx, cancel := storeContext(c)
+	defer cancel()
+	h, err := s.store.Hold(ctx, id)
+	if err != nil {
+		return storeError(err)
+	}
+	return c.JSON(http.StatusOK, viewHold(h))
+}

@@ -1,0 +1,154 @@
+package httpapi_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+const holdRecipient = "0x00000000000000000000000000000000000000AB"
+
+func holdBody(id string, user int64, amount string, extra map[string]string) []byte {
+	fields := map[string]string{"event_id": fmt.Sprintf("%q", id), "event_type": `"withdrawal_hold"`,
+		"user_id": fmt.Sprint(user), "amount": fmt.Sprintf("%q", amount)}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	return paymentBody(fields)
+}
+
+func resolveBody(id, typ string, user int64, holdID string, extra map[string]string) []byte {
+	fields := map[string]string{"event_id": fmt.Sprintf("%q", id), "event_type": fmt.Sprintf("%q", typ),
+		"user_id": fmt.Sprint(user), "hold_id": fmt.Sprintf("%q", holdID)}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	return paymentBody(fields)
+}
+
+// settleAll claims every pending event and applies it, as the pipeline
+// would.
+func (h *harness) settleAll() {
+	h.t.Helper()
+	ctx := context.Background()
+	claimed, err := h.db.ClaimOutbox(ctx, 1000, 0, postgres.TaskEventsMax)
+	require.NoError(h.t, err)
+	for _, c := range claimed {
+		_, err := h.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{})
+		require.NoError(h.t, err)
+	}
+}
+
+func TestHoldWebhookStoresItsFields(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	r := h.postPayment(holdBody("h-1", 7, "1.5", map[string]string{"to_address": `"` + holdRecipient + `"`}))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, "accepted", r.body["status"])
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id = 'h-1'
+		AND event_type = 'withdrawal_hold' AND network = 'ETH_MAINNET' AND to_address = '0x00000000000000000000000000000000000000ab'`))
+	// The same hold again (address in another case, network spelled out)
+	// is a duplicate; another recipient is a conflict.
+	r = h.postPayment(holdBody("h-1", 7, "1.50", map[string]string{"to_address": `"0x00000000000000000000000000000000000000ab"`, "network": `"ETH_MAINNET"`}))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, "duplicate", r.body["status"])
+	r = h.postPayment(holdBody("h-1", 7, "1.5", map[string]string{"to_address": `"0x00000000000000000000000000000000000000ac"`}))
+	requireCode(t, r, http.StatusConflict, "conflict")
+	r = h.postPayment(holdBody("h-1", 7, "1.5", nil))
+	requireCode(t, r, http.StatusConflict, "conflict")
+}
+
+func TestHoldWebhookBadRequests(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	require.Equal(t, http.StatusOK, h.postPayment(holdBody("h-1", 7, "10", nil)).status)
+	for name, body := range map[string][]byte{
+		"unknown network":       holdBody("x1", 7, "1", map[string]string{"network": `"BASE_MAINNET"`}),
+		"malformed network":     holdBody("x2", 7, "1", map[string]string{"network": `"eth"`}),
+		"network not a string":  holdBody("x3", 7, "1", map[string]string{"network": `1`}),
+		"bad to_address":        holdBody("x4", 7, "1", map[string]string{"to_address": `"0x12"`}),
+		"to_address not string": holdBody("x5", 7, "1", map[string]string{"to_address": `12`}),
+		"hold with tx_hash":     holdBody("x6", 7, "1", map[string]string{"tx_hash": `"` + txHash + `"`}),
+		"hold without amount":   paymentBody(map[string]string{"event_id": `"x7"`, "event_type": `"withdrawal_hold"`, "user_id": "7"}),
+		"hold_id on a deposit":  paymentBody(map[string]string{"event_id": `"x8"`, "event_type": `"deposit"`, "user_id": "7", "amount": `"1"`, "hold_id": `"h-1"`}),
+		"post without hold_id":  paymentBody(map[string]string{"event_id": `"x9"`, "event_type": `"withdrawal_post"`, "user_id": "7"}),
+		"hold_id not a string":  resolveBody("x10", "withdrawal_post", 7, "h-1", map[string]string{"hold_id": `7`}),
+		"empty hold_id":         resolveBody("x11", "withdrawal_post", 7, "", nil),
+		"unknown hold":          resolveBody("x12", "withdrawal_post", 7, "nope", nil),
+		"void with tx_hash":     resolveBody("x13", "withdrawal_void", 7, "h-1", map[string]string{"tx_hash": `"` + txHash + `"`}),
+		"amount as a number":    resolveBody("x14", "withdrawal_post", 7, "h-1", map[string]string{"amount": `10`}),
+	} {
+		r := h.postPayment(body)
+		requireCode(t, r, http.StatusBadRequest, "invalid_request")
+		_ = name
+	}
+	// An amount given on a post must be the hold's.
+	r := h.postPayment(resolveBody("x15", "withdrawal_post", 7, "h-1", map[string]string{"amount": `"9"`}))
+	requireCode(t, r, http.StatusBadRequest, "invalid_amount")
+	require.Equal(t, 1, h.countEvents(), "nothing refused was stored")
+}
+
+func TestPostTakesItsHoldsFacts(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	h.createUser(8)
+	execSQL(t, h.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'USDC', 100, 100)`)
+	require.Equal(t, http.StatusOK, h.postPayment(holdBody("h-1", 7, "25", map[string]string{"asset": `"USDC"`, "to_address": `"` + holdRecipient + `"`})).status)
+
+	// Without an amount, with it ("25.0" is 25): one event, a duplicate.
+	r := h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", map[string]string{"tx_hash": `"` + txHash + `"`}))
+	require.Equal(t, "accepted", r.body["status"], "%s", r.raw)
+	r = h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", map[string]string{"tx_hash": `"` + txHash + `"`, "amount": `"25.0"`}))
+	require.Equal(t, "duplicate", r.body["status"], "%s", r.raw)
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id = 'p-1' AND hold_id = 'h-1'
+		AND asset = 'USDC' AND amount = 25 AND to_address = '0x00000000000000000000000000000000000000ab'`))
+	// Another user's post is accepted and fails in the ledger, whatever
+	// amount it names: it learns nothing of the hold.
+	r = h.postPayment(resolveBody("p-2", "withdrawal_void", 8, "h-1", map[string]string{"amount": `"1"`}))
+	require.Equal(t, "accepted", r.body["status"], "%s", r.raw)
+}
+
+func TestHoldReadsAndBalances(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	execSQL(t, h.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'ETH', 100, 100)`)
+	requireCode(t, h.do(http.MethodGet, "/v1/holds/h-1", nil, bearer(apiToken)), http.StatusNotFound, "not_found")
+	require.Equal(t, http.StatusUnauthorized, h.do(http.MethodGet, "/v1/holds/h-1", nil, nil).status)
+
+	require.Equal(t, http.StatusOK, h.postPayment(holdBody("h-1", 7, "30", map[string]string{"to_address": `"` + holdRecipient + `"`})).status)
+	h.settleAll()
+	r := h.do(http.MethodGet, "/v1/holds/h-1", nil, bearer(apiToken))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, "h-1", r.body["hold_id"])
+	require.Equal(t, float64(7), r.body["user_id"])
+	require.Equal(t, "ETH", r.body["asset"])
+	require.Equal(t, "30", r.body["amount"])
+	require.Equal(t, "ETH_MAINNET", r.body["network"])
+	require.Equal(t, "0x00000000000000000000000000000000000000ab", r.body["to_address"])
+	require.Equal(t, "open", r.body["status"])
+	require.NotEmpty(t, r.body["created_at"])
+	require.Nil(t, r.body["resolved_at"])
+	require.Nil(t, r.body["resolved_by"])
+
+	r = h.do(http.MethodGet, "/v1/users/7/balances", nil, bearer(apiToken))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, []any{map[string]any{"asset": "ETH", "balance": "100", "held": "30", "available": "70"}}, r.body["balances"])
+
+	require.Equal(t, http.StatusOK, h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", nil)).status)
+	h.settleAll()
+	r = h.do(http.MethodGet, "/v1/holds/h-1", nil, bearer(apiToken))
+	require.Equal(t, "posted", r.body["status"])
+	require.Equal(t, "p-1", r.body["resolved_by"])
+	require.NotNil(t, r.body["resolved_at"])
+	e, err := h.db.Event(context.Background(), "p-1")
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusConfirmed, e.Status)
+	r = h.do(http.MethodGet, "/v1/users/7/balances", nil, bearer(apiToken))
+	require.Equal(t, []any{map[string]any{"asset": "ETH", "balance": "70", "held": "0", "available": "70"}}, r.body["balances"])
+}
