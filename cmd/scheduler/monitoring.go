@@ -17,6 +17,8 @@ type monitorSettings struct {
 	HotPathInterval time.Duration
 	HotPathWindow   time.Duration
 	HealthInterval  time.Duration
+	BacklogInterval time.Duration
+	BacklogTimeout  time.Duration
 }
 
 func readMonitorSettings(env *config.Env) monitorSettings {
@@ -24,13 +26,19 @@ func readMonitorSettings(env *config.Env) monitorSettings {
 		HotPathInterval: env.Duration("HOT_PATH_CHECK_INTERVAL", monitor.HotPathIntervalDefault),
 		HotPathWindow:   env.Duration("HOT_PATH_CHECK_WINDOW", postgres.HotPathWindowDefault),
 		HealthInterval:  env.Duration("HEALTH_CHECK_INTERVAL", monitor.HealthIntervalDefault),
+		BacklogInterval: env.Duration("BACKLOG_INTERVAL", monitor.BacklogIntervalDefault),
+		BacklogTimeout:  env.Duration("BACKLOG_TIMEOUT", monitor.BacklogTimeoutDefault),
 	}
 }
 
-// monitoringJobs are the reconciliation and health checks.
+// monitoringJobs are the reconciliation and health checks and the
+// backlog gauges.
 func monitoringJobs(s monitorSettings, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) []queue.Job {
 	m := monitor.New(db, alerts, log, reg)
+	backlog := monitor.NewBacklog(db, s.BacklogTimeout, reg)
 	return []queue.Job{
+		// Every replica, so none exports a stale backlog (alerts take the max).
+		{Name: "backlog_gauges", Every: s.BacklogInterval, Timeout: s.BacklogTimeout + time.Second, Local: true, Run: backlog.Refresh},
 		{Name: "hot_path_check", Every: s.HotPathInterval, Run: m.HotPath(s.HotPathWindow)},
 		{Name: "health_check", Every: s.HealthInterval, Run: m.Health},
 		{Name: "health_gauges", Every: s.HealthInterval, Local: true, Run: m.HealthGauges},
