@@ -201,7 +201,11 @@ func (g *Gate) Verdict(ctx context.Context, e payment.Event, toAddress string) (
 }
 
 func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, string, error) {
-	deposit, network, err := g.deposit(e, toAddress)
+	describe := g.deposit
+	if e.Type == payment.WithdrawalPost {
+		describe = g.payout // a payment out, not a deposit (payout.go)
+	}
+	deposit, network, err := describe(e, toAddress)
 	if err != nil {
 		return chain.Verdict{}, "", err
 	}
