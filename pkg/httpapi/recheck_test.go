@@ -147,9 +147,23 @@ func TestAlchemyRemovedWithRPCAsksTheChain(t *testing.T) {
 	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'awaiting_finality' AND next_check_at <= now()`, id),
 		"due at once, still waiting: the chain decides")
 
+	// Credited before finality: the reorg watcher decides.
+	execSQL(t, h.dsn, `UPDATE payment_events SET status = 'enqueued' WHERE event_id = $1`, id)
+	execSQL(t, h.dsn, `UPDATE payment_events SET status = 'confirmed', outcome = 'success', chain_state = 'watching' WHERE event_id = $1`, id)
+	r = h.postAlchemy(tokenPayload(t, "0x1", true), alchemyKey)
+	require.Equal(t, 1.0, r.body["rechecked"], "%s", r.raw)
+	// Credited and final: the report does not outrank the chain.
+	execSQL(t, h.dsn, `UPDATE payment_events SET chain_state = 'final' WHERE event_id = $1`, id)
+	r = h.postAlchemy(tokenPayload(t, "0x1", true), alchemyKey)
+	require.Equal(t, 0.0, r.body["rechecked"], "%s", r.raw)
+	require.Equal(t, 1.0, r.body["ignored"])
+	require.Equal(t, 1.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total", map[string]string{"source": "alchemy", "reason": "removed_final"}))
+	require.Zero(t, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_type = 'reorg_compensation'`), "nothing reversed by the flag")
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'confirmed'`, id))
+
 	r = h.postAlchemy(tokenPayload(t, "0x2", true), alchemyKey)
 	require.Equal(t, 1.0, r.body["ignored"], "removal of a deposit never stored")
-	require.Equal(t, 2.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total", map[string]string{"source": "alchemy", "outcome": "rechecked"}))
+	require.Equal(t, 3.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total", map[string]string{"source": "alchemy", "outcome": "rechecked"}))
 }
 
 // FuzzRecheckBody feeds arbitrary bodies to the recheck route: never a
