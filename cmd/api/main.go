@@ -70,6 +70,8 @@ type settings struct {
 	ingestInFlight int
 	// dashboardReadOnly hides asynqmon's delete/archive buttons.
 	dashboardReadOnly bool
+	// dashboardPrometheus feeds asynqmon's Metrics tab.
+	dashboardPrometheus string
 	// chain is the worker's chain settings; with ETH_RPC_URL the api can
 	// ask the chain (recheck, Alchemy's removed).
 	chain finality.Settings
@@ -118,6 +120,7 @@ func readServe(env *config.Env, s *settings) {
 	s.ingestBatchMax = env.Int("INGEST_BATCH_MAX", postgres.IngestBatchMaxDefault, 1, postgres.LedgerBatchMax)
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
+	s.dashboardPrometheus = readDashboardPrometheus(env)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 	s.chain = finality.ReadSettings(env, false)
 }
@@ -251,7 +254,7 @@ func serve(log zerolog.Logger, s settings) error {
 		RateLimit:          s.rateLimit,
 		TrustedProxies:     s.trustedProxies,
 		AdminRoutes:        append(adminapi.Routes(db), notifyadmin.Routes(db)...),
-		AdminMounts:        []httpapi.Mount{adminapi.Dashboard(rdb, s.dashboardReadOnly)},
+		AdminMounts:        []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: s.dashboardReadOnly, PrometheusURL: s.dashboardPrometheus})},
 	})
 	if err != nil {
 		return err

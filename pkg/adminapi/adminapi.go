@@ -284,10 +284,25 @@ func (s sharedRedis) MakeRedisClient() any { return s.client }
 // the source of truth and stale recovery would bring such events back, so
 // operators act through the DLQ endpoints instead.
 func Dashboard(client redis.UniversalClient, readOnly bool) httpapi.Mount {
+	return DashboardWith(client, DashboardOptions{ReadOnly: readOnly})
+}
+
+// DashboardOptions configure the asynqmon dashboard.
+type DashboardOptions struct {
+	ReadOnly bool
+	// PrometheusURL (ASYNQMON_PROMETHEUS_URL), when set, is the Prometheus
+	// that scrapes the scheduler's asynq_* series: asynqmon's Metrics tab
+	// queries it from the api (the browser never talks to it).
+	PrometheusURL string
+}
+
+// DashboardWith is Dashboard with every option.
+func DashboardWith(client redis.UniversalClient, o DashboardOptions) httpapi.Mount {
 	handler := asynqmon.New(asynqmon.Options{
-		RootPath:     dashboardRoot,
-		RedisConnOpt: sharedRedis{client: client},
-		ReadOnly:     readOnly,
+		RootPath:          dashboardRoot,
+		RedisConnOpt:      sharedRedis{client: client},
+		ReadOnly:          o.ReadOnly,
+		PrometheusAddress: o.PrometheusURL,
 	})
 	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: handler}
 }
