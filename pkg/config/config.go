@@ -27,6 +27,10 @@ func FromMap(m map[string]string) *Env {
 	return &Env{lookup: func(k string) (string, bool) { v, ok := m[k]; return v, ok }}
 }
 
+// FromLookup reads through lookup (tests that record which settings a
+// binary reads).
+func FromLookup(lookup func(string) (string, bool)) *Env { return &Env{lookup: lookup} }
+
 // Err is the first problem, as one line naming the setting; nil if none.
 func (e *Env) Err() error {
 	if len(e.errs) == 0 {
