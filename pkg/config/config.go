@@ -17,6 +17,8 @@ import (
 type Env struct {
 	lookup func(string) (string, bool)
 	errs   []error
+	// refused are settings already failed as placeholders.
+	refused map[string]bool
 }
 
 // FromOS reads the process environment.
@@ -51,6 +53,18 @@ func (e *Env) raw(name string) (string, bool) {
 	if !ok || strings.TrimSpace(v) == "" {
 		return "", false
 	}
+	// A shipped placeholder (deploy/k8s/secret.yaml's CHANGE-ME in a URL,
+	// a token, a password) never runs, whatever the setting.
+	if mark := markIn(v, placeholderMarks); mark != "" {
+		if e.refused == nil {
+			e.refused = map[string]bool{}
+		}
+		if !e.refused[name] {
+			e.fail(name, "is a placeholder (contains %q): replace it", mark)
+		}
+		e.refused[name] = true
+		return "", false
+	}
 	return v, true
 }
 
@@ -65,7 +79,7 @@ func (e *Env) String(name, def string) string {
 // Required returns the setting or records that it is missing.
 func (e *Env) Required(name string) string {
 	v, ok := e.raw(name)
-	if !ok {
+	if !ok && !e.refused[name] {
 		e.fail(name, "required but not set")
 	}
 	return v
@@ -83,19 +97,30 @@ func (e *Env) Secret(name string, minLength int) string {
 	return v
 }
 
-// placeholderMarks are the words of placeholder secrets (the ones this
-// repository ships in compose.yaml, deploy/k8s and its docs among them).
-var placeholderMarks = []string{"change-me", "change_me", "changeme", "placeholder", "example", "replace-me", "replace_me", "replaceme"}
+// placeholderMarks make any setting a placeholder; weakSecretMarks, a
+// secret (the ones this repository ships in compose.yaml, deploy/k8s and
+// its docs among them).
+var (
+	placeholderMarks = []string{"change-me", "change_me", "changeme", "replace-me", "replace_me", "replaceme"}
+	weakSecretMarks  = append([]string{"placeholder", "example"}, placeholderMarks...)
+)
+
+func markIn(v string, marks []string) string {
+	lower := strings.ToLower(v)
+	for _, mark := range marks {
+		if strings.Contains(lower, mark) {
+			return mark
+		}
+	}
+	return ""
+}
 
 // WeakSecret says why secret is a placeholder or obviously weak, "" when
 // it is neither: it contains a placeholder word, or it is at most two
 // characters repeated.
 func WeakSecret(secret string) string {
-	lower := strings.ToLower(secret)
-	for _, mark := range placeholderMarks {
-		if strings.Contains(lower, mark) {
-			return fmt.Sprintf("is a placeholder (contains %q)", mark)
-		}
+	if mark := markIn(secret, weakSecretMarks); mark != "" {
+		return fmt.Sprintf("is a placeholder (contains %q)", mark)
 	}
 	distinct := map[rune]bool{}
 	for _, r := range secret {

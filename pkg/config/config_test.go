@@ -37,3 +37,23 @@ func TestBadURLIsNotPrinted(t *testing.T) {
 	require.ErrorContains(t, env.Err(), "ALERT_WEBHOOK_URL")
 	require.NotContains(t, env.Err().Error(), "SECRETPATH")
 }
+
+func TestAnyPlaceholderSettingIsRefused(t *testing.T) {
+	env := config.FromMap(map[string]string{
+		"DATABASE_URL": "postgres://settle:CHANGE-ME@postgres.example.internal:5432/settle",
+		"ETH_RPC_URL":  "https://CHANGE-ME.example.invalid/eth-mainnet",
+		"REDIS_URL":    "redis://:replace_me@redis:6379/0",
+	})
+	require.Empty(t, env.Required("DATABASE_URL"))
+	require.Empty(t, env.URL("ETH_RPC_URL", "", "https"))
+	require.Equal(t, "redis://localhost:6379/0", env.String("REDIS_URL", "redis://localhost:6379/0"))
+	require.Len(t, env.Errs(), 3, "%v", env.Errs())
+	require.ErrorContains(t, env.Err(), "setting DATABASE_URL: is a placeholder")
+	for _, err := range env.Errs() {
+		require.NotContains(t, err.Error(), "example.invalid")
+	}
+	// "example" alone is not a placeholder outside secrets.
+	env = config.FromMap(map[string]string{"ALERT_WEBHOOK_URL": "https://hooks.example.com/x"})
+	require.Equal(t, "https://hooks.example.com/x", env.URL("ALERT_WEBHOOK_URL", "", "https"))
+	require.NoError(t, env.Err())
+}

@@ -88,6 +88,21 @@ func TestBinariesRefuseShippedPlaceholders(t *testing.T) {
 	} {
 		requireRefused(t, "worker", with(worker, "NOTIFY_WEBHOOK_SECRET", weak), "NOTIFY_WEBHOOK_SECRET")
 	}
+	// The URL placeholders of secret.yaml too, in every binary reading them.
+	for _, name := range []string{"DATABASE_URL", "REDIS_URL", "ETH_RPC_URL"} {
+		placeholder := secret.StringData[name]
+		require.Contains(t, strings.ToLower(placeholder), "change-me", "secret.yaml's %s is a visible placeholder", name)
+		env := with(worker, name, placeholder)
+		delete(env, "NOTIFY_WEBHOOK_URL")
+		env["DEPOSIT_FINALITY"] = "finalized"
+		if name != "ETH_RPC_URL" {
+			env["ETH_RPC_URL"] = "http://127.0.0.1:1/"
+		}
+		requireRefused(t, "worker", env, name)
+		if name != "ETH_RPC_URL" {
+			requireRefused(t, "api", with(api, name, placeholder), name)
+		}
+	}
 	out, _ := runSettings(t, "worker", worker)
 	require.NotContains(t, out, "SECRETPATH", "the URL is never printed")
 }
