@@ -41,6 +41,9 @@ const (
 	// migration such as 0003's concurrent index build takes as long as the
 	// table is large, and one cut off is simply run again.
 	migrateTimeoutDefault = 10 * time.Minute
+	// unverifiedBytesCeiling bounds INGEST_UNVERIFIED_BYTES_MAX: more
+	// memory than any api pod should hold for strangers.
+	unverifiedBytesCeiling = 4 << 30
 	// signingKeysMax bounds ALCHEMY_SIGNING_KEY's list.
 	signingKeysMax = 64
 	exitFailure    = 1
@@ -78,6 +81,14 @@ type settings struct {
 
 	// migrateTimeout bounds `api migrate`.
 	migrateTimeout time.Duration
+
+	// verifiedRateLimit limits signed deliveries per client (rateLimit
+	// counts the unverified ones); unverifiedBytesMax and
+	// unverifiedClientBytesMax bound the bodies read before their
+	// signature is checked.
+	verifiedRateLimit        httpapi.RateLimit
+	unverifiedBytesMax       int
+	unverifiedClientBytesMax int
 }
 
 // readCommon reads what every subcommand needs.
@@ -117,6 +128,14 @@ func readServe(env *config.Env, s *settings) {
 		panic(fmt.Sprintf("default rate limit %q: %v", httpapi.RateLimitDefault, err))
 	}
 	s.rateLimit = config.Parse(env, "WEBHOOK_RATE_LIMIT", defaultLimit, httpapi.ParseRateLimit)
+	s.verifiedRateLimit = config.Parse(env, "WEBHOOK_VERIFIED_RATE_LIMIT", nil, httpapi.ParseRateLimit)
+	// The budget must hold one body of the largest route, whose
+	// reservation may be its whole limit.
+	s.unverifiedBytesMax = env.Int("INGEST_UNVERIFIED_BYTES_MAX", httpapi.UnverifiedBytesMaxDefault, httpapi.AlchemyBodyMax, unverifiedBytesCeiling)
+	s.unverifiedClientBytesMax = env.Int("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", min(httpapi.UnverifiedClientBytesMaxDefault, s.unverifiedBytesMax), httpapi.PaymentsBodyMax, unverifiedBytesCeiling)
+	if s.unverifiedClientBytesMax > s.unverifiedBytesMax {
+		env.Reject("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", fmt.Errorf("%d is more than INGEST_UNVERIFIED_BYTES_MAX (%d)", s.unverifiedClientBytesMax, s.unverifiedBytesMax))
+	}
 	s.ingestBatchMax = env.Int("INGEST_BATCH_MAX", postgres.IngestBatchMaxDefault, 1, postgres.LedgerBatchMax)
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
@@ -252,9 +271,13 @@ func serve(log zerolog.Logger, s settings) error {
 		APIToken:           s.apiToken,
 		AdminToken:         s.adminToken,
 		RateLimit:          s.rateLimit,
+		VerifiedRateLimit:  s.verifiedRateLimit,
 		TrustedProxies:     s.trustedProxies,
 		AdminRoutes:        append(adminapi.Routes(db), notifyadmin.Routes(db)...),
 		AdminMounts:        []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: s.dashboardReadOnly, PrometheusURL: s.dashboardPrometheus})},
+
+		UnverifiedBytesMax:       int64(s.unverifiedBytesMax),
+		UnverifiedClientBytesMax: int64(s.unverifiedClientBytesMax),
 	})
 	if err != nil {
 		return err
@@ -272,7 +295,7 @@ func serve(log zerolog.Logger, s settings) error {
 		}
 		adminAddr = adminListener.Addr().String()
 	}
-	log.Info().Str("addr", listener.Addr().String()).Str("admin_addr", adminAddr).Str("rate_limit", s.rateLimit.String()).
+	log.Info().Str("addr", listener.Addr().String()).Str("admin_addr", adminAddr).Str("rate_limit", s.rateLimit.String()).Str("verified_rate_limit", s.verifiedRateLimit.String()).
 		Int("trusted_proxies", len(s.trustedProxies)).Bool("alchemy", len(s.alchemyKeys) > 0).
 		Bool("chain_rpc", s.chain.HasRPC()).Msg("api serving")
 	if err := server.ServeSplit(ctx, listener, adminListener, s.shutdownTimeout); err != nil {

@@ -28,14 +28,7 @@ func readBody(c echo.Context, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, fmt.Errorf("read body: %w", err)
-	}
-	if int64(len(body)) > limit {
-		return nil, errBodyTooLarge
-	}
-	return body, nil
+	return readLimited(r.Body, limit, r.ContentLength)
 }
 
 // bodyError maps a readBody failure to the caller's answer.

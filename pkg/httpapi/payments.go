@@ -64,21 +64,11 @@ type webhookAnswer struct {
 // this handler never talks to the queue: once it answers 200 the event is
 // committed, and before that nothing of it exists.
 func (s *Server) webhookPayments(c echo.Context) error {
-	body, err := readBody(c, PaymentsBodyMax)
-	if err != nil {
-		answer := bodyError(err)
-		s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
-		return answer
-	}
 	// The signature covers the raw bytes and is checked before anything
 	// reads them.
-	signature := c.Request().Header.Get(HeaderSignature)
-	if signature == "" {
-		signature = c.Request().Header.Get(HeaderAlchemySignature)
-	}
-	if !alchemy.Verify(body, signature, s.webhookSecret) {
-		s.metrics.webhook(sourcePayments, outcomeRejected, "signature")
-		return fail(errSignature, "")
+	body, err := s.readSigned(c, sourcePayments, PaymentsBodyMax, s.verifyPayments)
+	if err != nil {
+		return err
 	}
 	req, rejected := parsePayment(body)
 	if rejected != nil {
@@ -163,6 +153,15 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		Str("event_type", string(req.eventType)).Int64(logging.FieldUserID, req.userID).
 		Str("asset", asset.Code).Str("result", status).Msg("payment webhook")
 	return c.JSON(http.StatusOK, webhookAnswer{Status: status, EventID: req.eventID, TraceID: traceID})
+}
+
+// verifyPayments checks X-Signature (or X-Alchemy-Signature).
+func (s *Server) verifyPayments(r *http.Request, body []byte) bool {
+	signature := r.Header.Get(HeaderSignature)
+	if signature == "" {
+		signature = r.Header.Get(HeaderAlchemySignature)
+	}
+	return alchemy.Verify(body, signature, s.webhookSecret)
 }
 
 // amountProblem says what is wrong with an amount in the caller's terms,

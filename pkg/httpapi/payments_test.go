@@ -235,10 +235,11 @@ func TestPaymentsBodyOverLimit(t *testing.T) {
 	require.Equal(t, 1, h.countEvents())
 }
 
-// Row: over the rate limit → 429 with Retry-After.
+// Row: over the rate limit → 429 with Retry-After (here the verified
+// deliveries' limit; the unverified one is in ratelimit_test.go).
 func TestPaymentsOverRateLimit(t *testing.T) {
 	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
-		o.RateLimit = mustRateLimit(t, "2/s,100/m")
+		o.VerifiedRateLimit = mustRateLimit(t, "2/s,100/m")
 	}})
 	h.createUser(7)
 	require.Equal(t, http.StatusOK, h.postPayment(deposit("rl-1", 7, "1")).status)

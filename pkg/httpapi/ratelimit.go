@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,12 +17,17 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Bounds of WEBHOOK_RATE_LIMIT and of the limiter's own work.
+// Bounds of WEBHOOK_RATE_LIMIT, WEBHOOK_VERIFIED_RATE_LIMIT and of the
+// limiter's own work.
 const (
-	RateLimitDefault   = "30/s,300/m"
-	rateWindowsMax     = 4
-	rateLimitMax       = 1_000_000
-	rateLimitKeyPrefix = "settle:ratelimit:"
+	RateLimitDefault = "30/s,300/m"
+	// VerifiedRateLimitDefault: signed deliveries are not limited, so a
+	// provider's few egress addresses or one internal service are never
+	// throttled by a per-address budget meant for strangers.
+	VerifiedRateLimitDefault = "off"
+	rateWindowsMax           = 4
+	rateLimitMax             = 1_000_000
+	rateLimitKeyPrefix       = "settle:ratelimit:"
 	// rateKeyGrace keeps a counter a little past its window, so replicas
 	// whose clocks differ slightly still count into the same key.
 	rateKeyGrace = time.Second
@@ -34,7 +40,30 @@ const (
 	redisRetryInterval = 5 * time.Second
 	// fallbackKeysMax bounds the in-process limiter's table.
 	fallbackKeysMax = 100_000
+	// clientIPv6PrefixBits: an IPv6 client is its /64, the smallest block
+	// a site is normally given; keying whole addresses would hand every
+	// holder of a /64 endless fresh budgets.
+	clientIPv6PrefixBits = 64
 )
+
+// Limiter kinds, part of the Redis key so the two budgets never mix.
+const (
+	limitUnverified = "unverified"
+	limitVerified   = "verified"
+)
+
+// clientKey is who a limit or budget counts against: an IPv4 address, or
+// the /64 of an IPv6 address.
+func clientKey(addr netip.Addr) string {
+	if !addr.IsValid() {
+		return "unknown"
+	}
+	addr = addr.Unmap()
+	if addr.Is4() {
+		return addr.String()
+	}
+	return netip.PrefixFrom(addr, clientIPv6PrefixBits).Masked().String()
+}
 
 // RateWindow is one "N per period" rule.
 type RateWindow struct {
@@ -88,26 +117,30 @@ func (l RateLimit) String() string {
 	return strings.Join(parts, ",")
 }
 
-// limitScript checks and counts one request against every window, in one
-// atomic step so that replicas sharing Redis never over-admit.
+// limitScript checks one request against every window and, when asked,
+// counts it, in one atomic step so that replicas sharing Redis never
+// over-admit.
 //
 // KEYS[i]: the counter of window i for this client and the current
 // window (all keys share one {client} hash tag, so it also runs on a
 // cluster).
-// ARGV[2i-1]: the limit of window i. ARGV[2i]: the counter's TTL in ms.
-// Returns 0 when the request is admitted (every counter incremented), or
-// the 1-based index of the first full window (nothing incremented, so
-// refused requests do not extend the block).
+// ARGV[1]: "1" to count the request when it is admitted, "0" only to ask.
+// ARGV[2i]: the limit of window i. ARGV[2i+1]: the counter's TTL in ms.
+// Returns 0 when the request is admitted (and, if asked, every counter
+// incremented), or the 1-based index of the first full window (nothing
+// incremented, so refused requests do not extend the block).
 var limitScript = redis.NewScript(`
 for i = 1, #KEYS do
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if count >= tonumber(ARGV[2*i-1]) then
+  if count >= tonumber(ARGV[2*i]) then
     return i
   end
 end
-for i = 1, #KEYS do
-  if redis.call('INCR', KEYS[i]) == 1 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2*i])
+if ARGV[1] == '1' then
+  for i = 1, #KEYS do
+    if redis.call('INCR', KEYS[i]) == 1 then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2*i+1])
+    end
   end
 end
 return 0
@@ -118,6 +151,7 @@ return 0
 // replicas agree on them; at a boundary a client can get up to twice a
 // window's limit, which is acceptable for abuse protection.
 type limiter struct {
+	kind    string // limitUnverified or limitVerified
 	windows RateLimit
 	redis   redis.UniversalClient
 	timeout time.Duration
@@ -137,13 +171,28 @@ type decision struct {
 	retryAfter time.Duration
 }
 
+// allow admits and counts one request of client, or refuses it.
 func (l *limiter) allow(ctx context.Context, client string) decision {
+	return l.decide(ctx, client, true)
+}
+
+// full reports whether client is over the limit already, counting nothing.
+func (l *limiter) full(ctx context.Context, client string) decision {
+	return l.decide(ctx, client, false)
+}
+
+func (l *limiter) decide(ctx context.Context, client string, count bool) decision {
 	now := l.now()
 	keys := make([]string, len(l.windows))
-	args := make([]any, 0, 2*len(l.windows))
+	countArg := "0"
+	if count {
+		countArg = "1"
+	}
+	args := make([]any, 0, 1+2*len(l.windows))
+	args = append(args, countArg)
 	for i, w := range l.windows {
 		bucket := now.UnixNano() / int64(w.Period)
-		keys[i] = fmt.Sprintf("%s{%s}:%d:%d", rateLimitKeyPrefix, client, int64(w.Period/time.Second), bucket)
+		keys[i] = fmt.Sprintf("%s%s:{%s}:%d:%d", rateLimitKeyPrefix, l.kind, client, int64(w.Period/time.Second), bucket)
 		args = append(args, w.Limit, (w.Period + rateKeyGrace).Milliseconds())
 	}
 	full, decided := -1, false
@@ -162,7 +211,7 @@ func (l *limiter) allow(ctx context.Context, client string) decision {
 	}
 	if !decided {
 		l.metrics.rateLimitFallback.Inc()
-		full = l.fallback.allow(keys, l.windows, now)
+		full = l.fallback.allow(keys, l.windows, now, count)
 	}
 	if full < 0 {
 		return decision{allowed: true}
@@ -185,8 +234,9 @@ type localCounter struct {
 	expiresAt time.Time
 }
 
-// allow returns -1 when admitted, else the index of the full window.
-func (lc *localCounters) allow(keys []string, windows RateLimit, now time.Time) int {
+// allow returns -1 when admitted (counted if count), else the index of the
+// full window.
+func (lc *localCounters) allow(keys []string, windows RateLimit, now time.Time, count bool) int {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	if lc.entries == nil {
@@ -196,6 +246,9 @@ func (lc *localCounters) allow(keys []string, windows RateLimit, now time.Time) 
 		if e, ok := lc.entries[key]; ok && now.Before(e.expiresAt) && e.count >= windows[i].Limit {
 			return i
 		}
+	}
+	if !count {
+		return -1
 	}
 	if len(lc.entries)+len(keys) > fallbackKeysMax {
 		for key, e := range lc.entries {
@@ -221,23 +274,32 @@ func (lc *localCounters) allow(keys []string, windows RateLimit, now time.Time) 
 	return -1
 }
 
-// rateLimitMiddleware refuses a client over WEBHOOK_RATE_LIMIT with 429
-// and Retry-After, before the body is read or the signature computed.
+// rateLimitMiddleware refuses, with 429 and Retry-After and before the
+// body is read, a client whose unverified requests (signature missing or
+// wrong) already fill WEBHOOK_RATE_LIMIT. It counts nothing: a request is
+// counted only once its signature failed (see readSigned).
 func (s *Server) rateLimitMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if s.limiter == nil {
+		if s.unverifiedLimit == nil {
 			return next(c)
 		}
 		ctx := c.Request().Context()
-		verdict := s.limiter.allow(ctx, ClientIP(ctx).String())
-		if verdict.allowed {
-			return next(c)
+		if verdict := s.unverifiedLimit.full(ctx, clientKey(ClientIP(ctx))); !verdict.allowed {
+			dropConnection(c)
+			return s.rateLimited(c, verdict)
 		}
-		s.metrics.rateLimited.WithLabelValues(c.Path()).Inc()
-		seconds := int(math.Ceil(verdict.retryAfter.Seconds()))
-		if seconds < 1 {
-			seconds = 1
-		}
-		return &apiError{status: http.StatusTooManyRequests, message: "rate limit exceeded", retryAfter: seconds}
+		return next(c)
 	}
+}
+
+// rateLimited is the 429 of a refused request.
+func (s *Server) rateLimited(c echo.Context, verdict decision) error {
+	s.metrics.rateLimited.WithLabelValues(c.Path()).Inc()
+	seconds := int(math.Ceil(verdict.retryAfter.Seconds()))
+	if seconds < 1 {
+		seconds = 1
+	}
+	answer := newError(http.StatusTooManyRequests, "rate limit exceeded")
+	answer.retryAfter = seconds
+	return answer
 }

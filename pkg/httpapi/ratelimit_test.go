@@ -13,42 +13,88 @@ import (
 	"github.com/settle/settle/pkg/httpapi"
 )
 
-// The limit is shared: two api instances on one Redis admit the limit
-// between them, then both answer 429 with Retry-After. Another client is
-// not affected.
-func TestRateLimitSharedAcrossInstances(t *testing.T) {
-	trustLoopback := func(o *httpapi.Options) {
-		o.RateLimit = mustRateLimit(t, "3/h")
+func trustLoopback(t *testing.T, unverified, verified string) func(o *httpapi.Options) {
+	return func(o *httpapi.Options) {
+		o.RateLimit = mustRateLimit(t, unverified)
+		o.VerifiedRateLimit = mustRateLimit(t, verified)
 		proxies, err := httpapi.ParseTrustedProxies("127.0.0.1/32")
 		require.NoError(t, err)
 		o.TrustedProxies = proxies
 	}
-	a := newHarness(t, harnessOptions{change: trustLoopback})
-	b := newHarness(t, harnessOptions{dsn: a.dsn, redisURL: a.redisURL, change: trustLoopback})
+}
+
+// postUnsigned sends a payments webhook with a wrong signature.
+func (h *harness) postUnsigned(body []byte, headers ...string) response {
+	h.t.Helper()
+	hdr := map[string]string{"Content-Type": "application/json", httpapi.HeaderSignature: sign([]byte("something else"))}
+	for i := 0; i+1 < len(headers); i += 2 {
+		hdr[headers[i]] = headers[i+1]
+	}
+	return h.do(http.MethodPost, "/webhook/payments", body, hdr)
+}
+
+// WEBHOOK_RATE_LIMIT counts only requests whose signature fails or is
+// missing, shared across api instances: once a client has spent it, both
+// instances refuse it 429 with Retry-After before reading its body, signed
+// or not. Verified deliveries never spend it, and another client is not
+// affected.
+func TestUnverifiedRateLimitSharedAcrossInstances(t *testing.T) {
+	a := newHarness(t, harnessOptions{change: trustLoopback(t, "3/h", "off")})
+	b := newHarness(t, harnessOptions{dsn: a.dsn, redisURL: a.redisURL, change: trustLoopback(t, "3/h", "off")})
 	a.createUser(7)
 
-	instances := []*harness{a, b, a}
-	for i, h := range instances {
-		r := h.postPayment(deposit(fmt.Sprintf("shared-%d", i), 7, "1"))
-		require.Equal(t, http.StatusOK, r.status, "request %d: %s", i, r.raw)
+	for i := range 10 {
+		r := []*harness{a, b}[i%2].postPayment(deposit(fmt.Sprintf("signed-%d", i), 7, "1"))
+		require.Equal(t, http.StatusOK, r.status, "verified deliveries are not limited by WEBHOOK_RATE_LIMIT: %s", r.raw)
 	}
-	for i, h := range []*harness{b, a} {
-		r := h.postPayment(deposit(fmt.Sprintf("over-%d", i), 7, "1"))
-		requireError(t, r, http.StatusTooManyRequests)
+	for i, h := range []*harness{a, b, a} {
+		requireCode(t, h.postUnsigned(deposit(fmt.Sprintf("forged-%d", i), 7, "1")), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+	}
+	missing := b.do(http.MethodPost, "/webhook/payments", deposit("unsigned", 7, "1"), nil)
+	r := b.postPayment(deposit("over-signed", 7, "1"))
+	for _, refused := range []response{missing, r, a.postUnsigned(deposit("over-forged", 7, "1"))} {
+		requireCode(t, refused, http.StatusTooManyRequests, httpapi.CodeRateLimited)
 		// The hour window ends at 04:00:00; the clock is pinned at 03:04:05.
-		require.Equal(t, "3355", r.header.Get("Retry-After"))
+		require.Equal(t, "3355", refused.header.Get("Retry-After"))
 	}
-	require.Equal(t, 3, a.countEvents(), "refused requests stored nothing")
-	for _, h := range []*harness{a, b} {
-		require.Equal(t, 1.0, counter(t, h.metrics, "settle_api_rate_limited_total", map[string]string{"route": "/webhook/payments"}))
-		require.Equal(t, 0.0, counter(t, h.metrics, "settle_api_rate_limit_fallback_total", nil))
-	}
+	require.Equal(t, 10, a.countEvents(), "refused requests stored nothing")
+	require.Equal(t, 0.0, counter(t, a.metrics, "settle_api_rate_limit_fallback_total", nil))
 
 	// Another client behind the trusted proxy has its own budget; the
 	// Alchemy webhook shares the client's budget.
 	other := b.postPayment(deposit("other-client", 7, "1"), "X-Forwarded-For", "203.0.113.9")
 	require.Equal(t, http.StatusOK, other.status, "%s", other.raw)
-	requireError(t, a.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey), http.StatusTooManyRequests)
+	requireCode(t, a.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey), http.StatusTooManyRequests, httpapi.CodeRateLimited)
+}
+
+// An IPv6 client is its /64: fresh addresses of one /64 share one budget,
+// another /64 has its own.
+func TestUnverifiedRateLimitKeysIPv6By64(t *testing.T) {
+	h := newHarness(t, harnessOptions{change: trustLoopback(t, "2/h", "off")})
+	h.createUser(7)
+	for i := range 2 {
+		from := fmt.Sprintf("2001:db8:1:2:%x::%x", i+1, i+7)
+		requireCode(t, h.postUnsigned(deposit(fmt.Sprintf("v6-%d", i), 7, "1"), "X-Forwarded-For", from), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+	}
+	requireCode(t, h.postUnsigned(deposit("v6-new", 7, "1"), "X-Forwarded-For", "2001:db8:1:2:ffff:1:2:3"), http.StatusTooManyRequests, httpapi.CodeRateLimited)
+	requireCode(t, h.postUnsigned(deposit("v6-other", 7, "1"), "X-Forwarded-For", "2001:db8:1:3::1"), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+	requireCode(t, h.postUnsigned(deposit("v4-mapped", 7, "1"), "X-Forwarded-For", "::ffff:198.51.100.1"), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+}
+
+// WEBHOOK_VERIFIED_RATE_LIMIT limits verified deliveries per client, and
+// spending it does not touch the unverified budget.
+func TestVerifiedRateLimit(t *testing.T) {
+	h := newHarness(t, harnessOptions{change: trustLoopback(t, "1/h", "2/h")})
+	h.createUser(7)
+	for i := range 2 {
+		require.Equal(t, http.StatusOK, h.postPayment(deposit(fmt.Sprintf("ok-%d", i), 7, "1")).status)
+	}
+	r := h.postPayment(deposit("third", 7, "1"))
+	requireCode(t, r, http.StatusTooManyRequests, httpapi.CodeRateLimited)
+	require.Equal(t, "3355", r.header.Get("Retry-After"))
+	require.Equal(t, 2, h.countEvents())
+	requireCode(t, h.postUnsigned(deposit("forged", 7, "1")), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+	require.Equal(t, http.StatusOK, h.postPayment(deposit("elsewhere", 7, "1"), "X-Forwarded-For", "203.0.113.9").status)
 }
 
 // With Redis unreachable the API neither refuses everything nor stops
@@ -61,12 +107,13 @@ func TestRateLimitFallsBackWhenRedisIsDown(t *testing.T) {
 		change:   func(o *httpapi.Options) { o.RateLimit = mustRateLimit(t, "2/h") },
 	})
 	h.createUser(7)
-	require.Equal(t, http.StatusOK, h.postPayment(deposit("fb-1", 7, "1")).status)
-	require.Equal(t, http.StatusOK, h.postPayment(deposit("fb-2", 7, "1")).status)
-	r := h.postPayment(deposit("fb-3", 7, "1"))
+	require.Equal(t, http.StatusOK, h.postPayment(deposit("fb-ok", 7, "1")).status)
+	requireError(t, h.postUnsigned(deposit("fb-1", 7, "1")), http.StatusUnauthorized)
+	requireError(t, h.postUnsigned(deposit("fb-2", 7, "1")), http.StatusUnauthorized)
+	r := h.postUnsigned(deposit("fb-3", 7, "1"))
 	requireError(t, r, http.StatusTooManyRequests)
 	require.NotEmpty(t, r.header.Get("Retry-After"))
-	require.Equal(t, 3.0, counter(t, h.metrics, "settle_api_rate_limit_fallback_total", nil))
+	require.Greater(t, counter(t, h.metrics, "settle_api_rate_limit_fallback_total", nil), 3.0)
 
 	// Ingest needs only PostgreSQL: the api stays ready, and says where
 	// Redis stands in /healthz and settle_redis_up.

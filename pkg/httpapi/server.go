@@ -106,8 +106,16 @@ type Options struct {
 	APIToken   string
 	AdminToken string
 
-	// RateLimit applies per client to the webhooks; empty is off.
-	RateLimit RateLimit
+	// RateLimit applies per client to webhooks whose signature is missing
+	// or wrong (WEBHOOK_RATE_LIMIT); VerifiedRateLimit to verified ones
+	// (WEBHOOK_VERIFIED_RATE_LIMIT). Empty is off.
+	RateLimit         RateLimit
+	VerifiedRateLimit RateLimit
+	// UnverifiedBytesMax bounds the body bytes of webhooks not yet
+	// verified, across the process; UnverifiedClientBytesMax one client's
+	// part of it. Zero: the defaults.
+	UnverifiedBytesMax       int64
+	UnverifiedClientBytesMax int64
 	// RateLimitTimeout bounds a limiter call to Redis, past which the
 	// in-process fallback decides; zero: RateLimitTimeoutDefault.
 	RateLimitTimeout time.Duration
@@ -131,7 +139,6 @@ type Server struct {
 	redis   redis.UniversalClient
 	log     zerolog.Logger
 	metrics *metrics
-	limiter *limiter
 	assets  *assetCache
 	proxies TrustedProxies
 	chain   Chain
@@ -140,6 +147,11 @@ type Server struct {
 	alchemyKeys   [][]byte
 	readers       []tokenDigest
 	admins        []tokenDigest
+
+	// unverifiedLimit and verifiedLimit are nil when off.
+	unverifiedLimit *limiter
+	verifiedLimit   *limiter
+	unverified      *unverifiedBytes
 
 	// routes holds every registered route template, quietRoutes those
 	// logged at debug level (probes and scrapes).
@@ -194,13 +206,24 @@ func New(opts Options) (*Server, error) {
 	s.assets = &assetCache{load: opts.Store.Assets, now: now}
 	s.redisUp = newRedisProbe(opts.Redis, registry)
 	s.chain = opts.Chain
-	if len(opts.RateLimit) > 0 {
-		timeout := opts.RateLimitTimeout
-		if timeout <= 0 {
-			timeout = RateLimitTimeoutDefault
-		}
-		s.limiter = &limiter{windows: opts.RateLimit, redis: opts.Redis, timeout: timeout, now: now, log: opts.Log, metrics: s.metrics}
+	limitTimeout := opts.RateLimitTimeout
+	if limitTimeout <= 0 {
+		limitTimeout = RateLimitTimeoutDefault
 	}
+	if len(opts.RateLimit) > 0 {
+		s.unverifiedLimit = &limiter{kind: limitUnverified, windows: opts.RateLimit, redis: opts.Redis, timeout: limitTimeout, now: now, log: opts.Log, metrics: s.metrics}
+	}
+	if len(opts.VerifiedRateLimit) > 0 {
+		s.verifiedLimit = &limiter{kind: limitVerified, windows: opts.VerifiedRateLimit, redis: opts.Redis, timeout: limitTimeout, now: now, log: opts.Log, metrics: s.metrics}
+	}
+	bytesMax, clientBytesMax := opts.UnverifiedBytesMax, opts.UnverifiedClientBytesMax
+	if bytesMax <= 0 {
+		bytesMax = UnverifiedBytesMaxDefault
+	}
+	if clientBytesMax <= 0 {
+		clientBytesMax = min(UnverifiedClientBytesMaxDefault, bytesMax)
+	}
+	s.unverified = newUnverifiedBytes(bytesMax, clientBytesMax, registry)
 
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true

@@ -58,15 +58,11 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	if len(s.alchemyKeys) == 0 {
 		return newError(http.StatusNotFound, "not found")
 	}
-	body, err := readBody(c, AlchemyBodyMax)
+	body, err := s.readSigned(c, sourceAlchemy, AlchemyBodyMax, func(r *http.Request, body []byte) bool {
+		return alchemy.Verify(body, r.Header.Get(HeaderAlchemySignature), s.alchemyKeys...)
+	})
 	if err != nil {
-		answer := bodyError(err)
-		s.metrics.webhook(sourceAlchemy, outcomeRejected, reasonOf(answer))
-		return answer
-	}
-	if !alchemy.Verify(body, c.Request().Header.Get(HeaderAlchemySignature), s.alchemyKeys...) {
-		s.metrics.webhook(sourceAlchemy, outcomeRejected, "signature")
-		return fail(errSignature, "")
+		return err
 	}
 	payload, err := alchemy.Decode(body)
 	if err != nil {

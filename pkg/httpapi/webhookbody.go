@@ -1,0 +1,207 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Bounds of the bodies read before their signature is checked.
+const (
+	// UnverifiedBytesMaxDefault bounds the bytes that requests not yet
+	// verified may hold at once across the process
+	// (INGEST_UNVERIFIED_BYTES_MAX).
+	UnverifiedBytesMaxDefault = 64 << 20
+	// UnverifiedClientBytesMaxDefault is the part of it one client (an
+	// IPv4 address or an IPv6 /64) may hold (INGEST_UNVERIFIED_CLIENT_BYTES_MAX):
+	// two Alchemy bodies, so one attacker cannot take the whole budget
+	// from the providers sharing it. A client holding nothing may always
+	// take one request's reservation, whatever this says.
+	UnverifiedClientBytesMaxDefault = 8 << 20
+	// bodyReservationMin is the least a request reserves, so empty bodies
+	// still count and the table of clients stays bounded (at most the
+	// budget over this).
+	bodyReservationMin = 4 << 10
+	// bodyBufferInitial is the first buffer of a body; it doubles as bytes
+	// arrive, up to the reservation, so a slow sender holds only what it
+	// sent.
+	bodyBufferInitial = 16 << 10
+	// retryAfterBusy is what a caller refused for a full budget waits: the
+	// budget frees as soon as bodies in flight are verified or fail.
+	retryAfterBusy = 1
+)
+
+// unverifiedBytes is the shared budget of unverified body bytes: a
+// weighted semaphore that never queues (a request that does not fit is
+// refused at once), with a share per client.
+type unverifiedBytes struct {
+	total     int64
+	clientMax int64
+
+	mu      sync.Mutex
+	held    int64
+	clients map[string]int64
+
+	inFlight prometheus.Gauge
+	refused  *prometheus.CounterVec
+}
+
+func newUnverifiedBytes(total, clientMax int64, reg prometheus.Registerer) *unverifiedBytes {
+	b := &unverifiedBytes{
+		total: total, clientMax: clientMax, clients: map[string]int64{},
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "settle_api_unverified_body_bytes",
+			Help: "Bytes reserved by webhook bodies whose signature is not checked yet (bounded by INGEST_UNVERIFIED_BYTES_MAX).",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_api_unverified_budget_refused_total",
+			Help: "Webhooks refused with 503 before their body was read, because the unverified byte budget (why=total) or the client's share of it (why=client) was full.",
+		}, []string{"why"}),
+	}
+	reg.MustRegister(b.inFlight, b.refused)
+	return b
+}
+
+// reserve takes n bytes for client, or reports false without waiting.
+func (b *unverifiedBytes) reserve(client string, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held+n > b.total {
+		b.refused.WithLabelValues("total").Inc()
+		return false
+	}
+	if held := b.clients[client]; held > 0 && held+n > b.clientMax {
+		b.refused.WithLabelValues("client").Inc()
+		return false
+	}
+	b.held += n
+	b.clients[client] += n
+	b.inFlight.Set(float64(b.held))
+	return true
+}
+
+func (b *unverifiedBytes) release(client string, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held -= n
+	if b.clients[client] -= n; b.clients[client] <= 0 {
+		delete(b.clients, client)
+	}
+	b.inFlight.Set(float64(b.held))
+}
+
+// verifier checks a body's signature; it sees the request for its headers.
+type verifier func(r *http.Request, body []byte) bool
+
+// readSigned reads a webhook body of at most limit bytes and checks its
+// signature before anything else looks at it, for any provider route:
+//
+//   - a declared length over limit is refused before a byte is read;
+//   - the read reserves its size (the declared length, else limit) from
+//     the unverified budget, and is refused at once (503, Retry-After)
+//     when the budget or the client's share is full: never queued;
+//   - a request that ends without a good signature (missing, wrong, too
+//     large, cut off) counts against WEBHOOK_RATE_LIMIT; a verified one
+//     against WEBHOOK_VERIFIED_RATE_LIMIT.
+//
+// The server's ReadTimeout bounds how long a slow sender holds its share.
+// Refusals are counted under source.
+func (s *Server) readSigned(c echo.Context, source string, limit int64, verify verifier) ([]byte, error) {
+	r := c.Request()
+	ctx := r.Context()
+	client := clientKey(ClientIP(ctx))
+	if r.ContentLength > limit {
+		dropConnection(c)
+		s.chargeUnverified(c, client)
+		s.metrics.webhook(source, outcomeRejected, "body_too_large")
+		return nil, bodyError(errBodyTooLarge)
+	}
+	reservation := limit
+	if r.ContentLength >= 0 {
+		reservation = r.ContentLength
+	}
+	reservation = max(reservation, bodyReservationMin)
+	if !s.unverified.reserve(client, reservation) {
+		dropConnection(c)
+		s.metrics.webhook(source, outcomeRejected, "busy")
+		answer := newError(http.StatusServiceUnavailable, "too many unverified webhooks in flight, retry later")
+		answer.retryAfter = retryAfterBusy
+		return nil, answer
+	}
+	body, err := readLimited(r.Body, limit, r.ContentLength)
+	verified := err == nil && verify(r, body)
+	s.unverified.release(client, reservation)
+	if !verified {
+		s.chargeUnverified(c, client)
+		if err != nil {
+			answer := bodyError(err)
+			s.metrics.webhook(source, outcomeRejected, reasonOf(answer))
+			return nil, answer
+		}
+		s.metrics.webhook(source, outcomeRejected, "signature")
+		return nil, fail(errSignature, "")
+	}
+	if s.verifiedLimit != nil {
+		if verdict := s.verifiedLimit.allow(ctx, client); !verdict.allowed {
+			s.metrics.webhook(source, outcomeRejected, "rate_limited")
+			return nil, s.rateLimited(c, verdict)
+		}
+	}
+	return body, nil
+}
+
+// dropConnection closes the connection after an answer sent without
+// reading the body: otherwise net/http would wait to discard up to 256 KiB
+// of it first (as slowly as the sender likes) before the answer goes out.
+func dropConnection(c echo.Context) {
+	c.Response().Header().Set(echo.HeaderConnection, "close")
+}
+
+// chargeUnverified counts a request that did not prove its signature.
+func (s *Server) chargeUnverified(c echo.Context, client string) {
+	if s.unverifiedLimit != nil {
+		s.unverifiedLimit.allow(c.Request().Context(), client)
+	}
+}
+
+// readLimited reads a whole body of at most limit bytes. The buffer grows
+// with what arrives and never past the declared length (or limit) plus
+// the one byte that tells a body over limit: memory follows bytes sent.
+func readLimited(r io.Reader, limit, declared int64) ([]byte, error) {
+	bound := limit + 1
+	if declared >= 0 && declared < limit {
+		bound = declared + 1
+	}
+	buf := make([]byte, 0, min(bound, bodyBufferInitial))
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) == bound {
+				break
+			}
+			grown := make([]byte, len(buf), min(bound, 2*int64(cap(buf))))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				return nil, errBodyTooLarge
+			}
+			return nil, fmt.Errorf("read body: %w", err)
+		}
+	}
+	if int64(len(buf)) > limit {
+		return nil, errBodyTooLarge
+	}
+	return buf, nil
+}
