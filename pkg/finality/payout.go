@@ -34,4 +34,6 @@ func (g *Gate) payout(e payment.Event, toAddress string) (chain.Deposit, string,
 // anyRecipient accepts whichever address the chain shows.
 type anyRecipient struct{}
 
-func (anyRecipient) Owned(_ context.Context, addresses []string) ([]string, error) { return addresses, nil }
+func (anyRecipient) Owned(_ context.Context, addresses []string) ([]string, error) {
+	return addresses, nil
+}

@@ -83,13 +83,13 @@ func planned(id string, typ payment.EventType, user int64, amount, holdID string
 func TestPlanHolds(t *testing.T) {
 	k := balanceKey{1, "ETH"}
 	type want struct {
-		outcomes       map[string]payment.Outcome
-		balance, held  string
-		journal        int
-		opened         int
-		resolved       []holdResolution
-		retry          []int
-		notifications  []string
+		outcomes      map[string]payment.Outcome
+		balance, held string
+		journal       int
+		opened        int
+		resolved      []holdResolution
+		retry         []int
+		notifications []string
 	}
 	existing := func(status payment.HoldStatus) map[string]*holdRow {
 		return map[string]*holdRow{"h0": {id: "h0", user: 1, asset: "ETH", amount: d("30"), status: status, network: "ETH_MAINNET"}}
