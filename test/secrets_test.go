@@ -27,6 +27,7 @@ const (
 	notifySecretPath = "hooks/NOTIFYSECRETPATH123"
 	alertSecretPath  = "services/T0/B0/ALERTSECRETPATH456"
 	notifySecret     = "e2e-notify-signing-secret-5f4e3d2c1b0a"
+	rpcSecretPath    = "v2/RPCSECRETKEY321"
 )
 
 // brokenReceiver drops the connection on every request while failing is
@@ -100,7 +101,11 @@ func TestNoSecretURLInLogsOrTables(t *testing.T) {
 	s.Env["NOTIFY_WEBHOOK_SECRET"] = notifySecret
 	s.Env["ALERT_WEBHOOK_URL"] = srv.URL + "/" + alertSecretPath
 	api := s.StartAPI(nil)
-	worker := s.StartWorker(nil)
+	// The worker checks deposits against an RPC endpoint whose path holds
+	// the provider's key, at the same broken receiver.
+	worker := s.StartWorker(map[string]string{
+		"DEPOSIT_FINALITY": "finalized", "ETH_RPC_URL": srv.URL + "/" + rpcSecretPath, "ETH_RPC_TIMEOUT": "1s",
+	})
 	scheduler := s.StartScheduler(map[string]string{
 		"NOTIFY_INTERVAL": "200ms", "HOT_PATH_CHECK_INTERVAL": "1s", "HEALTH_CHECK_INTERVAL": "1s",
 	})
@@ -115,6 +120,13 @@ func TestNoSecretURLInLogsOrTables(t *testing.T) {
 	s.WaitFor("notification attempts", 60*time.Second, func() bool {
 		return s.Count(`SELECT count(*) FROM notification_deliveries`) >= 2
 	})
+	// A deposit with a transaction hash: the chain check fails at the RPC.
+	deposit := []byte(`{"event_id":"secret-d1","event_type":"deposit","user_id":1,"asset":"ETH","amount":"1","tx_hash":"0x` + strings.Repeat("ab", 32) + `"}`)
+	status, body, err = client.Webhook(deposit)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, body)
+	s.WaitFor("the RPC called", 60*time.Second, func() bool { return recv.seen("/"+rpcSecretPath) > 0 })
+
 	// A balance changed by hand: the scheduler's reconciliation alerts,
 	// and the alert webhook fails the same way.
 	_, err = s.DB.Exec(context.Background(), `UPDATE balances SET balance = balance + 1 WHERE user_id = 1`)
@@ -139,13 +151,14 @@ func TestNoSecretURLInLogsOrTables(t *testing.T) {
 	out, code = s.Settlectl("notifications", "list", "--state", "bogus")
 	require.NotEqual(t, 0, code, out)
 
-	secrets := []string{"NOTIFYSECRETPATH123", "ALERTSECRETPATH456", "QUERYSECRET789", s.DatabaseURL, s.RedisURL}
+	s.WaitFor("the RPC failure logged", 30*time.Second, func() bool { return strings.Contains(worker.Logs(), "127.0.0.1") && recv.seen("/"+rpcSecretPath) > 1 })
+	secrets := []string{"NOTIFYSECRETPATH123", "ALERTSECRETPATH456", "QUERYSECRET789", "RPCSECRETKEY321", s.DatabaseURL, s.RedisURL}
 	requireNoSecretInLogs(t, s, secrets)
 	for _, p := range s.Procs {
 		require.Contains(t, p.Logs(), `"level"`, "%s wrote logs", p.Name)
 	}
 	require.Contains(t, worker.Logs(), srv.Listener.Addr().String(), "the receiver's scheme and host are logged")
-	scanTextColumns(t, s, secrets[:3])
+	scanTextColumns(t, s, secrets[:4])
 
 	// The receiver recovers: the notification is delivered, signed, and a
 	// redelivery through settlectl sends it once more.
@@ -170,7 +183,7 @@ func TestNoSecretURLInLogsOrTables(t *testing.T) {
 	require.Equal(t, float64(1), n["redeliveries"])
 	require.Contains(t, n["redelivery_requested_by"], "e2e")
 	requireNoSecretInLogs(t, s, secrets)
-	scanTextColumns(t, s, secrets[:3])
+	scanTextColumns(t, s, secrets[:4])
 }
 
 // requireNoSecretInLogs fails on the first log line holding a secret.
