@@ -150,5 +150,6 @@ func TestListAndRedeliver(t *testing.T) {
 		status, body := call(t, c.method, base+c.path, adminToken, c.body)
 		require.Equal(t, c.status, status, "%s %s: %v", c.method, c.path, body)
 		require.NotEmpty(t, body["error"])
+		require.Equal(t, map[int]string{400: "invalid_request", 404: "not_found", 413: "body_too_large"}[c.status], body["code"])
 	}
 }
