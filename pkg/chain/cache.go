@@ -26,7 +26,7 @@ const (
 	// payout) is not cached, which bounds an entry's size.
 	cachedTransfersMax = 256
 	// finalRecordVersion tags the entry format; another version is a miss.
-	finalRecordVersion = 1
+	finalRecordVersion = 2
 )
 
 const (
@@ -53,6 +53,7 @@ type finalRecord struct {
 	BlockNumber uint64           `json:"block_number"`
 	BlockHash   string           `json:"block_hash"`
 	Transfers   []transferRecord `json:"transfers,omitempty"`
+	FirstLog    uint             `json:"first_log"`
 	// The transaction's own recipient and value, once a native deposit
 	// needed them; TxValue empty: not known.
 	TxTo    string `json:"tx_to,omitempty"`
@@ -186,7 +187,7 @@ func (c *finalityCache) failed(ctx context.Context, op string, err error) {
 func encodeFinalRecord(r *Receipt) ([]byte, error) {
 	rec := finalRecord{
 		Version: finalRecordVersion, TxHash: r.TxHash, Status: r.Status,
-		BlockNumber: r.BlockNumber, BlockHash: r.BlockHash,
+		BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, FirstLog: r.FirstLogIndex,
 	}
 	if r.TxValue != nil {
 		rec.TxTo, rec.TxValue = r.TxTo, r.TxValue.String()
@@ -223,7 +224,7 @@ func decodeFinalRecord(raw []byte, txHash string) (*Receipt, error) {
 	if err != nil || blockHash != rec.BlockHash {
 		return nil, fmt.Errorf("block hash %q", rec.BlockHash)
 	}
-	r := &Receipt{TxHash: txHash, Status: rec.Status, BlockNumber: rec.BlockNumber, BlockHash: blockHash}
+	r := &Receipt{TxHash: txHash, Status: rec.Status, BlockNumber: rec.BlockNumber, BlockHash: blockHash, FirstLogIndex: rec.FirstLog}
 	if rec.TxValue != "" {
 		if r.TxValue, err = decodeValue(rec.TxValue); err != nil {
 			return nil, fmt.Errorf("transaction value %q", rec.TxValue)

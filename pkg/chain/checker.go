@@ -56,6 +56,10 @@ type Verdict struct {
 	// (Credit only), in log order: the ledger claims the first that no
 	// other event holds.
 	Transfers []string
+	// FirstLogIndex is the receipt's (see Receipt): with it the ledger
+	// recognises a transfer it holds under the log index of another block
+	// the transaction was mined in before a reorg.
+	FirstLogIndex uint64
 }
 
 // Deposit is what a webhook claims about a deposit with a transaction.
@@ -437,7 +441,7 @@ func (c *Checker) finalizedNumber(ctx context.Context) (number uint64, have bool
 // decide applies the policy, then the receipt's status, then (for a
 // token) the Transfer logs.
 func decide(d Deposit, p Policy, r *Receipt, isFinal bool, latest uint64) Verdict {
-	v := Verdict{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, Finalized: isFinal, ReceiptSeen: true}
+	v := Verdict{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, Finalized: isFinal, ReceiptSeen: true, FirstLogIndex: uint64(r.FirstLogIndex)}
 	holds, why := policyHolds(p, r.BlockNumber, isFinal, latest)
 	if !holds {
 		v.State, v.Reason = Wait, why

@@ -73,6 +73,10 @@ type Receipt struct {
 	BlockHash   string
 	// Transfers are the receipt's ERC-20 Transfer logs, in log order.
 	Transfers []Transfer
+	// FirstLogIndex is the block-wide index of the transaction's first
+	// log: a log's index less this is its position in the transaction,
+	// which stays the same when the transaction is mined in another block.
+	FirstLogIndex uint
 	// TxTo and TxValue are the transaction's own recipient and value,
 	// filled in when a native deposit needs them; TxValue nil: not asked.
 	TxTo    string
@@ -314,6 +318,9 @@ func convertReceipt(r *types.Receipt, wantHash string) (*Receipt, error) {
 		Status:      r.Status,
 		BlockNumber: r.BlockNumber.Uint64(),
 		BlockHash:   strings.ToLower(r.BlockHash.Hex()),
+	}
+	if len(r.Logs) > 0 && r.Logs[0] != nil {
+		out.FirstLogIndex = r.Logs[0].Index
 	}
 	for _, l := range r.Logs {
 		if l == nil || l.Removed || len(l.Topics) != 3 || l.Topics[0] != transferTopic {

@@ -149,6 +149,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		log.Info().Str("network", network).Uint64("block", verdict.BlockNumber).Bool("final", verdict.Finalized).Msg("deposit passes the finality policy")
 		item.Chain = &postgres.ChainEvidence{
 			BlockNumber: int64(verdict.BlockNumber), BlockHash: verdict.BlockHash, Watch: watch, Transfers: verdict.Transfers,
+			FirstLogIndex: int64(verdict.FirstLogIndex),
 		}
 		return &item, nil
 	case chain.Reverted:

@@ -59,6 +59,10 @@ type ChainEvidence struct {
 	// match the deposit, in log order; the ledger claims the first that no
 	// other event holds.
 	Transfers []string
+	// FirstLogIndex is the block-wide index of the transaction's first
+	// log in BlockHash: claims made while the transaction sat in another
+	// block are recognised by their position in the transaction.
+	FirstLogIndex int64
 }
 
 // LedgerItem asks for one event to be applied. Event comes from the task:
@@ -541,6 +545,10 @@ type transferClaim struct {
 	index   string
 	asset   string
 	eventID string
+	// blockHash and position (-1: not a log) say where the claimed log
+	// was when it was claimed.
+	blockHash string
+	position  int64
 }
 
 func readTransferClaims(br pgx.BatchResults) (map[txKey][]transferClaim, error) {
@@ -553,7 +561,7 @@ func readTransferClaims(br pgx.BatchResults) (map[txKey][]transferClaim, error) 
 	for rows.Next() {
 		var k txKey
 		var t transferClaim
-		if err := rows.Scan(&k.network, &k.txHash, &t.index, &t.asset, &t.eventID); err != nil {
+		if err := rows.Scan(&k.network, &k.txHash, &t.index, &t.asset, &t.eventID, &t.blockHash, &t.position); err != nil {
 			return nil, err
 		}
 		claims[k] = append(claims[k], t)
@@ -637,6 +645,7 @@ type writeKind int
 const (
 	writeBalances writeKind = iota
 	writeJournal
+	writeMovedTransfers
 	writeTransfers
 	writeOutcomes
 	writeKeyUpdates
@@ -660,6 +669,9 @@ type batchPlan struct {
 	// are the rows to write.
 	claims    map[txKey][]transferClaim
 	newClaims []plannedClaim
+	// movedClaims are held claims whose transaction is now mined in
+	// another block, with the log index their transfer has there.
+	movedClaims []plannedClaim
 	// outcomes to record, by idempotency key, with their event ids;
 	// reopened keys exist already (a dead-lettered attempt) and are updated
 	outcomes     map[string]payment.Outcome
@@ -880,8 +892,11 @@ func (p *batchPlan) claimTransfer(c claimedEvent, chain *ChainEvidence) bool {
 				return false
 			}
 		}
-		p.addClaim(k, payment.UnresolvedTransfer(e.ID), e)
+		p.addClaim(k, payment.UnresolvedTransfer(e.ID), e, nil)
 		return true
+	}
+	if chain != nil && chain.BlockHash != "" {
+		held = p.followMovedClaims(k, chain)
 	}
 	taken := map[string]bool{}
 	unresolved := 0
@@ -903,14 +918,33 @@ func (p *batchPlan) claimTransfer(c claimedEvent, chain *ChainEvidence) bool {
 			unresolved--
 			continue
 		}
-		p.addClaim(k, index, e)
+		p.addClaim(k, index, e, chain)
 		return true
 	}
 	return false
 }
 
-func (p *batchPlan) addClaim(k txKey, index string, e payment.Event) {
-	claim := transferClaim{index: index, asset: e.Asset, eventID: e.ID}
+// followMovedClaims gives the held log claims of a transaction that was
+// mined in another block when they were made the index their log has in
+// the block the chain shows now: the same transfer, so still taken.
+func (p *batchPlan) followMovedClaims(k txKey, chain *ChainEvidence) []transferClaim {
+	held := p.claims[k]
+	for i, h := range held {
+		if h.position < 0 || h.blockHash == "" || h.blockHash == chain.BlockHash {
+			continue
+		}
+		held[i].index = payment.LogIndexTransfer(uint64(chain.FirstLogIndex + h.position))
+		held[i].blockHash = chain.BlockHash
+		p.movedClaims = append(p.movedClaims, plannedClaim{tx: k, claim: held[i]})
+	}
+	return held
+}
+
+func (p *batchPlan) addClaim(k txKey, index string, e payment.Event, chain *ChainEvidence) {
+	claim := transferClaim{index: index, asset: e.Asset, eventID: e.ID, position: -1}
+	if n, ok := payment.LogIndex(index); ok && chain != nil && chain.BlockHash != "" {
+		claim.blockHash, claim.position = chain.BlockHash, int64(n)-chain.FirstLogIndex
+	}
 	p.claims[k] = append(p.claims[k], claim)
 	p.newClaims = append(p.newClaims, plannedClaim{tx: k, claim: claim})
 }
@@ -966,6 +1000,7 @@ func (p *batchPlan) order() {
 	add(len(p.journal) > 0, writeJournal)
 	add(len(p.newHolds) > 0, writeOpenHolds)
 	add(len(p.resolutions) > 0, writeResolveHolds)
+	add(len(p.movedClaims) > 0, writeMovedTransfers)
 	add(len(p.newClaims) > 0, writeTransfers)
 	add(len(p.outcomes) > len(p.reopened), writeOutcomes)
 	add(len(p.reopened) > 0, writeKeyUpdates)
@@ -1012,13 +1047,22 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 				users[i], assets[i], amounts[i], types[i], sources[i] = j.user, j.asset, j.amount.String(), string(j.eventType), j.source
 			}
 			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
+		case writeMovedTransfers:
+			n := len(p.movedClaims)
+			events, indexes, blocks := make([]string, n), make([]string, n), make([]string, n)
+			for i, c := range p.movedClaims {
+				events[i], indexes[i], blocks[i] = c.claim.eventID, c.claim.index, c.claim.blockHash
+			}
+			batch.Queue(q("ledger_move_claims").text, events, indexes, blocks)
 		case writeTransfers:
 			n := len(p.newClaims)
-			networks, hashes, indexes, assets, events := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			networks, hashes, indexes, assets, events, blocks := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			positions := make([]int32, n)
 			for i, c := range p.newClaims {
 				networks[i], hashes[i], indexes[i], assets[i], events[i] = c.tx.network, c.tx.txHash, c.claim.index, c.claim.asset, c.claim.eventID
+				blocks[i], positions[i] = c.claim.blockHash, int32(c.claim.position)
 			}
-			batch.Queue(q("ledger_claim_transfers").text, networks, hashes, indexes, assets, events)
+			batch.Queue(q("ledger_claim_transfers").text, networks, hashes, indexes, assets, events, blocks, positions)
 		case writeOutcomes:
 			var keys, events, outcomes []string
 			for k, o := range p.outcomes {

@@ -220,3 +220,37 @@ func TestTransferClaimRace(t *testing.T) {
 	require.True(t, dec("3").Equal(total), total.String())
 	f.requireInvariants()
 }
+
+// TestClaimFollowsTheTransferToAnotherBlock: a log index counts within its
+// block, so a transaction mined again in another block after a reorg
+// shows the same transfer under another index. The claim made in the old
+// block still holds it there (and moves to the new index).
+func TestClaimFollowsTheTransferToAnotherBlock(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	apply := func(e payment.Event, block string, first int64, transfers ...string) payment.Outcome {
+		item := postgres.LedgerItem{Event: e, Chain: &postgres.ChainEvidence{BlockNumber: 9, BlockHash: block, FirstLogIndex: first, Transfers: transfers}}
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{item}, postgres.LedgerOptions{})
+		require.NoError(t, err)
+		return results[0].Outcome
+	}
+	blockA, blockB := "0x"+strings.Repeat("a", 64), "0x"+strings.Repeat("b", 64)
+	// In block A the transaction's logs are 3, 4, 5; the deposit is log 5.
+	first := f.transferDeposit("moved-first", 1, "USDC", "10", txA, "")
+	require.Equal(t, payment.OutcomeSuccess, apply(first, blockA, 3, "5"))
+	// Mined again in block B, its logs are 10, 11, 12: the same transfer
+	// is log 12, and a report of it under that index is a duplicate.
+	again := f.transferDeposit("moved-again", 1, "USDC", "10", txA, "")
+	require.Equal(t, payment.OutcomeDuplicateTransfer, apply(again, blockB, 10, "12"))
+	var index, block string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT transfer_index, block_hash FROM chain_transfers WHERE event_id = 'moved-first'`).Scan(&index, &block))
+	require.Equal(t, "12", index, "the claim moved with its transfer")
+	require.Equal(t, blockB, block)
+	// Another transfer of that transaction in block B is still free.
+	other := f.transferDeposit("moved-other", 1, "USDC", "10", txA, "")
+	require.Equal(t, payment.OutcomeSuccess, apply(other, blockB, 10, "11", "12"))
+	require.Equal(t, "11", f.claimOf("moved-other"))
+	require.True(t, dec("20").Equal(f.balance(1, "USDC")))
+	f.requireInvariants()
+}

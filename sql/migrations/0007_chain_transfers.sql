@@ -15,8 +15,16 @@ CREATE TABLE chain_transfers (
     transfer_index text        NOT NULL CHECK (transfer_index ~ '^([0-9]{1,20}|native|trace:[A-Za-z0-9_]{1,96}|unresolved:.+)$'),
     asset          text        NOT NULL,
     event_id       text        NOT NULL UNIQUE,
+    -- A log index counts within its block: mined again in another block
+    -- after a reorg, the same transfer has another index. The block the
+    -- claim was made in and the log's position within its transaction
+    -- let the ledger recognise it there (and move the claim with it).
+    block_hash     text        NULL CHECK (block_hash ~ '^0x[0-9a-f]{64}$'),
+    log_position   integer     NULL CHECK (log_position >= 0),
     created_at     timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (network, tx_hash, transfer_index)
+    -- Checked at the end of each statement, so one UPDATE may move two
+    -- claims past each other.
+    CONSTRAINT chain_transfers_pkey PRIMARY KEY (network, tx_hash, transfer_index) DEFERRABLE INITIALLY IMMEDIATE
 );
 
 -- What a /webhook/payments deposit says it claims (NULL: the first

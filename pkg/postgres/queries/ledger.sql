@@ -64,14 +64,24 @@ SELECT pg_advisory_xact_lock(1397, s.k)
 FROM (SELECT DISTINCT hashtext(h) AS k FROM unnest($1::text[]) AS h ORDER BY 1) s;
 
 -- name: ledger_transfer_claims
-SELECT network, tx_hash, transfer_index, asset, event_id
+SELECT network, tx_hash, transfer_index, asset, event_id, COALESCE(block_hash, ''), COALESCE(log_position, -1)
 FROM chain_transfers
 WHERE tx_hash = ANY($1::text[]);
 
+-- name: ledger_move_claims
+-- Claims whose transaction is now mined in another block take the log
+-- index their transfer has there.
+UPDATE chain_transfers c
+SET transfer_index = t.transfer_index, block_hash = t.block_hash
+FROM unnest($1::text[], $2::text[], $3::text[]) AS t(event_id, transfer_index, block_hash)
+WHERE c.event_id = t.event_id;
+
 -- name: ledger_claim_transfers
 -- A violation here means the plan missed a claim: it aborts the batch.
-INSERT INTO chain_transfers (network, tx_hash, transfer_index, asset, event_id)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]);
+INSERT INTO chain_transfers (network, tx_hash, transfer_index, asset, event_id, block_hash, log_position)
+SELECT t.network, t.tx_hash, t.transfer_index, t.asset, t.event_id, NULLIF(t.block_hash, ''), NULLIF(t.log_position, -1)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[])
+     AS t(network, tx_hash, transfer_index, asset, event_id, block_hash, log_position);
 
 -- name: ledger_hold_events
 -- The withdrawal_hold events behind the holds that this batch's posts and
