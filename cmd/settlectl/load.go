@@ -29,6 +29,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	assets := fs.String("assets", "ETH,USDC,USDT,WBTC,DAI", "assets, comma-separated")
 	initial := fs.String("initial-balance", "1000", "initial balance of every user in every asset (for withdrawals)")
 	withdrawals := fs.Int("withdrawals", 20, "percent of events that are withdrawals")
+	holds := fs.Int("holds", 5, "percent of events that are withdrawal holds, each then posted (3 in 4) or voided")
 	duplicates := fs.Int("duplicates", 20, "percent of events delivered again later")
 	concurrentDups := fs.Int("concurrent-duplicates", 5, "percent of events delivered twice at once")
 	conflicts := fs.Int("conflicts", 2, "percent of events redelivered with another amount (409)")
@@ -55,7 +56,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		APIURL: strings.TrimRight(*api, "/"), WebhookSecret: secret, AdminToken: admin, DB: db,
 		Events: *events, Rate: *rate, Concurrency: *concurrency, Users: *users, UserIDBase: *userBase,
 		Assets: strings.Split(*assets, ","), InitialBalance: *initial, WaitTimeout: *wait, Seed: *seed,
-		Mix: loadgen.Mix{Withdrawals: *withdrawals, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
+		Mix: loadgen.Mix{Withdrawals: *withdrawals, Holds: *holds, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr

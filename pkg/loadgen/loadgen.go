@@ -43,7 +43,11 @@ const (
 
 // Mix is the share of each kind of request, in percent of the events.
 type Mix struct {
-	Withdrawals    int // the rest of the events are deposits (and airdrops)
+	Withdrawals int // the rest of the events are deposits (and airdrops)
+	// Holds are withdrawal_holds, each resolved once it is accepted by a
+	// withdrawal_post (three in four) or a withdrawal_void: two events
+	// each, so a run of N events with Holds 100 stores 2N.
+	Holds          int
 	Duplicates     int // delivered again after the original
 	ConcurrentDups int // delivered twice at the same instant
 	Conflicts      int // same event id, other amount (expect 409)
@@ -111,12 +115,17 @@ const (
 	malformedBody
 	numberAmount
 	unknownAsset
+	hold
+	resolution
 )
 
 type request struct {
 	kind   kind
 	body   []byte
 	expect []int // acceptable status codes
+	// then is sent by the same sender once this request is answered 200:
+	// a hold's post or void, which the api takes only after its hold.
+	then *request
 }
 
 // Run executes one load run.
@@ -181,6 +190,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 							return
 						}
 						record(r, status, answer, time.Since(started))
+						if r.then != nil && status == http.StatusOK {
+							started = time.Now()
+							status, answer, err = post(ctx, client, cfg, *r.then)
+							if err != nil {
+								status, answer = 0, "error"
+							}
+							record(*r.then, status, answer, time.Since(started))
+						}
 					}(r)
 				}
 				inner.Wait()
@@ -269,10 +286,13 @@ func (cfg *Config) validate() error {
 		return errors.New("at least one asset")
 	}
 	m := cfg.Mix
-	for _, p := range []int{m.Withdrawals, m.Duplicates, m.ConcurrentDups, m.Conflicts, m.Invalid} {
+	for _, p := range []int{m.Withdrawals, m.Holds, m.Duplicates, m.ConcurrentDups, m.Conflicts, m.Invalid} {
 		if p < 0 || p > 100 {
 			return errors.New("mix percentages must be 0..100")
 		}
+	}
+	if m.Withdrawals+m.Holds > 100 {
+		return errors.New("withdrawals and holds together must be at most 100 percent")
 	}
 	if cfg.UserIDBase <= 0 {
 		cfg.UserIDBase = 1
@@ -334,15 +354,22 @@ func buildPlan(cfg Config) [][]request {
 		asset := cfg.Assets[rng.IntN(len(cfg.Assets))]
 		amount := amounts[rng.IntN(len(amounts))]
 		eventType := "deposit"
-		if pct(cfg.Mix.Withdrawals) {
+		switch draw := rng.IntN(100); {
+		case draw < cfg.Mix.Withdrawals:
 			eventType = "withdrawal"
-		} else if i%10 == 9 {
+		case draw < cfg.Mix.Withdrawals+cfg.Mix.Holds:
+			eventType = "withdrawal_hold"
+		case i%10 == 9:
 			eventType = "airdrop"
 		}
 		body := payment(id, eventType, user, asset, amount)
 		r := request{kind: deposit, body: body, expect: []int{http.StatusOK}}
-		if eventType == "withdrawal" {
+		switch eventType {
+		case "withdrawal":
 			r.kind = withdrawal
+		case "withdrawal_hold":
+			r.kind = hold
+			r.then = resolve(id, user, i%4 != 3)
 		}
 		group := []request{r}
 		if pct(cfg.Mix.ConcurrentDups) {
@@ -371,6 +398,17 @@ func buildPlan(cfg Config) [][]request {
 func payment(id, eventType string, user int64, asset, amount string) []byte {
 	b, _ := json.Marshal(map[string]any{"event_id": id, "event_type": eventType, "user_id": user, "asset": asset, "amount": amount})
 	return b
+}
+
+// resolve is the post (or void) of hold holdID, named after it; it
+// leaves the amount out, which the api takes from the hold.
+func resolve(holdID string, user int64, post bool) *request {
+	eventType, suffix := "withdrawal_post", "-post"
+	if !post {
+		eventType, suffix = "withdrawal_void", "-void"
+	}
+	b, _ := json.Marshal(map[string]any{"event_id": holdID + suffix, "event_type": eventType, "user_id": user, "hold_id": holdID})
+	return &request{kind: resolution, body: b, expect: []int{http.StatusOK}}
 }
 
 func invalidRequest(rng *rand.Rand, run string, i int, user int64) request {

@@ -27,6 +27,7 @@ var (
 	flagWorkers     = flag.Int("e2e.workers", 1, "worker processes")
 	flagWorkerConc  = flag.Int("e2e.worker-concurrency", 64, "WORKER_CONCURRENCY of each worker")
 	flagWithdrawals = flag.Int("e2e.withdrawals", 0, "percent withdrawals")
+	flagHolds       = flag.Int("e2e.holds", 0, "percent withdrawal holds, each then posted (3 in 4) or voided")
 	flagDuplicates  = flag.Int("e2e.duplicates", 20, "percent duplicate deliveries")
 	flagAssets      = flag.String("e2e.assets", "ETH", "assets")
 	flagInitial     = flag.String("e2e.initial-balance", "1000", "initial balance per user and asset")
@@ -120,7 +121,7 @@ func runEndToEnd(b *testing.B) report {
 		APIURL: api.URL(), WebhookSecret: harness.WebhookSecret, AdminToken: harness.AdminToken, DB: db,
 		Events: *flagEvents, Rate: *flagRate, Concurrency: *flagConcurrency, Users: *flagUsers,
 		Assets: strings.Split(*flagAssets, ","), InitialBalance: *flagInitial, WaitTimeout: 20 * time.Minute, Seed: 1,
-		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Duplicates: *flagDuplicates},
+		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Holds: *flagHolds, Duplicates: *flagDuplicates},
 		OnSending: func() { before, windowStart, xidBefore = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
 		OnSettled: func() { after, windowEnd, xidAfter = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
 	}
@@ -138,7 +139,7 @@ func runEndToEnd(b *testing.B) report {
 	r := report{
 		Config: map[string]any{
 			"events": *flagEvents, "rate": *flagRate, "concurrency": *flagConcurrency, "users": *flagUsers,
-			"workers": *flagWorkers, "worker_concurrency": *flagWorkerConc, "withdrawals_pct": *flagWithdrawals,
+			"workers": *flagWorkers, "worker_concurrency": *flagWorkerConc, "withdrawals_pct": *flagWithdrawals, "holds_pct": *flagHolds,
 			"duplicates_pct": *flagDuplicates, "assets": *flagAssets, "env": *flagExtraEnv, "backlog": *flagBacklog,
 		},
 		Load:          result,
