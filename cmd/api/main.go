@@ -170,20 +170,10 @@ func parseSigningKeys(v string) ([]string, error) {
 }
 
 func run(args []string, env *config.Env, stderr io.Writer) int {
-	command := "serve"
-	switch {
-	case len(args) == 0:
-	case len(args) == 1 && args[0] == "migrate":
-		command = "migrate"
-	default:
+	command, s := readArgs(args, env)
+	if command == "" {
 		fmt.Fprintf(stderr, "%s: usage: api [migrate]\n", serviceName)
 		return exitUsage
-	}
-	s := readCommon(env)
-	if command == "serve" {
-		readServe(env, &s)
-	} else {
-		s.migrateTimeout = env.Duration("MIGRATE_TIMEOUT", migrateTimeoutDefault)
 	}
 	if errs := env.Errs(); len(errs) > 0 {
 		lines := make([]string, len(errs))

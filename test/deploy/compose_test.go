@@ -479,14 +479,7 @@ func publishedPort(t *testing.T, p string) (host, ip string) {
 // implementation is installed (the Docker plugin or Debian's docker-compose);
 // `config` needs no daemon.
 func TestComposeConfigTool(t *testing.T) {
-	var argv []string
-	if err := exec.Command("docker", "compose", "version").Run(); err == nil {
-		argv = []string{"docker", "compose"}
-	} else if p, err := exec.LookPath("docker-compose"); err == nil {
-		argv = []string{p}
-	} else {
-		t.Skip("no docker compose plugin and no docker-compose: the parse tests above still run")
-	}
+	argv := composeTool(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// Only a generated .env: no shell variable may hide a problem.
