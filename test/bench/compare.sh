@@ -18,6 +18,8 @@ go test -c -o /dev/null ./test/bench # build once, outside every measured window
 step e2e-deposits e2e -e2e.events 20000 -e2e.duplicates 20
 step e2e-steady-100 e2e -e2e.events 3000 -e2e.rate 120 -e2e.concurrency 16
 step e2e-withdrawals e2e -e2e.events 5000 -e2e.withdrawals 100 -e2e.users 100 -e2e.initial-balance 100 -e2e.duplicates 10 -e2e.workers 2
+# The same contention through holds: every event a hold, then its post (3 in 4) or void, so twice the events.
+step e2e-holds e2e -e2e.events 5000 -e2e.holds 100 -e2e.users 100 -e2e.initial-balance 100 -e2e.duplicates 10 -e2e.workers 2
 step e2e-backlog-100k e2e -e2e.events 100000 -e2e.duplicates 0 -e2e.backlog
 step pgbench-seed-sql go test ./test/bench -run '^$' -bench PgbenchSeedSQL -benchtime 1x -pgbench.seed-dir "$seed"
 step ingest go test ./pkg/httpapi -run '^$' -bench WebhookIngest -benchtime 5000x
