@@ -20,8 +20,9 @@ const (
 	// failoverTimeout bounds how long the sentinels may take to promote
 	// the replica after the master dies (down-after 1s, then the vote).
 	failoverTimeout = time.Minute
-	// sharedRateLimit keeps the api's Redis-backed limiter working (our
-	// own Redis use, beside asynq) without ever refusing the load.
+	// sharedRateLimit keeps the api's Redis-backed limiters working (our
+	// own Redis use, beside asynq) without ever refusing the load; the
+	// signed load is counted by WEBHOOK_VERIFIED_RATE_LIMIT.
 	sharedRateLimit = "1000000/s,1000000/m"
 )
 
@@ -50,6 +51,7 @@ func TestSentinelFailover(t *testing.T) {
 	})
 	s.Env["REDIS_URL"] = ha.URL(0)
 	s.Env["WEBHOOK_RATE_LIMIT"] = sharedRateLimit
+	s.Env["WEBHOOK_VERIFIED_RATE_LIMIT"] = sharedRateLimit // signed load counts only here
 	// Short enough that lost tasks come back within the test, and enough
 	// recoveries that slowness alone never dead-letters an event.
 	s.Env["STALE_ENQUEUED_AFTER"] = "5s"
@@ -118,6 +120,7 @@ func TestRedisTLSEndToEnd(t *testing.T) {
 	s.Env["REDIS_URL"] = server.URL(0)
 	require.True(t, strings.HasPrefix(s.Env["REDIS_URL"], "rediss://"))
 	s.Env["WEBHOOK_RATE_LIMIT"] = sharedRateLimit
+	s.Env["WEBHOOK_VERIFIED_RATE_LIMIT"] = sharedRateLimit // signed load counts only here
 	api := s.StartAPI(nil)
 	s.StartWorker(nil)
 	s.StartScheduler(nil)
