@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -30,9 +31,33 @@ type grafanaDS struct {
 	UID  string `json:"uid"`
 }
 
-// grafanaVariables are Grafana's built-in range variables; a fixed window
-// stands in for them when the expression is parsed.
-var grafanaVariables = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h")
+// grafanaVariables are Grafana's built-in range variables and the
+// dashboard's own (network, instance, multi-valued regexes); a fixed value
+// stands in for each when the expression is parsed.
+var grafanaVariables = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h",
+	"${network}", ".*", "$network", ".*", "${instance}", ".*", "$instance", ".*")
+
+// grafanaTemplate is expr with its variables replaced.
+func grafanaTemplate(expr string) string { return grafanaVariables.Replace(expr) }
+
+func jsonUnmarshal(raw []byte, into any) error { return json.Unmarshal(raw, into) }
+
+// dashboardDatasource is the dashboard's datasource variable: imported
+// anywhere, the dashboard asks which Prometheus to use.
+const dashboardDatasource = "${datasource}"
+
+type grafanaVariable struct {
+	Name       string     `json:"name"`
+	Type       string     `json:"type"`
+	Query      any        `json:"query"`
+	Definition string     `json:"definition"`
+	Datasource *grafanaDS `json:"datasource"`
+	IncludeAll bool       `json:"includeAll"`
+	Multi      bool       `json:"multi"`
+	AllValue   string     `json:"allValue"`
+}
+
+var labelValuesQuery = regexp.MustCompile(`^label_values\((.+), *([a-z_]+)\)$`)
 
 // TestGrafanaProvisioning checks the datasource and dashboard provider
 // files, and that the provider reads the folder compose.yaml mounts.
@@ -108,13 +133,45 @@ func TestGrafanaDashboard(t *testing.T) {
 		raw, err := os.ReadFile(file)
 		require.NoError(t, err)
 		var dash struct {
-			UID    string         `json:"uid"`
-			Title  string         `json:"title"`
-			Panels []grafanaPanel `json:"panels"`
+			UID        string         `json:"uid"`
+			Title      string         `json:"title"`
+			Panels     []grafanaPanel `json:"panels"`
+			Templating struct {
+				List []grafanaVariable `json:"list"`
+			} `json:"templating"`
 		}
 		require.NoError(t, json.Unmarshal(raw, &dash), file)
 		require.NotEmpty(t, dash.UID, file)
 		require.NotEmpty(t, dash.Title, file)
+		require.NotContains(t, string(raw), grafanaDatasourceUID, "%s: no hard-coded datasource uid (it breaks on import); use %s", file, dashboardDatasource)
+
+		// The variables: the datasource, then network and instance, each
+		// a label_values query of an exported series on that datasource.
+		vars := map[string]grafanaVariable{}
+		for _, v := range dash.Templating.List {
+			vars[v.Name] = v
+		}
+		require.Equal(t, "datasource", vars["datasource"].Type, "%s: a datasource variable", file)
+		require.Equal(t, "prometheus", vars["datasource"].Query, "%s: the datasource variable lists Prometheus datasources", file)
+		for _, name := range []string{"network", "instance"} {
+			v, ok := vars[name]
+			require.True(t, ok, "%s: no %s variable", file, name)
+			require.Equal(t, "query", v.Type, "%s: variable %s", file, name)
+			require.NotNil(t, v.Datasource, "%s: variable %s", file, name)
+			require.Equal(t, dashboardDatasource, v.Datasource.UID, "%s: variable %s queries another datasource", file, name)
+			require.True(t, v.IncludeAll && v.Multi && v.AllValue == ".*", "%s: variable %s: multi-valued with All as .*", file, name)
+			m := labelValuesQuery.FindStringSubmatch(v.Definition)
+			require.NotNil(t, m, "%s: variable %s: label_values(series, label)", file, name)
+			require.Equal(t, name, m[2], "%s: variable %s reads another label", file, name)
+			checkPromQL(t, "variable "+name, m[1])
+			series := exportedSeries(t)
+			for _, metric := range checkPromQL(t, "variable "+name, m[1]) {
+				if s := series[metric]; s.labels != nil {
+					require.True(t, s.labels[name], "%s: variable %s: %s has no label %s", file, name, metric, name)
+				}
+			}
+		}
+		varUsed := map[string]bool{}
 
 		ids := map[int]bool{}
 		var cells []grafanaPanel
@@ -133,12 +190,17 @@ func TestGrafanaDashboard(t *testing.T) {
 				}
 				require.NotEmpty(t, p.Targets, "%s: panel %q has no query", file, p.Title)
 				if p.Datasource != nil {
-					require.Equal(t, grafanaDatasourceUID, p.Datasource.UID, "%s: panel %q uses another datasource", file, p.Title)
+					require.Equal(t, dashboardDatasource, p.Datasource.UID, "%s: panel %q uses another datasource", file, p.Title)
 				}
 				for _, tg := range p.Targets {
 					require.False(t, tg.Datasource == nil && p.Datasource == nil, "%s: panel %q has no datasource", file, p.Title)
 					if tg.Datasource != nil {
-						require.Equal(t, grafanaDatasourceUID, tg.Datasource.UID, "%s: panel %q query %s uses another datasource", file, p.Title, tg.RefID)
+						require.Equal(t, dashboardDatasource, tg.Datasource.UID, "%s: panel %q query %s uses another datasource", file, p.Title, tg.RefID)
+					}
+					// Every query follows the instance picker.
+					require.Contains(t, tg.Expr, `instance=~"$instance"`, "%s: panel %q query %s ignores $instance", file, p.Title, tg.RefID)
+					for _, name := range []string{"network", "instance"} {
+						varUsed[name] = varUsed[name] || strings.Contains(tg.Expr, "$"+name)
 					}
 					for _, name := range checkPromQL(t, "panel "+p.Title, grafanaVariables.Replace(tg.Expr)) {
 						used[name] = true
@@ -147,6 +209,8 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 		walk(dash.Panels)
+		require.True(t, varUsed["network"], "%s: no panel uses $network", file)
+		require.True(t, varUsed["instance"], "%s: no panel uses $instance", file)
 		for i, a := range cells {
 			for _, b := range cells[i+1:] {
 				overlap := a.GridPos.X < b.GridPos.X+b.GridPos.W && b.GridPos.X < a.GridPos.X+a.GridPos.W &&

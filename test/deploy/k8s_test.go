@@ -452,7 +452,7 @@ func TestK8sServicesAndBudgets(t *testing.T) {
 }
 
 // TestK8sAutoscaler checks the worker HPA: it scales the worker Deployment
-// on settle_queue_depth, and prometheus-adapter's rule serves that metric
+// on settle_backlog_events, and prometheus-adapter's rule serves that metric
 // with a query over exported series.
 func TestK8sAutoscaler(t *testing.T) {
 	m := loadManifests(t, "")
@@ -478,7 +478,9 @@ func TestK8sAutoscaler(t *testing.T) {
 			metric = ms.Pods.Metric.Name
 		}
 	}
-	require.Equal(t, "settle_queue_depth", metric, "the workers scale on queue depth")
+	// The real backlog, in PostgreSQL: settle_queue_depth stops at
+	// QUEUE_DEPTH_MAX.
+	require.Equal(t, "settle_backlog_events", metric, "the workers scale on the backlog")
 	_, ok = exportedSeries(t)[metric]
 	require.True(t, ok, "%s is not exported by settle", metric)
 

@@ -286,6 +286,12 @@ func scanExported(root string) (map[string]series, error) {
 		}
 	}
 
+	// asynq's queue collector (the scheduler registers it): its series
+	// are declared with prometheus.NewDesc in its own package.
+	if err := scanDescPackage(root, asynqMetricsPackage, add); err != nil {
+		return nil, err
+	}
+
 	// The standard collectors, as every binary registers them.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -422,4 +428,97 @@ func optsLiteral(e ast.Expr) (*ast.CompositeLit, string, string) {
 func fileExists(root, rel string) bool {
 	_, err := os.Stat(filepath.Join(root, filepath.FromSlash(path.Clean(rel))))
 	return err == nil
+}
+
+// asynqMetricsPackage is asynq's Prometheus collector.
+const asynqMetricsPackage = "github.com/hibiken/asynq/x/metrics"
+
+// scanDescPackage finds prometheus.NewDesc(prometheus.BuildFQName(ns, sub,
+// name), help, []string{labels...}, ...) in an imported package's source,
+// resolving ns, sub and name from string literals or the file's string
+// constants. Const metrics have no kind: counters and gauges alike.
+func scanDescPackage(root, importPath string, add func(name, kind string, labels map[string]bool)) error {
+	pkg, err := build.Import(importPath, root, 0)
+	if err != nil {
+		return err
+	}
+	fset := token.NewFileSet()
+	for _, name := range pkg.GoFiles {
+		file, err := parser.ParseFile(fset, filepath.Join(pkg.Dir, name), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		consts := map[string]string{}
+		for _, decl := range file.Decls {
+			gen, ok := decl.(*ast.GenDecl)
+			if !ok || gen.Tok != token.CONST {
+				continue
+			}
+			for _, spec := range gen.Specs {
+				vs := spec.(*ast.ValueSpec)
+				for i, n := range vs.Names {
+					if i < len(vs.Values) {
+						if v, ok := stringLit(vs.Values[i]); ok {
+							consts[n.Name] = v
+						}
+					}
+				}
+			}
+		}
+		str := func(e ast.Expr) (string, bool) {
+			if v, ok := stringLit(e); ok {
+				return v, true
+			}
+			if id, ok := e.(*ast.Ident); ok {
+				v, ok := consts[id.Name]
+				return v, ok
+			}
+			return "", false
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) < 3 {
+				return true
+			}
+			if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || sel.Sel.Name != "NewDesc" {
+				return true
+			}
+			var metric string
+			if fq, ok := call.Args[0].(*ast.CallExpr); ok && len(fq.Args) == 3 {
+				var parts []string
+				for _, a := range fq.Args {
+					v, ok := str(a)
+					if !ok {
+						return true
+					}
+					if v != "" {
+						parts = append(parts, v)
+					}
+				}
+				metric = strings.Join(parts, "_")
+			} else if v, ok := str(call.Args[0]); ok {
+				metric = v
+			}
+			if metric == "" {
+				return true
+			}
+			var labels map[string]bool
+			if list, ok := call.Args[2].(*ast.CompositeLit); ok {
+				labels = map[string]bool{}
+				for _, e := range list.Elts {
+					v, ok := stringLit(e)
+					if !ok {
+						labels = nil
+						break
+					}
+					labels[v] = true
+				}
+			} else if id, ok := call.Args[2].(*ast.Ident); ok && id.Name == "nil" {
+				labels = map[string]bool{}
+			}
+			add(metric, "gauge", labels)
+			return true
+		})
+	}
+	return nil
 }
