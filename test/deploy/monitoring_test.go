@@ -416,4 +416,3 @@ func dashboardMetrics(t *testing.T) map[string]bool {
 	}
 	return used
 }
-
