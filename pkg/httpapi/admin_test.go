@@ -113,8 +113,8 @@ func TestReads(t *testing.T) {
 	execSQL(t, h.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'ETH', 150, 150), (7, 'USDC', 0.5, 0.5)`)
 	r = h.do(http.MethodGet, "/v1/users/7/balances", nil, read)
 	require.Equal(t, []any{
-		map[string]any{"asset": "ETH", "balance": "150"},
-		map[string]any{"asset": "USDC", "balance": "0.5"},
+		map[string]any{"asset": "ETH", "balance": "150", "held": "0", "available": "150"},
+		map[string]any{"asset": "USDC", "balance": "0.5", "held": "0", "available": "0.5"},
 	}, r.body["balances"], "amounts are decimal strings")
 	requireError(t, h.do(http.MethodGet, "/v1/users/8/balances", nil, read), http.StatusNotFound)
 	requireError(t, h.do(http.MethodGet, "/v1/users/x/balances", nil, read), http.StatusBadRequest)
