@@ -50,8 +50,9 @@ type composeService struct {
 }
 
 type composeBuild struct {
-	Context    string `yaml:"context"`
-	Dockerfile string `yaml:"dockerfile"`
+	Context    string            `yaml:"context"`
+	Dockerfile string            `yaml:"dockerfile"`
+	Args       map[string]string `yaml:"args"`
 }
 
 type composeHealth struct {

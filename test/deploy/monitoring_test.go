@@ -416,3 +416,78 @@ func dashboardMetrics(t *testing.T) map[string]bool {
 	}
 	return used
 }
+
+// TestAlertmanager checks compose's Alertmanager: local port, its config
+// mounted, and a config whose routes name receivers it defines.
+func TestAlertmanager(t *testing.T) {
+	root := repoRoot(t)
+	svc, ok := loadCompose(t).Services["alertmanager"]
+	require.True(t, ok, "compose.yaml has no alertmanager service")
+	require.Regexp(t, `^prom/alertmanager:v[0-9.]+$`, svc.Image, "pin a version")
+	require.Contains(t, svc.Ports, "127.0.0.1:9093:9093")
+	require.Contains(t, svc.Volumes, "./configs/alertmanager:/etc/alertmanager:ro")
+	require.Contains(t, svc.Command, "--config.file=/etc/alertmanager/alertmanager.yml")
+
+	type route struct {
+		Receiver       string   `yaml:"receiver"`
+		GroupBy        []string `yaml:"group_by"`
+		GroupWait      string   `yaml:"group_wait"`
+		GroupInterval  string   `yaml:"group_interval"`
+		RepeatInterval string   `yaml:"repeat_interval"`
+		Matchers       []string `yaml:"matchers"`
+		Routes         []route  `yaml:"routes"`
+	}
+	var cfg struct {
+		Route        route `yaml:"route"`
+		InhibitRules []struct {
+			SourceMatchers []string `yaml:"source_matchers"`
+			TargetMatchers []string `yaml:"target_matchers"`
+			Equal          []string `yaml:"equal"`
+		} `yaml:"inhibit_rules"`
+		Receivers []struct {
+			Name           string `yaml:"name"`
+			WebhookConfigs []struct {
+				URL          string `yaml:"url"`
+				SendResolved bool   `yaml:"send_resolved"`
+			} `yaml:"webhook_configs"`
+		} `yaml:"receivers"`
+	}
+	decodeStrict(t, filepath.Join(root, "configs", "alertmanager", "alertmanager.yml"), &cfg)
+	receivers := map[string]bool{}
+	for _, r := range cfg.Receivers {
+		receivers[r.Name] = true
+		for _, w := range r.WebhookConfigs {
+			require.Regexp(t, `^https?://`, w.URL, "receiver %s", r.Name)
+		}
+	}
+	var walk func(route)
+	walk = func(r route) {
+		require.True(t, receivers[r.Receiver], "a route sends to receiver %q, which is not defined", r.Receiver)
+		for _, m := range r.Matchers {
+			_, err := promql.ParseMetricSelector("{" + m + "}")
+			require.NoError(t, err, "matcher %s", m)
+		}
+		for _, c := range r.Routes {
+			walk(c)
+		}
+	}
+	require.NotEmpty(t, cfg.Route.Receiver, "the root route needs a receiver")
+	walk(cfg.Route)
+	// Grouping and inhibition use labels the alerts carry.
+	alertLabels := map[string]bool{"alertname": true, "severity": true}
+	for _, r := range alertRules(t) {
+		for l := range r.Labels {
+			alertLabels[l] = true
+		}
+		for _, name := range checkPromQL(t, "alert "+r.Alert, r.Expr) {
+			if s := exportedSeries(t)[name]; s.labels != nil {
+				for l := range s.labels {
+					alertLabels[l] = true
+				}
+			}
+		}
+	}
+	for _, l := range cfg.Route.GroupBy {
+		require.True(t, alertLabels[l], "group_by %s: no alert carries it", l)
+	}
+}

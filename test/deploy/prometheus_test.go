@@ -111,6 +111,13 @@ func TestPrometheusConfig(t *testing.T) {
 	var cfg struct {
 		Global        map[string]any `yaml:"global"`
 		RuleFiles     []string       `yaml:"rule_files"`
+		Alerting      struct {
+			Alertmanagers []struct {
+				StaticConfigs []struct {
+					Targets []string `yaml:"targets"`
+				} `yaml:"static_configs"`
+			} `yaml:"alertmanagers"`
+		} `yaml:"alerting"`
 		ScrapeConfigs []struct {
 			JobName      string `yaml:"job_name"`
 			MetricsPath  string `yaml:"metrics_path"`
@@ -135,6 +142,17 @@ func TestPrometheusConfig(t *testing.T) {
 	}
 
 	compose := loadCompose(t)
+	// Alerts go to the compose service alertmanager.
+	var alertmanagers []string
+	for _, am := range cfg.Alerting.Alertmanagers {
+		for _, sc := range am.StaticConfigs {
+			alertmanagers = append(alertmanagers, sc.Targets...)
+		}
+	}
+	require.Equal(t, []string{"alertmanager:9093"}, alertmanagers, "Prometheus sends its alerts to compose's alertmanager")
+	_, ok := compose.Services["alertmanager"]
+	require.True(t, ok, "compose.yaml has no alertmanager service")
+
 	// service -> port scraped, and whether labels are honoured.
 	scraped := map[string]int{}
 	honor := map[string]bool{}
