@@ -109,9 +109,9 @@ func TestPrometheusConfig(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(dir, "prometheus.yml"))
 	require.NoError(t, err)
 	var cfg struct {
-		Global        map[string]any `yaml:"global"`
-		RuleFiles     []string       `yaml:"rule_files"`
-		Alerting      struct {
+		Global    map[string]any `yaml:"global"`
+		RuleFiles []string       `yaml:"rule_files"`
+		Alerting  struct {
 			Alertmanagers []struct {
 				StaticConfigs []struct {
 					Targets []string `yaml:"targets"`
