@@ -191,8 +191,11 @@ func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration)
 	if err != nil {
 		return false, err
 	}
-	_, err = execEach(ctx, conn.Conn().PgConn(), m.text)
-	conn.Release()
+	// A dedicated connection, closed after: the pool keeps no extra idle
+	// connection for a one-off job.
+	raw := conn.Hijack()
+	_, err = execEach(ctx, raw.PgConn(), m.text)
+	_ = raw.Close(ctx)
 	if err != nil {
 		return false, err
 	}
