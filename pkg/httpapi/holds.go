@@ -72,18 +72,18 @@ func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *re
 // errUnknownHold: a post or void names a hold_id no withdrawal_hold was
 // ever accepted under. (A hold of another user, or one refused for
 // insufficient funds, is accepted and ends failed/unknown_hold.)
-var errUnknownHold = payment.Invalid("hold_id names no withdrawal_hold")
+var errUnknownHold = payment.Invalid("hold_id names no withdrawal_hold: send the hold first")
 
 // holdOf reads the hold a post or void names, and fills in what the event
 // takes from it: asset, network, recipient, and the amount when none was
 // given. The read is by primary key, before the insert.
-func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (postgres.HoldEvent, error) {
+func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (postgres.HoldEvent, *apiError) {
 	h, found, err := s.store.HoldEventOf(ctx, req.holdID)
 	if err != nil {
-		return postgres.HoldEvent{}, err
+		return postgres.HoldEvent{}, storeError(err)
 	}
 	if !found {
-		return postgres.HoldEvent{}, errUnknownHold
+		return postgres.HoldEvent{}, fail(errUnknownHold, errUnknownHold.Error())
 	}
 	req.asset, req.network, req.toAddress = h.Asset, h.Network, h.ToAddress
 	if !req.amountGiven {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
@@ -88,8 +89,10 @@ func TestHoldWebhookBadRequests(t *testing.T) {
 		requireCode(t, r, http.StatusBadRequest, "invalid_request")
 		_ = name
 	}
+	r := h.postPayment(resolveBody("x16", "withdrawal_void", 7, "nope", nil))
+	require.Contains(t, r.body["error"], "hold_id names no withdrawal_hold")
 	// An amount given on a post must be the hold's.
-	r := h.postPayment(resolveBody("x15", "withdrawal_post", 7, "h-1", map[string]string{"amount": `"9"`}))
+	r = h.postPayment(resolveBody("x15", "withdrawal_post", 7, "h-1", map[string]string{"amount": `"9"`}))
 	requireCode(t, r, http.StatusBadRequest, "invalid_amount")
 	require.Equal(t, 1, h.countEvents(), "nothing refused was stored")
 }
@@ -151,4 +154,26 @@ func TestHoldReadsAndBalances(t *testing.T) {
 	require.Equal(t, payment.StatusConfirmed, e.Status)
 	r = h.do(http.MethodGet, "/v1/users/7/balances", nil, bearer(apiToken))
 	require.Equal(t, []any{map[string]any{"asset": "ETH", "balance": "70", "held": "0", "available": "70"}}, r.body["balances"])
+}
+
+// TestPostHoldLookupUnavailable: the read of a post's hold that cannot
+// finish answers 503, and nothing is stored.
+func TestPostHoldLookupUnavailable(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	require.Equal(t, http.StatusOK, h.postPayment(holdBody("h-1", 7, "10", nil)).status)
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, h.dsn)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	lock, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, "LOCK TABLE payment_events IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	r := h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", nil))
+	require.NoError(t, lock.Rollback(ctx))
+	requireCode(t, r, http.StatusServiceUnavailable, "unavailable")
+	require.NotEmpty(t, r.header.Get("Retry-After"))
+	require.Equal(t, 1, h.countEvents())
+	require.Equal(t, "accepted", h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", nil)).body["status"])
 }

@@ -80,9 +80,8 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	defer cancel()
 	var hold *postgres.HoldEvent
 	if req.eventType.ResolvesHold() {
-		h, err := s.holdOf(ctx, &req)
-		if err != nil {
-			answer := storeError(err)
+		h, answer := s.holdOf(ctx, &req)
+		if answer != nil {
 			s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
 			return answer
 		}
