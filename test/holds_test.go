@@ -236,5 +236,13 @@ func TestConcurrentHoldsThroughTwoWorkers(t *testing.T) {
 	out, code = s.Settlectl("holds", "show", held[0])
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "voided")
+	out, code = s.Settlectl("holds", "list", "--status", "pending")
+	require.NotEqual(t, 0, code, out)
+	out, code = s.Settlectl("holds", "show", "no-such-hold")
+	require.NotEqual(t, 0, code, out)
+	require.Contains(t, out, "not found")
+	out, code = s.Settlectl("holds", "show", held[1], "--json")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"ResolvedBy": "p-1"`)
 	requireInvariants(t, s)
 }
