@@ -70,3 +70,36 @@ func TestHoldConstraints(t *testing.T) {
 	_, err = f.sql.Exec(ctx, `UPDATE holds SET resolved_by = 'v2' WHERE hold_id = 'h'`)
 	require.ErrorContains(t, err, "is not allowed")
 }
+
+func TestHoldOutcomesBelongToTheirTypes(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		typ, status, outcome string
+		ok                   bool
+	}{
+		"held hold":              {"withdrawal_hold", "confirmed", "held", true},
+		"held withdrawal":        {"withdrawal", "confirmed", "held", false},
+		"failed held":            {"withdrawal_hold", "failed", "held", false},
+		"closed post":            {"withdrawal_post", "failed", "hold_closed", true},
+		"unknown void":           {"withdrawal_void", "failed", "unknown_hold", true},
+		"closed withdrawal":      {"withdrawal", "failed", "hold_closed", false},
+		"confirmed unknown post": {"withdrawal_post", "confirmed", "unknown_hold", false},
+	} {
+		tx, err := f.sql.Begin(ctx)
+		require.NoError(t, err)
+		hold := any(nil)
+		if c.typ == "withdrawal_post" || c.typ == "withdrawal_void" {
+			hold = "h"
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, hold_id)
+			VALUES ('o', $1, 1, 'ETH', 1, decode(repeat('00', 32), 'hex'), $2)`, c.typ, hold)
+		require.NoError(t, err, name)
+		_, err = tx.Exec(ctx, `UPDATE payment_events SET status = 'enqueued' WHERE event_id = 'o'`)
+		require.NoError(t, err, name)
+		_, err = tx.Exec(ctx, `UPDATE payment_events SET status = $1, outcome = $2 WHERE event_id = 'o'`, c.status, c.outcome)
+		require.Equal(t, c.ok, err == nil, "%s: %v", name, err)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}

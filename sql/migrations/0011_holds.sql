@@ -13,6 +13,12 @@ ALTER TABLE payment_events DROP CONSTRAINT payment_events_outcome_check;
 ALTER TABLE payment_events ADD CONSTRAINT payment_events_outcome_check
     CHECK (outcome IN ('success', 'insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch',
                        'dead_lettered', 'duplicate_transfer', 'held', 'hold_closed', 'unknown_hold')) NOT VALID;
+-- The hold outcomes belong to their types and statuses: held is a
+-- confirmed hold, hold_closed and unknown_hold failed posts or voids.
+ALTER TABLE payment_events ADD CONSTRAINT payment_events_hold_outcomes
+    CHECK ((outcome IS DISTINCT FROM 'held' OR (status = 'confirmed' AND event_type = 'withdrawal_hold'))
+           AND (outcome NOT IN ('hold_closed', 'unknown_hold')
+                OR (status = 'failed' AND event_type IN ('withdrawal_post', 'withdrawal_void')))) NOT VALID;
 ALTER TABLE processed_events DROP CONSTRAINT processed_events_outcome_check;
 ALTER TABLE processed_events ADD CONSTRAINT processed_events_outcome_check
     CHECK (outcome IN ('pending', 'success', 'insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch',
