@@ -165,11 +165,13 @@ wait:
 			break wait
 		}
 		begin := time.Now()
-		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: tasks[applied]}}, postgres.LedgerOptions{})
+		// Every lock the deposit takes may wait at most a second: queued
+		// behind the DDL any longer, it fails with a lock timeout. (Wall
+		// time is reported, not asserted: a loaded machine is no stall.)
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: tasks[applied]}}, postgres.LedgerOptions{LockTimeout: time.Second})
 		took := time.Since(begin)
-		require.NoError(t, err)
+		require.NoError(t, err, "deposit %d waited behind the partition DDL", applied)
 		require.Equal(t, payment.OutcomeSuccess, results[0].Outcome)
-		require.Less(t, took, time.Second, "deposit %d waited behind the partition DDL", applied)
 		slowest = max(slowest, took)
 		applied++
 		time.Sleep(20 * time.Millisecond)
