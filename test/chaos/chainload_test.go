@@ -196,9 +196,12 @@ type transfer struct {
 	block  uint64
 	// index is the contract's transfer index: "native" or the Transfer
 	// log's decimal logIndex.
-	index   string
-	reports []*report
-	reorged bool // under chainLoad.mu: a fork the soak made dropped it
+	index string
+	// minedIndex is the index the transfer was first mined at (a fork
+	// may re-mine it elsewhere; the verifier sets index to where it is).
+	minedIndex string
+	reports    []*report
+	reorged    bool // under chainLoad.mu: a fork the soak made dropped it
 }
 
 // report is one provider delivery of a transfer, with the answers it got.

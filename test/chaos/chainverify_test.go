@@ -1,11 +1,13 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/big"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -155,6 +157,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	compensated := map[string]bool{} // credits of dropped transfers, compensated as they must be
 	twins, twinCredits := 0, 0
 	credited, doubled, lost, reorged := 0, 0, 0, 0
+	remined, staleIndex := 0, 0
 	// A transaction carries one transfer, or two identical ones (the
 	// doubler's): reports that name no index may claim either.
 	groups := map[string][]*transfer{}
@@ -169,13 +172,20 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		group := groups[hash]
 		tr := group[0] // the transfers of a group differ only in their index
 		modelTx[hash] = true
-		canonical := true
+		// A fork re-mines the other transactions of the blocks it drops;
+		// a token transfer re-mined in another block has another log
+		// index there (log indexes count per block). The transfer is what
+		// it moved, so its index is read again from the node.
+		canonical, err := rig.relocate(ctx, group)
+		if err != nil {
+			v.fail("chain unreadable", "%s: %v", hash, err)
+		}
+		moved := false
 		for _, t := range group {
-			ok, err := rig.canonical(ctx, t)
-			if err != nil {
-				v.fail("chain unreadable", "%s: %v", hash, err)
+			if t.index != t.minedIndex {
+				moved = true
+				remined++
 			}
-			canonical = canonical && ok
 		}
 		if !canonical {
 			reorged += len(group)
@@ -231,6 +241,11 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				v.fail("chain: NOT SETTLED", "%s is still %s (transfer %s)", e.ID, e.status, hash)
 			case !canonical && e.outcome != "reorged" && e.outcome != "not_found" && e.outcome != "duplicate_transfer" && (truthfulContent || e.outcome != "mismatch"):
 				v.fail("chain: a report of a transfer a fork dropped failed for the wrong reason", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
+				v.trace(e.ID, hash)
+			case canonical && truthfulContent && e.outcome == "mismatch" && moved:
+				// A report naming the log index the transfer had before a
+				// fork re-mined it elsewhere: no such log there now.
+				staleIndex++
 			case canonical && truthfulContent && e.outcome != "duplicate_transfer":
 				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
 			case canonical && !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
@@ -258,6 +273,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				comp, ok := stored["reorg:"+e.ID]
 				if !ok || comp.status != "confirmed" || comp.journalRows != 1 || !comp.journalSum.Equal(tr.amount.Neg()) {
 					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, compensation: %s", e.ID, tr.amount, tr.asset, tr.user, hash, describeOne(comp))
+					v.trace(e.ID, hash)
 				}
 				compensated[e.ID] = true
 			}
@@ -358,6 +374,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	checkInvariant5(ctx, v, pool)
 	v.note("chain: %d transfers (%d credited, %d doubled, %d lost, %d not canonical; %d transactions with two identical logs, credited %d times); events of the chain's users: %v",
 		len(transfers), credited, doubled, lost, reorged, twins, twinCredits, outcomes)
+	v.note("chain: %d token transfers re-mined at another log index by a fork; %d reports naming the old index ended mismatch", remined, staleIndex)
 	v.note("chain: rpc proxy %s", rig.rpc.Stats())
 }
 
@@ -395,8 +412,18 @@ func describe(events []*storedEvent) string {
 	return strings.Join(parts, "; ")
 }
 
-// canonical asks the node itself, not through the proxy.
-func (r *chainRig) canonical(ctx context.Context, tr *transfer) (bool, error) {
+// relocate asks the node itself, not through the proxy, whether every
+// transfer of a transaction's group is on the canonical chain, and sets
+// each token transfer's index to where its log is now: the group's
+// transfers (identical but for their index) take the matching logs in
+// order.
+func (r *chainRig) relocate(ctx context.Context, group []*transfer) (bool, error) {
+	for _, t := range group {
+		if t.minedIndex == "" {
+			t.minedIndex = t.index
+		}
+	}
+	tr := group[0]
 	receipt, err := r.eth.TransactionReceipt(ctx, common.HexToHash(tr.hash))
 	if errors.Is(err, ethereum.NotFound) {
 		return false, nil
@@ -410,13 +437,28 @@ func (r *chainRig) canonical(ctx context.Context, tr *transfer) (bool, error) {
 	if tr.asset != chainToken {
 		return true, nil
 	}
+	var at []string
 	for _, lg := range receipt.Logs {
-		if fmt.Sprint(lg.Index) == tr.index && strings.EqualFold(lg.Address.Hex(), tr.token) && len(lg.Topics) == 3 &&
+		if strings.EqualFold(lg.Address.Hex(), tr.token) && len(lg.Topics) == 3 &&
 			strings.EqualFold(common.BytesToAddress(lg.Topics[2].Bytes()).Hex(), tr.to) && new(big.Int).SetBytes(lg.Data).Cmp(tr.base) == 0 {
-			return true, nil
+			at = append(at, fmt.Sprint(lg.Index))
 		}
 	}
-	return false, nil
+	if len(at) != len(group) {
+		return false, nil
+	}
+	ordered := slices.Clone(group)
+	slices.SortFunc(ordered, func(a, b *transfer) int { return cmpIndex(a.minedIndex, b.minedIndex) })
+	for i, t := range ordered {
+		t.index = at[i]
+	}
+	return true, nil
+}
+
+func cmpIndex(a, b string) int {
+	x, _ := strconv.ParseUint(a, 10, 64)
+	y, _ := strconv.ParseUint(b, 10, 64)
+	return cmp.Compare(x, y)
 }
 
 type claimKey struct{ network, txHash, index string }

@@ -47,6 +47,40 @@ type cluster struct {
 	reorg    func(ctx context.Context, depth uint64) string
 	members  []*member
 	timeline *timeline
+	// bouncer, in PgBouncer mode, pools every process's DATABASE_URL.
+	bouncer *devenv.PgBouncer
+
+	stopMu sync.Mutex
+	stops  []stopRecord // graceful stops under load
+}
+
+// stopRecord is one SIGTERM under load and how the process took it.
+type stopRecord struct {
+	name string
+	pid  int
+	code int
+	took time.Duration
+}
+
+func (c *cluster) recordStop(name string, pid, code int, took time.Duration) {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	c.stops = append(c.stops, stopRecord{name: name, pid: pid, code: code, took: took})
+}
+
+// checkStops: every SIGTERM under load ended in exit 0 within
+// SHUTDOWN_TIMEOUT (plus stopSlack for the process's own teardown).
+func (c *cluster) checkStops(v *verdict) {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	slowest := time.Duration(0)
+	for _, s := range c.stops {
+		slowest = max(slowest, s.took)
+		if s.code != 0 || s.took > shutdownTimeout+stopSlack {
+			v.fail("GRACEFUL SHUTDOWN FAILED UNDER LOAD", "%s pid %d: exit %d after %s (SHUTDOWN_TIMEOUT %s; -1 is a SIGKILL after %s)", s.name, s.pid, s.code, s.took.Round(time.Millisecond), shutdownTimeout, stopGrace)
+		}
+	}
+	v.note("graceful stops under load: %d, slowest %s", len(c.stops), slowest.Round(time.Millisecond))
 }
 
 // member is one settle process and what the injector and the
@@ -59,6 +93,7 @@ type member struct {
 	held      bool // down on purpose: the supervisor leaves it alone
 	lastStart time.Time
 	kills     int
+	stops     int // graceful stops under load
 	exits     int // exits nobody asked for
 }
 
@@ -106,8 +141,13 @@ func newCluster(t *testing.T, seed uint64, settings map[string]string, prepare f
 		t.Cleanup(rds.Close)
 		c.redis, c.redisURL = rds, rds.URL(1)
 	}
+	pgUpstream := fmt.Sprintf("127.0.0.1:%d", c.pg.Port)
+	if *flagPgBouncer {
+		c.bouncer = startBouncer(t, c.pg.Port, c.dsn)
+		pgUpstream = c.bouncer.Addr()
+	}
 	for i, name := range links {
-		upstream := fmt.Sprintf("127.0.0.1:%d", c.pg.Port)
+		upstream := pgUpstream
 		if strings.HasSuffix(name, "→redis") {
 			upstream = c.redis.Addr()
 		}
@@ -120,10 +160,17 @@ func newCluster(t *testing.T, seed uint64, settings map[string]string, prepare f
 		prepare(c.stack)
 	}
 	via := func(group string) map[string]string {
-		return map[string]string{
+		env := map[string]string{
 			"DATABASE_URL": rehost(t, c.dsn, c.proxies[group+"→pg"].Addr()),
 			"REDIS_URL":    rehost(t, c.redisURL, c.proxies[group+"→redis"].Addr()),
 		}
+		if c.bouncer != nil {
+			// Through the proxy to the pooler; LISTEN is session state,
+			// so the scheduler's listener goes to PostgreSQL directly.
+			env["DATABASE_URL"] = rehost(t, c.bouncer.URL(dbUser(t, c.dsn), dbName(t, c.dsn), bouncerExecMode), c.proxies[group+"→pg"].Addr())
+			env["DATABASE_LISTEN_URL"] = c.dsn
+		}
+		return env
 	}
 	c.members = append(c.members, &member{name: "api", proc: c.stack.StartAPI(via("api"))})
 	for i := 1; i <= workerCount; i++ {
@@ -134,6 +181,59 @@ func newCluster(t *testing.T, seed uint64, settings map[string]string, prepare f
 		m.lastStart = time.Now()
 	}
 	return c
+}
+
+// PgBouncer mode bounds.
+const (
+	// bouncerPoolSize is the server connections PgBouncer opens per
+	// database: fewer than the processes' pools hold between them, so
+	// their transactions share server connections.
+	bouncerPoolSize = 12
+	// bouncerExecMode is what settle's DATABASE_URL needs behind PgBouncer
+	// in transaction pooling (test/scale's TestPgBouncerExecModes).
+	bouncerExecMode = "default_query_exec_mode=cache_describe"
+)
+
+// startBouncer runs PgBouncer, transaction pooling, in front of the
+// soak's PostgreSQL; it lives through PostgreSQL's restarts and crashes
+// (its server connections die with them and are opened again).
+func startBouncer(t *testing.T, pgPort int, dsn string) *devenv.PgBouncer {
+	t.Helper()
+	if _, err := devenv.PgBouncerPath(); err != nil {
+		t.Fatalf("-chaos.pgbouncer: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := devenv.StartPgBouncer(ctx, devenv.PgBouncerOptions{
+		PostgresHost: "127.0.0.1", PostgresPort: pgPort, PoolMode: "transaction",
+		DefaultPoolSize: bouncerPoolSize, Users: []string{dbUser(t, dsn)},
+	})
+	if err != nil {
+		t.Fatalf("pgbouncer: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("---- pgbouncer log (tail) ----\n%s", tail(b.Log(), 30))
+		}
+		b.Close()
+	})
+	return b
+}
+
+func dbUser(t testing.TB, dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.User.Username()
+}
+
+func dbName(t testing.TB, dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 func rehost(t testing.TB, raw, hostPort string) string {
@@ -207,6 +307,24 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 		m.startProc()
 		m.mu.Unlock()
 		note = "restarted"
+	case stopWorker, stopScheduler, stopAPI:
+		m := c.member(f.Target)
+		m.mu.Lock()
+		m.held = true
+		m.mu.Unlock()
+		pid := m.proc.Pid()
+		c.timeline.add("%v: SIGTERM pid %d", f, pid)
+		started := time.Now()
+		code := m.proc.Stop(stopGrace)
+		took := time.Since(started)
+		c.recordStop(m.name, pid, code, took)
+		hold()
+		m.mu.Lock()
+		m.stops++
+		m.held = false
+		m.startProc()
+		m.mu.Unlock()
+		note = fmt.Sprintf("exit %d after %s; restarted", code, took.Round(time.Millisecond))
 	case redisRestart:
 		c.setSentinel(ctx)
 		c.redis.Stop()
@@ -449,7 +567,7 @@ func (c *cluster) restarts() string {
 	var parts []string
 	for _, m := range c.members {
 		m.mu.Lock()
-		parts = append(parts, fmt.Sprintf("%s killed %d, exited on its own %d", m.name, m.kills, m.exits))
+		parts = append(parts, fmt.Sprintf("%s killed %d, stopped by SIGTERM %d, exited on its own %d", m.name, m.kills, m.stops, m.exits))
 		m.mu.Unlock()
 	}
 	return strings.Join(parts, ", ")

@@ -16,13 +16,18 @@ const (
 	killWorker    faultKind = "kill-worker"    // SIGKILL a worker, restart it after Hold
 	killScheduler faultKind = "kill-scheduler" // SIGKILL the scheduler, restart after Hold
 	killAPI       faultKind = "kill-api"       // SIGKILL the api, restart after Hold
-	redisRestart  faultKind = "redis-restart"  // stop Redis (no persistence: data lost), start after Hold
-	pgRestart     faultKind = "pg-restart"     // fast shutdown, start after Hold
-	pgKill        faultKind = "pg-kill"        // SIGKILL every server process, crash recovery on start
-	pgPause       faultKind = "pg-pause"       // SIGSTOP for Hold, beyond the ledger's timeouts
-	linkLatency   faultKind = "latency"        // add Latency to a link for Hold
-	linkReset     faultKind = "reset"          // RST every connection of a link (or of all links to a backend)
-	linkBlackhole faultKind = "blackhole"      // swallow a link's traffic for Hold
+	// Graceful variants of the kills: SIGTERM under load; the process must
+	// exit 0 within SHUTDOWN_TIMEOUT, then it is started again after Hold.
+	stopWorker    faultKind = "sigterm-worker"
+	stopScheduler faultKind = "sigterm-scheduler"
+	stopAPI       faultKind = "sigterm-api"
+	redisRestart  faultKind = "redis-restart" // stop Redis (no persistence: data lost), start after Hold
+	pgRestart     faultKind = "pg-restart"    // fast shutdown, start after Hold
+	pgKill        faultKind = "pg-kill"       // SIGKILL every server process, crash recovery on start
+	pgPause       faultKind = "pg-pause"      // SIGSTOP for Hold, beyond the ledger's timeouts
+	linkLatency   faultKind = "latency"       // add Latency to a link for Hold
+	linkReset     faultKind = "reset"         // RST every connection of a link (or of all links to a backend)
+	linkBlackhole faultKind = "blackhole"     // swallow a link's traffic for Hold
 	// Chain mode: faults of the JSON-RPC proxy in front of the node.
 	rpcNulls     faultKind = "rpc-nulls"     // null for every receipt (per-transaction budget) for Hold
 	rpcErrors    faultKind = "rpc-errors"    // fail a share (Rate) of requests with 5xx or a reset for Hold
@@ -73,6 +78,9 @@ const (
 	rpcLagBlocksMax  = 3
 	// reorgDepthMax bounds the blocks a chain-reorg drops.
 	reorgDepthMax = 5
+	// gracefulPct of the process kills are a SIGTERM instead (drawn
+	// from a stream of their own, so a seed's timings stay what they were).
+	gracefulPct = 40
 	// plannedFaultsMax bounds one schedule, whatever the duration.
 	plannedFaultsMax = 10_000
 )
@@ -138,6 +146,9 @@ func (f fault) resource() string {
 // end is when the fault is over, relative to the fault phase.
 func (f fault) end() time.Duration { return f.At + f.Hold }
 
+// gracefulOf maps each kill to its SIGTERM variant.
+var gracefulOf = map[faultKind]faultKind{killWorker: stopWorker, killScheduler: stopScheduler, killAPI: stopAPI}
+
 type weighted struct {
 	kind   faultKind
 	weight int
@@ -169,6 +180,7 @@ func weightsFor(chain bool) []weighted {
 // same offsets, whatever the machine's timing.
 func planFaults(seed uint64, duration time.Duration, chain bool) []fault {
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
+	graceful := rand.New(rand.NewPCG(seed, 0x5167e))
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 	weights := weightsFor(chain)
 	total := 0
@@ -244,6 +256,9 @@ func planFaults(seed uint64, duration time.Duration, chain bool) []fault {
 			continue
 		}
 		busy[f.resource()] = f.end() + resourceRest
+		if g, ok := gracefulOf[f.Kind]; ok && graceful.IntN(100) < gracefulPct {
+			f.Kind = g
+		}
 		faults = append(faults, f)
 	}
 	return faults
@@ -300,6 +315,9 @@ func TestPlanFaults(t *testing.T) {
 	for _, w := range weightsFor(true) {
 		if !seen[w.kind] {
 			t.Errorf("no %s fault in five seeds", w.kind)
+		}
+		if g, ok := gracefulOf[w.kind]; ok && !seen[g] {
+			t.Errorf("no %s fault in five seeds", g)
 		}
 	}
 	if overlaps == 0 {

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,10 +32,11 @@ import (
 )
 
 var (
-	flagDuration = flag.Duration("chaos.duration", 60*time.Second, "how long faults are injected (the load runs as long)")
-	flagSeed     = flag.Uint64("chaos.seed", 0, "seed of the fault schedule and the load (0: a new one, printed)")
-	flagRate     = flag.Float64("chaos.rate", 40, "webhook events per second")
-	flagSettle   = flag.Duration("chaos.settle", 3*time.Minute, "bound on the wait for every event to settle once faults stop")
+	flagDuration  = flag.Duration("chaos.duration", 60*time.Second, "how long faults are injected (the load runs as long)")
+	flagSeed      = flag.Uint64("chaos.seed", 0, "seed of the fault schedule and the load (0: a new one, printed)")
+	flagRate      = flag.Float64("chaos.rate", 40, "webhook events per second")
+	flagSettle    = flag.Duration("chaos.settle", 3*time.Minute, "bound on the wait for every event to settle once faults stop")
+	flagPgBouncer = flag.Bool("chaos.pgbouncer", false, "every process's DATABASE_URL through PgBouncer in transaction pooling (behind the fault proxies), the scheduler's LISTEN direct")
 )
 
 // Soak bounds.
@@ -44,7 +46,10 @@ const (
 	shutdownTimeout = 10 * time.Second
 	// stopGrace is how long a process may take to exit after SIGTERM
 	// before the soak calls it a failed shutdown.
-	stopGrace    = shutdownTimeout + 5*time.Second
+	stopGrace = shutdownTimeout + 5*time.Second
+	// stopSlack is the process's own teardown after SHUTDOWN_TIMEOUT's
+	// drain (a -race build exits slower).
+	stopSlack    = 2 * time.Second
 	progressTick = 10 * time.Second
 	logTailLines = 25
 )
@@ -89,13 +94,15 @@ func TestChaosSoak(t *testing.T) {
 		seed = 1 + rand.Uint64N(1<<53) // prints and parses without surprises
 	}
 	duration := *flagDuration
-	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g",
-		seed, duration, *flagRate, *flagChain, *flagChainRate)
+	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g -chaos.pgbouncer=%v",
+		seed, duration, *flagRate, *flagChain, *flagChainRate, *flagPgBouncer)
 	t.Logf("chaos seed %d (replay: %s)", seed, replay)
 	faults := planFaults(seed, duration, *flagChain)
 	t.Logf("%d faults planned over %s", len(faults), duration)
 
 	settings := soakSettings()
+	notified := startReceiver(t, seed)
+	notified.settings(settings)
 	var rig *chainRig
 	var prepare func(*harness.Stack)
 	if *flagChain {
@@ -138,6 +145,11 @@ func TestChaosSoak(t *testing.T) {
 	if rig != nil {
 		breaker = watchBreaker(watchCtx, c)
 	}
+	replays := newReplayer(c.api().URL())
+	replayCtx, stopReplaying := context.WithCancel(ctx)
+	replaying := make(chan struct{})
+	go func() { replays.run(replayCtx); close(replaying) }()
+	defer func() { stopReplaying(); <-replaying }()
 	superviseCtx, stopSupervising := context.WithCancel(ctx)
 	supervised := make(chan struct{})
 	go func() { c.supervise(superviseCtx); close(supervised) }()
@@ -190,6 +202,9 @@ func TestChaosSoak(t *testing.T) {
 		c.timeline.add("chain load done: %s", strings.TrimSpace(strings.SplitN(chainLoad.summary(), "\n", 2)[0]))
 	}
 
+	stopReplaying()
+	<-replaying
+	replays.once() // what the faults' last moments dead-lettered
 	if err := waitSettled(ctx, t, c, pool, *flagSettle); err != nil {
 		c.timeline.add("not settled: %v", err)
 		t.Errorf("events did not settle: %v", err)
@@ -206,6 +221,11 @@ func TestChaosSoak(t *testing.T) {
 		}
 	}
 
+	if !t.Failed() {
+		if err := waitNotified(ctx, c, pool); err != nil {
+			t.Errorf("notifications: %v", err)
+		}
+	}
 	stopSupervising()
 	<-supervised
 	stopAll(t, c)
@@ -217,6 +237,9 @@ func TestChaosSoak(t *testing.T) {
 	if chainLoad != nil {
 		verifyChain(checkCtx, v, pool, chainLoad, rig, c.timeline.faultWindows())
 	}
+	verifyNotifications(checkCtx, v, pool, notified)
+	verifyReplays(checkCtx, v, pool, replays)
+	c.checkStops(v)
 	balances.sample(checkCtx, pool) // once more, on the quiet books
 	balances.report(v)
 	if breaker != nil {
@@ -411,6 +434,7 @@ func failureReport(c *cluster, seed uint64, replay string, s *sender, l *chainLo
 	if v != nil {
 		fmt.Fprintf(&b, "\n---- invariant report ----\n%s", v.report)
 		fmt.Fprintf(&b, "\n---- findings ----\n%s\n", strings.Join(v.findings(), "\n"))
+		b.WriteString(traceLogs(c, v.traces))
 	}
 	dir, err := os.MkdirTemp("", fmt.Sprintf("settle-chaos-%d-", seed))
 	for _, m := range c.members {
@@ -443,4 +467,55 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Bounds of the log excerpts of a failure report.
+const (
+	traceSubjectsMax = 8
+	traceLinesMax    = 80
+)
+
+// traceLogs is every process's log lines naming a traced subject (an
+// event id, a transaction hash) and the trace ids those lines carry: what
+// the watcher, the gate and the ledger said about a suspicious deposit.
+func traceLogs(c *cluster, subjects []string) string {
+	if len(subjects) > traceSubjectsMax {
+		subjects = subjects[:traceSubjectsMax]
+	}
+	var b strings.Builder
+	for _, subject := range subjects {
+		keys := []string{subject}
+		logs := map[string][]string{}
+		for _, m := range c.members {
+			logs[m.name] = strings.Split(m.proc.Logs(), "\n")
+			for _, line := range logs[m.name] {
+				if strings.Contains(line, subject) {
+					if _, rest, ok := strings.Cut(line, `"trace_id":"`); ok {
+						if id, _, ok := strings.Cut(rest, `"`); ok && id != "" && !slices.Contains(keys, id) {
+							keys = append(keys, id)
+						}
+					}
+				}
+			}
+		}
+		fmt.Fprintf(&b, "\n---- log lines naming %s (or its traces %v) ----\n", subject, keys[1:])
+		n := 0
+		for _, m := range c.members {
+			for _, line := range logs[m.name] {
+				for _, k := range keys {
+					if strings.Contains(line, k) {
+						if n < traceLinesMax {
+							fmt.Fprintf(&b, "%s: %s\n", m.name, line)
+						}
+						n++
+						break
+					}
+				}
+			}
+		}
+		if n > traceLinesMax {
+			fmt.Fprintf(&b, "... and %d more lines\n", n-traceLinesMax)
+		}
+	}
+	return b.String()
 }

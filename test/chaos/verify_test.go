@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -49,6 +50,18 @@ type verdict struct {
 	samples map[string][]string
 	notes   []string
 	report  string // the invariant checker's
+	// traces are event ids and transaction hashes whose process log
+	// lines the failure report shows.
+	traces []string
+}
+
+// trace asks the failure report for the log lines naming each subject.
+func (v *verdict) trace(subjects ...string) {
+	for _, s := range subjects {
+		if s != "" && !slices.Contains(v.traces, s) {
+			v.traces = append(v.traces, s)
+		}
+	}
 }
 
 // findingSamples bounds the examples kept per kind of finding.
