@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -190,7 +191,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		if !canonical {
 			reorged += len(group)
 		}
-		truthful := false
+		truthful, unindexed := false, false
 		indexed := map[string]bool{} // indices a truthful, acknowledged report named
 		payments := map[string]*report{}
 		for _, t := range group {
@@ -199,6 +200,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				if rep.originalHeld && (rep.source == "alchemy" || rep.withIndex) {
 					indexed[t.index] = true
 				}
+				unindexed = unindexed || (rep.originalHeld && rep.source == "payments" && !rep.withIndex)
 				if rep.source == "payments" {
 					payments[rep.id] = rep
 				}
@@ -242,7 +244,8 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			case !canonical && e.outcome != "reorged" && e.outcome != "not_found" && e.outcome != "duplicate_transfer" && (truthfulContent || e.outcome != "mismatch"):
 				v.fail("chain: a report of a transfer a fork dropped failed for the wrong reason", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
 				v.trace(e.ID, hash)
-			case canonical && truthfulContent && e.outcome == "mismatch" && moved:
+			case canonical && truthfulContent && e.outcome == "mismatch" && moved &&
+				(strings.HasPrefix(e.ID, payment.TransferEventIDPrefix) || (payments[e.ID] != nil && payments[e.ID].withIndex)):
 				// A report naming the log index the transfer had before a
 				// fork re-mined it elsewhere: no such log there now.
 				staleIndex++
@@ -263,6 +266,15 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			most = len(group)
 		}
 		least := min(most, max(1, len(indexed)))
+		if moved {
+			// Every report naming an index may have named the one the
+			// transfer had before the fork (and ended mismatch); a report
+			// naming none still resolves to where it is now.
+			least = 0
+			if unindexed {
+				least = min(most, 1)
+			}
+		}
 		switch {
 		case !canonical && len(credits) > len(group):
 			doubled++
