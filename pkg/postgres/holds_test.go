@@ -203,7 +203,7 @@ func TestPostWaitsForItsHoldToSettle(t *testing.T) {
 	// failed, and nothing moves.
 	r := f.apply(post)[0]
 	require.Equal(t, postgres.Retry, r.Kind)
-	require.ErrorIs(t, r.Err, payment.ErrRetryable)
+	require.ErrorIs(t, r.Err, payment.ErrUnavailable, "waiting spends no retry budget")
 	st, _ := f.status("p1")
 	require.Equal(t, payment.StatusEnqueued, st)
 	f.apply(hold)

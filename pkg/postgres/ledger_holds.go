@@ -119,7 +119,11 @@ func (p *batchPlan) resolve(c claimedEvent, k balanceKey, balance decimal.Decima
 	h := p.book.holds[c.holdID]
 	if h == nil {
 		if status, seen := p.book.events[c.holdID]; holdMaySettle(status, seen) {
-			p.retry[c.item] = payment.Retryable("ledger hold", fmt.Errorf("hold %s of %s has not settled yet", c.holdID, e.ID))
+			// Waiting on its hold is not the post's failure: like an
+			// outage it is retried without spending the retry budget (a
+			// backlog could otherwise dead-letter a good post), for as long
+			// as the hold's event lives, which stale recovery bounds.
+			p.retry[c.item] = payment.Unavailable("ledger hold", fmt.Errorf("hold %s of %s has not settled yet", c.holdID, e.ID))
 			return false
 		}
 	}
