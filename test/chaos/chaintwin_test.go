@@ -203,3 +203,73 @@ func TestDoubler(t *testing.T) {
 		t.Fatalf("logs differ or are wrong:\n%+v\n%+v", a, b)
 	}
 }
+
+// TestRelocate: a fork re-mines the other transactions of the blocks it
+// drops, and a token transfer re-mined in a block with other logs before
+// it has another log index there. relocate finds each transfer where it
+// is now (and keeps where it was first mined); the dropped one, and one
+// the chain never carried, are not canonical.
+func TestRelocate(t *testing.T) {
+	ctx := context.Background()
+	ch, err := devchain.Serve(ctx, devchain.Options{Manual: true, Accounts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	token, _, err := ch.DeployToken(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eth, err := ethclient.DialContext(ctx, ch.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eth.Close()
+	r := &chainRig{chain: ch, eth: eth, token: strings.ToLower(token)}
+	for _, i := range []int{1, 2} {
+		if tx, err := ch.TransferToken(ctx, 0, token, ch.Accounts()[i].Address, big.NewInt(1_000_000)); err != nil || tx.Status != 1 {
+			t.Fatalf("fund account %d: %v %+v", i, err, tx)
+		}
+	}
+	const to = "0x2222222222222222222222222222222222222222"
+	var sent []*transfer
+	for i, from := range []int{0, 1, 2} {
+		tx, err := ch.TransferToken(ctx, from, token, to, big.NewInt(int64(100+i)))
+		if err != nil || tx.Status != 1 {
+			t.Fatalf("transfer %d: %v %+v", i, err, tx)
+		}
+		receipt, err := eth.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, &transfer{to: to, token: r.token, asset: chainToken, base: big.NewInt(int64(100 + i)), hash: tx.Hash, block: tx.BlockNumber,
+			index: fmt.Sprint(receipt.Logs[0].Index)})
+	}
+	if _, err := ch.Reorg(ctx, sent[0].hash); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r.relocate(ctx, sent[:1]); ok || err != nil {
+		t.Fatalf("the dropped transfer: canonical %v, %v", ok, err)
+	}
+	moved := 0
+	for _, tr := range sent[1:] {
+		if ok, err := r.relocate(ctx, []*transfer{tr}); !ok || err != nil {
+			t.Fatalf("re-mined %s: canonical %v, %v", tr.hash, ok, err)
+		}
+		receipt, err := eth.TransactionReceipt(ctx, common.HexToHash(tr.hash))
+		if err != nil || fmt.Sprint(receipt.Logs[0].Index) != tr.index {
+			t.Fatalf("relocated to %s; the node says %v (%v)", tr.index, receipt, err)
+		}
+		if tr.index != tr.minedIndex {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no re-mined transfer changed its log index: the test shows nothing")
+	}
+	other := *sent[1]
+	other.base, other.index, other.minedIndex = big.NewInt(999), "", ""
+	if ok, err := r.relocate(ctx, []*transfer{&other}); ok || err != nil {
+		t.Fatalf("a transfer the chain never carried: canonical %v, %v", ok, err)
+	}
+}
