@@ -39,7 +39,8 @@ func (db *DB) Backlog(ctx context.Context, timeout time.Duration) (Backlog, erro
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	stmt := q("backlog_settings")
-	if _, err := tx.Exec(ctx, stmt.text, fmt.Sprintf("%dms", timeout.Milliseconds())); err != nil {
+	// At least 1ms: PostgreSQL reads 0 as no timeout at all.
+	if _, err := tx.Exec(ctx, stmt.text, fmt.Sprintf("%dms", max(timeout.Milliseconds(), 1))); err != nil {
 		return b, classify(stmt.name, err)
 	}
 	stmt = q("backlog_counts")

@@ -114,4 +114,13 @@ func TestBacklogTimeout(t *testing.T) {
 	require.Error(t, err)
 	require.ErrorIs(t, err, payment.ErrRetryable, "a timeout is retryable: %v", err)
 	require.Less(t, time.Since(start), 5*time.Second)
+
+	// Below a millisecond is still a bound, never PostgreSQL's 0 (none).
+	bounded, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start = time.Now()
+	_, err = f.db.Backlog(bounded, time.Microsecond)
+	require.ErrorIs(t, err, payment.ErrRetryable)
+	require.NoError(t, bounded.Err(), "the statement timeout, not the test's deadline, ended it")
+	require.Less(t, time.Since(start), 4*time.Second)
 }
