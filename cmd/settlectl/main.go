@@ -59,6 +59,10 @@ func main() {
 		return
 	}
 	cmd, ok := commands[os.Args[1]]
+	if !ok && devCommands[os.Args[1]] {
+		fmt.Fprintf(os.Stderr, "settlectl: %q is a development command; this settlectl was built without them (go build -tags dev ./cmd/settlectl)\n", os.Args[1])
+		os.Exit(service.ExitSettings)
+	}
 	if !ok {
 		fmt.Fprintf(os.Stderr, "settlectl: unknown command %q\n\n", os.Args[1])
 		usage(os.Stderr)
