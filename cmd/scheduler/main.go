@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
-	asynqmetrics "github.com/hibiken/asynq/x/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -113,7 +112,7 @@ func run(s settings, log zerolog.Logger) error {
 	reg := service.Registry()
 	// asynq's own queue gauges (asynq_*), which asynqmon's Metrics tab
 	// reads back from Prometheus. Collected at each scrape.
-	reg.MustRegister(db.Collector(), asynqmetrics.NewQueueMetricsCollector(inspector))
+	reg.MustRegister(db.Collector(), queue.QueueMetricsCollector(inspector))
 	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)
