@@ -317,6 +317,15 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				claimedBy[c.eventID] = t.index
 			}
 		}
+		if moved {
+			// Mined again elsewhere, its logs have other indexes there, and
+			// the claims follow them.
+			for k, c := range claims {
+				if k.network == chainNetwork && k.txHash == hash {
+					claimedBy[c.eventID] = k.index
+				}
+			}
+		}
 		for _, e := range credits {
 			crediting[e.ID] = tr
 			if _, ok := claimedBy[e.ID]; !ok && claims != nil {
