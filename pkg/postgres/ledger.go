@@ -167,7 +167,7 @@ func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOpt
 		if err != nil {
 			return nil, err
 		}
-		if len(retryItems) == 0 || attempt >= 2 {
+		if len(retryItems) == 0 {
 			out := make([]LedgerResult, len(items))
 			for i := range items {
 				out[i] = results[alias[i]]
@@ -179,7 +179,35 @@ func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOpt
 		for idx, why := range retryItems {
 			excluded[idx] = why
 		}
+		if attempt+1 >= ledgerRoundsMax {
+			return retryEverything(len(unique), alias, excluded), nil
+		}
 	}
+}
+
+// ledgerRoundsMax bounds the transactions one ApplyBatch runs when items
+// keep asking to wait (a post whose hold has not settled): past it nothing
+// was committed, and every item is handed back to be retried.
+const ledgerRoundsMax = 3
+
+// retryEverything is the fate of a batch that ran out of rounds: the
+// items that asked to wait keep their reason, the others are retried
+// because the batch rolled back.
+func retryEverything(unique int, alias []int, excluded map[int]error) []LedgerResult {
+	rolledBack := payment.Retryable("ledger", fmt.Errorf("batch rolled back after %d rounds of items waiting", ledgerRoundsMax))
+	results := make([]LedgerResult, unique)
+	for i := range results {
+		why, ok := excluded[i]
+		if !ok {
+			why = rolledBack
+		}
+		results[i] = LedgerResult{Kind: Retry, Err: why}
+	}
+	out := make([]LedgerResult, len(alias))
+	for i, a := range alias {
+		out[i] = results[a]
+	}
+	return out
 }
 
 func dedupeItems(items []LedgerItem) ([]LedgerItem, []int) {
