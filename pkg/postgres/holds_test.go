@@ -201,14 +201,20 @@ func TestPostWaitsForItsHoldToSettle(t *testing.T) {
 	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "10")
 	// The post comes to the ledger before its hold: it is retried, not
 	// failed, and nothing moves.
-	r := f.apply(post)[0]
+	// The rest of its batch commits without it.
+	dep := f.enqueue("d1", payment.Deposit, 1, "ETH", "5")
+	results := f.apply(post, dep)
+	r := results[0]
 	require.Equal(t, postgres.Retry, r.Kind)
 	require.ErrorIs(t, r.Err, payment.ErrUnavailable, "waiting spends no retry budget")
 	st, _ := f.status("p1")
 	require.Equal(t, payment.StatusEnqueued, st)
+	requireOutcome(t, results[1], payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "105", f.balance(1, "ETH").String())
 	f.apply(hold)
 	requireOutcome(t, f.apply(post)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
-	require.Equal(t, "90", f.balance(1, "ETH").String())
+	require.Equal(t, "95", f.balance(1, "ETH").String())
+	require.Equal(t, []string{"withdrawal -10"}, f.journal("p1"))
 	f.requireInvariants()
 }
 

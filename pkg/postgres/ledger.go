@@ -831,7 +831,7 @@ func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map
 
 // apply moves money for a first-time event (or one whose last attempt was
 // dead-lettered and a human replayed it). It reports false when the item
-// must wait for another transaction (p.retry says why).
+// must wait for another transaction (its result says why).
 func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) bool {
 	e := c.event
 	k := balanceKey{e.UserID, e.Asset}

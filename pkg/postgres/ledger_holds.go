@@ -113,7 +113,9 @@ func (p *batchPlan) reserve(c claimedEvent, k balanceKey, balance decimal.Decima
 
 // resolve plans a withdrawal_post (the hold becomes a journal debit) or a
 // withdrawal_void (the hold is released). It reports false when the item
-// must wait for its hold's event to settle.
+// must wait for its hold's event to settle: its result is then Retry, and
+// the rest of the batch commits without it (the post's row stays enqueued,
+// and nothing planned for the others depends on it).
 func (p *batchPlan) resolve(c claimedEvent, k balanceKey, balance decimal.Decimal, chain *ChainEvidence, result *LedgerResult) bool {
 	e := c.event
 	h := p.book.holds[c.holdID]
@@ -123,7 +125,8 @@ func (p *batchPlan) resolve(c claimedEvent, k balanceKey, balance decimal.Decima
 			// outage it is retried without spending the retry budget (a
 			// backlog could otherwise dead-letter a good post), for as long
 			// as the hold's event lives, which stale recovery bounds.
-			p.retry[c.item] = payment.Unavailable("ledger hold", fmt.Errorf("hold %s of %s has not settled yet", c.holdID, e.ID))
+			p.results[c.item] = LedgerResult{Kind: Retry, Status: payment.StatusEnqueued, CreatedAt: c.createdAt,
+				Err: payment.Unavailable("ledger hold", fmt.Errorf("hold %s of %s has not settled yet", c.holdID, e.ID))}
 			return false
 		}
 	}

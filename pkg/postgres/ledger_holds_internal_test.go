@@ -144,7 +144,7 @@ func TestPlanHolds(t *testing.T) {
 		"post of a hold not yet settled waits": {
 			events:  []claimedEvent{planned("p1", payment.WithdrawalPost, 1, "30", "h9", 1)},
 			balance: "100", hevents: map[string]payment.Status{"h9": payment.StatusEnqueued},
-			want: want{outcomes: map[string]payment.Outcome{}, balance: "100", held: "0", retry: []int{1}},
+			want: want{outcomes: map[string]payment.Outcome{"p1": ""}, balance: "100", held: "0", retry: []int{1}},
 		},
 		"hold and its post in one batch": {
 			events:  []claimedEvent{planned("h1", payment.WithdrawalHold, 1, "25", "", 1), planned("p1", payment.WithdrawalPost, 1, "25", "h1", 2)},
@@ -182,9 +182,13 @@ func TestPlanHolds(t *testing.T) {
 			}
 			require.Len(t, p.newHolds, c.want.opened)
 			require.Equal(t, c.want.resolved, p.resolutions)
+			require.Empty(t, p.retry, "a waiting post does not roll the batch back")
 			var retried []int
-			for item := range p.retry {
-				retried = append(retried, item)
+			for item, r := range p.results {
+				if r.Kind == Retry {
+					require.ErrorIs(t, r.Err, payment.ErrUnavailable)
+					retried = append(retried, item)
+				}
 			}
 			require.ElementsMatch(t, c.want.retry, retried)
 			var kinds []string
