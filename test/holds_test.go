@@ -232,7 +232,9 @@ func TestConcurrentHoldsThroughTwoWorkers(t *testing.T) {
 	require.NoError(t, s.DB.QueryRow(ctx, `SELECT hold_id FROM holds WHERE status = 'open' LIMIT 1`).Scan(&open))
 	out, code := s.Settlectl("holds", "list", "--user", "7", "--status", "open")
 	require.Equal(t, 0, code, out)
-	listed := func(id string) bool { return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + `\s`).MatchString(out) }
+	listed := func(id string) bool {
+		return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(id) + `\s`).MatchString(out)
+	}
 	require.True(t, listed(open), out)
 	require.False(t, listed(held[0]), "a voided hold is not listed as open: %s", out)
 	out, code = s.Settlectl("holds", "show", held[0])
