@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/settle/settle/pkg/config"
@@ -20,41 +18,10 @@ var readDeployed deployenv.Reader = func(env *config.Env, args []string) {
 }
 
 // TestDeployedSettings runs every value compose.yaml and deploy/k8s give
-// scheduler through its own settings code.
+// scheduler through its own settings code, and the same check on a broken
+// deployment, which must fail.
 func TestDeployedSettings(t *testing.T) {
-	root, err := deployenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, deployments, err := deployenv.Problems(root, "scheduler", readDeployed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if deployments < 2 {
-		t.Fatalf("found %d deployments of scheduler; compose.yaml and deploy/k8s each have one", deployments)
-	}
-	if len(problems) > 0 {
-		t.Fatalf("deployment settings scheduler refuses or ignores:\n%s", strings.Join(problems, "\n"))
-	}
-}
-
-// TestDeployedSettingsFindsMistakes: the same check on a deployment with
-// bad values and a misspelt setting fails.
-func TestDeployedSettingsFindsMistakes(t *testing.T) {
-	root, err := deployenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, _, err := deployenv.Problems(filepath.Join(root, "test/deploy/deployenv/testdata/broken"), "scheduler", readDeployed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := strings.Join(problems, "\n")
-	for _, want := range wantBroken {
-		if !strings.Contains(all, want) {
-			t.Errorf("no problem mentions %q; found:\n%s", want, all)
-		}
-	}
+	deployenv.Verify(t, "scheduler", readDeployed, wantBroken)
 }
 
 var wantBroken = []string{"compose.yaml service scheduler (required values only): setting POLL_INTERVAL"}
