@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -216,13 +217,9 @@ func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (
 
 // deposit describes the event as the chain should confirm it.
 func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string, error) {
-	asset, ok := g.o.Assets.ByCode(e.Asset)
-	if !ok {
-		return chain.Deposit{}, "", payment.Invalid("asset %s is not in the registry", e.Asset)
-	}
-	units, ok := money.ToBaseUnits(e.Amount, asset.Decimals)
-	if !ok {
-		return chain.Deposit{}, "", payment.Invalid("amount %s has more digits than %s's %d decimals", e.Amount, asset.Code, asset.Decimals)
+	asset, units, err := g.baseUnits(e)
+	if err != nil {
+		return chain.Deposit{}, "", err
 	}
 	d := chain.Deposit{TxHash: e.TxHash, Token: asset.Contract, Amount: units, Index: e.TransferIndex}
 	if payment.InternalTransfer(e.TransferIndex) {
@@ -241,6 +238,20 @@ func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string
 	// asset's network, whichever of them the chain shows.
 	d.Owner = owner{store: g.o.Store, network: asset.Network, user: e.UserID}
 	return d, asset.Network, nil
+}
+
+// baseUnits is the event's asset and its amount in the asset's base
+// units, exactly.
+func (g *Gate) baseUnits(e payment.Event) (payment.Asset, *big.Int, error) {
+	asset, ok := g.o.Assets.ByCode(e.Asset)
+	if !ok {
+		return payment.Asset{}, nil, payment.Invalid("asset %s is not in the registry", e.Asset)
+	}
+	units, ok := money.ToBaseUnits(e.Amount, asset.Decimals)
+	if !ok {
+		return payment.Asset{}, nil, payment.Invalid("amount %s has more digits than %s's %d decimals", e.Amount, asset.Code, asset.Decimals)
+	}
+	return asset, units, nil
 }
 
 // owner answers chain.AddressOwner from deposit_addresses.

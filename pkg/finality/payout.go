@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/settle/settle/pkg/chain"
-	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -14,13 +13,9 @@ import (
 // or as a Transfer log of the token. A hold without a to_address may pay
 // anyone: then only the amount, status and finality are checked.
 func (g *Gate) payout(e payment.Event, toAddress string) (chain.Deposit, string, error) {
-	asset, ok := g.o.Assets.ByCode(e.Asset)
-	if !ok {
-		return chain.Deposit{}, "", payment.Invalid("asset %s is not in the registry", e.Asset)
-	}
-	units, ok := money.ToBaseUnits(e.Amount, asset.Decimals)
-	if !ok {
-		return chain.Deposit{}, "", payment.Invalid("amount %s has more digits than %s's %d decimals", e.Amount, asset.Code, asset.Decimals)
+	asset, units, err := g.baseUnits(e)
+	if err != nil {
+		return chain.Deposit{}, "", err
 	}
 	d := chain.Deposit{TxHash: e.TxHash, Token: asset.Contract, Amount: units}
 	if toAddress != "" {

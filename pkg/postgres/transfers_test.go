@@ -28,21 +28,7 @@ func (f *fixture) transferDeposit(id string, user int64, asset, amount, tx, inde
 	inserted, err := f.db.InsertEvent(context.Background(), postgres.NewEvent{Event: e, Source: postgres.SourcePayments})
 	require.NoError(f.t, err)
 	require.True(f.t, inserted)
-	return f.claimTask(id)
-}
-
-// claimTask claims the outbox and returns the task carrying id.
-func (f *fixture) claimTask(id string) payment.Event {
-	f.t.Helper()
-	claimed, err := f.db.ClaimOutbox(context.Background(), 1000, 0, postgres.TaskEventsMax)
-	require.NoError(f.t, err)
-	for _, c := range claimed {
-		if c.Event.ID == id {
-			return c.Event
-		}
-	}
-	f.t.Fatalf("event %s was not claimed", id)
-	return payment.Event{}
+	return f.claim(id)
 }
 
 // applyChain applies events with the chain check's candidate transfers.
