@@ -3,13 +3,16 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/settle/settle/pkg/devenv"
@@ -194,6 +197,46 @@ const (
 	bouncerExecMode = "default_query_exec_mode=cache_describe"
 )
 
+// bouncerDialTimeout bounds the supervisor's check that PgBouncer listens.
+const bouncerDialTimeout = 200 * time.Millisecond
+
+// superviseBouncer starts PgBouncer again if it died, as systemd would:
+// Debian's 1.18 can crash on a cancel request racing a disconnect
+// (pgbouncer/pgbouncer#801, fixed in 1.20), and pgx sends cancel requests
+// whenever a query's context ends. Crashes are counted from its log.
+func (c *cluster) superviseBouncer(ctx context.Context) {
+	if c.bouncer == nil {
+		return
+	}
+	conn, err := net.DialTimeout("tcp", c.bouncer.Addr(), bouncerDialTimeout)
+	if err == nil {
+		conn.Close()
+		return
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.bouncer.Start(startCtx); err != nil {
+		c.timeline.add("pgbouncer not listening; start failed: %v", err)
+		return
+	}
+	c.timeline.add("pgbouncer not listening (%v); started again", err)
+}
+
+// bouncerCrashes notes PgBouncer's own fatal errors: not settle's bug,
+// but an operator's (run PgBouncer ≥ 1.20).
+func (c *cluster) bouncerCrashes(v *verdict) {
+	if c.bouncer == nil {
+		return
+	}
+	var fatal []string
+	for _, line := range strings.Split(c.bouncer.Log(), "\n") {
+		if strings.Contains(line, " FATAL ") {
+			fatal = append(fatal, line)
+		}
+	}
+	v.note("pgbouncer: %d crashes, each restarted by the supervisor %q", len(fatal), fatal)
+}
+
 // startBouncer runs PgBouncer, transaction pooling, in front of the
 // soak's PostgreSQL; it lives through PostgreSQL's restarts and crashes
 // (its server connections die with them and are opened again).
@@ -268,6 +311,7 @@ func (c *cluster) supervise(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
+		c.superviseBouncer(ctx)
 		for _, m := range c.members {
 			m.mu.Lock()
 			if !m.held && !m.proc.Running() && time.Since(m.lastStart) >= restartBackoff {
@@ -311,7 +355,17 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 		m := c.member(f.Target)
 		m.mu.Lock()
 		m.held = true
+		running := m.proc.Running()
 		m.mu.Unlock()
+		if !running {
+			// It exited on its own (its database unreachable, say) and the
+			// supervisor has not restarted it yet: nothing to stop.
+			m.mu.Lock()
+			m.held = false
+			m.mu.Unlock()
+			note = "not running: SIGTERM skipped"
+			break
+		}
 		pid := m.proc.Pid()
 		c.timeline.add("%v: SIGTERM pid %d", f, pid)
 		started := time.Now()
@@ -466,6 +520,7 @@ func (c *cluster) redisClient() *redis.Client {
 // process answers /readyz. The supervisor must be running.
 func (c *cluster) restore(ctx context.Context) error {
 	_ = c.pg.Resume()
+	c.superviseBouncer(ctx)
 	c.startServer(ctx, "postgres", c.pg.Start)
 	c.startServer(ctx, "redis", c.redis.Start)
 	for _, p := range c.proxies {
@@ -580,4 +635,37 @@ func (c *cluster) proxyStats() string {
 		parts = append(parts, fmt.Sprintf("%s %d connections (%d reset)", name, accepted, reset))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// TestBouncerSupervised: a PgBouncer that died is started again by the
+// supervisor, and the pooled DSN works through it.
+func TestBouncerSupervised(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, timeline: newTimeline()}
+	c.bouncer = startBouncer(t, port, dsn)
+	c.bouncer.Stop()
+	if conn, err := net.DialTimeout("tcp", c.bouncer.Addr(), bouncerDialTimeout); err == nil {
+		conn.Close()
+		t.Fatal("pgbouncer still listens after Stop")
+	}
+	c.superviseBouncer(context.Background())
+	pool, err := pgxpool.New(context.Background(), c.bouncer.URL(dbUser(t, dsn), dbName(t, dsn), bouncerExecMode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `SELECT 1`); err != nil {
+		t.Fatalf("through the restarted pgbouncer: %v\n%s", err, c.timeline)
+	}
+	if !strings.Contains(c.timeline.String(), "started again") {
+		t.Fatalf("timeline: %s", c.timeline)
+	}
 }

@@ -240,6 +240,7 @@ func TestChaosSoak(t *testing.T) {
 	verifyNotifications(checkCtx, v, pool, notified)
 	verifyReplays(checkCtx, v, pool, replays)
 	c.checkStops(v)
+	c.bouncerCrashes(v)
 	balances.sample(checkCtx, pool) // once more, on the quiet books
 	balances.report(v)
 	if breaker != nil {
