@@ -218,8 +218,13 @@ func TestConcurrentHoldsThroughTwoWorkers(t *testing.T) {
 	s.WaitFor("resolutions settled", time.Minute, s.AllTerminal)
 	resolveWebhook(t, client, "p-after-void", "withdrawal_post", 7, held[0], nil)
 	require.Equal(t, "duplicate", resolveWebhook(t, client, "p-1", "withdrawal_post", 7, held[1], nil))
+	// A hold id that names no hold is accepted and ends unknown_hold, with
+	// or without an amount; nothing moves.
+	require.Equal(t, "accepted", resolveWebhook(t, client, "p-unknown", "withdrawal_post", 7, "no-such-hold", nil))
+	require.Equal(t, "accepted", resolveWebhook(t, client, "v-unknown", "withdrawal_void", 7, "no-such-hold", map[string]any{"amount": "10"}))
+	require.Equal(t, "duplicate", resolveWebhook(t, client, "p-unknown", "withdrawal_post", 7, "no-such-hold", nil))
 	s.WaitFor("all settled", time.Minute, s.AllTerminal)
-	for id, want := range map[string]string{"w-1": "insufficient_funds", "p-other": "unknown_hold", "v-1": "success", "p-1": "success", "p-after-void": "hold_closed"} {
+	for id, want := range map[string]string{"w-1": "insufficient_funds", "p-other": "unknown_hold", "v-1": "success", "p-1": "success", "p-after-void": "hold_closed", "p-unknown": "unknown_hold", "v-unknown": "unknown_hold"} {
 		var outcome string
 		require.NoError(t, s.DB.QueryRow(ctx, `SELECT outcome FROM payment_events WHERE event_id = $1`, id).Scan(&outcome))
 		require.Equal(t, want, outcome, id)

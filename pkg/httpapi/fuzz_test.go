@@ -123,6 +123,11 @@ func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
 		t.Fatalf("event %q: stored content_hash is not the hash of the stored fields %+v", eventID, content)
 	}
 	again := map[string]any{"event_id": eventID, "event_type": eventType, "user_id": userID, "asset": asset, "amount": money.Canonical(value)}
+	if value.IsZero() {
+		// A post or void of a hold id that named no hold, sent without an
+		// amount: it is stored with none (0), and sent again without one.
+		delete(again, "amount")
+	}
 	if txHash != "" {
 		again["tx_hash"] = txHash
 	}

@@ -72,24 +72,27 @@ func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *re
 // errUnknownHold: a post or void names a hold_id no withdrawal_hold was
 // ever accepted under. (A hold of another user, or one refused for
 // insufficient funds, is accepted and ends failed/unknown_hold.)
-var errUnknownHold = payment.Invalid("hold_id names no withdrawal_hold: send the hold first")
-
 // holdOf reads the hold a post or void names, and fills in what the event
 // takes from it: asset, network, recipient, and the amount when none was
 // given. The read is by primary key, before the insert.
-func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (postgres.HoldEvent, *apiError) {
+//
+// A hold id that names no hold is not refused: the post or void is stored
+// as its sender wrote it (with amount 0 when it gave none) and ends failed
+// with outcome unknown_hold, like a post of another user's hold, so the
+// sender learns nothing about which ids exist. found is false then.
+func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (_ postgres.HoldEvent, found bool, _ *apiError) {
 	h, found, err := s.store.HoldEventOf(ctx, req.holdID)
 	if err != nil {
-		return postgres.HoldEvent{}, storeError(err)
+		return postgres.HoldEvent{}, false, storeError(err)
 	}
 	if !found {
-		return postgres.HoldEvent{}, fail(errUnknownHold, errUnknownHold.Error())
+		return postgres.HoldEvent{}, false, nil
 	}
 	req.asset, req.network, req.toAddress = h.Asset, h.Network, h.ToAddress
 	if !req.amountGiven {
 		req.amount = h.Amount.String()
 	}
-	return h, nil
+	return h, true, nil
 }
 
 // checkHoldAmount: an amount given on a post or void must equal its

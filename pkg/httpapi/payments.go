@@ -2,11 +2,13 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/logging"
@@ -79,13 +81,18 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	ctx, cancel := storeContext(c)
 	defer cancel()
 	var hold *postgres.HoldEvent
+	unknownHold := false
 	if req.eventType.ResolvesHold() {
-		h, answer := s.holdOf(ctx, &req)
+		h, found, answer := s.holdOf(ctx, &req)
 		if answer != nil {
 			s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
 			return answer
 		}
-		hold = &h
+		if found {
+			hold = &h
+		}
+		// Without an amount, an unknown hold's post carries none (0).
+		unknownHold = !found && !req.amountGiven
 	}
 	registry, err := s.assets.get(ctx)
 	if err == nil {
@@ -98,7 +105,16 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		s.metrics.webhook(sourcePayments, outcomeRejected, reasonOf(answer))
 		return answer
 	}
-	asset, amount, err := registry.ParseAmount(req.asset, req.amount)
+	var asset payment.Asset
+	var amount decimal.Decimal
+	if unknownHold {
+		var known bool
+		if asset, known = registry.ByCode(req.asset); !known {
+			err = fmt.Errorf("%w %q", payment.ErrUnknownAsset, req.asset)
+		}
+	} else {
+		asset, amount, err = registry.ParseAmount(req.asset, req.amount)
+	}
 	switch {
 	case errors.Is(err, payment.ErrUnknownAsset):
 		s.metrics.webhook(sourcePayments, outcomeRejected, CodeUnknownAsset)

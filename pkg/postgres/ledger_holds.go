@@ -119,7 +119,11 @@ func (p *batchPlan) reserve(c claimedEvent, k balanceKey, balance decimal.Decima
 func (p *batchPlan) resolve(c claimedEvent, k balanceKey, balance decimal.Decimal, chain *ChainEvidence, result *LedgerResult) bool {
 	e := c.event
 	h := p.book.holds[c.holdID]
-	if h == nil {
+	if e.Amount.IsZero() {
+		// Accepted while its hold id named no hold: unknown for good, even
+		// if a hold of that id arrives later.
+		h = nil
+	} else if h == nil {
 		if status, seen := p.book.events[c.holdID]; holdMaySettle(status, seen) {
 			// Waiting on its hold is not the post's failure: like an
 			// outage it is retried without spending the retry budget (a

@@ -89,3 +89,11 @@ CREATE TRIGGER holds_transition_guard BEFORE UPDATE ON holds
                        OR OLD.user_id <> NEW.user_id OR OLD.asset <> NEW.asset OR OLD.amount <> NEW.amount
                        OR OLD.network <> NEW.network OR OLD.to_address IS DISTINCT FROM NEW.to_address)
     EXECUTE FUNCTION holds_refuse();
+
+-- A post or void whose hold_id named no hold when it was accepted, and
+-- that gave no amount, carries amount 0: it ends failed/unknown_hold and
+-- moves nothing. Every other event moves a positive amount. The new rule
+-- allows more than the old, so existing rows need no scan (NOT VALID).
+ALTER TABLE payment_events DROP CONSTRAINT payment_events_amount_check;
+ALTER TABLE payment_events ADD CONSTRAINT payment_events_amount_check
+    CHECK (amount > 0 OR (amount = 0 AND event_type IN ('withdrawal_post', 'withdrawal_void'))) NOT VALID;
