@@ -175,12 +175,8 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: usage: api [migrate]\n", serviceName)
 		return exitUsage
 	}
-	if errs := env.Errs(); len(errs) > 0 {
-		lines := make([]string, len(errs))
-		for i, err := range errs {
-			lines[i] = err.Error()
-		}
-		fmt.Fprintf(stderr, "%s: %s\n", serviceName, strings.Join(lines, "; "))
+	if line := service.SettingsProblems(serviceName, env); line != "" {
+		fmt.Fprintln(stderr, line)
 		return exitFailure
 	}
 	log := logging.NewTo(stderr, serviceName, s.logLevel)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,16 +58,30 @@ func ReadCommon(env *config.Env) Common {
 	return c
 }
 
-// ExitOnSettingsError prints the first bad setting as one line and exits.
+// ExitOnSettingsError prints every bad setting on one line and exits.
 func ExitOnSettingsError(binary string, env *config.Env) {
-	if err := env.Err(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+	if line := SettingsProblems(binary, env); line != "" {
+		fmt.Fprintln(os.Stderr, line)
 		os.Exit(ExitSettings)
 	}
 }
 
+// SettingsProblems is the one line that names every bad setting at once
+// (so an operator fixes them in one go), or "" when there is none.
+func SettingsProblems(binary string, env *config.Env) string {
+	errs := env.Errs()
+	if len(errs) == 0 {
+		return ""
+	}
+	lines := make([]string, len(errs))
+	for i, err := range errs {
+		lines[i] = err.Error()
+	}
+	return binary + ": " + strings.Join(lines, "; ")
+}
+
 // Main is the main of a long-running binary that takes its settings from
-// the environment only: read them (exit 2 naming the first bad one), make
+// the environment only: read them (exit 2 naming every bad one), make
 // the logger, run, exit 1 if run fails.
 func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.Level, run func(S, zerolog.Logger) error) {
 	if len(os.Args) > 1 {
