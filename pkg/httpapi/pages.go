@@ -72,7 +72,9 @@ func decodeCursor(s, prefix string) (uint64, string, bool) {
 		return 0, "", false
 	}
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
-	if err != nil {
+	// The decoder skips \r and \n even in strict mode: a cursor is only
+	// the spelling settle gave out.
+	if err != nil || base64.RawURLEncoding.EncodeToString(raw) != s {
 		return 0, "", false
 	}
 	body, found := strings.CutPrefix(string(raw), prefix)
