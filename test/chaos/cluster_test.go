@@ -59,16 +59,18 @@ type cluster struct {
 
 // stopRecord is one SIGTERM under load and how the process took it.
 type stopRecord struct {
-	name string
-	pid  int
-	code int
-	took time.Duration
+	name    string
+	pid     int
+	code    int
+	took    time.Duration
+	serving bool   // it answered /readyz when SIGTERM came
+	last    string // its last log line
 }
 
-func (c *cluster) recordStop(name string, pid, code int, took time.Duration) {
+func (c *cluster) recordStop(r stopRecord) {
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
-	c.stops = append(c.stops, stopRecord{name: name, pid: pid, code: code, took: took})
+	c.stops = append(c.stops, r)
 }
 
 // checkStops: every SIGTERM under load ended in exit 0 within
@@ -77,13 +79,22 @@ func (c *cluster) checkStops(v *verdict) {
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
 	slowest := time.Duration(0)
+	starting := map[int]int{} // exit codes of processes stopped before ready
+	var startingSample []string
 	for _, s := range c.stops {
+		if !s.serving {
+			starting[s.code]++
+			if s.code != 0 && len(startingSample) < findingSamples {
+				startingSample = append(startingSample, fmt.Sprintf("%s pid %d exit %d: %s", s.name, s.pid, s.code, s.last))
+			}
+			continue
+		}
 		slowest = max(slowest, s.took)
 		if s.code != 0 || s.took > shutdownTimeout+stopSlack {
-			v.fail("GRACEFUL SHUTDOWN FAILED UNDER LOAD", "%s pid %d: exit %d after %s (SHUTDOWN_TIMEOUT %s; -1 is a SIGKILL after %s)", s.name, s.pid, s.code, s.took.Round(time.Millisecond), shutdownTimeout, stopGrace)
+			v.fail("GRACEFUL SHUTDOWN FAILED UNDER LOAD", "%s pid %d: exit %d after %s (SHUTDOWN_TIMEOUT %s; -1 is a SIGKILL after %s); last log: %s", s.name, s.pid, s.code, s.took.Round(time.Millisecond), shutdownTimeout, stopGrace, s.last)
 		}
 	}
-	v.note("graceful stops under load: %d, slowest %s", len(c.stops), slowest.Round(time.Millisecond))
+	v.note("graceful stops under load: %d, slowest %s; SIGTERMs of processes still starting, by exit code: %v %q", len(c.stops), slowest.Round(time.Millisecond), starting, startingSample)
 }
 
 // member is one settle process and what the injector and the
@@ -95,9 +106,11 @@ type member struct {
 	mu        sync.Mutex
 	held      bool // down on purpose: the supervisor leaves it alone
 	lastStart time.Time
-	kills     int
-	stops     int // graceful stops under load
-	exits     int // exits nobody asked for
+	// faulting is held through a kill or a stop and its restart.
+	faulting sync.Mutex
+	kills    int
+	stops    int // graceful stops under load
+	exits    int // exits nobody asked for
 }
 
 // startProc runs the process again and remembers when.
@@ -338,6 +351,10 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 	switch f.Kind {
 	case killWorker, killScheduler, killAPI:
 		m := c.member(f.Target)
+		// A graceful stop may outlast its planned window (it drains for
+		// up to SHUTDOWN_TIMEOUT): faults on one process take turns.
+		m.faulting.Lock()
+		defer m.faulting.Unlock()
 		m.mu.Lock()
 		m.held = true
 		m.mu.Unlock()
@@ -348,11 +365,15 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 		m.mu.Lock()
 		m.kills++
 		m.held = false
-		m.startProc()
+		if !m.proc.Running() {
+			m.startProc()
+		}
 		m.mu.Unlock()
 		note = "restarted"
 	case stopWorker, stopScheduler, stopAPI:
 		m := c.member(f.Target)
+		m.faulting.Lock()
+		defer m.faulting.Unlock()
 		m.mu.Lock()
 		m.held = true
 		running := m.proc.Running()
@@ -367,16 +388,21 @@ func (c *cluster) inject(ctx context.Context, f fault) {
 			break
 		}
 		pid := m.proc.Pid()
-		c.timeline.add("%v: SIGTERM pid %d", f, pid)
+		// Only a process that serves is judged: one still starting (its
+		// database paused, say) may give up its start with an error.
+		serving := ready(m.proc)
+		c.timeline.add("%v: SIGTERM pid %d (ready: %v)", f, pid, serving)
 		started := time.Now()
 		code := m.proc.Stop(stopGrace)
 		took := time.Since(started)
-		c.recordStop(m.name, pid, code, took)
+		c.recordStop(stopRecord{name: m.name, pid: pid, code: code, took: took, serving: serving, last: lastLine(m.proc.Logs())})
 		hold()
 		m.mu.Lock()
 		m.stops++
 		m.held = false
-		m.startProc()
+		if !m.proc.Running() {
+			m.startProc()
+		}
 		m.mu.Unlock()
 		note = fmt.Sprintf("exit %d after %s; restarted", code, took.Round(time.Millisecond))
 	case redisRestart:
