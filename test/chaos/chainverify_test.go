@@ -35,6 +35,9 @@ type balanceWatch struct {
 	found    int
 	checks   int
 	failures int
+	// invariant 4's samples (holdsverify_test.go)
+	heldSamples           []string
+	heldFound, heldChecks int
 }
 
 // watchBalances samples until ctx ends; errors (PostgreSQL down on
@@ -59,6 +62,7 @@ func watchBalances(ctx context.Context, pool *pgxpool.Pool) *balanceWatch {
 func (w *balanceWatch) sample(ctx context.Context, pool *pgxpool.Pool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	defer w.sampleHeld(ctx, pool) // after this sample's lock and rows are released
 	rows, err := pool.Query(ctx, `SELECT user_id, asset, balance::text FROM balances WHERE balance < 0 LIMIT 5`)
 	if err != nil {
 		w.mu.Lock()
@@ -100,6 +104,7 @@ func (w *balanceWatch) report(v *verdict) {
 		v.count["NEGATIVE BALANCE"] += w.found - len(w.samples)
 	}
 	v.note("balances sampled %d times during the run (%d samples skipped: database unreachable)", w.checks, w.failures)
+	w.reportHeld(v)
 }
 
 func isChainUser(user int64) bool {

@@ -40,9 +40,15 @@ const (
 )
 
 // mix is the share of each kind of delivery, in percent of the events.
-var mix = struct{ withdrawals, concurrentDups, redeliveries, conflicts, invalid int }{
-	withdrawals: 35, concurrentDups: 5, redeliveries: 15, conflicts: 3, invalid: 4,
+var mix = struct{ holds, withdrawals, concurrentDups, redeliveries, conflicts, invalid int }{
+	holds: 8, withdrawals: 35, concurrentDups: 5, redeliveries: 15, conflicts: 3, invalid: 4,
 }
+
+// holdMix is what a group does with its hold once the api acknowledged it,
+// in percent of the holds: it always posts or voids it (half each); then
+// sometimes resolves it a second time (that one must end hold_closed),
+// has another user post it (unknown_hold), or redelivers its resolution.
+var holdMix = struct{ second, stranger, again int }{second: 20, stranger: 15, again: 15}
 
 var amounts = []string{"1.5", "0.25", "2", "0.1", "3.000001", "0.000001", "7", "10.5", "50.00"}
 
@@ -53,6 +59,7 @@ type spec struct {
 	User   int64  `json:"user_id"`
 	Asset  string `json:"asset"`
 	Amount string `json:"amount"`
+	HoldID string `json:"hold_id,omitempty"` // a post's or void's
 }
 
 func (s spec) body() []byte {
@@ -70,6 +77,7 @@ const (
 	redelivery    deliveryKind = "redelivery"
 	conflict      deliveryKind = "conflict"
 	invalid       deliveryKind = "invalid"
+	resolution    deliveryKind = "hold-resolution"
 )
 
 // delivery is one webhook the provider keeps sending until it gets a
@@ -93,6 +101,11 @@ type group struct {
 	redeliver  int // index of an earlier event, or -1
 	invalid    *delivery
 	eventIndex int
+	// A hold's posts and voids, sent in order once the hold is
+	// acknowledged; again redelivers follow[resolves], its own resolution.
+	follow   []spec
+	resolves int
+	again    bool
 }
 
 // sender delivers signed webhooks at least once: every delivery is
@@ -144,6 +157,8 @@ func (s *sender) plan(i int) group {
 		Amount: amounts[s.rng.IntN(len(amounts))],
 	}
 	switch {
+	case pct(mix.holds):
+		e.Type = "withdrawal_hold"
 	case pct(mix.withdrawals):
 		e.Type = "withdrawal"
 		if i%10 == 7 {
@@ -161,7 +176,37 @@ func (s *sender) plan(i int) group {
 	if pct(mix.invalid) {
 		g.invalid = s.invalidDelivery(i)
 	}
+	if e.Type == "withdrawal_hold" {
+		s.planHold(&g, pct)
+	}
 	return g
+}
+
+// planHold draws what happens to the group's hold after its 200.
+func (s *sender) planHold(g *group, pct func(int) bool) {
+	e := g.event
+	resolve := func(suffix string, user int64) spec {
+		typ := "withdrawal_post"
+		if s.rng.IntN(2) == 0 {
+			typ = "withdrawal_void"
+		}
+		return spec{ID: e.ID + suffix, Type: typ, User: user, Asset: e.Asset, Amount: e.Amount, HoldID: e.ID}
+	}
+	if pct(holdMix.stranger) {
+		other := e.User
+		for other == e.User {
+			other = s.users[s.rng.IntN(len(s.users))]
+		}
+		stranger := resolve("-stranger", other)
+		stranger.Type = "withdrawal_post"
+		g.follow = append(g.follow, stranger)
+	}
+	g.resolves = len(g.follow)
+	g.follow = append(g.follow, resolve("-resolve", e.User))
+	if pct(holdMix.second) {
+		g.follow = append(g.follow, resolve("-again", e.User))
+	}
+	g.again = pct(holdMix.again)
 }
 
 func (s *sender) invalidDelivery(i int) *delivery {
@@ -256,6 +301,19 @@ func (s *sender) send(ctx context.Context, g group) {
 		other := e
 		other.Amount = decimal.RequireFromString(e.Amount).Add(decimal.NewFromInt(1)).String()
 		deliver(delivery{kind: conflict, eventID: e.ID, body: other.body(), expect: []int{http.StatusConflict}})
+	}
+	if len(g.follow) > 0 && s.isAcked(e.ID) {
+		// Only after the hold's 200: a post of an id the api has not
+		// stored names no hold and ends unknown_hold for good.
+		for _, f := range g.follow {
+			s.mu.Lock()
+			s.events = append(s.events, f)
+			s.mu.Unlock()
+			deliver(delivery{kind: resolution, eventID: f.ID, body: f.body(), expect: []int{http.StatusOK}})
+		}
+		if f := g.follow[g.resolves]; g.again && s.isAcked(f.ID) {
+			deliver(delivery{kind: redelivery, eventID: f.ID, body: f.body(), expect: []int{http.StatusOK}})
+		}
 	}
 	if g.redeliver >= 0 {
 		s.mu.Lock()

@@ -143,13 +143,20 @@ func waitNotified(ctx context.Context, c *cluster, pool *pgxpool.Pool) error {
 
 // expectedNotification is the delivery id an event's end calls for, from
 // what the verifier already holds against the model: a credited deposit,
-// a confirmed withdrawal, a refusal for insufficient funds, a reversal.
+// a confirmed withdrawal, a posted or voided hold, a refusal for
+// insufficient funds (a hold's too), a reversal.
 func expectedNotification(e *storedEvent) (string, bool) {
 	switch {
 	case e.status == "confirmed" && e.Type == "reorg_compensation":
 		return "deposit_reversed:" + e.ID, true
 	case e.status == "confirmed" && e.credit():
 		return "deposit_credited:" + e.ID, true
+	case e.status == "confirmed" && e.Type == "withdrawal_hold":
+		return "", false // a reservation tells the user nothing yet
+	case e.status == "confirmed" && e.Type == "withdrawal_post":
+		return "withdrawal_posted:" + e.ID, true
+	case e.status == "confirmed" && e.Type == "withdrawal_void":
+		return "hold_voided:" + e.ID, true
 	case e.status == "confirmed":
 		return "withdrawal_confirmed:" + e.ID, true
 	case e.status == "failed" && e.outcome == "insufficient_funds":

@@ -29,6 +29,7 @@ type storedEvent struct {
 	journalRows     int
 	journalSum      decimal.Decimal
 	txHash          string
+	holdID          string // a post's or void's
 	created         time.Time
 	key             string // processed_events outcome, "" if none
 	dlq             []dlqRow
@@ -156,7 +157,7 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 			continue
 		}
 		want := specs[id]
-		if e.Type != want.Type || e.User != want.User || e.Asset != want.Asset || !decimal.RequireFromString(e.Amount).Equal(decimal.RequireFromString(want.Amount)) {
+		if e.Type != want.Type || e.User != want.User || e.Asset != want.Asset || e.holdID != want.HoldID || !decimal.RequireFromString(e.Amount).Equal(decimal.RequireFromString(want.Amount)) {
 			v.fail("stored content differs from what was sent", "%s stored as %+v, sent as %+v", id, e.spec, want)
 		}
 		if e.status != "confirmed" && e.status != "failed" {
@@ -192,12 +193,24 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 		outcomes[e.status+"/"+e.outcome]++
 		switch e.status {
 		case "confirmed":
-			// Nothing doubled: one journal row, for the event's amount.
+			wantKey := "success"
+			if e.Type == "withdrawal_hold" {
+				wantKey = "held"
+			}
+			if (wantKey == "held" && e.outcome != wantKey) || e.key != wantKey {
+				v.fail("idempotency record disagrees with the outcome", "%s confirmed with outcome %q, record %q (want %q)", id, e.outcome, e.key, wantKey)
+			}
+			if !movesMoney(e.Type) {
+				// A hold reserves and a void releases: no journal row.
+				if e.journalRows != 0 {
+					v.fail("DOUBLE OR MISSING MONEY MOVEMENT", "%s (%s) confirmed with %d journal rows (want none)", id, e.Type, e.journalRows)
+				}
+				break
+			}
+			// Nothing doubled: one journal row, for the event's amount
+			// (a post's: minus its hold's).
 			if e.journalRows != 1 || !e.journalSum.Equal(signed) {
 				v.fail("DOUBLE OR MISSING MONEY MOVEMENT", "%s confirmed with %d journal rows summing %s (want one of %s)", id, e.journalRows, e.journalSum, signed)
-			}
-			if e.key != "success" {
-				v.fail("idempotency record disagrees with the outcome", "%s confirmed, record %q", id, e.key)
 			}
 			k := balanceKey{e.User, e.Asset}
 			expected[k] = expected[k].Add(signed)
@@ -216,6 +229,14 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 			case "dead_lettered":
 				if len(e.dlq) == 0 {
 					v.fail("dead-lettered without a DLQ row", "%s", id)
+				}
+			case "hold_closed", "unknown_hold":
+				// Explained hold by hold in verifyHolds.
+				if e.Type != "withdrawal_post" && e.Type != "withdrawal_void" {
+					v.fail("failed with an outcome no fault here can cause", "%s (%s): %q", id, e.Type, e.outcome)
+				}
+				if e.key != e.outcome {
+					v.fail("idempotency record disagrees with the outcome", "%s failed %s, record %q", id, e.outcome, e.key)
 				}
 			default:
 				v.fail("failed with an outcome no fault here can cause", "%s: %q", id, e.outcome)
@@ -252,7 +273,8 @@ func verify(ctx context.Context, db *postgres.DB, pool *pgxpool.Pool, s *sender,
 			v.fail("BALANCE WRONG", "user %d %s is %s; no event touched it", k.user, k.asset, got)
 		}
 	}
-	checkRefusals(ctx, v, pool, initial)
+	open := verifyHolds(ctx, v, pool, stored, specs)
+	checkRefusals(ctx, v, pool, initial, open)
 	if orphans, err := orphanDLQ(ctx, pool, stored); err != nil {
 		v.fail("books unreadable", "dead letters: %v", err)
 	} else {
@@ -301,13 +323,13 @@ func cutsWorkersFromPostgres(f fault) bool {
 
 func loadEvents(ctx context.Context, pool *pgxpool.Pool) (map[string]*storedEvent, error) {
 	out := map[string]*storedEvent{}
-	rows, err := pool.Query(ctx, `SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), retry_count, generation, COALESCE(tx_hash, ''), created_at FROM payment_events`)
+	rows, err := pool.Query(ctx, `SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), retry_count, generation, COALESCE(tx_hash, ''), COALESCE(hold_id, ''), created_at FROM payment_events`)
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
 		e := &storedEvent{}
-		if err := rows.Scan(&e.ID, &e.Type, &e.User, &e.Asset, &e.Amount, &e.status, &e.outcome, &e.retries, &e.gen, &e.txHash, &e.created); err != nil {
+		if err := rows.Scan(&e.ID, &e.Type, &e.User, &e.Asset, &e.Amount, &e.status, &e.outcome, &e.retries, &e.gen, &e.txHash, &e.holdID, &e.created); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -437,7 +459,13 @@ type journalRow struct {
 // before, its credits after: the kindest order), else anywhere within
 // refusalSlack of its start. A ledger that refuses what it could pay is
 // caught; a ledger that pays what it cannot is caught by the balances.
-func checkRefusals(ctx context.Context, v *verdict, pool *pgxpool.Pool, initial map[balanceKey]decimal.Decimal) {
+//
+// With holds the refusal is of available money, balance less open holds:
+// the journal's lowest balance less every hold open at any moment of the
+// same window (heldMost) is a lower bound of what was available, so the
+// check stays exact for a user without holds and kind for one with them.
+// A refused hold is held against it the same way.
+func checkRefusals(ctx context.Context, v *verdict, pool *pgxpool.Pool, initial map[balanceKey]decimal.Decimal, holds map[balanceKey][]holdSpan) {
 	journal := map[balanceKey][]journalRow{}
 	rows, err := pool.Query(ctx, `SELECT user_id, asset, amount::text, created_at FROM balance_events ORDER BY id`)
 	if err != nil {
@@ -482,9 +510,11 @@ func checkRefusals(ctx context.Context, v *verdict, pool *pgxpool.Pool, initial 
 		}
 		checked++
 		want := decimal.RequireFromString(amount)
-		if low := lowestBalance(initial[k], journal[k], decided); !low.LessThan(want) {
-			v.fail("WITHDRAWAL REFUSED THOUGH THE BALANCE COVERED IT", "%s: %s %s refused for user %d at %s; the journal never shows the balance below %s then",
-				id, want, k.asset, k.user, decided.Format("15:04:05.000000"), low)
+		low := lowestBalance(initial[k], journal[k], decided)
+		held := heldMost(holds[k], decided)
+		if avail := low.Sub(held); !avail.LessThan(want) {
+			v.fail("WITHDRAWAL REFUSED THOUGH THE BALANCE COVERED IT", "%s: %s %s refused for user %d at %s; the journal never shows the balance below %s then, nor holds above %s (available at least %s)",
+				id, want, k.asset, k.user, decided.Format("15:04:05.000000"), low, held, avail)
 		}
 	}
 	if err := rows.Err(); err != nil {
