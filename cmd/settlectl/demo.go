@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/payment"
 )
 
 func init() {
@@ -98,8 +99,9 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "alchemy webhook, delivery %d: %s\n", delivery, answer)
 	}
-	ethEvent := "alchemy:" + st.Network + ":" + ethTx.Hash + ":external"
-	tokenEvent := "alchemy:" + st.Network + ":" + tokenTx.Hash + ":token:0"
+	// The ids settle derives from the transfers themselves.
+	ethEvent := payment.Transfer{Network: st.Network, TxHash: ethTx.Hash, Index: payment.TransferNative}.EventID()
+	tokenEvent := payment.Transfer{Network: st.Network, TxHash: tokenTx.Hash, Index: payment.LogIndexTransfer(0)}.EventID()
 
 	fmt.Fprintln(out, "\nwaiting for the finalized tag to pass both blocks (the dev chain finalizes every 32 blocks) ...")
 	if err := d.follow(ctx, ethEvent, tokenEvent); err != nil {
