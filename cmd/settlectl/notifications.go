@@ -43,11 +43,9 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 	if *limit < 1 || *limit > postgres.NotificationPageMax {
 		return fmt.Errorf("%w: --limit must be 1..%d", config.ErrUsage, postgres.NotificationPageMax)
 	}
-	var id int64
-	if len(rest) == 1 {
-		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
-			return fmt.Errorf("%w: %q is not a notification id", config.ErrUsage, rest[0])
-		}
+	id, err := optionalID(rest, "notification id")
+	if err != nil {
+		return err
 	}
 	db, err := openDB(ctx)
 	if err != nil {

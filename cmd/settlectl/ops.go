@@ -54,11 +54,9 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var id int64
-	if len(rest) == 1 {
-		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
-			return fmt.Errorf("%w: %q is not a DLQ entry id", config.ErrUsage, rest[0])
-		}
+	id, err := optionalID(rest, "DLQ entry id")
+	if err != nil {
+		return err
 	}
 	db, err := openDB(ctx)
 	if err != nil {
@@ -151,4 +149,17 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-1] + "…"
+}
+
+// optionalID reads the one positional id a subcommand may take (0 when
+// there is none): a positive integer, else a usage error naming what it is.
+func optionalID(rest []string, what string) (int64, error) {
+	if len(rest) == 0 {
+		return 0, nil
+	}
+	id, err := strconv.ParseInt(rest[0], 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("%w: %q is not a %s", config.ErrUsage, rest[0], what)
+	}
+	return id, nil
 }
