@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register("load", "send signed webhooks at a rate or flat out, wait for settlement, report throughput, latency and invariants", runLoad)
+	register("load", "send signed webhooks at a rate or flat out, wait for settlement, report throughput, latency, invariants and (--pids, --proc-match) CPU per event and idle CPU", runLoad)
 }
 
 func runLoad(ctx context.Context, args []string, out io.Writer) error {
@@ -40,8 +40,34 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	jsonPath := fs.String("json", "", "also write the result as JSON to this file (- for stdout)")
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed of the request mix")
 	quiet := fs.Bool("quiet", false, "no progress bar")
+	pids := fs.String("pids", "", "measure the CPU of these processes, name=pid,... (each with its children: give PostgreSQL's postmaster)")
+	procMatch := fs.String("proc-match", "", "measure the CPU of the processes with these command names, e.g. api,worker,scheduler,postgres,redis-server (one each)")
+	idle := fs.Duration("idle", 0, "first measure the processes' CPU over this long with nothing sent (e.g. 60s); with --events 0, only that")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	procs, err := loadProcs(*pids, *procMatch)
+	if err != nil {
+		return fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	if (*idle > 0 || *events == 0) && len(procs) == 0 {
+		return fmt.Errorf("%w: --idle and --events 0 measure CPU: name the processes with --pids or --proc-match", config.ErrUsage)
+	}
+	if *idle < 0 || *idle > idleWindowMax {
+		return fmt.Errorf("%w: --idle must be 0..%s", config.ErrUsage, idleWindowMax)
+	}
+	if *idle > 0 {
+		use, err := loadgen.MeasureIdle(ctx, procs, *idle)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "idle CPU over %.1fs (%% of one core):\n%s", use.WindowSeconds, use.Text())
+		if *events == 0 {
+			if *jsonPath != "" {
+				return writeLoadJSON(out, *jsonPath, use)
+			}
+			return nil
+		}
 	}
 	env := config.FromOS()
 	secret := env.Required("WEBHOOK_SECRET")
@@ -58,7 +84,8 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		APIURL: strings.TrimRight(*api, "/"), WebhookSecret: secret, AdminToken: admin, DB: db,
 		Events: *events, Rate: *rate, Concurrency: *concurrency, Users: *users, UserIDBase: *userBase,
 		Assets: strings.Split(*assets, ","), InitialBalance: *initial, WaitTimeout: *wait, Seed: *seed,
-		Mix: loadgen.Mix{Withdrawals: *withdrawals, Holds: *holds, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
+		Mix:   loadgen.Mix{Withdrawals: *withdrawals, Holds: *holds, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
+		Procs: procs,
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
@@ -68,12 +95,8 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprint(out, formatResult(res, *seed))
-	if *jsonPath == "-" {
-		if err := writeJSON(out, res); err != nil {
-			return err
-		}
-	} else if *jsonPath != "" {
-		if err := writeJSONFile(*jsonPath, res); err != nil {
+	if *jsonPath != "" {
+		if err := writeLoadJSON(out, *jsonPath, res); err != nil {
 			return err
 		}
 	}
@@ -81,6 +104,35 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		return errCheckFailed
 	}
 	return nil
+}
+
+// idleWindowMax bounds --idle.
+const idleWindowMax = time.Hour
+
+// loadProcs is the processes named by --pids and found by --proc-match.
+func loadProcs(pids, match string) ([]loadgen.Proc, error) {
+	procs, err := loadgen.ParsePids(pids)
+	if err != nil {
+		return nil, fmt.Errorf("--pids: %w", err)
+	}
+	if match != "" {
+		found, err := loadgen.MatchProcs(strings.Split(match, ","))
+		if err != nil {
+			return nil, fmt.Errorf("--proc-match: %w", err)
+		}
+		procs = append(procs, found...)
+	}
+	if len(procs) > loadgen.ProcsMax {
+		return nil, fmt.Errorf("at most %d processes", loadgen.ProcsMax)
+	}
+	return procs, nil
+}
+
+func writeLoadJSON(out io.Writer, path string, v any) error {
+	if path == "-" {
+		return writeJSON(out, v)
+	}
+	return writeJSONFile(path, v)
 }
 
 func formatResult(r loadgen.Result, seed uint64) string {
@@ -105,6 +157,9 @@ func formatResult(r loadgen.Result, seed uint64) string {
 	}
 	sort.Strings(outcomes)
 	fmt.Fprintf(&b, "outcomes: %s\n", strings.Join(outcomes, " "))
+	if r.CPU != nil {
+		fmt.Fprintf(&b, "CPU per terminal event over %.1fs (sending to last settlement):\n%s", r.CPU.WindowSeconds, r.CPU.Text())
+	}
 	verdict := "PASS"
 	if !r.InvariantsOK {
 		verdict = "FAIL"

@@ -82,6 +82,9 @@ type Config struct {
 	// wait for terminal statuses.
 	OnIngested func()
 	OnSettled  func()
+	// Procs, if set, are the processes whose CPU the run measures over the
+	// window (sending to settled) and reports per event; see CPUUse.
+	Procs []Proc
 }
 
 // Result is what a run measured.
@@ -101,6 +104,8 @@ type Result struct {
 	RequestMillis    map[string]float64 `json:"request_ms"` // HTTP round trip of accepted webhooks
 	InvariantsOK     bool               `json:"invariants_ok"`
 	InvariantsReport string             `json:"invariants_report"`
+	// CPU is set when Config.Procs is: per event, over terminal events.
+	CPU *CPUUse `json:"cpu,omitempty"`
 }
 
 type kind int
@@ -208,6 +213,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.OnSending != nil {
 		cfg.OnSending()
 	}
+	var cpuBefore CPUSample
+	if len(cfg.Procs) > 0 {
+		var err error
+		if cpuBefore, err = SampleCPU(cfg.Procs); err != nil {
+			close(work)
+			wg.Wait()
+			return res, err
+		}
+	}
 	started := time.Now()
 	progress := newBar(cfg.Progress, len(plan))
 	var interval time.Duration
@@ -248,6 +262,13 @@ send:
 	if err := waitTerminal(ctx, cfg, int(accepted), progress); err != nil {
 		return res, err
 	}
+	var cpuAfter CPUSample
+	if len(cfg.Procs) > 0 {
+		var err error
+		if cpuAfter, err = SampleCPU(cfg.Procs); err != nil {
+			return res, err
+		}
+	}
 	if cfg.OnSettled != nil {
 		cfg.OnSettled()
 	}
@@ -262,6 +283,10 @@ send:
 		res.AppliedPerSec = float64(stats.Terminal) / res.SettleSeconds
 	}
 	res.LatencyMillis = stats.LatencyMillis
+	if len(cfg.Procs) > 0 {
+		use := CPUBetween(cpuBefore, cpuAfter, stats.Terminal)
+		res.CPU = &use
+	}
 	report, err := invariant.Check(ctx, cfg.DB, invariant.Options{RequireTerminal: true})
 	if err != nil {
 		return res, err
@@ -284,6 +309,8 @@ func (cfg *Config) validate() error {
 		return errors.New("users must be positive")
 	case len(cfg.Assets) == 0:
 		return errors.New("at least one asset")
+	case len(cfg.Procs) > ProcsMax:
+		return fmt.Errorf("at most %d processes to measure", ProcsMax)
 	}
 	m := cfg.Mix
 	for _, p := range []int{m.Withdrawals, m.Holds, m.Duplicates, m.ConcurrentDups, m.Conflicts, m.Invalid} {
@@ -480,6 +507,24 @@ func waitTerminal(ctx context.Context, cfg Config, accepted int, bar *bar) error
 		case <-time.After(waitPoll):
 		}
 	}
+}
+
+// MeasureIdle is the CPU procs use over window while nothing is sent.
+func MeasureIdle(ctx context.Context, procs []Proc, window time.Duration) (CPUUse, error) {
+	before, err := SampleCPU(procs)
+	if err != nil {
+		return CPUUse{}, err
+	}
+	select {
+	case <-ctx.Done():
+		return CPUUse{}, ctx.Err()
+	case <-time.After(window):
+	}
+	after, err := SampleCPU(procs)
+	if err != nil {
+		return CPUUse{}, err
+	}
+	return CPUBetween(before, after, 0), nil
 }
 
 func percentiles(values []float64) map[string]float64 {

@@ -43,10 +43,9 @@ type report struct {
 	Config        map[string]any     `json:"config"`
 	Load          loadgen.Result     `json:"load"`
 	WindowSeconds float64            `json:"window_seconds"`
-	CPUSeconds    map[string]float64 `json:"cpu_seconds"`
+	CPU           loadgen.CPUUse     `json:"cpu"`
 	CPUMsPerEvent map[string]float64 `json:"cpu_ms_per_event"`
 	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib"`
-	OtherCPU      float64            `json:"other_cpu_seconds"`
 	// Write transactions (those given a transaction id) per terminal event.
 	WriteXactsPerEvent float64 `json:"write_xacts_per_event"`
 }
@@ -71,11 +70,7 @@ func runEndToEnd(b *testing.B) report {
 	s.Env["LOG_LEVEL"] = "warn"
 	s.Env["WORKER_CONCURRENCY"] = strconv.Itoa(*flagWorkerConc)
 	s.Env["POLL_INTERVAL"] = "5s"
-	for _, kv := range strings.Split(*flagExtraEnv, ",") {
-		if name, value, ok := strings.Cut(kv, "="); ok {
-			s.Env[name] = value
-		}
-	}
+	applyEnv(s.Env, *flagExtraEnv)
 	api := s.StartAPI(nil)
 	scheduler := s.StartScheduler(nil)
 	pg, rds := testenv.Postgres(b), testenv.Redis(b)
@@ -83,37 +78,31 @@ func runEndToEnd(b *testing.B) report {
 		b.Fatal("the end-to-end benchmark needs the harness's own PostgreSQL and Redis (unset TEST_DATABASE_URL / TEST_REDIS_URL)")
 	}
 
-	procs := map[string]func() (float64, error){
-		"api":       func() (float64, error) { return cpuSeconds(api.Pid(), false) },
-		"scheduler": func() (float64, error) { return cpuSeconds(scheduler.Pid(), false) },
-		"postgres":  func() (float64, error) { return treeCPUSeconds(pg.Pid()) },
-		"redis":     func() (float64, error) { return cpuSeconds(rds.Pid(), false) },
+	procs := []loadgen.Proc{
+		{Name: "api", Pid: api.Pid()}, {Name: "scheduler", Pid: scheduler.Pid()},
+		{Name: "postgres", Pid: pg.Pid()}, {Name: "redis", Pid: rds.Pid()},
 	}
 	var workers []*harness.Proc
 	startWorkers := func() {
 		for i := range *flagWorkers {
 			w := s.StartWorker(nil)
 			workers = append(workers, w)
-			procs[fmt.Sprintf("worker-%d", i)] = func() (float64, error) { return cpuSeconds(w.Pid(), false) }
+			procs = append(procs, loadgen.Proc{Name: fmt.Sprintf("worker-%d", i), Pid: w.Pid()})
 		}
 	}
 	if !*flagBacklog {
 		startWorkers()
 	}
-	sample := func() map[string]float64 {
-		out := map[string]float64{"load-generator": selfCPUSeconds(), "machine": machineBusySeconds()}
-		for name, read := range procs {
-			v, err := read()
-			if err != nil {
-				b.Fatalf("cpu of %s: %v", name, err)
-			}
-			out[name] = v
+	sample := func() loadgen.CPUSample {
+		v, err := loadgen.SampleCPU(procs)
+		if err != nil {
+			b.Fatal(err)
 		}
-		return out
+		return v
 	}
 
 	db := testenv.OpenDB(b, s.DatabaseURL)
-	var before, after map[string]float64
+	var before, after loadgen.CPUSample
 	var xidBefore, xidAfter int64
 	var windowStart, windowEnd time.Time
 	ctx := context.Background()
@@ -122,8 +111,8 @@ func runEndToEnd(b *testing.B) report {
 		Events: *flagEvents, Rate: *flagRate, Concurrency: *flagConcurrency, Users: *flagUsers,
 		Assets: strings.Split(*flagAssets, ","), InitialBalance: *flagInitial, WaitTimeout: 20 * time.Minute, Seed: 1,
 		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Holds: *flagHolds, Duplicates: *flagDuplicates},
-		OnSending: func() { before, windowStart, xidBefore = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
-		OnSettled: func() { after, windowEnd, xidAfter = sample(), time.Now(), nextXid(b, s.DatabaseURL) },
+		OnSending: func() { xidBefore = nextXid(b, s.DatabaseURL); before, windowStart = sample(), time.Now() },
+		OnSettled: func() { after, windowEnd = sample(), time.Now(); xidAfter = nextXid(b, s.DatabaseURL) },
 	}
 	if *flagBacklog {
 		cfg.OnIngested = startWorkers
@@ -136,6 +125,7 @@ func runEndToEnd(b *testing.B) report {
 		b.Fatalf("run failed its checks (unexpected answers %d):\n%s", result.Unexpected, result.InvariantsReport)
 	}
 
+	use := loadgen.CPUBetween(before, after, result.Terminal)
 	r := report{
 		Config: map[string]any{
 			"events": *flagEvents, "rate": *flagRate, "concurrency": *flagConcurrency, "users": *flagUsers,
@@ -144,28 +134,14 @@ func runEndToEnd(b *testing.B) report {
 		},
 		Load:          result,
 		WindowSeconds: windowEnd.Sub(windowStart).Seconds(),
-		CPUSeconds:    map[string]float64{},
-		CPUMsPerEvent: map[string]float64{},
-		PeakRSSMiB:    map[string]float64{"api": peakRSSMiB(api.Pid()), "scheduler": peakRSSMiB(scheduler.Pid()), "redis": peakRSSMiB(rds.Pid())},
+		CPU:           use,
+		CPUMsPerEvent: use.MsPerEvent,
+		PeakRSSMiB:    map[string]float64{"api": loadgen.PeakRSSMiB(api.Pid()), "scheduler": loadgen.PeakRSSMiB(scheduler.Pid()), "redis": loadgen.PeakRSSMiB(rds.Pid())},
 	}
 	for i, w := range workers {
-		r.PeakRSSMiB[fmt.Sprintf("worker-%d", i)] = peakRSSMiB(w.Pid())
-	}
-	total := 0.0
-	for name := range after { // workers started mid-run are missing from before: zero
-		d := after[name] - before[name]
-		r.CPUSeconds[name] = d
-		if name == "machine" || name == "load-generator" {
-			continue
-		}
-		total += d
-		r.CPUMsPerEvent[name] = 1000 * d / float64(result.Terminal)
+		r.PeakRSSMiB[fmt.Sprintf("worker-%d", i)] = loadgen.PeakRSSMiB(w.Pid())
 	}
 	r.WriteXactsPerEvent = float64(xidAfter-xidBefore) / float64(result.Terminal)
-	r.CPUSeconds["total"] = total
-	r.CPUMsPerEvent["total"] = 1000 * total / float64(result.Terminal)
-	r.CPUMsPerEvent["load-generator"] = 1000 * r.CPUSeconds["load-generator"] / float64(result.Terminal)
-	r.OtherCPU = r.CPUSeconds["machine"] - total - r.CPUSeconds["load-generator"]
 	// Printed, not logged: the testing package truncates a benchmark's log.
 	fmt.Println(r.text())
 	if *flagOut != "" {
@@ -184,15 +160,7 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "accepted/s %.1f, applied/s %.1f (window %.2fs)\n", l.AcceptedPerSec, l.AppliedPerSec, r.WindowSeconds)
 	fmt.Fprintf(&sb, "webhook round trip p50 %.1f ms p99 %.1f ms; webhook-to-terminal p50 %.1f ms p95 %.1f ms p99 %.1f ms max %.1f ms\n",
 		l.RequestMillis["p50"], l.RequestMillis["p99"], l.LatencyMillis["p50"], l.LatencyMillis["p95"], l.LatencyMillis["p99"], l.LatencyMillis["max"])
-	names := make([]string, 0, len(r.CPUMsPerEvent))
-	for n := range r.CPUMsPerEvent {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(&sb, "  cpu %-15s %6.3f ms/event  (%.2f s)\n", n, r.CPUMsPerEvent[n], r.CPUSeconds[n])
-	}
-	fmt.Fprintf(&sb, "  other processes on the machine: %.2f cpu-s during the window\n", r.OtherCPU)
+	sb.WriteString(r.CPU.Text())
 	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event\n", r.WriteXactsPerEvent)
 	rss := make([]string, 0, len(r.PeakRSSMiB))
 	for n, v := range r.PeakRSSMiB {
@@ -202,6 +170,15 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "peak RSS: %s\n", strings.Join(rss, ", "))
 	fmt.Fprintf(&sb, "invariants: %v\n%s", l.InvariantsOK, l.InvariantsReport)
 	return sb.String()
+}
+
+// applyEnv sets the NAME=VALUE,NAME=VALUE settings of -e2e.env.
+func applyEnv(env map[string]string, spec string) {
+	for _, kv := range strings.Split(spec, ",") {
+		if name, value, ok := strings.Cut(kv, "="); ok {
+			env[name] = value
+		}
+	}
 }
 
 // nextXid is the transaction id PostgreSQL hands out next: read without

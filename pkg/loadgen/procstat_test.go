@@ -1,0 +1,145 @@
+package loadgen
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParsePids(t *testing.T) {
+	got, err := ParsePids("api=12, worker=34,worker=35,")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Proc{{"api", 12}, {"worker", 34}, {"worker", 35}}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	for _, bad := range []string{"api", "api=", "=12", "api=x", "api=-1", "api=0"} {
+		if _, err := ParsePids(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestParseStatHead(t *testing.T) {
+	pid, comm, ppid, ok := parseStatHead("4242 (we ird) (name)) S 17 4242 4242 0 -1 4194560 ...")
+	if !ok || pid != 4242 || comm != "we ird) (name)" || ppid != 17 {
+		t.Fatalf("got %d %q %d %v", pid, comm, ppid, ok)
+	}
+	for _, bad := range []string{"", "12 (x", "x (y) S 1", "12 (y) S"} {
+		if _, _, _, ok := parseStatHead(bad); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func FuzzParsePids(f *testing.F) {
+	f.Add("api=1,worker=2")
+	f.Add("a==1,,b=99999999999999999999")
+	f.Fuzz(func(t *testing.T, spec string) {
+		procs, err := ParsePids(spec)
+		if err != nil {
+			return
+		}
+		if len(procs) > ProcsMax {
+			t.Fatalf("%d processes", len(procs))
+		}
+		for _, p := range procs {
+			if p.Name == "" || p.Pid <= 0 {
+				t.Fatalf("bad %+v from %q", p, spec)
+			}
+		}
+	})
+}
+
+func FuzzParseStatHead(f *testing.F) {
+	f.Add("1 (init) S 0 1 1 0 -1")
+	f.Add("2 ()) S 1")
+	f.Fuzz(func(t *testing.T, stat string) {
+		if _, comm, _, ok := parseStatHead(stat); ok && !strings.Contains(stat, "("+comm+")") {
+			t.Fatalf("comm %q not in %q", comm, stat)
+		}
+		_, _ = statFields(stat)
+	})
+}
+
+// TestTreeCPU spawns a shell whose child burns CPU: the tree's CPU grows
+// by about what the child used, a lone process's does not, and once the
+// child is reaped its CPU stays in the tree's total.
+func TestTreeCPU(t *testing.T) {
+	dir := t.TempDir()
+	// A uniquely named copy of sh, so MatchProcs finds exactly this one.
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	data, err := os.ReadFile(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := filepath.Join(dir, "lgprobe")
+	if err := os.WriteFile(probe, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The child spins for a second or so of CPU, then the parent waits idle.
+	cmd := exec.Command(probe, "-c", `sh -c 'i=0; while [ $i -lt 1000000 ]; do i=$((i+1)); done'; sleep 30`)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	procs, err := MatchProcs([]string{"lgprobe"})
+	if err != nil || len(procs) != 1 || procs[0].Pid != cmd.Process.Pid {
+		t.Fatalf("MatchProcs: %v %v (want pid %d)", procs, err, cmd.Process.Pid)
+	}
+	if _, err := MatchProcs([]string{"no-such-process-xyz"}); err == nil {
+		t.Fatal("a missing process matched")
+	}
+	before, err := SampleCPU(procs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the spinning child has ended and been reaped (the only
+	// descendant left is sleep): its CPU must still be in the total.
+	deadline := time.Now().Add(30 * time.Second)
+	for spinning(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("the spinning child never ended")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	after, err := SampleCPU(procs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := CPUBetween(before, after, 10)
+	if u.Seconds["lgprobe"] < 0.2 {
+		t.Fatalf("the tree's CPU did not keep the reaped child's: %+v", u)
+	}
+	if own, _ := ProcessCPUSeconds(cmd.Process.Pid, false); own > 0.1 {
+		t.Fatalf("the parent itself used %.2f s: the test measures the wrong thing", own)
+	}
+	if u.MsPerEvent["lgprobe"] != 1000*u.Seconds["lgprobe"]/10 || u.CorePercent["lgprobe"] <= 0 {
+		t.Fatalf("per event / per core figures wrong: %+v", u)
+	}
+}
+
+// spinning reports whether pid still has a child other than sleep.
+func spinning(pid int) bool {
+	for _, c := range Descendants(pid) {
+		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(c), "comm"))
+		if err == nil && strings.TrimSpace(string(data)) != "sleep" {
+			return true
+		}
+	}
+	return false
+}
