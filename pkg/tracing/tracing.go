@@ -1,0 +1,180 @@
+// Package tracing is settle's OpenTelemetry wiring: the tracer provider
+// and its OTLP exporter (Setup), cheap span starts, and the W3C
+// traceparent that carries an event's trace through the outbox row and
+// its asynq task. Exporters and the SDK live here only; the packages
+// that make spans use the otel API through Start.
+//
+// Tracing is off unless OTEL_EXPORTER_OTLP_ENDPOINT (or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set. Off, Start returns its
+// context unchanged and a span that does nothing, without allocating,
+// while traceparents still travel with the events.
+package tracing
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/settle/settle/pkg/buildinfo"
+	"github.com/settle/settle/pkg/logging"
+)
+
+// The settings that switch the exporter on (the OTLP exporter reads the
+// other OTEL_EXPORTER_OTLP_* settings itself; the SDK reads
+// OTEL_TRACES_SAMPLER and OTEL_BSP_*).
+const (
+	EnvEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
+	EnvTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+)
+
+// instrumentationName names settle's tracer.
+const instrumentationName = "github.com/settle/settle"
+
+// exportErrorLogEvery bounds the log lines of a collector that keeps
+// failing: one per interval, with the count of the ones left out.
+const exportErrorLogEvery = time.Minute
+
+var (
+	enabled atomic.Bool
+	tracer  atomic.Pointer[trace.Tracer]
+	// disabledSpan is boxed once, so an off Start allocates nothing.
+	disabledSpan trace.Span = noop.Span{}
+)
+
+// Enabled reports whether spans are recorded and exported.
+func Enabled() bool { return enabled.Load() }
+
+// Setup installs the tracer provider of the binary named service: OTLP
+// over HTTP when an endpoint is configured, else nothing (tracing off).
+// shutdown flushes the spans still buffered; call it on the way out.
+func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown func(context.Context) error, err error) {
+	if os.Getenv(EnvEndpoint) == "" && os.Getenv(EnvTracesEndpoint) == "" {
+		return func(context.Context) error { return nil }, nil
+	}
+	exporter, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", EnvEndpoint, err)
+	}
+	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, read last, win over
+	// the binary's own name, as operators expect of the standard settings.
+	res, err := resource.New(ctx,
+		resource.WithSchemaURL(semconv.SchemaURL),
+		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(buildinfo.Get().Version)),
+		resource.WithTelemetrySDK(), resource.WithHost(), resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("tracing resource: %w", err)
+	}
+	otel.SetErrorHandler(errorLogger(log))
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exporter),
+		sdktrace.WithResource(res),
+		sdktrace.WithIDGenerator(idGenerator{}),
+	)
+	restore := Use(tp)
+	return func(ctx context.Context) error {
+		defer restore()
+		return tp.Shutdown(ctx)
+	}, nil
+}
+
+// NewProvider is an SDK provider that honours WithTraceID, for tests that
+// record spans (tracetest) with the ids production would give them.
+func NewProvider(opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithIDGenerator(idGenerator{})}, opts...)...)
+}
+
+// Use makes tp the provider of every span started through this package
+// (and otel's global one) and turns tracing on; restore puts back what
+// was there. Setup calls it; tests use it with a recording provider.
+func Use(tp trace.TracerProvider) (restore func()) {
+	previousProvider, previousTracer, previousEnabled := otel.GetTracerProvider(), tracer.Load(), enabled.Load()
+	t := tp.Tracer(instrumentationName)
+	otel.SetTracerProvider(tp)
+	tracer.Store(&t)
+	enabled.Store(true)
+	return func() {
+		otel.SetTracerProvider(previousProvider)
+		tracer.Store(previousTracer)
+		enabled.Store(previousEnabled)
+	}
+}
+
+// Kind is the span kind of Start.
+type Kind int
+
+// Span kinds, as OpenTelemetry defines them.
+const (
+	Internal Kind = iota
+	Server
+	Client
+	Producer
+	Consumer
+)
+
+// kindOptions are built once: a per-call option slice would allocate.
+var kindOptions = [...][]trace.SpanStartOption{
+	Internal: {trace.WithSpanKind(trace.SpanKindInternal)},
+	Server:   {trace.WithSpanKind(trace.SpanKindServer)},
+	Client:   {trace.WithSpanKind(trace.SpanKindClient)},
+	Producer: {trace.WithSpanKind(trace.SpanKindProducer)},
+	Consumer: {trace.WithSpanKind(trace.SpanKindConsumer)},
+}
+
+// Start starts a span under the one in ctx (or, without one, a root span
+// in the trace WithTraceID asked for). Off, it returns ctx itself and a
+// span that does nothing: set attributes only when span.IsRecording(),
+// so that building them costs nothing either.
+func Start(ctx context.Context, name string, kind Kind) (context.Context, trace.Span) {
+	if !enabled.Load() {
+		return ctx, disabledSpan
+	}
+	return (*tracer.Load()).Start(ctx, name, kindOptions[kind]...)
+}
+
+// StartAt is Start with the span's start time given: for a step that
+// happened before its events were known apart (a claim of many events
+// gets one span per event afterwards). Only for recording paths: it
+// allocates.
+func StartAt(ctx context.Context, name string, kind Kind, at time.Time) (context.Context, trace.Span) {
+	if !enabled.Load() {
+		return ctx, disabledSpan
+	}
+	return (*tracer.Load()).Start(ctx, name, trace.WithSpanKind(trace.SpanKind(kind+1)), trace.WithTimestamp(at))
+}
+
+// End records err (if any) on span and ends it.
+func End(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.SetStatus(codes.Error, logging.RedactError(err).Error())
+	}
+	span.End()
+}
+
+// errorLogger sends otel's own errors (an export that failed) to the
+// binary's log, URLs shortened, at most one line per exportErrorLogEvery.
+func errorLogger(log zerolog.Logger) otel.ErrorHandler {
+	var last atomic.Int64
+	var suppressed atomic.Int64
+	return otel.ErrorHandlerFunc(func(err error) {
+		now := time.Now().UnixNano()
+		previous := last.Load()
+		if now-previous < int64(exportErrorLogEvery) || !last.CompareAndSwap(previous, now) {
+			suppressed.Add(1)
+			return
+		}
+		log.Warn().Err(logging.RedactError(err)).Int64("suppressed", suppressed.Swap(0)).
+			Msg("tracing: spans not exported")
+	})
+}
