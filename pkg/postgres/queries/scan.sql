@@ -1,0 +1,114 @@
+-- The chain scanner's cursors and rescan jobs (migration 0013). A pass
+-- claims its range by lease and commits in a short transaction of its
+-- own; no row lock is held while the chain is read.
+
+-- name: scan_cursor_init
+-- The first run of a network starts at the finality head: history nobody
+-- asked for is never scanned. A concurrent first run keeps the first row.
+INSERT INTO chain_cursors (network, next_block) VALUES ($1, $2)
+ON CONFLICT (network) DO NOTHING;
+
+-- name: scan_cursor_claim
+-- Takes the network's cursor for one pass of at most $4 blocks ending at
+-- or before the head $5, unless another scheduler holds a live lease.
+-- Returns nothing when the lease is taken or the cursor is past the head.
+UPDATE chain_cursors
+SET lease_owner = $2, lease_until = now() + $3 * interval '1 millisecond',
+    lease_to_block = LEAST(next_block + $4 - 1, $5)
+WHERE network = $1
+  AND next_block <= $5
+  AND (lease_until IS NULL OR lease_until < now() OR lease_owner = $2)
+RETURNING next_block, lease_to_block;
+
+-- name: scan_cursor_get
+SELECT next_block, updated_at FROM chain_cursors WHERE network = $1;
+
+-- name: scan_cursor_advance
+-- Guarded by the block the pass started at and by its lease: a pass whose
+-- lease another scheduler took over moves nothing (the other one scans
+-- the same range and stores the same event ids).
+UPDATE chain_cursors
+SET next_block = $4 + 1, lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE network = $1 AND next_block = $3 AND lease_owner = $2
+RETURNING next_block;
+
+-- name: scan_cursor_release
+-- A failed pass gives its lease back at once, so the next pass (here or
+-- elsewhere) does not wait out the lease.
+UPDATE chain_cursors SET lease_owner = NULL, lease_until = NULL
+WHERE network = $1 AND lease_owner = $2;
+
+-- name: scan_addresses_page
+-- One page of a network's deposit addresses, in address order (the
+-- primary key), after $2.
+SELECT address, user_id
+FROM deposit_addresses
+WHERE network = $1 AND address > $2
+ORDER BY address
+LIMIT $3;
+
+-- name: scan_address_owner
+SELECT user_id FROM deposit_addresses WHERE network = $1 AND address = $2;
+
+-- name: scan_backfill_from
+UPDATE deposit_addresses SET from_block = $3
+WHERE network = $1 AND address = $2;
+
+-- name: rescan_insert
+-- A backfill ($6 = 'backfill') is inserted with its end pending.
+INSERT INTO rescan_jobs (id, network, address, from_block, to_block, next_block, requested_by, end_pending)
+VALUES ($1, $2, $3, $4, $5, $4, $6, $6 = 'backfill')
+RETURNING created_at;
+
+-- name: rescan_get
+SELECT id, network, COALESCE(address, ''), from_block, to_block, end_pending, next_block, status, COALESCE(error, ''),
+       found, requested_by, created_at, updated_at
+FROM rescan_jobs
+WHERE id = $1;
+
+-- name: rescan_resolve_backfills
+-- A backfill ends where the cursor's passes see the address: every pass
+-- claimed after the address was registered loads it, so the blocks left
+-- are those already scanned (next_block - 1) and those of a claimed range
+-- (lease_to_block). A backfill starting past that is already covered.
+UPDATE rescan_jobs j
+SET to_block = GREATEST(c.next_block - 1, COALESCE(c.lease_to_block, -1), j.from_block - 1),
+    end_pending = false,
+    status = CASE WHEN GREATEST(c.next_block - 1, COALESCE(c.lease_to_block, -1)) < j.from_block THEN 'done' ELSE 'running' END,
+    updated_at = now()
+FROM chain_cursors c
+WHERE c.network = j.network
+  AND j.network = ANY($1::text[])
+  AND j.status = 'running' AND j.end_pending;
+
+-- name: rescan_claim
+-- The oldest running job of the given networks whose lease is free.
+UPDATE rescan_jobs
+SET lease_owner = $2, lease_until = now() + $3 * interval '1 millisecond'
+WHERE id = (
+    SELECT id FROM rescan_jobs
+    WHERE status = 'running' AND NOT end_pending AND network = ANY($1::text[])
+      AND (lease_until IS NULL OR lease_until < now())
+    ORDER BY created_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, network, COALESCE(address, ''), next_block, to_block;
+
+-- name: rescan_advance
+-- Guarded like scan_cursor_advance; done once next_block passes to_block.
+UPDATE rescan_jobs
+SET next_block = $4 + 1, found = found + $5,
+    status = CASE WHEN $4 >= to_block THEN 'done' ELSE 'running' END,
+    lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
+RETURNING status;
+
+-- name: rescan_release
+UPDATE rescan_jobs SET lease_owner = NULL, lease_until = NULL
+WHERE id = $1 AND lease_owner = $2;
+
+-- name: rescan_fail
+UPDATE rescan_jobs
+SET status = 'failed', error = $3, lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE id = $1 AND lease_owner = $2 AND status = 'running';

@@ -1,0 +1,304 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// SourceScanner marks the deposits the chain scanner stored first.
+const SourceScanner Source = "scanner"
+
+// ScanAddressesPageMax bounds one page of deposit addresses a pass loads.
+const ScanAddressesPageMax = 10_000
+
+// ErrLeaseLost: another scheduler took the pass's range over (its lease
+// ran out); the pass stored nothing and moves nothing.
+var ErrLeaseLost = errors.New("scan lease lost to another scheduler")
+
+// Requesters of a rescan job.
+const (
+	RescanByAdmin    = "admin"
+	RescanByBackfill = "backfill"
+)
+
+// ScanClaim is a claimed cursor range, From through To.
+type ScanClaim struct {
+	From, To uint64
+}
+
+// DepositAddress is a registered address and its user.
+type DepositAddress struct {
+	Address string
+	UserID  int64
+}
+
+// StoredDeposit is what became of one event a pass stored.
+type StoredDeposit struct {
+	Inserted bool  // new: no webhook had reported it
+	Err      error // payment.ErrConflict: the id holds other content
+}
+
+// InitScanCursor creates the network's cursor at block start unless it
+// exists.
+func (db *DB) InitScanCursor(ctx context.Context, network string, start uint64) error {
+	stmt := q("scan_cursor_init")
+	_, err := db.pool.Exec(ctx, stmt.text, network, int64(start))
+	return classify(stmt.name, err)
+}
+
+// ScanCursor reads the network's next block; found false without a cursor.
+func (db *DB) ScanCursor(ctx context.Context, network string) (next uint64, updated time.Time, found bool, err error) {
+	stmt := q("scan_cursor_get")
+	var n int64
+	err = db.pool.QueryRow(ctx, stmt.text, network).Scan(&n, &updated)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, false, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, false, classify(stmt.name, err)
+	}
+	return uint64(n), updated, true, nil
+}
+
+// ClaimScanCursor leases the network's next range of at most blocksMax
+// blocks ending at or before head; ok false when another scheduler holds
+// the lease or the cursor is past the head.
+func (db *DB) ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (ScanClaim, bool, error) {
+	stmt := q("scan_cursor_claim")
+	var from, to int64
+	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(blocksMax), int64(head)).Scan(&from, &to)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ScanClaim{}, false, nil
+	}
+	if err != nil {
+		return ScanClaim{}, false, classify(stmt.name, err)
+	}
+	return ScanClaim{From: uint64(from), To: uint64(to)}, true, nil
+}
+
+// CompleteScanPass stores a pass's deposits and moves the cursor past
+// the claim in one transaction; ErrLeaseLost (nothing stored) when the
+// claim is no longer this owner's.
+func (db *DB) CompleteScanPass(ctx context.Context, network, owner string, claim ScanClaim, events []NewEvent) ([]StoredDeposit, error) {
+	stmt := q("scan_cursor_advance")
+	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
+		var next int64
+		err := tx.QueryRow(ctx, stmt.text, network, owner, int64(claim.From), int64(claim.To)).Scan(&next)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, classify(stmt.name, err)
+	})
+}
+
+// ReleaseScanCursor gives a failed pass's lease back.
+func (db *DB) ReleaseScanCursor(ctx context.Context, network, owner string) error {
+	stmt := q("scan_cursor_release")
+	_, err := db.pool.Exec(ctx, stmt.text, network, owner)
+	return classify(stmt.name, err)
+}
+
+// inPass runs guard, then inserts the events through the outbox insert
+// (pending, pg_notify at COMMIT), all in one transaction.
+func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) (bool, error)) ([]StoredDeposit, error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return nil, classify("scan pass begin", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ok, err := guard(tx)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, ErrLeaseLost
+	}
+	out := make([]StoredDeposit, len(events))
+	for i, e := range events {
+		inserted, err := insertEvent(ctx, tx, e)
+		switch {
+		case errors.Is(err, payment.ErrConflict):
+			out[i].Err = err
+		case err != nil:
+			return nil, err
+		default:
+			out[i].Inserted = inserted
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, classify("scan pass commit", err)
+	}
+	return out, nil
+}
+
+// ScanAddresses loads a page of at most limit (≤ ScanAddressesPageMax)
+// addresses of network after the address after.
+func (db *DB) ScanAddresses(ctx context.Context, network, after string, limit int) ([]DepositAddress, error) {
+	if limit <= 0 || limit > ScanAddressesPageMax {
+		limit = ScanAddressesPageMax
+	}
+	stmt := q("scan_addresses_page")
+	rows, err := db.pool.Query(ctx, stmt.text, network, after, limit)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	defer rows.Close()
+	var out []DepositAddress
+	for rows.Next() {
+		var a DepositAddress
+		if err := rows.Scan(&a.Address, &a.UserID); err != nil {
+			return nil, classify(stmt.name, err)
+		}
+		out = append(out, a)
+	}
+	return out, classify(stmt.name, rows.Err())
+}
+
+// ScanAddressOwner finds one address's user; found false when unregistered.
+func (db *DB) ScanAddressOwner(ctx context.Context, network, address string) (int64, bool, error) {
+	stmt := q("scan_address_owner")
+	var user int64
+	err := db.pool.QueryRow(ctx, stmt.text, network, address).Scan(&user)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, classify(stmt.name, err)
+	}
+	return user, true, nil
+}
+
+// RescanJob is a rescan_jobs row (the console lists them too).
+type RescanJob struct {
+	ID          string
+	Network     string
+	Address     string // empty: every address of the network
+	FromBlock   uint64
+	ToBlock     *uint64 // nil: a backfill whose end is not resolved yet
+	NextBlock   uint64
+	Status      string
+	Error       string
+	Found       int
+	RequestedBy string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// CreateRescan records a rescan of network's blocks from through to for
+// every registered address.
+func (db *DB) CreateRescan(ctx context.Context, id, network string, from, to uint64) (RescanJob, error) {
+	stmt := q("rescan_insert")
+	var created time.Time
+	if err := db.pool.QueryRow(ctx, stmt.text, id, network, nil, int64(from), int64(to), RescanByAdmin).Scan(&created); err != nil {
+		return RescanJob{}, classify(stmt.name, err)
+	}
+	return RescanJob{ID: id, Network: network, FromBlock: from, ToBlock: &to, NextBlock: from, Status: "running",
+		RequestedBy: RescanByAdmin, CreatedAt: created, UpdatedAt: created}, nil
+}
+
+// AddBackfill records that address (registered on network) received
+// deposits from block from on, and schedules their scan.
+func (db *DB) AddBackfill(ctx context.Context, id, network, address string, from uint64) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return classify("backfill begin", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	stmt := q("scan_backfill_from")
+	if _, err := tx.Exec(ctx, stmt.text, network, address, int64(from)); err != nil {
+		return classify(stmt.name, err)
+	}
+	stmt = q("rescan_insert")
+	var created time.Time
+	if err := tx.QueryRow(ctx, stmt.text, id, network, address, int64(from), int64(from), RescanByBackfill).Scan(&created); err != nil {
+		return classify(stmt.name, err)
+	}
+	return classify("backfill commit", tx.Commit(ctx))
+}
+
+// Rescan reads one job; payment.ErrNotFound when there is none.
+func (db *DB) Rescan(ctx context.Context, id string) (RescanJob, error) {
+	stmt := q("rescan_get")
+	var j RescanJob
+	var from, to, next int64
+	var pending bool
+	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&j.ID, &j.Network, &j.Address, &from, &to, &pending, &next, &j.Status, &j.Error,
+		&j.Found, &j.RequestedBy, &j.CreatedAt, &j.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RescanJob{}, fmt.Errorf("rescan %s: %w", id, payment.ErrNotFound)
+	}
+	if err != nil {
+		return RescanJob{}, classify(stmt.name, err)
+	}
+	j.FromBlock, j.NextBlock = uint64(from), uint64(next)
+	if !pending {
+		end := uint64(max(to, 0))
+		j.ToBlock = &end
+	}
+	return j, nil
+}
+
+// ResolveBackfills gives the open-ended backfills of networks their end.
+func (db *DB) ResolveBackfills(ctx context.Context, networks []string) error {
+	stmt := q("rescan_resolve_backfills")
+	_, err := db.pool.Exec(ctx, stmt.text, networks)
+	return classify(stmt.name, err)
+}
+
+// RescanClaim is a leased rescan job: blocks Next through To remain.
+type RescanClaim struct {
+	ID, Network, Address string
+	Next, To             uint64
+}
+
+// ClaimRescan leases the oldest free running job of networks; ok false
+// when there is none.
+func (db *DB) ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (RescanClaim, bool, error) {
+	stmt := q("rescan_claim")
+	var c RescanClaim
+	var next, to int64
+	err := db.pool.QueryRow(ctx, stmt.text, networks, owner, lease.Milliseconds()).Scan(&c.ID, &c.Network, &c.Address, &next, &to)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return RescanClaim{}, false, nil
+	}
+	if err != nil {
+		return RescanClaim{}, false, classify(stmt.name, err)
+	}
+	c.Next, c.To = uint64(next), uint64(to)
+	return c, true, nil
+}
+
+// CompleteRescanPass stores one pass's deposits of a job and moves the
+// job past blocks from through to; ErrLeaseLost when it is no longer
+// this owner's.
+func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []NewEvent) ([]StoredDeposit, error) {
+	stmt := q("rescan_advance")
+	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
+		var status string
+		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), found).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return err == nil, classify(stmt.name, err)
+	})
+}
+
+// ReleaseRescan gives a failed pass's lease back.
+func (db *DB) ReleaseRescan(ctx context.Context, id, owner string) error {
+	stmt := q("rescan_release")
+	_, err := db.pool.Exec(ctx, stmt.text, id, owner)
+	return classify(stmt.name, err)
+}
+
+// FailRescan ends a job that can never finish.
+func (db *DB) FailRescan(ctx context.Context, id, owner, reason string) error {
+	stmt := q("rescan_fail")
+	_, err := db.pool.Exec(ctx, stmt.text, id, owner, reason)
+	return classify(stmt.name, err)
+}

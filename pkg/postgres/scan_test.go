@@ -1,0 +1,131 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// TestScanCursorLease: one owner at a time holds a network's range; the
+// loser's completion stores nothing and moves nothing; a pass's events
+// commit with the cursor.
+func TestScanCursorLease(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.DB(t)
+	const network = "ETH_MAINNET"
+	require.NoError(t, db.InitScanCursor(ctx, network, 100))
+	require.NoError(t, db.InitScanCursor(ctx, network, 5), "a second first run keeps the first cursor")
+
+	_, ok, err := db.ClaimScanCursor(ctx, network, "a", time.Minute, 10, 99)
+	require.NoError(t, err)
+	require.False(t, ok, "the cursor is past the head")
+	claim, ok, err := db.ClaimScanCursor(ctx, network, "a", time.Minute, 10, 150)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, postgres.ScanClaim{From: 100, To: 109}, claim)
+	_, ok, err = db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 150)
+	require.NoError(t, err)
+	require.False(t, ok, "a live lease keeps b out")
+
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	ev := postgres.NewEvent{Event: payment.Event{ID: "chain:ETH_MAINNET:0x" + strings.Repeat("ab", 32) + ":native", Type: payment.Deposit,
+		UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1.5"), TxHash: "0x" + strings.Repeat("ab", 32), TransferIndex: payment.TransferNative},
+		Source: postgres.SourceScanner, ToAddress: "0x" + strings.Repeat("11", 20)}
+	_, err = db.CompleteScanPass(ctx, network, "b", claim, []postgres.NewEvent{ev})
+	require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	_, err = db.Event(ctx, ev.Event.ID)
+	require.ErrorIs(t, err, payment.ErrNotFound, "the loser stored nothing")
+
+	stored, err := db.CompleteScanPass(ctx, network, "a", claim, []postgres.NewEvent{ev})
+	require.NoError(t, err)
+	require.Equal(t, []postgres.StoredDeposit{{Inserted: true}}, stored)
+	next, _, found, err := db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.EqualValues(t, 110, next)
+	_, err = db.CompleteScanPass(ctx, network, "a", claim, nil)
+	require.ErrorIs(t, err, postgres.ErrLeaseLost, "a range completes once")
+
+	// The same transfer again (a rescan, a webhook): a duplicate.
+	claim, ok, err = db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 150)
+	require.NoError(t, err)
+	require.True(t, ok)
+	stored, err = db.CompleteScanPass(ctx, network, "b", claim, []postgres.NewEvent{ev})
+	require.NoError(t, err)
+	require.Equal(t, []postgres.StoredDeposit{{}}, stored)
+
+	// An expired lease is taken over.
+	_, ok, err = db.ClaimScanCursor(ctx, network, "a", time.Millisecond, 10, 150)
+	require.NoError(t, err)
+	require.True(t, ok)
+	time.Sleep(5 * time.Millisecond)
+	_, ok, err = db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 150)
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+// TestBackfillEnd: a backfill ends at the last block the cursor's passes
+// may have scanned without the address, the claimed range included.
+func TestBackfillEnd(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.DB(t)
+	const network = "ETH_MAINNET"
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	for _, a := range []string{"0x" + strings.Repeat("11", 20), "0x" + strings.Repeat("22", 20)} {
+		_, err = db.AddDepositAddress(ctx, network, a, 1)
+		require.NoError(t, err)
+	}
+	require.NoError(t, db.AddBackfill(ctx, "bf-1", network, "0x"+strings.Repeat("11", 20), 40))
+	require.NoError(t, db.AddBackfill(ctx, "bf-2", network, "0x"+strings.Repeat("22", 20), 200))
+	require.NoError(t, db.ResolveBackfills(ctx, []string{network}))
+	job, err := db.Rescan(ctx, "bf-1")
+	require.NoError(t, err)
+	require.Nil(t, job.ToBlock, "no cursor yet: the end waits")
+	_, ok, err := db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "a backfill without an end is not claimed")
+
+	require.NoError(t, db.InitScanCursor(ctx, network, 100))
+	_, ok, err = db.ClaimScanCursor(ctx, network, "a", time.Minute, 10, 150)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, db.ResolveBackfills(ctx, []string{network}))
+	job, err = db.Rescan(ctx, "bf-1")
+	require.NoError(t, err)
+	require.NotNil(t, job.ToBlock)
+	require.EqualValues(t, 109, *job.ToBlock, "through the range a pass holds")
+	require.Equal(t, "running", job.Status)
+	job, err = db.Rescan(ctx, "bf-2")
+	require.NoError(t, err)
+	require.Equal(t, "done", job.Status, "from block 200 on the cursor sees the address")
+
+	claim, ok, err := db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, postgres.RescanClaim{ID: "bf-1", Network: network, Address: "0x" + strings.Repeat("11", 20), Next: 40, To: 109}, claim)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "b", 40, 89, 0, nil)
+	require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, 2, nil)
+	require.NoError(t, err)
+	claim, ok, err = db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.EqualValues(t, 90, claim.Next)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 90, 109, 0, nil)
+	require.NoError(t, err)
+	job, err = db.Rescan(ctx, "bf-1")
+	require.NoError(t, err)
+	require.Equal(t, "done", job.Status)
+	require.Equal(t, 2, job.Found)
+	require.EqualValues(t, 110, job.NextBlock)
+}
