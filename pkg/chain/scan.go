@@ -1,0 +1,307 @@
+package chain
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+
+	"github.com/ethereum/go-ethereum"
+	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Bounds of the scanner's calls. A batch is one HTTP request (one breaker
+// call) carrying that many JSON-RPC calls; providers bill each of them.
+const (
+	// ScanBatchMax bounds the blocks or receipts asked in one batch.
+	ScanBatchMax = 50
+	// ScanTopicsMax bounds the recipients of one eth_getLogs: geth refuses
+	// more than 1,000 alternatives per topic position.
+	ScanTopicsMax = 1000
+	// ScanContractsMax bounds the token contracts of one eth_getLogs.
+	ScanContractsMax = 1000
+)
+
+// RPC method names of the scanner, as metric labels.
+const (
+	MethodLogs       = "eth_getLogs"
+	MethodBlock      = methodBlock
+	MethodReceipt    = methodReceipt
+	MethodTraceBlock = "debug_traceBlockByNumber"
+)
+
+// ErrTracesUnsupported: the endpoint does not serve debug_traceBlockByNumber.
+var ErrTracesUnsupported = errors.New("the endpoint does not serve debug_traceBlockByNumber (SCAN_TRACES=on needs a node with the debug API)")
+
+// TransferLog is an ERC-20 Transfer log found by a scan.
+type TransferLog struct {
+	Transfer
+	TxHash      string
+	BlockNumber uint64
+}
+
+// BlockTx is a transaction's own value movement.
+type BlockTx struct {
+	Hash  string
+	To    string // lowercase; empty for a contract creation
+	Value *big.Int
+}
+
+// Block is a block's number and its transactions.
+type Block struct {
+	Number       uint64
+	Hash         string
+	Transactions []BlockTx
+}
+
+// FinalityHead is the highest block deposits may be credited in under p:
+// the finalized block, the head less N-1 under confirmations:N (the
+// worker's rule: the head is the Nth confirmation), or the head under
+// none. ok is false while no block qualifies.
+func (c *Client) FinalityHead(ctx context.Context, p Policy) (head uint64, ok bool, err error) {
+	switch p.Kind() {
+	case Finalized:
+		h, err := c.HeaderByTag(ctx, TagFinalized)
+		if errors.Is(err, ErrBlockNotFound) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		return h.Number, true, nil
+	case Confirmations, None:
+		h, err := c.HeaderByTag(ctx, TagLatest)
+		if err != nil {
+			return 0, false, err
+		}
+		behind := p.Confirmations()
+		if behind > 0 {
+			behind--
+		}
+		if h.Number < behind {
+			return 0, false, nil
+		}
+		return h.Number - behind, true, nil
+	}
+	return 0, false, payment.Invalid("deposit finality policy is not set")
+}
+
+// TransferLogs asks eth_getLogs for the Transfer logs of contracts to
+// recipients in blocks from through to (both lowercase 0x addresses;
+// at most ScanContractsMax and ScanTopicsMax). Removed logs are left out.
+func (c *Client) TransferLogs(ctx context.Context, from, to uint64, contracts, recipients []string) ([]TransferLog, error) {
+	if len(contracts) == 0 || len(recipients) == 0 {
+		return nil, nil
+	}
+	if len(contracts) > ScanContractsMax || len(recipients) > ScanTopicsMax || from > to {
+		return nil, payment.Invalid("eth_getLogs over %d contracts and %d recipients in blocks %d..%d is out of bounds", len(contracts), len(recipients), from, to)
+	}
+	q := ethereum.FilterQuery{
+		FromBlock: new(big.Int).SetUint64(from),
+		ToBlock:   new(big.Int).SetUint64(to),
+		Topics:    [][]common.Hash{{transferTopic}, nil, make([]common.Hash, len(recipients))},
+	}
+	for _, a := range contracts {
+		q.Addresses = append(q.Addresses, common.HexToAddress(a))
+	}
+	for i, r := range recipients {
+		q.Topics[2][i] = common.BytesToHash(common.HexToAddress(r).Bytes())
+	}
+	var out []TransferLog
+	err := c.call(ctx, MethodLogs, func(ctx context.Context) error {
+		logs, err := c.eth.FilterLogs(ctx, q)
+		if err != nil {
+			return err
+		}
+		out = out[:0]
+		for _, l := range logs {
+			if l.Removed || len(l.Topics) != 3 || l.Topics[0] != transferTopic {
+				continue
+			}
+			fromAddr, okFrom := topicAddress([32]byte(l.Topics[1]))
+			toAddr, okTo := topicAddress([32]byte(l.Topics[2]))
+			value, okValue := wordValue(l.Data)
+			if !okFrom || !okTo || !okValue {
+				continue
+			}
+			out = append(out, TransferLog{
+				Transfer: Transfer{Contract: strings.ToLower(l.Address.Hex()), From: fromAddr, To: toAddr, Value: value, LogIndex: l.Index},
+				TxHash:   strings.ToLower(l.TxHash.Hex()), BlockNumber: l.BlockNumber,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fullBlockJSON is the part of eth_getBlockByNumber(n, true) we read.
+type fullBlockJSON struct {
+	Number       *string `json:"number"`
+	Hash         *string `json:"hash"`
+	Transactions []struct {
+		Hash  *string `json:"hash"`
+		To    *string `json:"to"`
+		Value *string `json:"value"`
+	} `json:"transactions"`
+}
+
+// Blocks reads blocks with their transactions in one batch (at most
+// ScanBatchMax). A block the node does not have is an error: the scanner
+// asks only for blocks at or below a head the node reported.
+func (c *Client) Blocks(ctx context.Context, numbers []uint64) ([]Block, error) {
+	if len(numbers) > ScanBatchMax {
+		return nil, payment.Invalid("%d blocks in one batch, at most %d", len(numbers), ScanBatchMax)
+	}
+	raws := make([]json.RawMessage, len(numbers))
+	elems := make([]rpc.BatchElem, len(numbers))
+	for i, n := range numbers {
+		elems[i] = rpc.BatchElem{Method: MethodBlock, Args: []any{hexutil.EncodeUint64(n), true}, Result: &raws[i]}
+	}
+	if err := c.batch(ctx, MethodBlock, elems); err != nil {
+		return nil, err
+	}
+	out := make([]Block, len(numbers))
+	for i, raw := range raws {
+		b, err := parseFullBlock(raw)
+		if err == nil && b.Number != numbers[i] {
+			err = fmt.Errorf("asked for block %d, the node answered block %d", numbers[i], b.Number)
+		}
+		if err != nil {
+			return nil, payment.Unavailable("chain "+MethodBlock, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func parseFullBlock(raw json.RawMessage) (Block, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return Block{}, ErrBlockNotFound
+	}
+	var b fullBlockJSON
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return Block{}, fmt.Errorf("decode block: %w", err)
+	}
+	if b.Number == nil || b.Hash == nil {
+		return Block{}, errors.New("block lacks number or hash")
+	}
+	var out Block
+	var err error
+	if out.Number, err = parseQuantity(*b.Number); err != nil {
+		return Block{}, fmt.Errorf("block number: %w", err)
+	}
+	if out.Hash, err = parseHex(*b.Hash, hashHexLength, "block hash"); err != nil {
+		return Block{}, err
+	}
+	for _, t := range b.Transactions {
+		if t.Hash == nil || t.Value == nil {
+			return Block{}, errors.New("block transaction lacks hash or value (asked with full transactions)")
+		}
+		tx := BlockTx{}
+		if tx.Hash, err = parseHex(*t.Hash, hashHexLength, "transaction hash"); err != nil {
+			return Block{}, err
+		}
+		if tx.Value, err = hexutil.DecodeBig(*t.Value); err != nil {
+			return Block{}, fmt.Errorf("transaction value %q: %w", *t.Value, err)
+		}
+		if t.To != nil {
+			if tx.To, err = parseHex(*t.To, addressHexLength, "transaction recipient"); err != nil {
+				return Block{}, err
+			}
+		}
+		out.Transactions = append(out.Transactions, tx)
+	}
+	return out, nil
+}
+
+// receiptStatusJSON is the part of a receipt the scanner reads.
+type receiptStatusJSON struct {
+	TransactionHash *string `json:"transactionHash"`
+	Status          *string `json:"status"`
+}
+
+// ReceiptStatuses reads the status (1 success, 0 reverted) of mined
+// transactions in one batch (at most ScanBatchMax).
+func (c *Client) ReceiptStatuses(ctx context.Context, txHashes []string) (map[string]uint64, error) {
+	if len(txHashes) == 0 {
+		return map[string]uint64{}, nil
+	}
+	if len(txHashes) > ScanBatchMax {
+		return nil, payment.Invalid("%d receipts in one batch, at most %d", len(txHashes), ScanBatchMax)
+	}
+	raws := make([]json.RawMessage, len(txHashes))
+	elems := make([]rpc.BatchElem, len(txHashes))
+	for i, h := range txHashes {
+		elems[i] = rpc.BatchElem{Method: MethodReceipt, Args: []any{h}, Result: &raws[i]}
+	}
+	if err := c.batch(ctx, MethodReceipt, elems); err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(txHashes))
+	for i, raw := range raws {
+		var r receiptStatusJSON
+		if len(raw) == 0 || string(raw) == "null" {
+			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("no receipt for %s, though its block is final", txHashes[i]))
+		}
+		if err := json.Unmarshal(raw, &r); err != nil || r.Status == nil || r.TransactionHash == nil || !strings.EqualFold(*r.TransactionHash, txHashes[i]) {
+			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("malformed receipt for %s", txHashes[i]))
+		}
+		status, err := parseQuantity(*r.Status)
+		if err != nil {
+			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("receipt status of %s: %w", txHashes[i], err))
+		}
+		out[txHashes[i]] = status
+	}
+	return out, nil
+}
+
+// ProbeTraces asks debug_traceBlockByNumber about the latest block with
+// the call tracer: ErrTracesUnsupported when the endpoint does not serve it.
+func (c *Client) ProbeTraces(ctx context.Context) error {
+	var raw json.RawMessage
+	err := c.call(ctx, MethodTraceBlock, func(ctx context.Context) error {
+		err := c.rpc.CallContext(ctx, &raw, MethodTraceBlock, "latest", map[string]any{"tracer": "callTracer"})
+		var rpcErr rpc.Error
+		if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == rpcMethodNotFound {
+			return ErrTracesUnsupported
+		}
+		return err
+	})
+	if errors.Is(err, ErrTracesUnsupported) {
+		return ErrTracesUnsupported
+	}
+	return err
+}
+
+// rpcMethodNotFound is JSON-RPC's code for a method the server lacks.
+const rpcMethodNotFound = -32601
+
+// batch sends elems as one request under the breaker; an element's own
+// error fails the batch. Each element counts as a call.
+func (c *Client) batch(ctx context.Context, method string, elems []rpc.BatchElem) error {
+	if len(elems) == 0 {
+		return nil
+	}
+	err := c.call(ctx, method, func(ctx context.Context) error {
+		if err := c.rpc.BatchCallContext(ctx, elems); err != nil {
+			return err
+		}
+		for _, e := range elems {
+			if e.Error != nil {
+				return e.Error
+			}
+		}
+		return nil
+	})
+	c.metrics.calls.WithLabelValues(method).Add(float64(len(elems) - 1))
+	return err
+}

@@ -1,0 +1,78 @@
+package chain
+
+import (
+	"math/big"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestScanCalls: the scanner's reads against a real dev chain: the
+// finality head per policy, Transfer logs by contract and recipient,
+// blocks with their transactions, receipt statuses in one batch, and the
+// refusal of traces by a node without the debug API.
+func TestScanCalls(t *testing.T) {
+	ctx := testContext(t)
+	ch := startChain(t)
+	client, err := Dial(ctx, ch.URL(), ClientOptions{})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	token, _, err := ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	const to, other = "0x1111111111111111111111111111111111111111", "0x2222222222222222222222222222222222222222"
+	tokenTx, err := ch.TransferToken(ctx, 0, token, to, big.NewInt(7_000_000))
+	require.NoError(t, err)
+	_, err = ch.TransferToken(ctx, 0, token, other, big.NewInt(1))
+	require.NoError(t, err)
+	ethTx, err := ch.SendETH(ctx, 0, to, big.NewInt(5))
+	require.NoError(t, err)
+	reverted, err := ch.SendReverting(ctx, 0, token)
+	require.NoError(t, err)
+
+	head, err := ch.Head(ctx)
+	require.NoError(t, err)
+	got, ok, err := client.FinalityHead(ctx, NonePolicy())
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, head, got)
+	three, err := ConfirmationsPolicy(3)
+	require.NoError(t, err)
+	got, ok, err = client.FinalityHead(ctx, three)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, head-2, got, "the head is the third confirmation of head-2")
+	require.NoError(t, ch.FinalizeThrough(ctx, head))
+	finalized, err := ch.Finalized(ctx)
+	require.NoError(t, err)
+	got, ok, err = client.FinalityHead(ctx, FinalizedPolicy())
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, finalized, got)
+
+	logs, err := client.TransferLogs(ctx, 0, head, []string{token}, []string{to})
+	require.NoError(t, err)
+	require.Len(t, logs, 1, "only the transfer to the recipient asked about")
+	require.Equal(t, tokenTx.Hash, logs[0].TxHash)
+	require.Equal(t, to, logs[0].To)
+	require.Equal(t, token, logs[0].Contract)
+	require.Equal(t, "7000000", logs[0].Value.String())
+	require.Equal(t, tokenTx.BlockNumber, logs[0].BlockNumber)
+
+	blocks, err := client.Blocks(ctx, []uint64{ethTx.BlockNumber, reverted.BlockNumber})
+	require.NoError(t, err)
+	require.Len(t, blocks, 2)
+	require.Equal(t, ethTx.BlockNumber, blocks[0].Number)
+	require.Len(t, blocks[0].Transactions, 1)
+	require.Equal(t, BlockTx{Hash: ethTx.Hash, To: to, Value: big.NewInt(5)}, blocks[0].Transactions[0])
+
+	statuses, err := client.ReceiptStatuses(ctx, []string{ethTx.Hash, reverted.Hash})
+	require.NoError(t, err)
+	require.Equal(t, map[string]uint64{ethTx.Hash: 1, reverted.Hash: 0}, statuses)
+
+	_, err = client.Blocks(ctx, []uint64{head + 100})
+	require.Error(t, err, "a block past the head is an error, never an empty block")
+	_, err = client.TransferLogs(ctx, 5, 4, []string{token}, []string{to})
+	require.Error(t, err, "an inverted range")
+
+	require.ErrorIs(t, client.ProbeTraces(ctx), ErrTracesUnsupported)
+}
