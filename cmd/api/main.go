@@ -28,6 +28,7 @@ import (
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/service"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 const (
@@ -185,7 +186,9 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 	if command == "migrate" {
 		err = migrate(log, s)
 	} else {
+		endTracing := tracing.Begin(serviceName, log)
 		err = serve(log, s)
+		endTracing()
 	}
 	if err != nil {
 		log.Error().Err(err).Msg("api stopped")

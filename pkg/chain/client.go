@@ -21,9 +21,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 const (
@@ -257,7 +259,18 @@ func (c *Client) header(ctx context.Context, block string) (Header, error) {
 // call runs one RPC call under the breaker and the call deadline. Not
 // found is an answer (success for the breaker); the caller's own
 // cancellation says nothing about the node; anything else is a failure.
-func (c *Client) call(ctx context.Context, method string, do func(ctx context.Context) error) error {
+func (c *Client) call(ctx context.Context, method string, do func(ctx context.Context) error) (err error) {
+	ctx, span := tracing.Start(ctx, "chain.rpc", tracing.Client)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("rpc.system", "jsonrpc"), attribute.String("rpc.method", method))
+	}
+	defer func() {
+		failure := err
+		if errors.Is(err, ErrReceiptNotFound) {
+			failure = nil // an answer, not a failure
+		}
+		tracing.End(span, failure)
+	}()
 	t, err := c.breaker.allow(ctx)
 	if err != nil {
 		return fmt.Errorf("chain %s: %w", method, err)

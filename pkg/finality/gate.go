@@ -21,6 +21,7 @@ import (
 	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Defaults and bounds.
@@ -123,6 +124,8 @@ func New(o Options) *Gate {
 // Check decides one deposit: the item to credit (with its chain evidence),
 // or nil when the deposit was parked or decided here.
 func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.LedgerItem, error) {
+	ctx, span := tracing.Start(ctx, "finality.check", tracing.Internal)
+	defer span.End()
 	e := item.Event
 	log := logging.From(ctx)
 	state, err := g.o.Store.ChainWait(ctx, e.ID)

@@ -13,11 +13,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Headers that carry a trace id in, and the one that carries it out.
@@ -64,28 +66,57 @@ func validTraceID(s string) bool {
 	return true
 }
 
-// traceMiddleware runs first: it settles the trace id (the caller's if
-// valid, else a new UUID), echoes it on every response, and puts it, the
-// client address and a logger stamped with it into the request context.
+// traceMiddleware runs first: it settles the trace id and echoes an id
+// on every response, and puts the trace id, the client address, a logger
+// stamped with it and the request's span into the request context. The
+// trace id is a valid traceparent's trace-id (the caller's trace goes
+// on), else the caller's X-Request-ID, else a new one: 32 hex digits, a
+// W3C trace id, so the id in the logs and rows is the tracing UI's too.
+// X-Request-ID echoes the caller's, else the trace id.
 func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
-		id := ""
+		requestID := ""
 		for _, header := range []string{HeaderRequestID, HeaderAlchemyRequestID} {
 			if candidate := r.Header.Get(header); validTraceID(candidate) {
-				id = candidate
+				requestID = candidate
 				break
 			}
 		}
+		ctx, id := tracing.Continue(r.Context(), r.Header.Get(tracing.HeaderTraceparent))
 		if id == "" {
-			id = uuid.NewString()
+			id = requestID
+			if id == "" {
+				id = tracing.NewTraceID()
+			}
+			ctx = tracing.WithTraceID(ctx, id)
 		}
-		c.Response().Header().Set(HeaderRequestID, id)
-		ctx := context.WithValue(r.Context(), traceIDKey, id)
+		if requestID == "" {
+			requestID = id
+		}
+		c.Response().Header().Set(HeaderRequestID, requestID)
+		ctx, span := tracing.Start(ctx, "http.request", tracing.Server)
+		ctx = context.WithValue(ctx, traceIDKey, id)
 		ctx = context.WithValue(ctx, clientIPKey, s.proxies.ClientIP(r))
 		ctx = logging.WithTrace(ctx, s.log, id)
 		c.SetRequest(r.WithContext(ctx))
-		return next(c)
+		err := next(c)
+		if span.IsRecording() {
+			// Named after the route only now: Pre middleware runs before routing.
+			route := c.Path()
+			if !s.routes[route] {
+				route = routeUnmatched
+			}
+			status := c.Response().Status
+			span.SetName(r.Method + " " + route)
+			span.SetAttributes(attribute.String("http.request.method", r.Method), attribute.String("http.route", route),
+				attribute.Int("http.response.status_code", status))
+			if status >= http.StatusInternalServerError {
+				span.SetStatus(codes.Error, http.StatusText(status))
+			}
+		}
+		span.End()
+		return err
 	}
 }
 

@@ -29,10 +29,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Delivery bounds.
@@ -116,7 +119,17 @@ func (d *Deliverer) Deliver(ctx context.Context) error {
 func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
 	log := d.log.With().Str("trace_id", n.TraceID).Str("event_id", n.EventID).Int64("user_id", n.UserID).
 		Str("delivery_id", n.DeliveryID).Int("attempt", n.Attempts).Logger()
+	// In the event's trace (the row keeps its trace_id, not a span).
+	ctx, span := tracing.Start(tracing.ForEvent(ctx, "", n.TraceID), "notify.deliver", tracing.Client)
 	attempt := d.post(ctx, n)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("settle.event_id", n.EventID), attribute.String("settle.delivery_id", n.DeliveryID),
+			attribute.Int("settle.attempt", n.Attempts), attribute.Int("http.response.status_code", attempt.HTTPStatus))
+		if attempt.HTTPStatus/100 != 2 {
+			span.SetStatus(codes.Error, failureReason(attempt))
+		}
+	}
+	span.End()
 	// The attempt happened: record it even when ctx ended meanwhile.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
@@ -182,6 +195,9 @@ func (d *Deliverer) send(ctx context.Context, n postgres.Notification, at time.T
 	req.Header.Set(HeaderSignature, Sign(d.key, n.DeliveryID, at, n.Payload))
 	req.Header.Set("X-Delivery-ID", n.DeliveryID)
 	req.Header.Set("X-Request-ID", n.TraceID)
+	if traceparent := tracing.Traceparent(ctx); traceparent != "" {
+		req.Header.Set(tracing.HeaderTraceparent, traceparent)
+	}
 	resp, err := d.client.Do(req)
 	if err != nil {
 		return 0, err

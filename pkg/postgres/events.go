@@ -11,6 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // insertRaceRetries bounds re-running the insert when a concurrent
@@ -48,7 +49,9 @@ func (e NewEvent) recipient() string {
 // same statement. It reports false for a redelivery with identical
 // content, payment.ErrConflict for the same id with other content, and
 // payment.ErrUnknownUser or ErrUnknownAsset when those do not exist.
-func (db *DB) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
+func (db *DB) InsertEvent(ctx context.Context, e NewEvent) (inserted bool, err error) {
+	ctx, span := startIngestSpan(ctx, e)
+	defer func() { endIngestSpan(span, inserted, err) }()
 	return insertEvent(ctx, db.pool, e)
 }
 
@@ -65,7 +68,7 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 		var userExists, assetExists bool
 		err := qr.QueryRow(ctx, stmt.text, ev.ID, string(ev.Type), ev.UserID, ev.Asset, ev.Amount.String(),
 			nullable(ev.TxHash), hash, ev.TraceID, string(e.Source), nullable(e.recipient()), nullable(e.Related), nullable(ev.TransferIndex),
-			nullable(ev.HoldID), nullable(ev.Network)).
+			nullable(ev.HoldID), nullable(ev.Network), nullable(tracing.Traceparent(ctx))).
 			Scan(&inserted, &existing, &userExists, &assetExists)
 		if err != nil {
 			return false, classify(stmt.name, err)

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Ingest group-commit bounds.
@@ -40,7 +43,10 @@ type ingestRequest struct {
 	ctx   context.Context
 	event NewEvent
 	hash  []byte
-	done  chan ingestResponse
+	// traceparent is the ingest span's, stored with the row so that the
+	// scheduler and the worker continue the trace ("" without one).
+	traceparent string
+	done        chan ingestResponse
 }
 
 type ingestResponse struct {
@@ -68,13 +74,15 @@ func NewIngest(db *DB, batchMax, inFlightMax int) *Ingest {
 }
 
 // InsertEvent has DB.InsertEvent's contract.
-func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (bool, error) {
+func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (inserted bool, err error) {
 	if e.Source == "" {
 		e.Source = SourcePayments
 	}
+	ctx, span := startIngestSpan(ctx, e)
+	defer func() { endIngestSpan(span, inserted, err) }()
 	ev := e.Event
 	r := &ingestRequest{ctx: ctx, event: e, done: make(chan ingestResponse, 1),
-		hash: ev.Content().Hash()}
+		hash: ev.Content().Hash(), traceparent: tracing.Traceparent(ctx)}
 	select {
 	case g.requests <- r:
 	case <-ctx.Done():
@@ -195,20 +203,20 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		users := make([]int64, n)
 		hashes := make([][]byte, n)
 		traces, sources, tos, related, indexes := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		holds, networks := make([]string, n), make([]string, n)
+		holds, networks, traceparents := make([]string, n), make([]string, n), make([]string, n)
 		for k, i := range pending {
 			r := batch[i]
 			e := r.event.Event
 			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
 			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.recipient(), r.event.Related
-			indexes[k], holds[k], networks[k] = e.TransferIndex, e.HoldID, e.Network
+			indexes[k], holds[k], networks[k], traceparents[k] = e.TransferIndex, e.HoldID, e.Network, r.traceparent
 		}
 		// One round trip: the statement in its own transaction, with the
 		// hot path's plan settings.
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(q("hot_path_plans").text)
-		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks)
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks, traceparents)
 		b.Queue("COMMIT")
 		br := db.pool.SendBatch(ctx, b)
 		raced, err := readInserted(br, stmt, batch, pending, out)
@@ -275,4 +283,26 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		return nil, classify(stmt.name+" commit", fmt.Errorf("transaction ended with %s", tag))
 	}
 	return raced, nil
+}
+
+// startIngestSpan starts the span of one event's way into the outbox:
+// under the request's span, else (an event settle made itself) a root
+// span in the trace of the event's trace_id.
+func startIngestSpan(ctx context.Context, e NewEvent) (context.Context, trace.Span) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = tracing.WithTraceID(ctx, e.Event.TraceID)
+	}
+	ctx, span := tracing.Start(ctx, "ingest.insert", tracing.Internal)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("settle.event_id", e.Event.ID), attribute.String("settle.event_type", string(e.Event.Type)),
+			attribute.String("settle.source", string(e.Source)))
+	}
+	return ctx, span
+}
+
+func endIngestSpan(span trace.Span, inserted bool, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Bool("settle.inserted", inserted))
+	}
+	tracing.End(span, err)
 }

@@ -23,6 +23,9 @@ type Claimed struct {
 	// TaskID names the task of the claim that carries this event; empty
 	// for a row claimed alone, whose task id derives from its key.
 	TaskID string
+	// TraceParent is the W3C traceparent stored with the event ("" for
+	// none): its task carries it on, so the trace continues per event.
+	TraceParent string
 }
 
 // TaskEventsMax bounds the events of one task; the enqueuer's setting
@@ -119,7 +122,7 @@ func scanClaimed(rows pgx.Rows) (Claimed, error) {
 	var eventType, amount string
 	var generation int32
 	if err := rows.Scan(&c.Event.ID, &eventType, &c.Event.UserID, &c.Event.Asset, &amount, &c.Event.TxHash,
-		&c.Event.TraceID, &generation, &c.CreatedAt, &c.TaskID); err != nil {
+		&c.Event.TraceID, &generation, &c.CreatedAt, &c.TaskID, &c.TraceParent); err != nil {
 		return c, err
 	}
 	c.Event.Type = payment.EventType(eventType)

@@ -11,8 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Enqueuer bounds.
@@ -167,20 +170,28 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 			dueMax = min(dueMax, room-pendingMax)
 		}
 	}
+	claim := claimWindow{start: time.Now()}
 	claimed, err := e.o.Outbox.ClaimOutbox(ctx, pendingMax, dueMax, e.o.TaskEvents)
 	if err != nil {
 		return false, err
 	}
+	claim.end = time.Now()
 	e.claimed.Add(float64(len(claimed)))
-	failures := e.enqueueAll(ctx, claimed)
+	failures := e.enqueueAll(ctx, claimed, claim)
 	e.failing.Store(failures > 0 && failures == len(claimed))
+	if failures < len(claimed) {
+		// Workers waiting on an empty queue look now, not at their next poll.
+		if err := PublishWake(ctx, e.o.Redis); err != nil {
+			e.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
+		}
+	}
 	return len(claimed) >= pendingMax && failures == 0, nil
 }
 
 // enqueueAll hands the claimed events to asynq, one task per task id,
 // with bounded concurrency, and returns how many events could not be
 // enqueued.
-func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed) int {
+func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, claim claimWindow) int {
 	var failures atomic.Int64
 	slots := make(chan struct{}, EnqueueConcurrency)
 	var wg sync.WaitGroup
@@ -190,7 +201,7 @@ func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed) i
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			if err := e.enqueue(ctx, task); err != nil {
+			if err := e.enqueue(ctx, task, claim); err != nil {
 				failures.Add(int64(len(task)))
 				for _, c := range task {
 					e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
@@ -224,7 +235,13 @@ func tasksOf(claimed []postgres.Claimed) [][]postgres.Claimed {
 	return tasks
 }
 
-func (e *Enqueuer) enqueue(ctx context.Context, events []postgres.Claimed) error {
+func (e *Enqueuer) enqueue(ctx context.Context, events []postgres.Claimed, claim claimWindow) (err error) {
+	spans := traceEnqueue(ctx, events, claim)
+	defer func() {
+		for _, span := range spans {
+			tracing.End(span, err)
+		}
+	}()
 	task, opts, err := NewPaymentBatch(events)
 	if err != nil {
 		e.enqueued.WithLabelValues("error").Inc()
@@ -245,4 +262,34 @@ func (e *Enqueuer) enqueue(ctx context.Context, events []postgres.Claimed) error
 		e.enqueued.WithLabelValues("error").Inc()
 		return err
 	}
+}
+
+// claimWindow is when the claim that took a task's events ran.
+type claimWindow struct{ start, end time.Time }
+
+// traceEnqueue gives each event of a task its own claim and enqueue spans
+// in the event's own trace (a claim serves many traces), and points the
+// event's traceparent at its enqueue span, where the worker goes on. Off,
+// it does nothing and the stored traceparents travel as they are.
+func traceEnqueue(ctx context.Context, events []postgres.Claimed, claim claimWindow) []trace.Span {
+	if !tracing.Enabled() {
+		return nil
+	}
+	spans := make([]trace.Span, len(events))
+	for i := range events {
+		c := &events[i]
+		parent := tracing.ForEvent(ctx, c.TraceParent, c.Event.TraceID)
+		claimCtx, claimSpan := tracing.StartAt(parent, "outbox.claim", tracing.Internal, claim.start)
+		claimSpan.SetAttributes(attribute.String("settle.event_id", c.Event.ID), attribute.String("settle.task_id", c.TaskID),
+			attribute.Int("settle.generation", c.Event.Generation))
+		claimSpan.End(trace.WithTimestamp(claim.end))
+		if !trace.SpanContextFromContext(parent).IsValid() {
+			parent = claimCtx // no stored span to hang both on: one chain
+		}
+		enqueueCtx, span := tracing.Start(parent, "queue.enqueue", tracing.Producer)
+		span.SetAttributes(attribute.String("settle.event_id", c.Event.ID), attribute.String("settle.task_id", c.TaskID))
+		c.TraceParent = tracing.Traceparent(enqueueCtx)
+		spans[i] = span
+	}
+	return spans
 }

@@ -93,6 +93,9 @@ type PaymentTask struct {
 	Generation int       `json:"generation"`
 	TraceID    string    `json:"trace_id"`
 	AcceptedAt time.Time `json:"accepted_at"`
+	// TraceParent is this event's own W3C traceparent (events of one task
+	// come from different traces): the worker's span continues it.
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // PaymentBatch is the payload of a payment task: the events of one
@@ -129,7 +132,7 @@ func NewPaymentBatch(events []postgres.Claimed) (*asynq.Task, []asynq.Option, er
 		e := c.Event
 		batch.Events[i] = PaymentTask{
 			EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
-			TxHash: e.TxHash, Generation: e.Generation, TraceID: e.TraceID, AcceptedAt: c.CreatedAt,
+			TxHash: e.TxHash, Generation: e.Generation, TraceID: e.TraceID, AcceptedAt: c.CreatedAt, TraceParent: c.TraceParent,
 		}
 	}
 	body, err := json.Marshal(batch)

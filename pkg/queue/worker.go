@@ -12,12 +12,15 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Alerter tells a human.
@@ -134,7 +137,8 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 	runs := make([]eventRun, len(events))
 	for i, e := range events {
 		log := w.log.With().Str(logging.FieldTraceID, e.TraceID).Str(logging.FieldEventID, e.ID).Int64(logging.FieldUserID, e.UserID).Logger()
-		runs[i] = eventRun{ctx: log.WithContext(ctx), log: log, event: e, acceptedAt: tasks[i].AcceptedAt}
+		eventCtx, span := startEventSpan(log.WithContext(ctx), tasks[i].TraceParent, e)
+		runs[i] = eventRun{ctx: eventCtx, log: log, event: e, acceptedAt: tasks[i].AcceptedAt, span: span}
 	}
 	w.checkChain(runs)
 
@@ -154,6 +158,7 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 			submitted = append(submitted, r)
 		}
 	}
+	ledgerSpans := startLedgerSpans(submitted)
 	results, errs := w.batcher.SubmitAll(ctx, items)
 	for i, r := range submitted {
 		if errs[i] != nil {
@@ -162,7 +167,50 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 		}
 		r.failed, r.err = w.settled(r, results[i])
 	}
+	endLedgerSpans(ledgerSpans, results, errs)
 	return w.finish(runs)
+}
+
+// startEventSpan starts the span of one event's run in the worker, in the
+// event's own trace: under its task's traceparent (the scheduler's
+// enqueue span), else a root span in the trace of its trace_id.
+func startEventSpan(ctx context.Context, traceparent string, e payment.Event) (context.Context, trace.Span) {
+	ctx, span := tracing.Start(tracing.ForEvent(ctx, traceparent, e.TraceID), "payment.process", tracing.Consumer)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("settle.event_id", e.ID), attribute.String("settle.event_type", string(e.Type)),
+			attribute.String("settle.task_id", taskID(ctx)), attribute.Int("settle.retry", retryCount(ctx)))
+	}
+	return ctx, span
+}
+
+// startLedgerSpans starts one span per event handed to the ledger, under
+// the event's own span: the batch commits many traces' events at once, and
+// each trace sees its event's wait and commit (nil when tracing is off).
+func startLedgerSpans(submitted []*eventRun) []trace.Span {
+	if !tracing.Enabled() {
+		return nil
+	}
+	spans := make([]trace.Span, len(submitted))
+	for i, r := range submitted {
+		_, spans[i] = tracing.Start(r.ctx, "ledger.commit", tracing.Internal)
+		spans[i].SetAttributes(attribute.Int("settle.batch_events", len(submitted)))
+	}
+	return spans
+}
+
+func endLedgerSpans(spans []trace.Span, results []postgres.LedgerResult, errs []error) {
+	for i, span := range spans {
+		err := errs[i]
+		if err == nil {
+			span.SetAttributes(attribute.String("settle.result", results[i].Kind.String()),
+				attribute.String("settle.outcome", string(results[i].Outcome)))
+			err = results[i].Err
+			if results[i].Kind == postgres.Applied || results[i].Kind == postgres.AlreadyDone || results[i].Kind == postgres.Stale {
+				err = nil // a recorded decision (even dead-lettered), not a failed commit
+			}
+		}
+		tracing.End(span, err)
+	}
 }
 
 // eventRun is one event of a task on its way through the worker.
@@ -174,6 +222,7 @@ type eventRun struct {
 	item       *postgres.LedgerItem // nil once decided without the ledger
 	err        error                // set: retry (or, with failed, why it failed)
 	failed     bool                 // dead-lettered
+	span       trace.Span           // ended by finish
 }
 
 // checkChain runs the finality gate over the chain-gated events of a task,
@@ -257,6 +306,7 @@ func (w *Worker) finish(runs []eventRun) error {
 	for i := range runs {
 		r := &runs[i]
 		if r.err == nil {
+			r.span.End()
 			continue
 		}
 		if !r.failed {
@@ -267,6 +317,7 @@ func (w *Worker) finish(runs []eventRun) error {
 		} else {
 			retry = append(retry, r.err)
 		}
+		tracing.End(r.span, r.err)
 	}
 	switch {
 	case len(retry) > 0:

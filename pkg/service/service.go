@@ -22,6 +22,7 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Exit codes.
@@ -92,7 +93,10 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 	s := read(env)
 	ExitOnSettingsError(binary, env)
 	log := logging.New(binary, level(s))
-	if err := run(s, log); err != nil {
+	endTracing := tracing.Begin(binary, log)
+	err := run(s, log)
+	endTracing()
+	if err != nil {
 		log.Error().Err(err).Msg(binary + " failed")
 		os.Exit(ExitFailure)
 	}

@@ -178,3 +178,27 @@ func errorLogger(log zerolog.Logger) otel.ErrorHandler {
 			Msg("tracing: spans not exported")
 	})
 }
+
+// FlushTimeout bounds the export of the spans still buffered at exit.
+const FlushTimeout = 5 * time.Second
+
+// Begin is Setup for a binary's main: tracing that cannot be set up is
+// logged and left off (it must never keep payments from running), and
+// end flushes within FlushTimeout.
+func Begin(service string, log zerolog.Logger) (end func()) {
+	shutdown, err := Setup(context.Background(), service, log)
+	if err != nil {
+		log.Error().Err(logging.RedactError(err)).Msg("tracing not set up; running without it")
+		return func() {}
+	}
+	if Enabled() {
+		log.Info().Msg("tracing: exporting spans over OTLP/HTTP")
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), FlushTimeout)
+		defer cancel()
+		if err := shutdown(ctx); err != nil {
+			log.Warn().Err(logging.RedactError(err)).Msg("tracing: spans left unexported at exit")
+		}
+	}
+}

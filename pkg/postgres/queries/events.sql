@@ -7,8 +7,8 @@
 -- runs the statement again.
 WITH ins AS (
     INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address, related_event_id, transfer_index,
-                                hold_id, network)
-    SELECT $1, $2, $3, $4, $5::numeric, $6, $7, $8, $9, $10, $11, $12, $13, $14
+                                hold_id, network, traceparent)
+    SELECT $1, $2, $3, $4, $5::numeric, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15
     WHERE EXISTS (SELECT 1 FROM users WHERE id = $3)
       AND EXISTS (SELECT 1 FROM assets WHERE code = $4)
     ON CONFLICT (event_id) DO NOTHING
@@ -46,15 +46,15 @@ WHERE event_id = ANY($1::text[]);
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[], $7::bytea[],
-                $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[])
+                $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
          WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, tx_hash, content_hash,
-                              trace_id, source, to_address, related_event_id, transfer_index, hold_id, network, n)
+                              trace_id, source, to_address, related_event_id, transfer_index, hold_id, network, traceparent, n)
 ), ins AS (
     INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address, related_event_id, transfer_index,
-                                hold_id, network)
+                                hold_id, network, traceparent)
     SELECT i.event_id, i.event_type, i.user_id, i.asset, i.amount, NULLIF(i.tx_hash, ''), i.content_hash,
            i.trace_id, i.source, NULLIF(i.to_address, ''), NULLIF(i.related_event_id, ''), NULLIF(i.transfer_index, ''),
-           NULLIF(i.hold_id, ''), NULLIF(i.network, '')
+           NULLIF(i.hold_id, ''), NULLIF(i.network, ''), NULLIF(i.traceparent, '')
     FROM input i
     WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id)
       AND EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset)

@@ -31,7 +31,7 @@ SET status = 'enqueued', next_check_at = NULL, updated_at = now(),
 FROM claim, claim_no
 WHERE p.event_id = claim.event_id
 RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
-          p.trace_id, p.generation, p.created_at, p.task_id;
+          p.trace_id, p.generation, p.created_at, p.task_id, COALESCE(p.traceparent, '');
 
 -- name: hot_path_plans
 -- The statements of the hot path (ingest, claim, ledger) find a handful
@@ -73,4 +73,4 @@ UPDATE payment_events
 SET status = 'enqueued', next_check_at = NULL, updated_at = now(), task_id = NULL
 WHERE event_id = $1 AND status COLLATE "C" IN ('pending', 'awaiting_finality')
 RETURNING event_id, event_type, user_id, asset, amount::text, COALESCE(tx_hash, ''),
-          trace_id, generation, created_at, COALESCE(task_id, '');
+          trace_id, generation, created_at, COALESCE(task_id, ''), COALESCE(traceparent, '');
