@@ -59,6 +59,8 @@ func newChainStack(t *testing.T, finality string, extra map[string]string) *chai
 	s.Env["FINALITY_RECHECK_MAX"] = "500ms"
 	s.Env["FINALITY_HINT_TTL"] = "50ms"
 	s.Env["REORG_WATCH_INTERVAL"] = "300ms"
+	// The chain scanner only where a test asks for it (test/scanner_test.go).
+	s.Env["SCAN_INTERVAL"] = "off"
 	for k, v := range extra {
 		s.Env[k] = v
 	}

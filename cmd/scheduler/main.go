@@ -44,6 +44,7 @@ type settings struct {
 	Retention          time.Duration
 	AlertWebhookURL    string
 	Monitor            monitorSettings
+	Scan               scanSettings
 
 	// PartitionLockTimeout bounds each partition DDL's wait for its lock.
 	PartitionLockTimeout time.Duration
@@ -70,6 +71,7 @@ func readSettings(env *config.Env) settings {
 	s.ListenURL = env.String("DATABASE_LISTEN_URL", s.DatabaseURL)
 	s.PartitionLockTimeout = env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault)
 	s.Monitor = readMonitorSettings(env)
+	s.Scan = readScanSettings(env)
 	return s
 }
 
@@ -144,6 +146,12 @@ func run(s settings, log zerolog.Logger) error {
 		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
 	}
 	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
+
+	stopScanner, err := startScanner(ctx, s.Scan, db, rdb, alerts, runner.Owner, log, reg)
+	if err != nil {
+		return err
+	}
+	defer stopScanner()
 
 	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
 	if err := ops.Start(); err != nil {

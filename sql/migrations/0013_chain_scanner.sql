@@ -52,8 +52,10 @@ CREATE TABLE rescan_jobs (
 -- The jobs a scheduler may claim, oldest first.
 CREATE INDEX rescan_jobs_running ON rescan_jobs (created_at) WHERE status = 'running';
 
--- The scanner's deposits. The old constraint allowed a subset, so every
--- existing row satisfies the new one: NOT VALID skips a scan under lock.
+-- The scanner's deposits (and the other providers' of this round, so that
+-- no migration of theirs has to drop 'scanner' again). The old constraint
+-- allowed a subset, so every existing row satisfies the new one: NOT VALID
+-- skips a scan under lock.
 ALTER TABLE payment_events DROP CONSTRAINT payment_events_source_check;
 ALTER TABLE payment_events ADD CONSTRAINT payment_events_source_check
-    CHECK (source IN ('payments', 'alchemy', 'reorg', 'scanner')) NOT VALID;
+    CHECK (source IN ('payments', 'alchemy', 'reorg', 'scanner', 'quicknode', 'moralis')) NOT VALID;

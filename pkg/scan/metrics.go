@@ -1,0 +1,64 @@
+package scan
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Label values of settle_scan_deposits_total's source: the scanner stored
+// the transfer first (no webhook had reported it: the providers' miss
+// rate), or a webhook (or an earlier scan) already had.
+const (
+	SourceScanner  = "scanner"
+	SourceReported = "reported"
+	// SourceConflict: the event id holds other content; a human looks.
+	SourceConflict = "conflict"
+)
+
+// Label values of the passes' result.
+const (
+	resultOK        = "ok"
+	resultIdle      = "idle"    // nothing new at or below the finality head
+	resultSkipped   = "skipped" // another scheduler holds the lease
+	resultLeaseLost = "lease_lost"
+	resultError     = "error"
+)
+
+// Kinds of pass.
+const (
+	kindCursor = "cursor"
+	kindRescan = "rescan"
+)
+
+type metrics struct {
+	lag         *prometheus.GaugeVec
+	deposits    *prometheus.CounterVec
+	passes      *prometheus.CounterVec
+	calls       *prometheus.CounterVec
+	blocks      *prometheus.CounterVec
+	lastSuccess *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_head_lag_blocks", Help: "Blocks at or below the network's finality head that the scanner's cursor has not scanned yet.",
+		}, []string{"network"}),
+		deposits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_deposits_total", Help: "Deposits the chain scanner found, by source: scanner (stored first, no webhook had reported it), reported (already an event), conflict (the id holds other content).",
+		}, []string{"network", "source"}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_passes_total", Help: "Scanner passes, by kind (cursor, rescan) and result (ok, idle, skipped, lease_lost, error).",
+		}, []string{"network", "kind", "result"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_rpc_calls_total", Help: "JSON-RPC calls the scanner made (each call of a batch counted), by method.",
+		}, []string{"network", "method"}),
+		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_blocks_total", Help: "Blocks the scanner read, by kind (cursor, rescan).",
+		}, []string{"network", "kind"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_last_success_timestamp_seconds", Help: "Unix time of this process's last cursor pass that succeeded (ok or idle).",
+		}, []string{"network"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess)
+	}
+	return m
+}

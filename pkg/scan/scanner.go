@@ -1,0 +1,387 @@
+// Package scan finds deposits on chain that no webhook reported: per
+// network, a cursor follows the finality head in bounded passes, and
+// rescans and backfills re-read ranges on request. Each transfer found
+// becomes the deposit event the webhooks make for it (same id, same
+// content), so a webhook and the scanner store one event between them.
+//
+// # Claims: a lease, not a transaction across the RPC
+//
+// A pass claims its range by lease (chain_cursors.lease_owner and
+// lease_until, one short UPDATE), reads the chain with no transaction
+// open, then stores its events and moves the cursor in one transaction
+// guarded by the block the pass started at and by its lease. A
+// transaction held across the RPC reads would pin a connection and a row
+// lock for up to the pass timeout, run into idle_in_transaction limits
+// and PgBouncer's transaction pooling, and it is what the house rule
+// forbids. With the lease:
+//   - two replicas never scan one range at once: the second finds the
+//     lease taken and skips the pass;
+//   - kill -9 at any point loses nothing: the cursor moves only in the
+//     COMMIT that stores the range's events; until the lease runs out
+//     (SCAN_PASS_TIMEOUT and a quarter) nobody scans, then another pass
+//     reads the same range;
+//   - nothing is doubled: a pass whose lease ran out and was taken over
+//     finds its guarded UPDATE matching no row and stores nothing, and
+//     every event id is the transfer's own, so a range read twice stores
+//     each deposit once.
+package scan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+// Defaults and bounds of the settings.
+const (
+	BlocksMaxDefault        = 500
+	BlocksMaxLimit          = 10_000
+	IntervalDefault         = 15 * time.Second
+	AddressesPerCallDefault = 1000
+	PassTimeoutDefault      = time.Minute
+	// leaseMarginDivisor: a lease outlasts the pass's timeout by a quarter
+	// of it, so the COMMIT after the reads still belongs to the lease.
+	leaseMarginDivisor = 4
+	// catchUpPassesMax bounds the passes one interval runs back to back
+	// while the cursor is behind.
+	catchUpPassesMax = 20
+	// rescanPassesMax bounds the rescan passes of one interval, so the
+	// cursor is never starved by a large rescan.
+	rescanPassesMax = 4
+	// addressesMax bounds the registered addresses of one network loaded
+	// for a pass (100,000 is the sized target; 10x leaves room).
+	addressesMax = 1_000_000
+)
+
+// Store is what the scanner needs from PostgreSQL; *postgres.DB
+// implements it.
+type Store interface {
+	InitScanCursor(ctx context.Context, network string, start uint64) error
+	ScanCursor(ctx context.Context, network string) (uint64, time.Time, bool, error)
+	ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (postgres.ScanClaim, bool, error)
+	CompleteScanPass(ctx context.Context, network, owner string, claim postgres.ScanClaim, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	ReleaseScanCursor(ctx context.Context, network, owner string) error
+	ScanAddresses(ctx context.Context, network, after string, limit int) ([]postgres.DepositAddress, error)
+	ScanAddressOwner(ctx context.Context, network, address string) (int64, bool, error)
+	ResolveBackfills(ctx context.Context, networks []string) error
+	ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
+	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	ReleaseRescan(ctx context.Context, id, owner string) error
+	Assets(ctx context.Context) (*payment.Registry, error)
+}
+
+// Network is one network the scanner follows.
+type Network struct {
+	Name   string
+	RPC    RPC
+	Policy chain.Policy
+}
+
+// Options configure New. Zero values take the defaults.
+type Options struct {
+	Store    Store
+	Networks []Network
+	// Owner names this process in leases.
+	Owner            string
+	BlocksMax        uint64
+	Interval         time.Duration
+	AddressesPerCall int
+	PassTimeout      time.Duration
+	Log              zerolog.Logger
+	Registerer       prometheus.Registerer
+}
+
+// Scanner runs the passes of its networks.
+type Scanner struct {
+	opts     Options
+	metrics  *metrics
+	networks map[string]Network
+	names    []string
+}
+
+// New builds a scanner.
+func New(opts Options) *Scanner {
+	if opts.BlocksMax == 0 {
+		opts.BlocksMax = BlocksMaxDefault
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = IntervalDefault
+	}
+	if opts.AddressesPerCall <= 0 {
+		opts.AddressesPerCall = AddressesPerCallDefault
+	}
+	if opts.PassTimeout <= 0 {
+		opts.PassTimeout = PassTimeoutDefault
+	}
+	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}}
+	for _, n := range opts.Networks {
+		s.networks[n.Name] = n
+		s.names = append(s.names, n.Name)
+	}
+	sort.Strings(s.names)
+	return s
+}
+
+// Run scans every interval until ctx ends.
+func (s *Scanner) Run(ctx context.Context) {
+	ticker := time.NewTicker(s.opts.Interval)
+	defer ticker.Stop()
+	for {
+		s.Tick(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Tick runs one interval's work: the cursor passes of every network (back
+// to back while behind, up to catchUpPassesMax), then rescan passes.
+func (s *Scanner) Tick(ctx context.Context) {
+	for _, name := range s.names {
+		n := s.networks[name]
+		for range catchUpPassesMax {
+			more, err := s.CursorPass(ctx, n)
+			if err != nil && ctx.Err() == nil {
+				s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("scan pass failed; the next interval tries again")
+			}
+			if err != nil || !more {
+				break
+			}
+		}
+	}
+	if err := s.opts.Store.ResolveBackfills(ctx, s.names); err != nil && ctx.Err() == nil {
+		s.opts.Log.Warn().Err(err).Msg("backfill ends not resolved; the next interval tries again")
+	}
+	for range rescanPassesMax {
+		did, err := s.RescanPass(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.opts.Log.Warn().Err(err).Msg("rescan pass failed; the next interval tries again")
+		}
+		if err != nil || !did {
+			break
+		}
+	}
+}
+
+func (s *Scanner) lease() time.Duration {
+	return s.opts.PassTimeout + s.opts.PassTimeout/leaseMarginDivisor
+}
+
+// CursorPass runs one pass of the network's cursor; more reports that the
+// cursor is still behind the finality head.
+func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err error) {
+	result := resultError
+	defer func() { s.metrics.passes.WithLabelValues(n.Name, kindCursor, result).Inc() }()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
+	defer cancel()
+	head, ok, err := n.RPC.FinalityHead(ctx, n.Policy)
+	s.count(n.Name, chain.MethodBlock, 1)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		result = resultIdle
+		s.succeeded(n.Name)
+		return false, nil
+	}
+	next, _, found, err := s.opts.Store.ScanCursor(ctx, n.Name)
+	if err != nil {
+		return false, err
+	}
+	if !found {
+		// The first run starts after the current finality head: history
+		// nobody asked for is never scanned (a backfill or rescan asks).
+		if err := s.opts.Store.InitScanCursor(ctx, n.Name, head+1); err != nil {
+			return false, err
+		}
+		s.opts.Log.Info().Str("network", n.Name).Uint64("next_block", head+1).Msg("scan cursor starts at the finality head")
+		result = resultIdle
+		s.succeeded(n.Name)
+		s.metrics.lag.WithLabelValues(n.Name).Set(0)
+		return false, nil
+	}
+	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(next, head)))
+	if next > head {
+		result = resultIdle
+		s.succeeded(n.Name)
+		return false, nil
+	}
+	claim, ok, err := s.opts.Store.ClaimScanCursor(ctx, n.Name, s.opts.Owner, s.lease(), s.opts.BlocksMax, head)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		result = resultSkipped
+		return false, nil
+	}
+	events, err := s.read(ctx, n, span{claim.From, claim.To}, "")
+	if err != nil {
+		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
+		return false, err
+	}
+	stored, err := s.opts.Store.CompleteScanPass(ctx, n.Name, s.opts.Owner, claim, events)
+	if errors.Is(err, postgres.ErrLeaseLost) {
+		result = resultLeaseLost
+		return false, nil
+	}
+	if err != nil {
+		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
+		return false, err
+	}
+	result = resultOK
+	s.succeeded(n.Name)
+	s.metrics.blocks.WithLabelValues(n.Name, kindCursor).Add(float64(claim.To - claim.From + 1))
+	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(claim.To+1, head)))
+	s.record(n.Name, events, stored)
+	s.opts.Log.Debug().Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).Int("deposits", len(events)).Msg("scan pass")
+	return claim.To < head, nil
+}
+
+// RescanPass runs one pass of the oldest free rescan or backfill job;
+// did is false when there was none to run.
+func (s *Scanner) RescanPass(ctx context.Context) (did bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
+	defer cancel()
+	job, ok, err := s.opts.Store.ClaimRescan(ctx, s.names, s.opts.Owner, s.lease())
+	if err != nil || !ok {
+		return false, err
+	}
+	n := s.networks[job.Network]
+	result := resultError
+	defer func() { s.metrics.passes.WithLabelValues(n.Name, kindRescan, result).Inc() }()
+	release := func() {
+		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseRescan(ctx, job.ID, s.opts.Owner) })
+	}
+	head, final, err := n.RPC.FinalityHead(ctx, n.Policy)
+	s.count(n.Name, chain.MethodBlock, 1)
+	if err != nil {
+		release()
+		return false, err
+	}
+	r, ok := bounded(job.Next, job.To, head, s.opts.BlocksMax)
+	if !final || !ok {
+		// The rest of the range is not final yet: the job waits.
+		result = resultIdle
+		release()
+		return false, nil
+	}
+	events, err := s.read(ctx, n, r, job.Address)
+	if err != nil {
+		release()
+		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
+	}
+	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, len(events), events)
+	if errors.Is(err, postgres.ErrLeaseLost) {
+		result = resultLeaseLost
+		return true, nil
+	}
+	if err != nil {
+		release()
+		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
+	}
+	result = resultOK
+	s.metrics.blocks.WithLabelValues(n.Name, kindRescan).Add(float64(r.to - r.from + 1))
+	s.record(n.Name, events, stored)
+	s.opts.Log.Info().Str("rescan", job.ID).Str("network", n.Name).Uint64("from", r.from).Uint64("to", r.to).
+		Int("deposits", len(events)).Msg("rescan pass")
+	return true, nil
+}
+
+// read finds the deposits of range r on n: for every registered address,
+// or for one (a backfill).
+func (s *Scanner) read(ctx context.Context, n Network, r span, address string) ([]postgres.NewEvent, error) {
+	registry, err := s.opts.Store.Assets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := s.addresses(ctx, n.Name, address)
+	if err != nil {
+		return nil, err
+	}
+	f := finder{
+		network: n.Name, rpc: n.RPC, registry: registry, addressesPerCall: s.opts.AddressesPerCall,
+		traceID: "scan:" + n.Name + ":" + strconv.FormatUint(r.from, 10) + "-" + strconv.FormatUint(r.to, 10),
+		count:   func(method string, k int) { s.count(n.Name, method, k) },
+		skipped: func(id, why string) {
+			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")
+		},
+	}
+	return f.find(ctx, r, addrs)
+}
+
+// addresses loads the network's registered addresses in bounded pages, or
+// the one address of a backfill.
+func (s *Scanner) addresses(ctx context.Context, network, only string) (addressSet, error) {
+	set := addressSet{owner: map[string]int64{}}
+	if only != "" {
+		user, ok, err := s.opts.Store.ScanAddressOwner(ctx, network, only)
+		if err != nil || !ok {
+			return set, err
+		}
+		set.sorted, set.owner[only] = []string{only}, user
+		return set, nil
+	}
+	after := ""
+	for len(set.sorted) < addressesMax {
+		page, err := s.opts.Store.ScanAddresses(ctx, network, after, postgres.ScanAddressesPageMax)
+		if err != nil {
+			return set, err
+		}
+		for _, a := range page {
+			set.sorted = append(set.sorted, a.Address)
+			set.owner[a.Address] = a.UserID
+		}
+		if len(page) < postgres.ScanAddressesPageMax {
+			return set, nil
+		}
+		after = page[len(page)-1].Address
+	}
+	return set, fmt.Errorf("network %s has more than %d deposit addresses; the scanner refuses to load them all", network, addressesMax)
+}
+
+func (s *Scanner) record(network string, events []postgres.NewEvent, stored []postgres.StoredDeposit) {
+	for i, st := range stored {
+		switch {
+		case st.Err != nil:
+			s.metrics.deposits.WithLabelValues(network, SourceConflict).Inc()
+			s.opts.Log.Error().Err(st.Err).Str(logging.FieldEventID, events[i].Event.ID).Msg("scanned transfer conflicts with the stored deposit")
+		case st.Inserted:
+			s.metrics.deposits.WithLabelValues(network, SourceScanner).Inc()
+			s.opts.Log.Info().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
+				Str("asset", events[i].Event.Asset).Msg("scanner found a deposit no webhook reported")
+		default:
+			s.metrics.deposits.WithLabelValues(network, SourceReported).Inc()
+		}
+	}
+}
+
+// release gives a lease back after a failed pass, on a context of its own
+// (the pass's may be what ran out).
+func (s *Scanner) release(network string, do func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := do(ctx); err != nil {
+		s.opts.Log.Warn().Err(err).Str("network", network).Msg("scan lease not released; it runs out on its own")
+	}
+}
+
+func (s *Scanner) count(network, method string, n int) {
+	s.metrics.calls.WithLabelValues(network, method).Add(float64(n))
+}
+
+func (s *Scanner) succeeded(network string) {
+	s.metrics.lastSuccess.WithLabelValues(network).SetToCurrentTime()
+}
