@@ -11,6 +11,8 @@ import (
 
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/invariant"
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
 )
 
 func init() {
@@ -81,7 +83,13 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 		if !ok {
 			return fmt.Errorf("%w: --initial %q is not ASSET=AMOUNT", config.ErrUsage, spec)
 		}
-		_, amount, err := registry.ParseAmount(code, amountText)
+		// The ledger holds any code at the finest precision it has on
+		// any network.
+		decimals, known := registry.Precision(code)
+		if !known {
+			return fmt.Errorf("%w %q", payment.ErrUnknownAsset, code)
+		}
+		amount, err := money.Parse(amountText, decimals)
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -10,27 +11,69 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/notify"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/queue"
 )
 
-// newGate builds the finality gate; without an RPC endpoint (policy none)
-// deposits with a tx hash are trusted and there is no gate.
-func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, rdb redis.UniversalClient, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) (queue.Gate, func(), error) {
+// chainIDRecheckEvery is how often an RPC endpoint that could not be asked
+// for its chain id at start is asked again.
+const chainIDRecheckEvery = 30 * time.Second
+
+// newGate builds the finality gate on the enabled networks' RPCs, after
+// checking that each serves its network's chain; without any RPC (policy
+// none everywhere) deposits with a tx hash are trusted and there is no
+// gate. wrongChain receives a mismatch found after start, on an endpoint
+// that was down then.
+func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, registry *payment.Registry, rdb redis.UniversalClient,
+	alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, wrongChain func(error)) (queue.Gate, func(), error) {
 	if !s.HasRPC() {
 		return nil, func() {}, nil
 	}
-	registry, err := db.Assets(ctx)
+	deps := finality.Deps{Store: db, Assets: registry, Redis: rdb, Alerts: alerts, Log: log, Registerer: reg}
+	clients, err := finality.Dial(ctx, s, deps)
 	if err != nil {
 		return nil, nil, err
 	}
-	gate, closeGate, err := finality.Open(ctx, s, finality.Deps{
-		Store: db, Assets: registry, Redis: rdb, Alerts: alerts, Log: log, Registerer: reg,
-	})
+	checkCtx, cancel := context.WithTimeout(ctx, s.CallTimeout+time.Second)
+	unreachable, err := finality.CheckChainIDs(checkCtx, clients, registry)
+	cancel()
 	if err != nil {
+		clients.Close()
 		return nil, nil, err
 	}
-	return gate, closeGate, nil
+	if len(unreachable) > 0 {
+		log.Warn().Strs("networks", unreachable).Msg("rpc endpoints unreachable at start; their chain ids are checked once they answer")
+		go recheckChainIDs(ctx, clients, registry, unreachable, log, wrongChain)
+	}
+	return finality.NewOnClients(s, deps, clients), clients.Close, nil
+}
+
+// recheckChainIDs asks the endpoints that were down at start until each
+// has answered.
+func recheckChainIDs(ctx context.Context, clients finality.Clients, registry *payment.Registry, pending []string, log zerolog.Logger, wrongChain func(error)) {
+	t := time.NewTicker(chainIDRecheckEvery)
+	defer t.Stop()
+	for len(pending) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		subset := finality.Clients{}
+		for _, name := range pending {
+			subset[name] = clients[name]
+		}
+		unreachable, err := finality.CheckChainIDs(ctx, subset, registry)
+		if err != nil {
+			wrongChain(err)
+			return
+		}
+		if len(unreachable) < len(pending) {
+			log.Info().Strs("still_unreachable", unreachable).Msg("rpc chain ids checked")
+		}
+		pending = unreachable
+	}
 }
 
 // newNotifier delivers the notification outbox when NOTIFY_WEBHOOK_URL is
@@ -40,4 +83,12 @@ func newNotifier(url string, key []byte, db *postgres.DB, alerts *alert.Alerter,
 		return nil
 	}
 	return notify.New(db, url, key, log, alerts, reg).Deliver
+}
+
+func networkNames(s finality.Settings) []string {
+	names := make([]string, 0, len(s.Networks))
+	for _, n := range s.Networks {
+		names = append(names, n.Name)
+	}
+	return names
 }

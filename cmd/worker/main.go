@@ -30,6 +30,7 @@ type settings struct {
 	MetricsAddr     string
 	Concurrency     int
 	PollInterval    time.Duration
+	WakeWait        time.Duration
 	BatchMax        int
 	InFlightMax     int
 	LockTimeout     time.Duration
@@ -48,6 +49,7 @@ func readSettings(env *config.Env) settings {
 		MetricsAddr:     env.String("METRICS_ADDR", ":9091"),
 		Concurrency:     env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
 		PollInterval:    env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
+		WakeWait:        env.Duration("WORKER_WAKE_WAIT", queue.WakeWaitDefault),
 		BatchMax:        env.Int("LEDGER_BATCH_MAX", queue.BatchMaxDefault, 1, postgres.LedgerBatchMax),
 		InFlightMax:     env.Int("LEDGER_IN_FLIGHT", queue.InFlightMaxDefault, 1, 64),
 		LockTimeout:     env.Duration("LEDGER_LOCK_TIMEOUT", postgres.LedgerLockTimeoutDefault),
@@ -62,6 +64,9 @@ func readSettings(env *config.Env) settings {
 		if s.NotifyKey == nil && env.String("NOTIFY_WEBHOOK_SECRET", "") == "" {
 			env.Reject("NOTIFY_WEBHOOK_SECRET", errors.New("required when NOTIFY_WEBHOOK_URL is set: notifications are always signed"))
 		}
+	}
+	if s.WakeWait > queue.WakeWaitMax {
+		env.Reject("WORKER_WAKE_WAIT", fmt.Errorf("at most %s: asynq's shutdown waits for it", queue.WakeWaitMax))
 	}
 	s.Chain = finality.ReadSettings(env, true)
 	return s
@@ -107,7 +112,20 @@ func run(s settings, log zerolog.Logger) error {
 	batcher := queue.NewBatcher(db, postgres.LedgerOptions{
 		LockTimeout: s.LockTimeout, StatementTimeout: s.StatementTimout, Notify: s.NotifyURL != "",
 	}, s.BatchMax, s.InFlightMax, reg)
-	gate, closeGate, err := newGate(ctx, s.Chain, db, rdb, alerts, log, reg)
+	registry, err := db.Assets(openCtx)
+	if err != nil {
+		return err
+	}
+	go db.KeepRegistry(ctx, registry, s.RegistryRefresh, func(err error) {
+		log.Warn().Err(err).Msg("registry reload failed; keeping the networks and assets read before")
+	})
+	wrongChain := make(chan error, 1)
+	gate, closeGate, err := newGate(ctx, s.Chain, db, registry, rdb, alerts, log, reg, func(err error) {
+		select {
+		case wrongChain <- err:
+		default:
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -124,6 +142,12 @@ func run(s settings, log zerolog.Logger) error {
 		batcher.Run(batchCtx)
 		close(batchesDone)
 	}()
+
+	// An idle worker waits for the enqueuer's wake-up instead of asking
+	// Redis every WORKER_POLL_INTERVAL (see queue.Waker).
+	waker := queue.NewWaker(rdb, s.WakeWait)
+	rdb.AddHook(waker.Hook())
+	go waker.Run(batchCtx)
 
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:       s.Concurrency,
@@ -148,12 +172,18 @@ func run(s settings, log zerolog.Logger) error {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	log.Info().Str("metrics_addr", s.MetricsAddr).Int("concurrency", s.Concurrency).Int("cpus", runtime.NumCPU()).
-		Str("finality", s.Chain.Policy.String()).Msg("worker started")
+		Str("finality", s.Chain.Policy.String()).Strs("networks", networkNames(s.Chain)).Msg("worker started")
 
-	<-ctx.Done()
+	var fatal error
+	select {
+	case <-ctx.Done():
+	case fatal = <-wrongChain:
+		log.Error().Err(fatal).Msg("an rpc endpoint serves another chain than its network's; stopping")
+	}
 	log.Info().Msg("worker stopping: finishing tasks in flight")
 	// Tasks in flight wait in the batcher, so it keeps running until asynq
 	// has finished or handed back every task.
+	waker.Stop() // asynq's shutdown waits for the dequeue under way
 	srv.Shutdown()
 	stopBatches()
 	<-batchesDone
@@ -163,5 +193,5 @@ func run(s settings, log zerolog.Logger) error {
 		log.Warn().Err(err).Msg("ops server shutdown")
 	}
 	log.Info().Msg("worker stopped")
-	return nil
+	return fatal
 }

@@ -52,7 +52,7 @@ func FuzzDecode(f *testing.F) {
 			if _, ok := money.ToBaseUnits(tr.Amount, tr.Asset.Decimals); !ok {
 				t.Fatalf("amount %s finer than %d decimals", tr.Amount, tr.Asset.Decimals)
 			}
-			registered, ok := reg.ByCode(tr.Asset.Code)
+			registered, ok := reg.Listing(tr.Asset.Network, tr.Asset.Code)
 			if !ok || registered != tr.Asset {
 				t.Fatalf("asset %+v is not the registry's", tr.Asset)
 			}

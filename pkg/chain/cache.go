@@ -43,6 +43,8 @@ type finalityCache struct {
 	finalTTL    time.Duration
 	notFinalTTL time.Duration // <= 0: no not-final hints
 	metrics     *cacheMetrics
+	// namespace keeps networks apart ("" or "<network>:").
+	namespace string
 }
 
 // finalRecord is a cached receipt of a transaction in a finalized block.
@@ -83,7 +85,7 @@ func (c *finalityCache) final(ctx context.Context, txHash string) (*Receipt, boo
 	if !c.enabled() {
 		return nil, false
 	}
-	raw, ok := c.get(ctx, finalKeyPrefix+txHash, "get_final")
+	raw, ok := c.get(ctx, finalKeyPrefix+c.namespace+txHash, "get_final")
 	if !ok {
 		return nil, false
 	}
@@ -107,7 +109,7 @@ func (c *finalityCache) putFinal(ctx context.Context, r *Receipt) {
 		zerolog.Ctx(ctx).Error().Err(err).Str("tx_hash", r.TxHash).Msg("finality cache: encode receipt")
 		return
 	}
-	c.set(ctx, finalKeyPrefix+r.TxHash, raw, c.finalTTL, "put_final")
+	c.set(ctx, finalKeyPrefix+c.namespace+r.TxHash, raw, c.finalTTL, "put_final")
 }
 
 // notFinal returns the hint that, under policy p, the transaction was
@@ -116,7 +118,7 @@ func (c *finalityCache) notFinal(ctx context.Context, txHash string, p Policy) (
 	if !c.enabled() || c.notFinalTTL <= 0 {
 		return notFinalRecord{}, false
 	}
-	raw, ok := c.get(ctx, notFinalKey(txHash, p), "get_not_final")
+	raw, ok := c.get(ctx, notFinalKey(c.namespace+txHash, p), "get_not_final")
 	if !ok {
 		return notFinalRecord{}, false
 	}
@@ -142,7 +144,7 @@ func (c *finalityCache) putNotFinal(ctx context.Context, txHash string, p Policy
 		zerolog.Ctx(ctx).Error().Err(err).Msg("finality cache: encode hint")
 		return
 	}
-	c.set(ctx, notFinalKey(txHash, p), raw, c.notFinalTTL, "put_not_final")
+	c.set(ctx, notFinalKey(c.namespace+txHash, p), raw, c.notFinalTTL, "put_not_final")
 }
 
 func notFinalKey(txHash string, p Policy) string {

@@ -142,6 +142,9 @@ type CheckerOptions struct {
 	NotFinalTTL time.Duration
 	// RedisRetryAfter: after a Redis failure the cache is skipped this long.
 	RedisRetryAfter time.Duration
+	// Network namespaces the cache keys: a transaction hash names a
+	// transaction on one chain only.
+	Network string
 }
 
 // Checker decides deposits against the chain.
@@ -166,9 +169,16 @@ func NewChecker(client *Client, opts CheckerOptions) *Checker {
 		cache: &finalityCache{
 			rdb: opts.Redis, redis: &redisLatch{period: opts.RedisRetryAfter},
 			finalTTL: opts.FinalTTL, notFinalTTL: opts.NotFinalTTL,
-			metrics: newCacheMetrics(opts.Registerer),
+			metrics: newCacheMetrics(opts.Registerer), namespace: namespaceOf(opts.Network),
 		},
 	}
+}
+
+func namespaceOf(network string) string {
+	if network == "" {
+		return ""
+	}
+	return network + ":"
 }
 
 // Client is the checker's RPC client.

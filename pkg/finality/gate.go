@@ -62,12 +62,27 @@ type Alerter interface {
 	Raise(key string, severity alert.Severity, summary string, fields map[string]any)
 }
 
+// NetworkChain is one network's chain and its finality policy. Each has
+// its own client, breaker and cache, so one network's outage parks only
+// that network's deposits.
+type NetworkChain struct {
+	Chain  Chain
+	Policy chain.Policy
+}
+
 // Options configure a Gate.
 type Options struct {
-	Store        Store
-	Chain        Chain
+	Store Store
+	// Chain and Policy are ETH_MAINNET's when Networks is nil.
+	Chain  Chain
+	Policy chain.Policy
+	// Networks are the networks asked, by name. Unchecked are enabled
+	// networks without an RPC under the policy none: their deposits pass
+	// unchecked, as they would without a gate. A deposit on any other
+	// network waits (it should not have been accepted).
+	Networks     map[string]NetworkChain
+	Unchecked    map[string]bool
 	Assets       *payment.Registry
-	Policy       chain.Policy
 	Timeout      time.Duration // FINALITY_TIMEOUT
 	RecheckFirst time.Duration
 	RecheckMax   time.Duration
@@ -106,6 +121,9 @@ func New(o Options) *Gate {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.Networks == nil && o.Chain != nil {
+		o.Networks = map[string]NetworkChain{payment.DefaultNetwork: {Chain: o.Chain, Policy: o.Policy}}
+	}
 	g := &Gate{
 		o: o,
 		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -133,6 +151,12 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		return nil, err
 	}
 	e.TransferIndex = state.TransferIndex
+	if state.Network != "" {
+		e.Network = state.Network
+	}
+	if g.o.Unchecked[networkOf(e)] {
+		return &item, nil
+	}
 	verdict, network, err := g.verdict(ctx, e, state.ToAddress)
 	if errors.Is(err, payment.ErrUnavailable) {
 		// The chain cannot be asked: wait, and do not count this against
@@ -214,8 +238,23 @@ func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (
 	if err != nil {
 		return chain.Verdict{}, "", err
 	}
-	v, err := g.o.Chain.CheckDeposit(ctx, deposit, g.o.Policy)
+	nc, ok := g.o.Networks[network]
+	if !ok {
+		// Not enabled in this worker, or enabled without an RPC under a
+		// policy that needs one (refused at start): wait for an operator.
+		return chain.Verdict{}, network, payment.Unavailable("finality", fmt.Errorf("network %s has no RPC in this worker (NETWORKS, RPC_URL_%s)", network, network))
+	}
+	v, err := nc.Chain.CheckDeposit(ctx, deposit, nc.Policy)
 	return v, network, err
+}
+
+// networkOf is an event's network; events stored before networks existed
+// name none and were ETH_MAINNET's.
+func networkOf(e payment.Event) string {
+	if e.Network != "" {
+		return e.Network
+	}
+	return payment.DefaultNetwork
 }
 
 // deposit describes the event as the chain should confirm it.
@@ -246,9 +285,9 @@ func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string
 // baseUnits is the event's asset and its amount in the asset's base
 // units, exactly.
 func (g *Gate) baseUnits(e payment.Event) (payment.Asset, *big.Int, error) {
-	asset, ok := g.o.Assets.ByCode(e.Asset)
+	asset, ok := g.o.Assets.Listing(networkOf(e), e.Asset)
 	if !ok {
-		return payment.Asset{}, nil, payment.Invalid("asset %s is not in the registry", e.Asset)
+		return payment.Asset{}, nil, payment.Invalid("asset %s is not listed on network %s", e.Asset, networkOf(e))
 	}
 	units, ok := money.ToBaseUnits(e.Amount, asset.Decimals)
 	if !ok {
@@ -325,8 +364,17 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 		return err
 	}
 	var unchecked error
+	down := map[string]bool{}
 	for _, w := range watched {
-		seen, askErr := g.o.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
+		network := w.Network
+		if network == "" {
+			network = payment.DefaultNetwork
+		}
+		nc, ok := g.o.Networks[network]
+		if !ok || down[network] {
+			continue // another worker's network, or one down this pass
+		}
+		seen, askErr := nc.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
 		if askErr != nil {
 			g.watched.WithLabelValues("error").Inc()
 			g.o.Log.Warn().Err(askErr).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Msg("reorg watch could not ask the chain; not evidence")
@@ -337,7 +385,8 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 				return err
 			}
 			if errors.Is(askErr, payment.ErrUnavailable) {
-				break
+				// That network is down: the others are still watched.
+				down[network] = true
 			}
 			continue
 		}

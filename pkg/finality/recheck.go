@@ -116,11 +116,7 @@ func (r *Rechecker) claimed(ctx context.Context, e payment.Event, candidates []s
 	if len(candidates) == 0 {
 		return "", nil
 	}
-	asset, ok := r.gate.o.Assets.ByCode(e.Asset)
-	if !ok {
-		return "", payment.Invalid("asset %s is not in the registry", e.Asset)
-	}
-	claims, err := r.store.TransferClaims(ctx, asset.Network, e.TxHash)
+	claims, err := r.store.TransferClaims(ctx, networkOf(e), e.TxHash)
 	if err != nil {
 		return "", err
 	}

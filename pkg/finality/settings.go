@@ -2,7 +2,11 @@ package finality
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,8 +22,12 @@ import (
 // (the worker's gate, the api's and settlectl's recheck), parsed the same
 // way with the same defaults for each.
 type Settings struct {
-	Policy          chain.Policy
-	RPCURL          string
+	// Policy and RPCURL are ETH_MAINNET's (DEPOSIT_FINALITY, ETH_RPC_URL).
+	Policy chain.Policy
+	RPCURL string
+	// Networks are the enabled networks (NETWORKS), each with its own RPC
+	// (RPC_URL_<NETWORK>) and policy (DEPOSIT_FINALITY_<NETWORK>).
+	Networks        []NetworkSettings
 	FinalityTimeout time.Duration
 	RecheckFirst    time.Duration
 	RecheckMax      time.Duration
@@ -33,9 +41,53 @@ type Settings struct {
 	Breaker           chain.BreakerSettings
 }
 
+// NetworkSettings are one enabled network's chain settings.
+type NetworkSettings struct {
+	Name   string
+	RPCURL string // "" without an RPC
+	Policy chain.Policy
+}
+
+// RPCSetting names the setting of a network's RPC endpoint.
+func RPCSetting(network string) string { return "RPC_URL_" + network }
+
+// NetworksMax bounds NETWORKS: each network costs a client, a breaker
+// and a cache per process.
+const NetworksMax = 64
+
+// ReadNetworks reads NETWORKS (default ETH_MAINNET).
+func ReadNetworks(env *config.Env) []string {
+	raw := env.String("NETWORKS", payment.DefaultNetwork)
+	var out []string
+	seen := map[string]bool{}
+	for _, name := range strings.Split(raw, ",") {
+		name = strings.TrimSpace(name)
+		switch {
+		case name == "":
+			continue
+		case !networkName.MatchString(name):
+			env.Reject("NETWORKS", fmt.Errorf("%q is not a network name like ETH_MAINNET", name))
+			continue
+		case seen[name]:
+			continue
+		}
+		seen[name] = true
+		out = append(out, name)
+	}
+	if len(out) == 0 {
+		env.Reject("NETWORKS", errors.New("names no network"))
+	}
+	if len(out) > NetworksMax {
+		env.Reject("NETWORKS", fmt.Errorf("names %d networks, more than %d", len(out), NetworksMax))
+	}
+	return out
+}
+
+var networkName = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
+
 // ReadSettings reads the chain settings. rpcRequired is the worker's
-// rule: a policy other than none needs ETH_RPC_URL there, while the api
-// and settlectl run without one (they only cannot ask the chain).
+// rule: a policy other than none needs an RPC there, while the api and
+// settlectl run without one (they only cannot ask the chain).
 func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 	s := Settings{
 		Policy:            config.Parse(env, "DEPOSIT_FINALITY", chain.FinalizedPolicy(), chain.ParsePolicy),
@@ -52,14 +104,46 @@ func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 			OpenFor:     env.Duration("ETH_RPC_BREAKER_OPEN_FOR", chain.BreakerOpenForDefault),
 		},
 	}
-	if rpcRequired && s.RPCURL == "" && s.Policy.Kind() != chain.None {
-		env.Reject("ETH_RPC_URL", fmt.Errorf("required when DEPOSIT_FINALITY is %s", s.Policy))
+	mainnet := env.URL(RPCSetting(payment.DefaultNetwork), "", "http", "https")
+	switch {
+	case mainnet != "" && s.RPCURL != "" && mainnet != s.RPCURL:
+		env.Reject(RPCSetting(payment.DefaultNetwork), errors.New("differs from ETH_RPC_URL, its alias: set one of them"))
+	case mainnet != "":
+		s.RPCURL = mainnet
+	}
+	for _, name := range ReadNetworks(env) {
+		n := NetworkSettings{Name: name, Policy: config.Parse(env, "DEPOSIT_FINALITY_"+name, s.Policy, chain.ParsePolicy)}
+		if name == payment.DefaultNetwork {
+			n.RPCURL, s.Policy = s.RPCURL, n.Policy
+		} else {
+			n.RPCURL = env.URL(RPCSetting(name), "", "http", "https")
+		}
+		if rpcRequired && n.RPCURL == "" && n.Policy.Kind() != chain.None {
+			env.Reject(RPCSetting(name), fmt.Errorf("required when the finality policy of %s is %s (DEPOSIT_FINALITY_%s or DEPOSIT_FINALITY)", name, n.Policy, name))
+		}
+		s.Networks = append(s.Networks, n)
 	}
 	return s
 }
 
-// HasRPC tells whether the chain can be asked.
-func (s Settings) HasRPC() bool { return s.RPCURL != "" }
+// HasRPC tells whether the chain can be asked on any enabled network.
+func (s Settings) HasRPC() bool {
+	for _, n := range s.Networks {
+		if n.RPCURL != "" {
+			return true
+		}
+	}
+	return s.RPCURL != "" && len(s.Networks) == 0
+}
+
+// networks are the enabled networks; ETH_MAINNET alone for settings
+// built by hand (tests) without any.
+func (s Settings) networks() []NetworkSettings {
+	if len(s.Networks) == 0 {
+		return []NetworkSettings{{Name: payment.DefaultNetwork, RPCURL: s.RPCURL, Policy: s.Policy}}
+	}
+	return s.Networks
+}
 
 // Deps are what Open builds a gate on.
 type Deps struct {
@@ -73,24 +157,122 @@ type Deps struct {
 	Registerer prometheus.Registerer
 }
 
-// Open dials ETH_RPC_URL and builds the gate on it; without an RPC
-// endpoint there is no gate (nil). The returned function releases the
-// client.
+// Clients are the RPC clients of the enabled networks that have one.
+type Clients map[string]*chain.Client
+
+// Close releases every client.
+func (c Clients) Close() {
+	for _, client := range c {
+		client.Close()
+	}
+}
+
+// Dial prepares one client per enabled network with an RPC, each with
+// its own breaker (shared through Redis under the network's name), and
+// its metrics labelled with the network. It does not contact the nodes.
+func Dial(ctx context.Context, s Settings, d Deps) (Clients, error) {
+	clients := Clients{}
+	for _, n := range s.networks() {
+		if n.RPCURL == "" {
+			continue
+		}
+		breaker := s.Breaker
+		breaker.Name = n.Name
+		var reg prometheus.Registerer
+		if d.Registerer != nil {
+			reg = prometheus.WrapRegistererWith(prometheus.Labels{"network": n.Name}, d.Registerer)
+		}
+		client, err := chain.Dial(ctx, n.RPCURL, chain.ClientOptions{
+			Redis: d.Redis, Registerer: reg, Alerter: d.Alerts, Logger: d.Log.With().Str("network", n.Name).Logger(),
+			CallTimeout: s.CallTimeout, Breaker: breaker,
+		})
+		if err != nil {
+			clients.Close()
+			return nil, fmt.Errorf("%s: %w", rpcSettingOf(n.Name), err)
+		}
+		clients[n.Name] = client
+	}
+	return clients, nil
+}
+
+// rpcSettingOf names the setting an operator wrote for a network's RPC.
+func rpcSettingOf(network string) string {
+	if network == payment.DefaultNetwork {
+		return "ETH_RPC_URL or " + RPCSetting(network)
+	}
+	return RPCSetting(network)
+}
+
+// ErrWrongChain: an RPC endpoint serves another chain than its network's.
+var ErrWrongChain = errors.New("rpc endpoint serves another chain")
+
+// CheckChainIDs asks every client for eth_chainId and compares it with
+// the network's chain id in the registry. A mismatch (or a network whose
+// chain id settle does not know) is ErrWrongChain naming the setting; an
+// endpoint that cannot be reached is left out of the error and returned
+// in unreachable, to be checked again later (a worker starts while a node
+// is down).
+func CheckChainIDs(ctx context.Context, clients Clients, registry *payment.Registry) (unreachable []string, err error) {
+	var wrong []error
+	for name, client := range clients {
+		network, known := registry.Network(name)
+		if !known || network.ChainID == 0 {
+			wrong = append(wrong, fmt.Errorf("%w: %s is set, but network %s has no chain id in the networks table (settlectl networks add)", ErrWrongChain, rpcSettingOf(name), name))
+			continue
+		}
+		id, askErr := client.ChainID(ctx)
+		if askErr != nil {
+			unreachable = append(unreachable, name)
+			continue
+		}
+		if id != network.ChainID {
+			wrong = append(wrong, fmt.Errorf("%w: %s answers eth_chainId %d, but network %s is chain %d", ErrWrongChain, rpcSettingOf(name), id, name, network.ChainID))
+		}
+	}
+	sort.Strings(unreachable)
+	return unreachable, errors.Join(wrong...)
+}
+
+// Open dials the enabled networks' RPCs and builds the gate on them;
+// without any RPC endpoint there is no gate (nil). The returned function
+// releases the clients. The chain ids are not checked here (see
+// CheckChainIDs), so that the api and settlectl need no node to start.
 func Open(ctx context.Context, s Settings, d Deps) (*Gate, func(), error) {
 	if !s.HasRPC() {
 		return nil, func() {}, nil
 	}
-	client, err := chain.Dial(ctx, s.RPCURL, chain.ClientOptions{
-		Redis: d.Redis, Registerer: d.Registerer, Alerter: d.Alerts, Logger: d.Log, CallTimeout: s.CallTimeout, Breaker: s.Breaker,
-	})
+	clients, err := Dial(ctx, s, d)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ETH_RPC_URL: %w", err)
+		return nil, nil, err
 	}
-	gate := New(Options{
-		Store: d.Store, Chain: chain.NewChecker(client, chain.CheckerOptions{Redis: d.Redis, Registerer: d.Registerer, NotFinalTTL: s.HintTTL}),
-		Assets: d.Assets, Policy: s.Policy, Timeout: s.FinalityTimeout,
+	return NewOnClients(s, d, clients), clients.Close, nil
+}
+
+// NewOnClients builds the gate on clients already dialled.
+func NewOnClients(s Settings, d Deps, clients Clients) *Gate {
+	networks := map[string]NetworkChain{}
+	unchecked := map[string]bool{}
+	for _, n := range s.networks() {
+		client, ok := clients[n.Name]
+		if !ok {
+			if n.Policy.Kind() == chain.None {
+				unchecked[n.Name] = true
+			}
+			continue
+		}
+		var reg prometheus.Registerer
+		if d.Registerer != nil {
+			reg = prometheus.WrapRegistererWith(prometheus.Labels{"network": n.Name}, d.Registerer)
+		}
+		networks[n.Name] = NetworkChain{
+			Chain:  chain.NewChecker(client, chain.CheckerOptions{Redis: d.Redis, Registerer: reg, NotFinalTTL: s.HintTTL, Network: n.Name}),
+			Policy: n.Policy,
+		}
+	}
+	return New(Options{
+		Store: d.Store, Networks: networks, Unchecked: unchecked,
+		Assets: d.Assets, Timeout: s.FinalityTimeout,
 		RecheckFirst: s.RecheckFirst, RecheckMax: s.RecheckMax, ReorgRecheckDelay: s.ReorgRecheckDelay,
 		Alerts: d.Alerts, Log: d.Log, Registerer: d.Registerer,
 	})
-	return gate, client.Close, nil
 }

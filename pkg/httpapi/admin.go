@@ -98,7 +98,7 @@ func (s *Server) adminAddDepositAddress(c echo.Context) error {
 			return storeError(err)
 		}
 		if !knowsNetwork(registry, network) {
-			return newError(http.StatusBadRequest, "no asset is registered on network "+network)
+			return newError(http.StatusBadRequest, "network "+network+" is not in the networks table (settlectl networks add)")
 		}
 	}
 	inserted, err := s.store.AddDepositAddress(ctx, network, address, user)
@@ -117,10 +117,6 @@ func (s *Server) adminAddDepositAddress(c echo.Context) error {
 }
 
 func knowsNetwork(registry *payment.Registry, network string) bool {
-	for _, a := range registry.All() {
-		if a.Network == network {
-			return true
-		}
-	}
-	return false
+	_, ok := registry.Network(network)
+	return ok
 }

@@ -9,17 +9,18 @@ import (
 )
 
 // Asset registry caching: assets change only when an operator adds one,
-// so the registry is read at most once per refresh interval, and again
-// (at most once per miss interval) when a request names an asset the
-// cached copy does not know.
+// so the registry is read at most once per refresh interval
+// (REGISTRY_REFRESH), and again (at most once per miss interval) when a
+// request names an asset the cached copy does not know.
 const (
-	assetsRefreshInterval = time.Minute
-	assetsMissInterval    = 5 * time.Second
+	RegistryRefreshDefault = 30 * time.Second
+	assetsMissInterval     = 5 * time.Second
 )
 
 type assetCache struct {
-	load func(context.Context) (*payment.Registry, error)
-	now  func() time.Time
+	load    func(context.Context) (*payment.Registry, error)
+	now     func() time.Time
+	refresh time.Duration
 
 	mu       sync.Mutex
 	registry *payment.Registry
@@ -29,12 +30,12 @@ type assetCache struct {
 // get returns the registry, reloading it when stale. A failed reload
 // keeps serving the previous copy; with none, the error is returned.
 func (a *assetCache) get(ctx context.Context) (*payment.Registry, error) {
-	return a.getOlderThan(ctx, assetsRefreshInterval)
+	return a.getOlderThan(ctx, a.refresh)
 }
 
 // refreshForMiss reloads after a lookup missed, unless that was just done.
 func (a *assetCache) refreshForMiss(ctx context.Context) (*payment.Registry, error) {
-	return a.getOlderThan(ctx, assetsMissInterval)
+	return a.getOlderThan(ctx, min(assetsMissInterval, a.refresh))
 }
 
 func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*payment.Registry, error) {

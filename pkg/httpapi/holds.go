@@ -18,17 +18,14 @@ import (
 	"github.com/settle/settle/pkg/postgres"
 )
 
-// networkDefault is where a hold pays out unless it says otherwise.
-const networkDefault = "ETH_MAINNET"
-
 var (
 	addressPattern = regexp.MustCompile(`^0x[0-9a-fA-F]{40}$`)
 	networkPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
 )
 
-// parseHoldFields reads the fields of withdrawal_hold, withdrawal_post and
-// withdrawal_void: a hold's optional network and to_address, a post's or
-// void's hold_id. A field that only another type takes is refused, so a
+// parseHoldFields reads the network of every event but posts and voids
+// (whose hold says it; default ETH_MAINNET), a hold's optional to_address,
+// and a post's or void's hold_id. A field that only another type takes is refused, so a
 // sender's mistake is not silently dropped.
 func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *rejection {
 	raw, present := fields["hold_id"]
@@ -48,16 +45,20 @@ func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *re
 	if req.txHash != "" && (req.eventType == payment.WithdrawalHold || req.eventType == payment.WithdrawalVoid) {
 		return &rejection{"invalid_tx_hash", "tx_hash is taken by withdrawal_post, not by " + string(req.eventType)}
 	}
-	if req.eventType != payment.WithdrawalHold {
+	if req.eventType.ResolvesHold() {
+		// A post or void pays out where its hold said (holdOf).
 		return nil
 	}
-	req.network = networkDefault
+	req.network = payment.DefaultNetwork
 	if raw, ok := fields["network"]; ok && !isJSONNull(raw) {
 		network, ok := jsonString(raw)
 		if !ok || !networkPattern.MatchString(network) {
 			return &rejection{"invalid_network", "network must be a network name such as ETH_MAINNET"}
 		}
 		req.network = network
+	}
+	if req.eventType != payment.WithdrawalHold {
+		return nil
 	}
 	if raw, ok := fields["to_address"]; ok && !isJSONNull(raw) {
 		address, ok := jsonString(raw)
@@ -106,22 +107,6 @@ func checkHoldAmount(req paymentRequest, h postgres.HoldEvent, amount decimal.De
 }
 
 var errHoldAmount = errors.New("amount must equal the hold's amount (or be left out)")
-
-// checkHoldNetwork: a hold pays out on a known network, the one its asset
-// lives on.
-func checkHoldNetwork(registry *payment.Registry, asset payment.Asset, network string) error {
-	known := false
-	for _, a := range registry.All() {
-		known = known || a.Network == network
-	}
-	switch {
-	case !known:
-		return payment.Invalid("network %q is unknown", network)
-	case asset.Network != network:
-		return payment.Invalid("asset %s is not on network %s", asset.Code, network)
-	}
-	return nil
-}
 
 type holdJSON struct {
 	HoldID     string     `json:"hold_id"`

@@ -234,7 +234,7 @@ func (s *Server) journalPage(c echo.Context) error {
 		if err != nil {
 			return storeError(err)
 		}
-		if _, known := registry.ByCode(asset); !known {
+		if !registry.Known(asset) {
 			return fail(payment.ErrUnknownAsset, "")
 		}
 	}

@@ -94,9 +94,16 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		// Without an amount, an unknown hold's post carries none (0).
 		unknownHold = !found && !req.amountGiven
 	}
+	if req.network == "" {
+		req.network = payment.DefaultNetwork // an unknown hold's post or void
+	}
+	if !s.networkEnabled(req.network) {
+		s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidRequest)
+		return newError(http.StatusBadRequest, "network "+req.network+" is not enabled here (NETWORKS)")
+	}
 	registry, err := s.assets.get(ctx)
 	if err == nil {
-		if _, known := registry.ByCode(req.asset); !known {
+		if _, known := registry.Listing(req.network, req.asset); !known {
 			registry, err = s.assets.refreshForMiss(ctx)
 		}
 	}
@@ -108,14 +115,18 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	var asset payment.Asset
 	var amount decimal.Decimal
 	if unknownHold {
-		var known bool
-		if asset, known = registry.ByCode(req.asset); !known {
+		if !registry.Known(req.asset) {
 			err = fmt.Errorf("%w %q", payment.ErrUnknownAsset, req.asset)
 		}
+		asset = payment.Asset{Code: req.asset, Network: req.network}
 	} else {
-		asset, amount, err = registry.ParseAmount(req.asset, req.amount)
+		// Precision is the network's own for the asset.
+		asset, amount, err = registry.ParseAmount(req.network, req.asset, req.amount)
 	}
 	switch {
+	case errors.Is(err, payment.ErrUnknownAsset) && registry.Known(req.asset):
+		s.metrics.webhook(sourcePayments, outcomeRejected, CodeUnknownAsset)
+		return fail(err, "asset "+req.asset+" is not listed on network "+req.network)
 	case errors.Is(err, payment.ErrUnknownAsset):
 		s.metrics.webhook(sourcePayments, outcomeRejected, CodeUnknownAsset)
 		return fail(err, "")
@@ -129,12 +140,6 @@ func (s *Server) webhookPayments(c echo.Context) error {
 			return fail(payment.ErrBadAmount, "invalid amount: "+err.Error())
 		}
 		amount = hold.Amount
-	}
-	if req.eventType == payment.WithdrawalHold {
-		if err := checkHoldNetwork(registry, asset, req.network); err != nil {
-			s.metrics.webhook(sourcePayments, outcomeRejected, "invalid_network")
-			return fail(err, err.Error())
-		}
 	}
 
 	traceID := TraceID(c.Request().Context())

@@ -83,6 +83,10 @@ type Mount struct {
 	// Prefix ends with "/", e.g. "/admin/queues/".
 	Prefix  string
 	Handler http.Handler
+	// Authenticates: the handler checks credentials itself (the console,
+	// which knows a read-only role); the mount still serves only on the
+	// admin listener.
+	Authenticates bool
 }
 
 // mountMethods are the methods a Mount answers (what a dashboard uses).
@@ -102,6 +106,15 @@ type Options struct {
 	WebhookSecret string
 	// AlchemySigningKeys sign /webhook/alchemy; none: the route is a 404.
 	AlchemySigningKeys []string
+	// QuickNodeTokens sign /webhook/quicknode, MoralisSecrets
+	// /webhook/moralis; none: the route is a 404. WebhookMaxAge is
+	// QuickNode's replay window (zero: quicknode.MaxAgeDefault).
+	QuickNodeTokens []string
+	MoralisSecrets  []string
+	WebhookMaxAge   time.Duration
+	// Chains names the network of a Moralis chain id; nil: the chain ids
+	// of the networks settle ships with.
+	Chains Chains
 	// APIToken opens /v1; AdminToken opens /admin and /v1.
 	APIToken   string
 	AdminToken string
@@ -124,6 +137,12 @@ type Options struct {
 	AdminRoutes []Route
 	AdminMounts []Mount
 
+	// Networks are the enabled networks (NETWORKS); empty: ETH_MAINNET.
+	Networks []string
+	// RegistryRefresh (REGISTRY_REFRESH) bounds how old the cached
+	// registry of networks and assets may be; zero: the default.
+	RegistryRefresh time.Duration
+
 	// Chain asks the chain about deposits (the recheck; Alchemy's removed
 	// is then a reason to ask, not evidence); nil: no ETH_RPC_URL.
 	Chain Chain
@@ -134,19 +153,26 @@ type Options struct {
 
 // Server is the API.
 type Server struct {
-	echo    *echo.Echo
-	store   Store
-	redis   redis.UniversalClient
-	log     zerolog.Logger
-	metrics *metrics
-	assets  *assetCache
-	proxies TrustedProxies
-	chain   Chain
+	echo     *echo.Echo
+	store    Store
+	redis    redis.UniversalClient
+	log      zerolog.Logger
+	metrics  *metrics
+	assets   *assetCache
+	networks map[string]bool
+	proxies  TrustedProxies
+	chain    Chain
 
 	webhookSecret []byte
 	alchemyKeys   [][]byte
-	readers       []tokenDigest
-	admins        []tokenDigest
+	// Provider routes' secrets, replay window, chain ids and clock.
+	quickNodeTokens [][]byte
+	moralisSecrets  [][]byte
+	webhookMaxAge   time.Duration
+	chains          Chains
+	now             func() time.Time
+	readers         []tokenDigest
+	admins          []tokenDigest
 
 	// unverifiedLimit and verifiedLimit are nil when off.
 	unverifiedLimit *limiter
@@ -203,7 +229,15 @@ func New(opts Options) (*Server, error) {
 	for _, key := range opts.AlchemySigningKeys {
 		s.alchemyKeys = append(s.alchemyKeys, []byte(key))
 	}
-	s.assets = &assetCache{load: opts.Store.Assets, now: now}
+	if err := s.providerOptions(opts, now); err != nil {
+		return nil, err
+	}
+	refresh := opts.RegistryRefresh
+	if refresh <= 0 {
+		refresh = RegistryRefreshDefault
+	}
+	s.assets = &assetCache{load: opts.Store.Assets, now: now, refresh: refresh}
+	s.networks = enabledNetworks(opts.Networks)
 	s.redisUp = newRedisProbe(opts.Redis, registry)
 	s.chain = opts.Chain
 	limitTimeout := opts.RateLimitTimeout
@@ -245,7 +279,9 @@ func New(opts Options) (*Server, error) {
 	// Middleware is attached per route, not per group: echo gives a group
 	// with middleware a catch-all that would turn a 405 into a 404.
 	e.POST("/webhook/payments", s.webhookPayments, s.rateLimitMiddleware)
-	e.POST("/webhook/alchemy", s.webhookAlchemy, s.rateLimitMiddleware)
+	e.POST("/webhook/alchemy", s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware)
+	e.POST("/webhook/quicknode", s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware)
+	e.POST("/webhook/moralis", s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware)
 
 	readAuth := s.requireToken(false, s.readers...)
 	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)
@@ -310,7 +346,11 @@ func (s *Server) addPlugins(routes []Route, mounts []Mount) error {
 			if !spec.plugin(method, path) {
 				return fmt.Errorf("httpapi: mount %s %s is not described in openapi.yaml with x-settle-plugin: true", method, path)
 			}
-			s.echo.Add(method, path, wrapPlugin(m.Handler), s.requireToken(true, s.admins...))
+			var auth []echo.MiddlewareFunc
+			if !m.Authenticates {
+				auth = append(auth, s.requireToken(true, s.admins...))
+			}
+			s.echo.Add(method, path, wrapPlugin(m.Handler), auth...)
 		}
 	}
 	return nil

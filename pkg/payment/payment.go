@@ -186,7 +186,15 @@ func (c Content) Hash() []byte {
 	}
 	// The hold fields came later still; each is written with its name, so
 	// that no two of them (nor TransferIndex) can stand for one another.
-	for _, f := range [][2]string{{"hold_id", c.HoldID}, {"network", c.Network}, {"to_address", strings.ToLower(c.ToAddress)}} {
+	// Events other than holds, posts and voids named no network before networks existed
+	// (theirs was their asset's, ETH_MAINNET's), so the default network is
+	// written as no network: the same deposit reported before and after
+	// is the same content.
+	network := c.Network
+	if network == DefaultNetwork && c.Type != WithdrawalHold && !c.Type.ResolvesHold() {
+		network = ""
+	}
+	for _, f := range [][2]string{{"hold_id", c.HoldID}, {"network", network}, {"to_address", strings.ToLower(c.ToAddress)}} {
 		if f[1] != "" {
 			writeField(h, f[0])
 			writeField(h, f[1])

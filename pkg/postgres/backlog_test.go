@@ -19,7 +19,7 @@ func TestBacklog(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	f.user(1, map[string]string{"ETH": "100"})
-	_, err := f.sql.Exec(ctx, `INSERT INTO assets (code, network, decimals) VALUES ('POL', 'POLYGON', 18)`)
+	_, err := f.sql.Exec(ctx, `INSERT INTO assets (code, network, decimals) VALUES ('XPOL', 'POLYGON', 18)`)
 	require.NoError(t, err)
 
 	empty, err := f.db.Backlog(ctx, time.Second)
@@ -30,7 +30,7 @@ func TestBacklog(t *testing.T) {
 	// confirmed: counted nowhere.
 	f.apply(f.enqueue("done", payment.Deposit, 1, "ETH", "1"))
 	// failed with two open dead letters: one event; one resolved: none.
-	dl := f.enqueue("dl", payment.Withdrawal, 1, "POL", "1")
+	dl := f.enqueue("dl", payment.Withdrawal, 1, "XPOL", "1")
 	f.deadLetter(dl, "boom")
 	_, err = f.sql.Exec(ctx, `INSERT INTO dead_letter_queue (event_id, event_type, error, source) VALUES ('dl', 'withdrawal', 'again', 'worker')`)
 	require.NoError(t, err)
@@ -45,8 +45,8 @@ func TestBacklog(t *testing.T) {
 	require.NoError(t, err)
 	// pending: two on POLYGON, one on ETH_MAINNET, the oldest 10 minutes old.
 	for _, e := range []payment.Event{
-		{ID: "p-1", Type: payment.Deposit, UserID: 1, Asset: "POL", Amount: dec("1")},
-		{ID: "p-2", Type: payment.Deposit, UserID: 1, Asset: "POL", Amount: dec("1")},
+		{ID: "p-1", Type: payment.Deposit, UserID: 1, Asset: "XPOL", Amount: dec("1")},
+		{ID: "p-2", Type: payment.Deposit, UserID: 1, Asset: "XPOL", Amount: dec("1")},
 		{ID: "p-3", Type: payment.Deposit, UserID: 1, Asset: "DAI", Amount: dec("1")},
 	} {
 		inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourcePayments})

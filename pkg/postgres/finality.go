@@ -50,6 +50,8 @@ type ChainWaitState struct {
 	ToAddress string
 	// TransferIndex is the transfer the deposit names, if it names one.
 	TransferIndex string
+	// Network is where the deposit's transaction lives.
+	Network string
 }
 
 // ChainWait reads an event's finality history.
@@ -57,7 +59,7 @@ func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, er
 	stmt := q("chain_wait_state")
 	var s ChainWaitState
 	var ageMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex)
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex, &s.Network)
 	s.Age = time.Duration(ageMicros) * time.Microsecond
 	if err == pgx.ErrNoRows {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
@@ -101,6 +103,7 @@ type WatchedDeposit struct {
 	BlockNumber int64
 	BlockHash   string
 	TraceID     string
+	Network     string
 }
 
 // WatchedDeposits lists up to limit deposits credited before finality,
@@ -115,7 +118,7 @@ func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit,
 	var out []WatchedDeposit
 	for rows.Next() {
 		var w WatchedDeposit
-		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID); err != nil {
+		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID, &w.Network); err != nil {
 			return nil, classify(stmt.name, err)
 		}
 		out = append(out, w)

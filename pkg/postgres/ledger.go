@@ -734,6 +734,7 @@ type journalRow struct {
 	amount    decimal.Decimal
 	eventType payment.EventType
 	source    string
+	network   string
 }
 
 type confirmRow struct {
@@ -982,7 +983,7 @@ func (p *batchPlan) post(c claimedEvent, signed, next decimal.Decimal, balances 
 	k := balanceKey{e.UserID, e.Asset}
 	balances[k] = next
 	p.deltas[k] = p.deltas[k].Add(signed)
-	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type.JournalType(), source: e.ID})
+	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type.JournalType(), source: e.ID, network: c.network})
 	p.outcomes[c.key] = payment.OutcomeSuccess
 }
 
@@ -1071,10 +1072,12 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 		case writeJournal:
 			n := len(p.journal)
 			users, assets, amounts, types, sources := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			networks := make([]string, n)
 			for i, j := range p.journal {
 				users[i], assets[i], amounts[i], types[i], sources[i] = j.user, j.asset, j.amount.String(), string(j.eventType), j.source
+				networks[i] = j.network
 			}
-			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources)
+			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources, networks)
 		case writeMovedTransfers:
 			n := len(p.movedClaims)
 			events, indexes, blocks := make([]string, n), make([]string, n), make([]string, n)

@@ -383,14 +383,14 @@ func TestIntakeRejectsUnknownUserAssetAndPrecision(t *testing.T) {
 	require.ErrorIs(t, err, payment.ErrUnknownUser)
 	require.ErrorIs(t, err, payment.ErrInvalid)
 
-	_, _, err = registry.ParseAmount("DOGE", "1")
+	_, _, err = registry.ParseAmount("ETH_MAINNET", "DOGE", "1")
 	require.ErrorIs(t, err, payment.ErrUnknownAsset)
 	_, err = f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "a", Type: payment.Deposit, UserID: 1, Asset: "DOGE", Amount: dec("1")}})
 	require.ErrorIs(t, err, payment.ErrUnknownAsset)
 
-	_, _, err = registry.ParseAmount("USDC", "1.0000001")
+	_, _, err = registry.ParseAmount("ETH_MAINNET", "USDC", "1.0000001")
 	require.ErrorIs(t, err, payment.ErrBadAmount)
-	_, amount, err := registry.ParseAmount("USDC", "1.000000")
+	_, amount, err := registry.ParseAmount("ETH_MAINNET", "USDC", "1.000000")
 	require.NoError(t, err)
 	require.True(t, amount.Equal(dec("1")))
 

@@ -43,7 +43,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	registry, err := db.Assets(ctx)
 	require.NoError(t, err)
 	for code, decimals := range map[string]int{"ETH": 18, "USDC": 6, "USDT": 6, "WBTC": 8, "DAI": 18, "WETH": 18} {
-		a, ok := registry.ByCode(code)
+		a, ok := registry.Listing("ETH_MAINNET", code)
 		require.True(t, ok, code)
 		require.Equal(t, decimals, a.Decimals, code)
 		require.Equal(t, "ETH_MAINNET", a.Network)

@@ -61,7 +61,7 @@ func (db *DB) RecheckTarget(ctx context.Context, eventID string) (RecheckTarget,
 	var eventType, amount, status, outcome string
 	var generation int32
 	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&r.Event.ID, &eventType, &r.Event.UserID, &r.Event.Asset, &amount,
-		&status, &outcome, &r.Error, &r.Event.TxHash, &r.Event.TransferIndex, &r.ToAddress, &r.Event.TraceID, &generation)
+		&status, &outcome, &r.Error, &r.Event.TxHash, &r.Event.TransferIndex, &r.ToAddress, &r.Event.TraceID, &generation, &r.Event.Network)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RecheckTarget{}, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
 	}

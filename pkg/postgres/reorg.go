@@ -54,7 +54,7 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 	var e payment.Event
 	var eventType, amount, status string
 	var generation int32
-	err = tx.QueryRow(ctx, stmt.text, eventID).Scan(&e.ID, &eventType, &e.UserID, &e.Asset, &amount, &status, &e.TxHash, &e.TraceID, &generation)
+	err = tx.QueryRow(ctx, stmt.text, eventID).Scan(&e.ID, &eventType, &e.UserID, &e.Asset, &amount, &status, &e.TxHash, &e.TraceID, &generation, &e.Network)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("deposit %s: %w", eventID, payment.ErrNotFound)
 	}
@@ -77,7 +77,7 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 		compensation := NewEvent{
 			Event: payment.Event{
 				ID: payment.CompensationEventID(e.ID), Type: payment.ReorgCompensation,
-				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID,
+				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID, Network: e.Network,
 			},
 			Source:  SourceReorg,
 			Related: e.ID,

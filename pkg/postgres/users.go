@@ -82,30 +82,6 @@ func (db *DB) Balances(ctx context.Context, user int64) ([]Balance, error) {
 	return out, classify(stmt.name, rows.Err())
 }
 
-// Assets reads the asset registry.
-func (db *DB) Assets(ctx context.Context) (*payment.Registry, error) {
-	stmt := q("list_assets")
-	rows, err := db.pool.Query(ctx, stmt.text)
-	if err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	defer rows.Close()
-	var assets []payment.Asset
-	for rows.Next() {
-		var a payment.Asset
-		var decimals int16
-		if err := rows.Scan(&a.Code, &a.Network, &a.Contract, &decimals); err != nil {
-			return nil, classify(stmt.name, err)
-		}
-		a.Decimals = int(decimals)
-		assets = append(assets, a)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	return payment.NewRegistry(assets), nil
-}
-
 // AddDepositAddress registers address (lowercase) on network for user.
 // It reports true when newly registered, false when it already belonged
 // to that user; payment.ErrConflict when it belongs to another.

@@ -43,7 +43,13 @@ type Common struct {
 	RedisURL        string
 	LogLevel        zerolog.Level
 	ShutdownTimeout time.Duration
+	// RegistryRefresh (REGISTRY_REFRESH) is how soon a running process
+	// sees a network or asset an operator added.
+	RegistryRefresh time.Duration
 }
+
+// RegistryRefreshDefault is REGISTRY_REFRESH's default.
+const RegistryRefreshDefault = 30 * time.Second
 
 // ReadCommon reads the shared settings.
 func ReadCommon(env *config.Env) Common {
@@ -52,6 +58,7 @@ func ReadCommon(env *config.Env) Common {
 		RedisURL:        env.String("REDIS_URL", "redis://localhost:6379/0"),
 		LogLevel:        config.Parse(env, "LOG_LEVEL", zerolog.InfoLevel, logging.ParseLevel),
 		ShutdownTimeout: env.Duration("SHUTDOWN_TIMEOUT", ShutdownTimeoutDefault),
+		RegistryRefresh: env.Duration("REGISTRY_REFRESH", RegistryRefreshDefault),
 	}
 	if _, err := redisconn.Parse(c.RedisURL); err != nil {
 		env.Reject("REDIS_URL", err)

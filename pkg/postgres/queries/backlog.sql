@@ -11,34 +11,34 @@ SELECT set_config('statement_timeout', $1, true), set_config('enable_seqscan', '
 -- _enqueued, _processing, _awaiting; dead_letter_queue_open): terminal
 -- events, however many, are never scanned. An event's network is its
 -- asset's (assets is a handful of rows).
-SELECT 'pending' AS status, a.network, count(*)
+SELECT 'pending' AS status, COALESCE(e.network, a.network), count(*)
 FROM payment_events e JOIN assets a ON a.code = e.asset
 WHERE e.status = 'pending'
-GROUP BY a.network
+GROUP BY COALESCE(e.network, a.network)
 UNION ALL
-SELECT 'enqueued', a.network, count(*)
+SELECT 'enqueued', COALESCE(e.network, a.network), count(*)
 FROM payment_events e JOIN assets a ON a.code = e.asset
 WHERE e.status = 'enqueued'
-GROUP BY a.network
+GROUP BY COALESCE(e.network, a.network)
 UNION ALL
-SELECT 'processing', a.network, count(*)
+SELECT 'processing', COALESCE(e.network, a.network), count(*)
 FROM payment_events e JOIN assets a ON a.code = e.asset
 WHERE e.status = 'processing'
-GROUP BY a.network
+GROUP BY COALESCE(e.network, a.network)
 UNION ALL
-SELECT 'awaiting_finality', a.network, count(*)
+SELECT 'awaiting_finality', COALESCE(e.network, a.network), count(*)
 FROM payment_events e JOIN assets a ON a.code = e.asset
 WHERE e.status = 'awaiting_finality'
-GROUP BY a.network
+GROUP BY COALESCE(e.network, a.network)
 UNION ALL
 -- One event may have several open attempts: count events. The event is
 -- found by its primary key (COLLATE "C" keeps the lookup there).
-SELECT 'failed', a.network, count(DISTINCT d.event_id)
+SELECT 'failed', COALESCE(e.network, a.network), count(DISTINCT d.event_id)
 FROM dead_letter_queue d
 JOIN payment_events e ON e.event_id = d.event_id AND e.status = 'failed' COLLATE "C"
 JOIN assets a ON a.code = e.asset
 WHERE d.resolution IS NULL
-GROUP BY a.network;
+GROUP BY COALESCE(e.network, a.network);
 
 -- name: backlog_oldest_pending
 -- The oldest pending event's age, from the front of the pending index.

@@ -26,13 +26,16 @@ RETURNING event_id, receipt_seen_at IS NOT NULL;
 -- reopened deposit's finality clock starts at its reopening.
 SELECT receipt_seen_at IS NOT NULL, created_at,
        (extract(epoch FROM now() - COALESCE(reopened_at, created_at)) * 1000000)::bigint, check_count, COALESCE(to_address, ''),
-       COALESCE(transfer_index, '')
+       COALESCE(transfer_index, ''),
+       -- Rows from before networks existed are their asset's network's.
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
 FROM payment_events
 WHERE event_id = $1;
 
 -- name: watched_deposits
 -- Credited deposits whose block was not final when they were credited.
-SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id
+SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id,
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
 FROM payment_events
 WHERE chain_state = 'watching'
 ORDER BY updated_at

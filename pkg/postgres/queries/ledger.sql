@@ -40,13 +40,17 @@ FOR UPDATE OF b;
 -- event_id = ANY keeps the plan on the primary key whatever the backlog.
 SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
        COALESCE(p.related_event_id, ''), p.created_at,
-       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), a.network, a.contract_address IS NULL,
+       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), COALESCE(p.network, a.network),
+       COALESCE(na.contract_address IS NULL, a.contract_address IS NULL),
        COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
 FROM payment_events p
 JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[], $7::text[])
      AS t(event_id, generation, event_type, user_id, asset, amount, tx_hash)
   ON p.event_id = t.event_id
 JOIN assets a ON a.code = p.asset
+-- An event's network is its own; rows from before networks existed name
+-- none, and theirs is their asset's (the legacy columns of assets).
+LEFT JOIN network_assets na ON na.network = COALESCE(p.network, a.network) AND na.asset = p.asset
 WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' COLLATE "C" AND p.generation = t.generation
   AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
   -- The transfer locks are taken for the tasks' transactions.
@@ -146,10 +150,10 @@ SELECT settle_assert(count(*) = cardinality($1::text[]), 'ledger_resolve_holds m
 FROM moved;
 
 -- name: ledger_insert_journal
-INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id)
-SELECT t.user_id, t.asset, t.amount::numeric, t.event_type, t.source_event_id
-FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[])
-     AS t(user_id, asset, amount, event_type, source_event_id);
+INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id, network)
+SELECT t.user_id, t.asset, t.amount::numeric, t.event_type, t.source_event_id, NULLIF(t.network, '')
+FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+     AS t(user_id, asset, amount, event_type, source_event_id, network);
 
 -- name: ledger_record_keys
 -- The idempotency records of first-time events, written once with their

@@ -1,7 +1,8 @@
 -- name: recheck_target
 -- A deposit as a recheck asks the chain about it.
 SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), COALESCE(error, ''),
-       COALESCE(tx_hash, ''), COALESCE(transfer_index, ''), COALESCE(to_address, ''), trace_id, generation
+       COALESCE(tx_hash, ''), COALESCE(transfer_index, ''), COALESCE(to_address, ''), trace_id, generation,
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
 FROM payment_events
 WHERE event_id = $1;
 

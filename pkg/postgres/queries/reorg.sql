@@ -1,5 +1,6 @@
 -- name: lock_event
-SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), trace_id, generation
+SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), trace_id, generation,
+       COALESCE(network, '')
 FROM payment_events
 WHERE event_id = $1
 FOR UPDATE;

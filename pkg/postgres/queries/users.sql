@@ -30,11 +30,6 @@ FROM balances
 WHERE user_id = $1
 ORDER BY asset;
 
--- name: list_assets
-SELECT code, network, COALESCE(contract_address, ''), decimals
-FROM assets
-ORDER BY code;
-
 -- name: insert_deposit_address
 -- Returns the owner, whether just inserted or registered before.
 WITH ins AS (
