@@ -84,11 +84,3 @@ func newNotifier(url string, key []byte, db *postgres.DB, alerts *alert.Alerter,
 	}
 	return notify.New(db, url, key, log, alerts, reg).Deliver
 }
-
-func networkNames(s finality.Settings) []string {
-	names := make([]string, 0, len(s.Networks))
-	for _, n := range s.Networks {
-		names = append(names, n.Name)
-	}
-	return names
-}

@@ -172,7 +172,7 @@ func run(s settings, log zerolog.Logger) error {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	log.Info().Str("metrics_addr", s.MetricsAddr).Int("concurrency", s.Concurrency).Int("cpus", runtime.NumCPU()).
-		Str("finality", s.Chain.Policy.String()).Strs("networks", networkNames(s.Chain)).Msg("worker started")
+		Str("finality", s.Chain.Policy.String()).Strs("networks", s.Chain.NetworkNames()).Msg("worker started")
 
 	var fatal error
 	select {

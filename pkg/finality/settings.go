@@ -136,6 +136,15 @@ func (s Settings) HasRPC() bool {
 	return s.RPCURL != "" && len(s.Networks) == 0
 }
 
+// NetworkNames are the enabled networks' names.
+func (s Settings) NetworkNames() []string {
+	names := make([]string, 0, len(s.Networks))
+	for _, n := range s.networks() {
+		names = append(names, n.Name)
+	}
+	return names
+}
+
 // networks are the enabled networks; ETH_MAINNET alone for settings
 // built by hand (tests) without any.
 func (s Settings) networks() []NetworkSettings {
