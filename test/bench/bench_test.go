@@ -69,7 +69,9 @@ func runEndToEnd(b *testing.B) report {
 	s := harness.NewStack(b)
 	s.Env["LOG_LEVEL"] = "warn"
 	s.Env["WORKER_CONCURRENCY"] = strconv.Itoa(*flagWorkerConc)
+	// The deployed defaults, not the harness's short test intervals.
 	s.Env["POLL_INTERVAL"] = "5s"
+	delete(s.Env, "WORKER_POLL_INTERVAL")
 	applyEnv(s.Env, *flagExtraEnv)
 	api := s.StartAPI(nil)
 	scheduler := s.StartScheduler(nil)

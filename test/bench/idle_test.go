@@ -17,13 +17,16 @@ var (
 )
 
 // BenchmarkIdle starts api, worker and scheduler with their default
-// settings (PostgreSQL and Redis as the end-to-end benchmark has them),
+// polling settings (PostgreSQL and Redis as the end-to-end benchmark has them),
 // sends nothing, and reports the CPU every process used over the idle
 // window as a percentage of one core.
 func BenchmarkIdle(b *testing.B) {
 	for range b.N {
 		s := harness.NewStack(b)
 		s.Env["LOG_LEVEL"] = "warn"
+		// The deployed defaults, not the harness's short test intervals.
+		delete(s.Env, "POLL_INTERVAL")
+		delete(s.Env, "WORKER_POLL_INTERVAL")
 		if *flagExtraEnv != "" {
 			applyEnv(s.Env, *flagExtraEnv)
 		}
