@@ -55,6 +55,7 @@ func slowAttacker(t *testing.T, addr, from string) int {
 			status <- 0
 			return
 		}
+		_ = resp.Body.Close()
 		status <- resp.StatusCode
 	}()
 	chunk := bytes.Repeat([]byte("a"), attackChunk)

@@ -168,8 +168,12 @@ func TestServeStopsWithContext(t *testing.T) {
 	require.NoError(t, err)
 	cancel()
 	require.Eventually(t, func() bool {
-		_, err := http.Post(c.URL(), "application/json", bytes.NewReader([]byte(`{}`)))
-		return err != nil
+		resp, err := http.Post(c.URL(), "application/json", bytes.NewReader([]byte(`{}`)))
+		if err != nil {
+			return true
+		}
+		_ = resp.Body.Close()
+		return false
 	}, testTimeout, 20*time.Millisecond)
 	require.NoError(t, c.Close())
 }
