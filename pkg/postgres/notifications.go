@@ -129,25 +129,29 @@ func (db *DB) Notifications(ctx context.Context, state string, beforeID int64, l
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (NotificationView, error) {
-		var v NotificationView
-		var attempts, redeliveries int32
-		var log string
-		err := row.Scan(&v.ID, &v.DeliveryID, &v.EventID, &v.UserID, &v.Kind, &v.Status, &attempts, &v.NextAttemptAt,
-			&v.LastError, &v.CreatedAt, &v.DeliveredAt, &redeliveries, &v.RedeliveryRequestedBy, &v.RedeliveryRequestedAt, &log)
-		if err != nil {
-			return v, err
-		}
-		v.Attempts, v.Redeliveries = int(attempts), int(redeliveries)
-		if err := json.Unmarshal([]byte(log), &v.Log); err != nil {
-			return v, fmt.Errorf("delivery log of notification %d: %w", v.ID, err)
-		}
-		for i := range v.Log {
-			v.Log[i].Duration = time.Duration(v.Log[i].DurationMS) * time.Millisecond
-		}
-		return v, nil
-	})
+	out, err := pgx.CollectRows(rows, scanNotification)
 	return out, classify(stmt.name, err)
+}
+
+// scanNotification reads notifications_list's columns (also the
+// console's console_notifications_of_event).
+func scanNotification(row pgx.CollectableRow) (NotificationView, error) {
+	var v NotificationView
+	var attempts, redeliveries int32
+	var log string
+	err := row.Scan(&v.ID, &v.DeliveryID, &v.EventID, &v.UserID, &v.Kind, &v.Status, &attempts, &v.NextAttemptAt,
+		&v.LastError, &v.CreatedAt, &v.DeliveredAt, &redeliveries, &v.RedeliveryRequestedBy, &v.RedeliveryRequestedAt, &log)
+	if err != nil {
+		return v, err
+	}
+	v.Attempts, v.Redeliveries = int(attempts), int(redeliveries)
+	if err := json.Unmarshal([]byte(log), &v.Log); err != nil {
+		return v, fmt.Errorf("delivery log of notification %d: %w", v.ID, err)
+	}
+	for i := range v.Log {
+		v.Log[i].Duration = time.Duration(v.Log[i].DurationMS) * time.Millisecond
+	}
+	return v, nil
 }
 
 // Redelivery results.
