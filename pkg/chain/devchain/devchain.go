@@ -36,8 +36,9 @@ import (
 )
 
 const (
-	// ChainID is the simulated backend's fixed chain id.
-	ChainID = 1337
+	// ChainID is a dev chain's chain id unless Options says another:
+	// ETH_MAINNET's, which settle checks its RPC against (eth_chainId).
+	ChainID = 1
 	// BlockIntervalDefault: one block a second keeps a demo lively while
 	// finality still visibly lags (~32s).
 	BlockIntervalDefault = time.Second
@@ -85,6 +86,9 @@ type Options struct {
 	Manual bool
 	// Accounts is the number of prefunded accounts.
 	Accounts int
+	// ChainID is what eth_chainId answers; zero: ChainID (1). A second
+	// network's dev chain takes that network's id (BASE_MAINNET: 8453).
+	ChainID int64
 }
 
 // Account is a prefunded dev account. Its key is derived from its index,
@@ -133,6 +137,7 @@ type Chain struct {
 	accounts []Account
 	signer   types.Signer
 	manual   bool
+	chainID  int64
 
 	// mu serialises block production, forks and sends: the simulated
 	// beacon is not safe for concurrent sealing, and a fork must see an
@@ -160,6 +165,9 @@ func Serve(ctx context.Context, opts Options) (*Chain, error) {
 	if opts.Accounts > AccountsMax {
 		return nil, fmt.Errorf("devchain: at most %d accounts", AccountsMax)
 	}
+	if opts.ChainID == 0 {
+		opts.ChainID = ChainID
+	}
 	accounts, alloc, err := devAccounts(opts.Accounts)
 	if err != nil {
 		return nil, err
@@ -170,7 +178,7 @@ func Serve(ctx context.Context, opts Options) (*Chain, error) {
 	}
 	c := &Chain{
 		backend: backend, client: backend.Client(), url: url, accounts: accounts,
-		signer: types.LatestSignerForChainID(big.NewInt(ChainID)), manual: opts.Manual,
+		signer: types.LatestSignerForChainID(big.NewInt(opts.ChainID)), manual: opts.Manual, chainID: opts.ChainID,
 		stop: make(chan struct{}),
 	}
 	if !opts.Manual {
@@ -203,7 +211,11 @@ func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*simul
 			}
 			port = free
 		}
-		backend, err := newBackend(alloc, func(nodeConf *node.Config, _ *ethconfig.Config) {
+		backend, err := newBackend(alloc, func(nodeConf *node.Config, ethConf *ethconfig.Config) {
+			genesis := *ethConf.Genesis.Config
+			genesis.ChainID = big.NewInt(opts.ChainID)
+			ethConf.Genesis.Config = &genesis
+			ethConf.NetworkId = uint64(opts.ChainID)
 			nodeConf.HTTPHost = opts.Host
 			nodeConf.HTTPPort = port
 			nodeConf.HTTPModules = []string{"eth", "net", "web3"}
@@ -282,6 +294,9 @@ func (c *Chain) produce(interval time.Duration) {
 		}
 	}
 }
+
+// ChainIDOf is the chain id the chain answers.
+func (c *Chain) ChainIDOf() int64 { return c.chainID }
 
 // URL is the HTTP JSON-RPC endpoint.
 func (c *Chain) URL() string { return c.url }
@@ -473,7 +488,7 @@ func (c *Chain) submit(ctx context.Context, acct Account, to *common.Address, va
 		return common.Hash{}, err
 	}
 	tx, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
-		ChainID: big.NewInt(ChainID), Nonce: nonce, To: to, Value: value, Gas: gas,
+		ChainID: big.NewInt(c.chainID), Nonce: nonce, To: to, Value: value, Gas: gas,
 		GasTipCap: tip, GasFeeCap: feeCap, Data: data,
 	})
 	if err != nil {
@@ -611,7 +626,7 @@ func (c *Chain) replace(ctx context.Context, acct Account, tx *types.Transaction
 		return new(big.Int).Add(new(big.Int).Mul(v, big.NewInt(2)), big.NewInt(tipWei))
 	}
 	signed, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
-		ChainID: big.NewInt(ChainID), Nonce: tx.Nonce(), To: &self, Value: new(big.Int), Gas: gasTransfer,
+		ChainID: big.NewInt(c.chainID), Nonce: tx.Nonce(), To: &self, Value: new(big.Int), Gas: gasTransfer,
 		GasTipCap: bump(tx.GasTipCap()), GasFeeCap: bump(tx.GasFeeCap()),
 	})
 	if err != nil {

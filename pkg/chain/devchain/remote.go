@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/big"
 
 	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/ethclient"
@@ -28,9 +27,14 @@ func Dial(ctx context.Context, url string) (*Chain, error) {
 		client.Close()
 		return nil, err
 	}
+	id, err := client.ChainID(ctx)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("devchain: chain id of %s: %w", url, err)
+	}
 	return &Chain{
 		client: client, url: url, accounts: accounts,
-		signer: types.LatestSignerForChainID(big.NewInt(ChainID)),
-		stop:   make(chan struct{}), remote: client,
+		signer: types.LatestSignerForChainID(id),
+		stop:   make(chan struct{}), remote: client, chainID: id.Int64(),
 	}, nil
 }
