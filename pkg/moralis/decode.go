@@ -1,0 +1,371 @@
+package moralis
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"strings"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Bounds on what one delivery may hold. The HTTP layer bounds the bytes;
+// these bound the work done per delivery.
+const (
+	// ItemsMax is the most txs, txsInternal and erc20Transfers one
+	// delivery may carry altogether.
+	ItemsMax = 10_000
+	// chainIDHexDigitsMax: chain ids fit an int64 (EIP-2294 keeps them far
+	// smaller).
+	chainIDHexDigitsMax = 15
+	// valueDigitsMax is the most decimal digits of a uint256.
+	valueDigitsMax = 78
+	// logIndexDigitsMax: a log index is a uint64.
+	logIndexDigitsMax = 20
+)
+
+// ErrPayload marks a body that is not a Streams delivery settle can read
+// at all. A single transfer that cannot be read is ignored instead.
+var ErrPayload = errors.New("malformed moralis payload")
+
+// Payload is a decoded delivery: the envelope and its candidates, still
+// raw, because each one is judged on its own.
+type Payload struct {
+	ChainID   int64
+	Confirmed bool
+	StreamID  string
+	// Test marks the delivery Moralis sends when a stream is created or
+	// updated: empty chain id, block and arrays. It must be answered 200
+	// and carries nothing.
+	Test bool
+
+	erc20    []json.RawMessage
+	txs      []json.RawMessage
+	internal []json.RawMessage
+}
+
+// Candidates is how many items of the delivery could be transfers: every
+// one ends as a Transfer or as Ignored.
+func (p Payload) Candidates() int { return len(p.erc20) + len(p.txs) + len(p.internal) }
+
+type envelope struct {
+	Confirmed      bool              `json:"confirmed"`
+	ChainID        *string           `json:"chainId"`
+	StreamID       string            `json:"streamId"`
+	Block          *blockView        `json:"block"`
+	Txs            []json.RawMessage `json:"txs"`
+	TxsInternal    []json.RawMessage `json:"txsInternal"`
+	ERC20Transfers []json.RawMessage `json:"erc20Transfers"`
+}
+
+type blockView struct {
+	Number string `json:"number"`
+}
+
+// Decode reads a delivery's envelope. Unknown fields are tolerated
+// everywhere: Moralis adds fields over time.
+func Decode(body []byte) (Payload, error) {
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
+	}
+	p := Payload{Confirmed: env.Confirmed, StreamID: env.StreamID, erc20: env.ERC20Transfers, txs: env.Txs, internal: env.TxsInternal}
+	if n := p.Candidates(); n > ItemsMax {
+		return Payload{}, fmt.Errorf("%w: %d items, at most %d", ErrPayload, n, ItemsMax)
+	}
+	chain := ""
+	if env.ChainID != nil {
+		chain = *env.ChainID
+	}
+	if chain == "" && p.Candidates() == 0 && (env.Block == nil || env.Block.Number == "") {
+		p.Test = true
+		return p, nil
+	}
+	id, ok := parseChainID(chain)
+	if !ok {
+		return Payload{}, fmt.Errorf("%w: chainId %q", ErrPayload, truncate(chain))
+	}
+	p.ChainID = id
+	return p, nil
+}
+
+// Reason says why a candidate was not turned into a transfer. The set is
+// fixed, so it can label a metric.
+type Reason string
+
+const (
+	ReasonMalformed        Reason = "malformed"
+	ReasonUnknownNetwork   Reason = "unknown_network"
+	ReasonUnknownAsset     Reason = "unknown_asset"
+	ReasonZeroAmount       Reason = "zero_amount"
+	ReasonAmountOutOfRange Reason = "amount_out_of_range"
+	// ReasonNoReceipt: a transaction without receiptStatus; its value is
+	// not proven moved.
+	ReasonNoReceipt Reason = "no_receipt"
+	// ReasonFailed: receiptStatus says the transaction reverted.
+	ReasonFailed Reason = "failed_transaction"
+	// ReasonInternal: ETH moved by a contract call. Moralis gives no trace
+	// address, so the transfer cannot be named as the others name it;
+	// the scanner or Alchemy report those.
+	ReasonInternal Reason = "internal_unsupported"
+)
+
+// Reasons lists every Reason, for metrics.
+var Reasons = []Reason{
+	ReasonMalformed, ReasonUnknownNetwork, ReasonUnknownAsset, ReasonZeroAmount,
+	ReasonAmountOutOfRange, ReasonNoReceipt, ReasonFailed, ReasonInternal,
+}
+
+// Transfer is a fungible transfer that could be a deposit: the caller
+// still has to find the recipient among the deposit addresses.
+type Transfer struct {
+	// EventID is the transfer identity's (payment.Transfer.EventID): the
+	// unconfirmed and the confirmed delivery of one transfer, and any
+	// other reporter of it, make one event.
+	EventID   string
+	Index     string
+	Network   string
+	TxHash    string // lowercase
+	ToAddress string // lowercase
+	Asset     payment.Asset
+	// Amount is the raw integer value over 10^decimals of the registered
+	// asset, exactly; Moralis's valueWithDecimals and tokenDecimals are
+	// never read.
+	Amount decimal.Decimal
+}
+
+// Ignored is a candidate that is not a transfer settle credits.
+type Ignored struct {
+	Index  int
+	Reason Reason
+}
+
+// Assets is what Transfers needs from the asset registry.
+type Assets interface {
+	Native(network string) (payment.Asset, bool)
+	ByContract(network, contract string) (payment.Asset, bool)
+}
+
+// Chains names the network of a chain id (ETH_MAINNET for 1).
+type Chains interface {
+	NetworkOf(chainID int64) (string, bool)
+}
+
+// Transfers judges every candidate of p: ERC-20 transfers first, then
+// native transactions, then internal ones (always ignored).
+func Transfers(p Payload, assets Assets, chains Chains) ([]Transfer, []Ignored) {
+	var transfers []Transfer
+	var ignored []Ignored
+	network, known := "", false
+	if !p.Test {
+		network, known = chains.NetworkOf(p.ChainID)
+	}
+	judge := func(i int, t Transfer, reason Reason) {
+		if reason == "" && !known {
+			reason = ReasonUnknownNetwork
+		}
+		if reason != "" {
+			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			return
+		}
+		transfers = append(transfers, t)
+	}
+	i := 0
+	for _, raw := range p.erc20 {
+		t, reason := tokenTransfer(network, raw, assets)
+		judge(i, t, reason)
+		i++
+	}
+	for _, raw := range p.txs {
+		t, reason, skip := nativeTransfer(network, raw, assets)
+		if skip {
+			// A transaction moving no value: no transfer at all, but it
+			// is one of the candidates, so it is counted.
+			reason = ReasonZeroAmount
+		}
+		judge(i, t, reason)
+		i++
+	}
+	for range p.internal {
+		judge(i, Transfer{}, ReasonInternal)
+		i++
+	}
+	return transfers, ignored
+}
+
+type erc20View struct {
+	TransactionHash *string         `json:"transactionHash"`
+	LogIndex        json.RawMessage `json:"logIndex"`
+	Contract        *string         `json:"contract"`
+	To              *string         `json:"to"`
+	Value           *string         `json:"value"`
+}
+
+func tokenTransfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+	var v erc20View
+	if err := json.Unmarshal(raw, &v); err != nil || v.TransactionHash == nil || v.Contract == nil || v.To == nil || v.Value == nil {
+		return Transfer{}, ReasonMalformed
+	}
+	txHash, ok := normalizeHex(*v.TransactionHash, 64)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	contract, ok := normalizeHex(*v.Contract, 40)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	to, ok := normalizeHex(*v.To, 40)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	logIndex, ok := parseLogIndex(v.LogIndex)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	if network == "" {
+		return Transfer{}, ReasonUnknownNetwork
+	}
+	// A token is recognised by its contract, never by its symbol.
+	asset, ok := assets.ByContract(network, contract)
+	if !ok {
+		return Transfer{}, ReasonUnknownAsset
+	}
+	amount, reason := amountOf(*v.Value, asset)
+	if reason != "" {
+		return Transfer{}, reason
+	}
+	index := payment.LogIndexTransfer(logIndex)
+	return Transfer{
+		EventID: payment.Transfer{Network: network, TxHash: txHash, Index: index}.EventID(),
+		Index:   index, Network: network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	}, ""
+}
+
+type txView struct {
+	Hash          *string `json:"hash"`
+	ToAddress     *string `json:"toAddress"`
+	Value         *string `json:"value"`
+	ReceiptStatus *string `json:"receiptStatus"`
+}
+
+// nativeTransfer judges a transaction's own value; skip reports a
+// transaction that moves none (a contract call, an outgoing transfer's
+// zero value): it is no transfer.
+func nativeTransfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason, bool) {
+	var v txView
+	if err := json.Unmarshal(raw, &v); err != nil || v.Hash == nil || v.Value == nil {
+		return Transfer{}, ReasonMalformed, false
+	}
+	if strings.Trim(*v.Value, "0") == "" && *v.Value != "" {
+		return Transfer{}, "", true
+	}
+	txHash, ok := normalizeHex(*v.Hash, 64)
+	if !ok || v.ToAddress == nil {
+		return Transfer{}, ReasonMalformed, false
+	}
+	to, ok := normalizeHex(*v.ToAddress, 40)
+	if !ok {
+		return Transfer{}, ReasonMalformed, false
+	}
+	switch {
+	case v.ReceiptStatus == nil || *v.ReceiptStatus == "":
+		return Transfer{}, ReasonNoReceipt, false
+	case *v.ReceiptStatus != "1":
+		return Transfer{}, ReasonFailed, false
+	case network == "":
+		return Transfer{}, ReasonUnknownNetwork, false
+	}
+	asset, ok := assets.Native(network)
+	if !ok {
+		return Transfer{}, ReasonUnknownAsset, false
+	}
+	amount, reason := amountOf(*v.Value, asset)
+	if reason != "" {
+		return Transfer{}, reason, false
+	}
+	return Transfer{
+		EventID: payment.Transfer{Network: network, TxHash: txHash, Index: payment.TransferNative}.EventID(),
+		Index:   payment.TransferNative, Network: network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	}, "", false
+}
+
+// amountOf reads a decimal integer string (Moralis's value) as base
+// units of asset.
+func amountOf(value string, asset payment.Asset) (decimal.Decimal, Reason) {
+	if value == "" || len(value) > valueDigitsMax || !digitsOnly(value) {
+		return decimal.Decimal{}, ReasonMalformed
+	}
+	units, _ := new(big.Int).SetString(value, 10)
+	amount, err := money.FromBaseUnits("0x"+units.Text(16), asset.Decimals)
+	switch {
+	case errors.Is(err, money.ErrNotPositive):
+		return decimal.Decimal{}, ReasonZeroAmount
+	case errors.Is(err, money.ErrTooLarge):
+		return decimal.Decimal{}, ReasonAmountOutOfRange
+	case err != nil:
+		return decimal.Decimal{}, ReasonMalformed
+	}
+	return amount, ""
+}
+
+// parseLogIndex reads logIndex as Moralis sends it: a decimal string, or
+// a JSON number.
+func parseLogIndex(raw json.RawMessage) (uint64, bool) {
+	text := string(bytes.TrimSpace(raw))
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		text = s
+	}
+	if text == "" || len(text) > logIndexDigitsMax || !digitsOnly(text) || (len(text) > 1 && text[0] == '0') {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(text, 10, 64)
+	return n, err == nil
+}
+
+// parseChainID reads "0x1" (Moralis's form) as 1.
+func parseChainID(s string) (int64, bool) {
+	if len(s) < 3 || len(s) > 2+chainIDHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s[2:], 16, 64)
+	return n, err == nil && n > 0
+}
+
+func digitsOnly(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func normalizeHex(s string, digits int) (string, bool) {
+	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
+		return "", false
+	}
+	for i := 2; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return "", false
+		}
+	}
+	return "0x" + strings.ToLower(s[2:]), true
+}
+
+// truncateLengthMax bounds outside text quoted in an error.
+const truncateLengthMax = 64
+
+func truncate(s string) string {
+	if len(s) <= truncateLengthMax {
+		return s
+	}
+	return s[:truncateLengthMax] + "…"
+}

@@ -1,0 +1,621 @@
+package quicknode
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Datasets settle reads. Any other dataset is acknowledged and ignored:
+// it carries nothing a deposit can be proven from (a transaction's value
+// without its receipt's status, for one).
+const (
+	DatasetBlockWithReceipts = "block_with_receipts"
+	DatasetReceipts          = "receipts"
+	DatasetLogs              = "logs"
+)
+
+// TransferTopic is topic 0 of an ERC-20 (and ERC-721) Transfer log:
+// keccak256("Transfer(address,address,uint256)").
+const TransferTopic = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
+
+// Bounds on what one delivery may hold. The HTTP layer bounds the bytes
+// (after decompression); these bound the work done per delivery.
+const (
+	// ItemsMax is the most blocks, transactions, receipts and logs one
+	// delivery may carry altogether.
+	ItemsMax = 20_000
+	// ReorgedMax bounds metadata.blocks_reorged.
+	ReorgedMax = 10_000
+	// quantityHexDigitsMax: block numbers and log indexes are uint64.
+	quantityHexDigitsMax = 16
+	// networkLengthMax bounds QuickNode's network name.
+	networkLengthMax = 64
+)
+
+// networks maps QuickNode's network names to settle's. QuickNode calls
+// Polygon PoS polygon-mainnet; matic-mainnet is its older name.
+var networks = map[string]string{
+	"ethereum-mainnet": "ETH_MAINNET",
+	"ethereum-sepolia": "ETH_SEPOLIA",
+	"base-mainnet":     "BASE_MAINNET",
+	"base-sepolia":     "BASE_SEPOLIA",
+	"arbitrum-mainnet": "ARB_MAINNET",
+	"optimism-mainnet": "OPT_MAINNET",
+	"polygon-mainnet":  "MATIC_MAINNET",
+	"matic-mainnet":    "MATIC_MAINNET",
+}
+
+// Network is settle's name for a QuickNode network name.
+func Network(streamNetwork string) (string, bool) {
+	n, ok := networks[streamNetwork]
+	return n, ok
+}
+
+// ErrPayload marks a body that is not a Streams delivery settle can read
+// at all (not JSON, no metadata, data not shaped as its dataset, too many
+// items). A single item that cannot be read is ignored instead.
+var ErrPayload = errors.New("malformed quicknode payload")
+
+// Payload is a decoded delivery: its metadata and the candidates found
+// in its data, each still raw, because each one is judged on its own.
+type Payload struct {
+	// StreamNetwork is QuickNode's name; Network settle's ("" when it
+	// maps to none).
+	StreamNetwork string
+	Network       string
+	Dataset       string
+	// Reorged holds the blocks QuickNode says it sends because of a reorg.
+	Reorged map[uint64]bool
+
+	candidates []candidate
+}
+
+// Candidates is how many items of the delivery could be transfers: every
+// one ends as a Transfer or as Ignored.
+func (p Payload) Candidates() int { return len(p.candidates) }
+
+type candidateKind int
+
+const (
+	kindLog candidateKind = iota
+	kindNative
+	// kindBroken: a receipt or transaction that could not be read, so its
+	// transfers cannot be judged.
+	kindBroken
+)
+
+type candidate struct {
+	kind candidateKind
+	raw  json.RawMessage
+	// For a native transfer: its block's number and its receipt's status
+	// (nil: no receipt in the delivery).
+	block  uint64
+	status *string
+}
+
+type envelope struct {
+	Data     json.RawMessage `json:"data"`
+	Metadata *metadata       `json:"metadata"`
+}
+
+type metadata struct {
+	Network       string            `json:"network"`
+	Dataset       string            `json:"dataset"`
+	BlocksReorged []json.RawMessage `json:"blocks_reorged"`
+}
+
+// Decode reads a delivery's metadata and the shape of its data. Unknown
+// fields are tolerated everywhere.
+func Decode(body []byte) (Payload, error) {
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
+	}
+	if env.Metadata == nil {
+		return Payload{}, fmt.Errorf("%w: no metadata object (deliver the stream's metadata in the body)", ErrPayload)
+	}
+	md := env.Metadata
+	if len(md.Network) > networkLengthMax {
+		return Payload{}, fmt.Errorf("%w: network name of %d bytes", ErrPayload, len(md.Network))
+	}
+	if len(md.BlocksReorged) > ReorgedMax {
+		return Payload{}, fmt.Errorf("%w: %d reorged blocks, at most %d", ErrPayload, len(md.BlocksReorged), ReorgedMax)
+	}
+	p := Payload{StreamNetwork: md.Network, Dataset: md.Dataset, Reorged: map[uint64]bool{}}
+	p.Network, _ = Network(md.Network)
+	for _, raw := range md.BlocksReorged {
+		n, ok := blockNumber(raw)
+		if !ok {
+			return Payload{}, fmt.Errorf("%w: blocks_reorged holds %s", ErrPayload, truncate(string(raw)))
+		}
+		p.Reorged[n] = true
+	}
+	if isNull(env.Data) {
+		return p, nil
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(env.Data, &items); err != nil {
+		return Payload{}, fmt.Errorf("%w: data is not an array: %w", ErrPayload, err)
+	}
+	d := decoder{p: &p}
+	switch md.Dataset {
+	case DatasetBlockWithReceipts:
+		for _, item := range items {
+			if err := d.blockWithReceipts(item); err != nil {
+				return Payload{}, err
+			}
+		}
+	case DatasetReceipts:
+		for _, item := range items {
+			if err := d.nested(item, d.receipt); err != nil {
+				return Payload{}, err
+			}
+		}
+	case DatasetLogs:
+		for _, item := range items {
+			if err := d.nested(item, d.log); err != nil {
+				return Payload{}, err
+			}
+		}
+	}
+	return p, nil
+}
+
+type decoder struct {
+	p     *Payload
+	items int
+}
+
+// count charges n items against ItemsMax.
+func (d *decoder) count(n int) error {
+	d.items += n
+	if d.items > ItemsMax {
+		return fmt.Errorf("%w: more than %d items", ErrPayload, ItemsMax)
+	}
+	return nil
+}
+
+// nested reads one element of data: an array of the dataset's items for
+// one block (what QuickNode sends), or a single item.
+func (d *decoder) nested(item json.RawMessage, one func(json.RawMessage) error) error {
+	if err := d.count(1); err != nil {
+		return err
+	}
+	trimmed := bytes.TrimSpace(item)
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		return one(item)
+	}
+	var inner []json.RawMessage
+	if err := json.Unmarshal(item, &inner); err != nil {
+		return fmt.Errorf("%w: %w", ErrPayload, err)
+	}
+	for _, raw := range inner {
+		if err := one(raw); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type receiptView struct {
+	TransactionHash *string           `json:"transactionHash"`
+	Status          *string           `json:"status"`
+	Logs            []json.RawMessage `json:"logs"`
+}
+
+// receipt adds a receipt's logs. A receipt of a failed transaction holds
+// no logs; its status is checked anyway, the chain's word over the
+// provider's.
+func (d *decoder) receipt(raw json.RawMessage) error {
+	if err := d.count(1); err != nil {
+		return err
+	}
+	if isNull(raw) {
+		return nil
+	}
+	var r receiptView
+	if err := json.Unmarshal(raw, &r); err != nil {
+		d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
+		return nil
+	}
+	if r.Status == nil || !strings.EqualFold(*r.Status, "0x1") {
+		return nil
+	}
+	for _, l := range r.Logs {
+		if err := d.log(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// log adds a log when it is a Transfer log (topic 0); any other log is no
+// transfer and is not counted.
+func (d *decoder) log(raw json.RawMessage) error {
+	if err := d.count(1); err != nil {
+		return err
+	}
+	var head struct {
+		Topics []json.RawMessage `json:"topics"`
+	}
+	if err := json.Unmarshal(raw, &head); err != nil {
+		d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
+		return nil
+	}
+	if len(head.Topics) == 0 {
+		return nil
+	}
+	var topic string
+	if err := json.Unmarshal(head.Topics[0], &topic); err != nil || !strings.EqualFold(topic, TransferTopic) {
+		return nil
+	}
+	d.p.candidates = append(d.p.candidates, candidate{kind: kindLog, raw: raw})
+	return nil
+}
+
+type blockView struct {
+	Number       *string           `json:"number"`
+	Transactions []json.RawMessage `json:"transactions"`
+}
+
+type txView struct {
+	Hash  *string `json:"hash"`
+	To    *string `json:"to"`
+	Value *string `json:"value"`
+}
+
+// blockWithReceipts reads one {"block", "receipts"} element: the block's
+// transactions that carry value are native candidates, judged with their
+// receipt's status; the receipts' logs are token candidates.
+func (d *decoder) blockWithReceipts(item json.RawMessage) error {
+	if err := d.count(1); err != nil {
+		return err
+	}
+	var bwr struct {
+		Block    json.RawMessage   `json:"block"`
+		Receipts []json.RawMessage `json:"receipts"`
+	}
+	if err := json.Unmarshal(item, &bwr); err != nil {
+		return fmt.Errorf("%w: block_with_receipts element: %w", ErrPayload, err)
+	}
+	statuses := map[string]*string{}
+	for _, raw := range bwr.Receipts {
+		if err := d.receipt(raw); err != nil {
+			return err
+		}
+		var r receiptView
+		if json.Unmarshal(raw, &r) == nil && r.TransactionHash != nil && r.Status != nil {
+			statuses[strings.ToLower(*r.TransactionHash)] = r.Status
+		}
+	}
+	if isNull(bwr.Block) {
+		return nil
+	}
+	var b blockView
+	if err := json.Unmarshal(bwr.Block, &b); err != nil {
+		d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
+		return nil
+	}
+	var number uint64
+	if b.Number != nil {
+		number, _ = parseQuantity(*b.Number)
+	}
+	for _, raw := range b.Transactions {
+		if err := d.count(1); err != nil {
+			return err
+		}
+		var tx txView
+		if err := json.Unmarshal(raw, &tx); err != nil {
+			// A block with hashes only has no values to credit.
+			var hash string
+			if json.Unmarshal(raw, &hash) != nil {
+				d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
+			}
+			continue
+		}
+		// Contract creations and transactions moving no value are no
+		// native transfers.
+		if tx.To == nil || tx.Value == nil || isZeroQuantity(*tx.Value) {
+			continue
+		}
+		var status *string
+		if tx.Hash != nil {
+			status = statuses[strings.ToLower(*tx.Hash)]
+		}
+		if b.Number == nil {
+			d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
+			continue
+		}
+		d.p.candidates = append(d.p.candidates, candidate{kind: kindNative, raw: raw, block: number, status: status})
+	}
+	return nil
+}
+
+// Reason says why a candidate was not turned into a transfer. The set is
+// fixed, so it can label a metric.
+type Reason string
+
+const (
+	ReasonMalformed        Reason = "malformed"
+	ReasonNFT              Reason = "nft"
+	ReasonUnknownNetwork   Reason = "unknown_network"
+	ReasonUnknownAsset     Reason = "unknown_asset"
+	ReasonZeroAmount       Reason = "zero_amount"
+	ReasonAmountOutOfRange Reason = "amount_out_of_range"
+	// ReasonNoReceipt: a transaction whose receipt is not in the
+	// delivery; without its status, its value is not proven moved.
+	ReasonNoReceipt Reason = "no_receipt"
+	// ReasonFailed: the receipt says the transaction reverted.
+	ReasonFailed Reason = "failed_transaction"
+)
+
+// Reasons lists every Reason, for metrics.
+var Reasons = []Reason{
+	ReasonMalformed, ReasonNFT, ReasonUnknownNetwork, ReasonUnknownAsset,
+	ReasonZeroAmount, ReasonAmountOutOfRange, ReasonNoReceipt, ReasonFailed,
+}
+
+// Transfer is a fungible transfer that could be a deposit: the caller
+// still has to find the recipient among the deposit addresses.
+type Transfer struct {
+	// EventID is the transfer identity's (payment.Transfer.EventID), so
+	// QuickNode, Alchemy, Moralis and the scanner store one event.
+	EventID   string
+	Index     string
+	Network   string
+	TxHash    string // lowercase
+	ToAddress string // lowercase
+	Asset     payment.Asset
+	// Amount is the raw integer (the log's data, the transaction's value)
+	// over 10^decimals of the registered asset, exactly.
+	Amount decimal.Decimal
+	// Removed: the transfer is in a block QuickNode lists in
+	// blocks_reorged (or the log says removed), handled like Alchemy's
+	// removed.
+	Removed bool
+}
+
+// Ignored is a candidate that is not a transfer settle credits.
+type Ignored struct {
+	Index  int
+	Reason Reason
+}
+
+// Assets is what Transfers needs from the asset registry.
+type Assets interface {
+	Native(network string) (payment.Asset, bool)
+	ByContract(network, contract string) (payment.Asset, bool)
+}
+
+// Transfers judges every candidate of p: a fungible transfer of a known
+// asset becomes a Transfer; anything else is Ignored with its reason.
+func Transfers(p Payload, assets Assets) ([]Transfer, []Ignored) {
+	var transfers []Transfer
+	var ignored []Ignored
+	for i, c := range p.candidates {
+		var t Transfer
+		var reason Reason
+		switch {
+		case c.kind == kindBroken:
+			reason = ReasonMalformed
+		case p.Network == "":
+			reason = ReasonUnknownNetwork
+		case c.kind == kindLog:
+			t, reason = logTransfer(p, c.raw, assets)
+		default:
+			t, reason = nativeTransfer(p, c, assets)
+		}
+		if reason != "" {
+			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			continue
+		}
+		transfers = append(transfers, t)
+	}
+	return transfers, ignored
+}
+
+type logView struct {
+	Address         *string  `json:"address"`
+	Topics          []string `json:"topics"`
+	Data            *string  `json:"data"`
+	BlockNumber     *string  `json:"blockNumber"`
+	TransactionHash *string  `json:"transactionHash"`
+	LogIndex        *string  `json:"logIndex"`
+	Removed         bool     `json:"removed"`
+}
+
+// Topic and data lengths of an ERC-20 Transfer log: three topics (the
+// signature, from, to), the value as one 32-byte word.
+const (
+	erc20Topics   = 3
+	erc721Topics  = 4
+	wordHexDigits = 64
+)
+
+func logTransfer(p Payload, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+	var l logView
+	if err := json.Unmarshal(raw, &l); err != nil {
+		return Transfer{}, ReasonMalformed
+	}
+	switch {
+	case len(l.Topics) == erc721Topics:
+		// ERC-721's Transfer indexes the token id too: never credited.
+		return Transfer{}, ReasonNFT
+	case len(l.Topics) != erc20Topics || l.Address == nil || l.Data == nil ||
+		l.TransactionHash == nil || l.LogIndex == nil || l.BlockNumber == nil:
+		return Transfer{}, ReasonMalformed
+	}
+	contract, ok := normalizeHex(*l.Address, 40)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	txHash, ok := normalizeHex(*l.TransactionHash, 64)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	logIndex, ok := parseQuantity(*l.LogIndex)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	block, ok := parseQuantity(*l.BlockNumber)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	to, ok := topicAddress(l.Topics[2])
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	word, ok := normalizeHex(*l.Data, wordHexDigits)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	// A token is recognised by its contract, never by its symbol.
+	asset, ok := assets.ByContract(p.Network, contract)
+	if !ok {
+		return Transfer{}, ReasonUnknownAsset
+	}
+	amount, reason := amountOf(word, asset)
+	if reason != "" {
+		return Transfer{}, reason
+	}
+	index := payment.LogIndexTransfer(logIndex)
+	return Transfer{
+		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: index}.EventID(),
+		Index:   index, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+		Removed: l.Removed || p.Reorged[block],
+	}, ""
+}
+
+func nativeTransfer(p Payload, c candidate, assets Assets) (Transfer, Reason) {
+	var tx txView
+	if err := json.Unmarshal(c.raw, &tx); err != nil || tx.Hash == nil {
+		return Transfer{}, ReasonMalformed
+	}
+	txHash, ok := normalizeHex(*tx.Hash, 64)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	to, ok := normalizeHex(*tx.To, 40)
+	if !ok {
+		return Transfer{}, ReasonMalformed
+	}
+	switch {
+	case c.status == nil:
+		return Transfer{}, ReasonNoReceipt
+	case !strings.EqualFold(*c.status, "0x1"):
+		return Transfer{}, ReasonFailed
+	}
+	asset, ok := assets.Native(p.Network)
+	if !ok {
+		return Transfer{}, ReasonUnknownAsset
+	}
+	amount, reason := amountOf(*tx.Value, asset)
+	if reason != "" {
+		return Transfer{}, reason
+	}
+	return Transfer{
+		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: payment.TransferNative}.EventID(),
+		Index:   payment.TransferNative, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+		Removed: p.Reorged[c.block],
+	}, ""
+}
+
+// amountOf reads a hex quantity or a 32-byte word as base units of asset.
+func amountOf(hex string, asset payment.Asset) (decimal.Decimal, Reason) {
+	if len(hex) < 3 || (hex[:2] != "0x" && hex[:2] != "0X") {
+		return decimal.Decimal{}, ReasonMalformed
+	}
+	// Leading zeros (a 32-byte word has many) are not digits of the value.
+	digits := strings.TrimLeft(hex[2:], "0")
+	if digits == "" {
+		digits = "0"
+	}
+	amount, err := money.FromBaseUnits("0x"+digits, asset.Decimals)
+	switch {
+	case errors.Is(err, money.ErrNotPositive):
+		return decimal.Decimal{}, ReasonZeroAmount
+	case errors.Is(err, money.ErrTooLarge):
+		return decimal.Decimal{}, ReasonAmountOutOfRange
+	case err != nil:
+		return decimal.Decimal{}, ReasonMalformed
+	}
+	return amount, ""
+}
+
+// topicAddress reads an address from an indexed topic: 12 zero bytes,
+// then the 20 bytes of the address.
+func topicAddress(topic string) (string, bool) {
+	word, ok := normalizeHex(topic, wordHexDigits)
+	if !ok || strings.Trim(word[2:26], "0") != "" {
+		return "", false
+	}
+	return "0x" + word[26:], true
+}
+
+func isNull(raw json.RawMessage) bool {
+	trimmed := bytes.TrimSpace(raw)
+	return len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null"))
+}
+
+func isZeroQuantity(s string) bool {
+	if len(s) < 2 || (s[:2] != "0x" && s[:2] != "0X") {
+		return false
+	}
+	return strings.Trim(s[2:], "0") == ""
+}
+
+// blockNumber reads a block number as QuickNode lists it: a JSON number,
+// or a hex quantity or decimal string.
+func blockNumber(raw json.RawMessage) (uint64, bool) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if n, ok := parseQuantity(s); ok {
+			return n, true
+		}
+		n, err := strconv.ParseUint(s, 10, 64)
+		return n, err == nil
+	}
+	n, err := strconv.ParseUint(string(bytes.TrimSpace(raw)), 10, 64)
+	return n, err == nil
+}
+
+// parseQuantity reads an Ethereum hex quantity ("0x6e") as a uint64.
+func parseQuantity(s string) (uint64, bool) {
+	if len(s) < 3 || len(s) > 2+quantityHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s[2:], 16, 64)
+	return n, err == nil
+}
+
+func normalizeHex(s string, digits int) (string, bool) {
+	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
+		return "", false
+	}
+	for i := 2; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return "", false
+		}
+	}
+	return "0x" + strings.ToLower(s[2:]), true
+}
+
+// truncateLengthMax bounds outside text quoted in an error.
+const truncateLengthMax = 64
+
+func truncate(s string) string {
+	if len(s) <= truncateLengthMax {
+		return s
+	}
+	return s[:truncateLengthMax] + "…"
+}
