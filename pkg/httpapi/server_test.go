@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/settle/settle/pkg/adminapi"
+	"github.com/settle/settle/pkg/console"
 	"github.com/settle/settle/pkg/httpapi"
 	notifyadmin "github.com/settle/settle/pkg/notify/admin"
 )
@@ -246,7 +247,11 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	// drift from them.
 	full := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
 		o.AdminRoutes = append(adminapi.Routes(nil), notifyadmin.Routes(nil)...)
-		o.AdminMounts = []httpapi.Mount{adminapi.Dashboard(o.Redis, true)}
+		store, ok := o.Store.(console.Store)
+		require.True(t, ok)
+		operatorConsole, err := console.New(console.Options{Store: store, AdminToken: o.AdminToken})
+		require.NoError(t, err)
+		o.AdminMounts = []httpapi.Mount{adminapi.Dashboard(o.Redis, true), operatorConsole.Mount()}
 	}})
 	require.Equal(t, sortedKeys(all), sortedKeys(registered(full)))
 

@@ -1,0 +1,373 @@
+package console_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/console"
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const (
+	adminToken    = "admin-token-0123456789-abcdefghijklmn"
+	readOnlyToken = "readonly-token-0123456789-abcdefghijk"
+	apiToken      = "api-token-0123456789-abcdefghijklmnop"
+	webhookSecret = "webhook-secret-0123456789-abcdefghij"
+	// requestTimeout is a safety net against hangs, never a timing
+	// assertion.
+	requestTimeout = time.Minute
+)
+
+// fixture is the real api (httpapi with the console mounted) over real
+// HTTP, on a fresh PostgreSQL database.
+type fixture struct {
+	t      *testing.T
+	db     *postgres.DB
+	url    string
+	client *http.Client
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	c, err := console.New(console.Options{Store: db, AdminToken: adminToken, ReadOnlyToken: readOnlyToken,
+		TraceURL: "https://traces.example/trace/{trace_id}"})
+	require.NoError(t, err)
+	server, err := httpapi.New(httpapi.Options{
+		Store: db, Redis: rdb, Log: zerolog.Nop(),
+		WebhookSecret: webhookSecret, APIToken: apiToken, AdminToken: adminToken,
+		AdminMounts: []httpapi.Mount{c.Mount()},
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+	client := &http.Client{Timeout: requestTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &fixture{t: t, db: db, url: ts.URL, client: client}
+}
+
+// deadLetter stores a deposit and dead-letters it the way a worker does
+// (claimed from the outbox, then failed to the DLQ); it returns the entry.
+func (f *fixture) deadLetter(eventID string) int64 {
+	f.t.Helper()
+	ctx := context.Background()
+	_, err := f.db.CreateUser(ctx, 1)
+	require.NoError(f.t, err)
+	_, err = f.db.InsertEvent(ctx, postgres.NewEvent{Source: postgres.SourcePayments, Event: payment.Event{
+		ID: eventID, Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1.5")}})
+	require.NoError(f.t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, 1)
+	require.NoError(f.t, err)
+	require.Len(f.t, claimed, 1)
+	moved, id, err := f.db.FailToDLQ(ctx, payment.DeadLetter{EventID: eventID, EventType: string(payment.Deposit), UserID: 1,
+		Asset: "ETH", Amount: "1.5", Error: "forced failure", Generation: claimed[0].Event.Generation, Source: payment.SourceWorker})
+	require.NoError(f.t, err)
+	require.True(f.t, moved)
+	return id
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (f *fixture) do(method, path string, auth func(*http.Request), form url.Values, header map[string]string) answer {
+	f.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, f.url+path, body)
+	require.NoError(f.t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	if auth != nil {
+		auth(req)
+	}
+	resp, err := f.client.Do(req)
+	require.NoError(f.t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(f.t, err)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(data)}
+}
+
+func basic(user, token string) func(*http.Request) {
+	return func(r *http.Request) { r.SetBasicAuth(user, token) }
+}
+
+func bearer(token string) func(*http.Request) {
+	return func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) }
+}
+
+// csrfField is the token every page carries (forms carry the same).
+var csrfField = regexp.MustCompile(`name="csrf-token" content="([^"]+)"`)
+
+// csrf is the token a page serves to auth.
+func (f *fixture) csrf(path string, auth func(*http.Request)) string {
+	f.t.Helper()
+	a := f.do(http.MethodGet, path, auth, nil, nil)
+	require.Equal(f.t, http.StatusOK, a.status, a.body)
+	m := csrfField.FindStringSubmatch(a.body)
+	require.NotNil(f.t, m, "the page has a CSRF token")
+	return m[1]
+}
+
+// post sends a form as a browser on this origin does.
+func (f *fixture) post(path string, auth func(*http.Request), form url.Values) answer {
+	f.t.Helper()
+	return f.do(http.MethodPost, path, auth, form, map[string]string{"Origin": f.url})
+}
+
+func (f *fixture) entry(id int64) postgres.DeadLetterView {
+	f.t.Helper()
+	v, err := f.db.DeadLetter(context.Background(), id)
+	require.NoError(f.t, err)
+	return v
+}
+
+func TestAuthentication(t *testing.T) {
+	f := newFixture(t)
+	id := f.deadLetter("dep-auth")
+	entryPath := "/admin/console/dlq/" + itoa(id)
+
+	for name, auth := range map[string]func(*http.Request){
+		"none":            nil,
+		"wrong token":     basic("ops", "not-the-token-0123456789-abcdefghijkl"),
+		"api token":       bearer(apiToken),
+		"empty password":  basic("ops", ""),
+		"malformed basic": func(r *http.Request) { r.Header.Set("Authorization", "Basic !!!") },
+	} {
+		a := f.do(http.MethodGet, "/admin/console/", auth, nil, nil)
+		require.Equal(t, http.StatusUnauthorized, a.status, name)
+		require.Equal(t, []string{`Basic realm="settle"`, `Bearer realm="settle"`}, a.header.Values("WWW-Authenticate"),
+			"%s: Basic on its own line, so browsers offer a login", name)
+		var body map[string]any
+		require.NoError(t, json.Unmarshal([]byte(a.body), &body), name)
+		require.Equal(t, "unauthorized", body["code"], name)
+		require.NotContains(t, a.body, adminToken)
+	}
+
+	// The read-only token looks: every page answers, no action is offered.
+	for _, path := range []string{"/admin/console/", "/admin/console/dlq", entryPath, "/admin/console/event?id=dep-auth",
+		"/admin/console/holds", "/admin/console/rescans", "/admin/console/events?q=1", "/admin/console/live"} {
+		a := f.do(http.MethodGet, path, basic("viewer", readOnlyToken), nil, nil)
+		require.Equal(t, http.StatusOK, a.status, path)
+		require.NotContains(t, a.body, `method="post"`, "%s: no forms for the read-only role", path)
+		require.NotContains(t, a.body, readOnlyToken)
+	}
+	a := f.do(http.MethodGet, "/admin/console/", bearer(readOnlyToken), nil, nil)
+	require.Equal(t, http.StatusOK, a.status, "bearer works too")
+	require.Contains(t, a.header.Get("Content-Security-Policy"), "default-src 'self'")
+
+	// ...and cannot act, whatever it sends: 403 before anything is read.
+	token := f.csrf(entryPath, basic("viewer", readOnlyToken))
+	a = f.post(entryPath+"/replay", basic("viewer", readOnlyToken), url.Values{"csrf": {token}, "reason": {"try"}})
+	require.Equal(t, http.StatusForbidden, a.status)
+	require.Contains(t, a.body, "read-only")
+	require.Empty(t, f.entry(id).Resolution)
+
+	// The admin token sees the forms and acts.
+	adminPage := f.do(http.MethodGet, entryPath, basic("alice", adminToken), nil, nil)
+	require.Contains(t, adminPage.body, `id="replay-form"`)
+	require.Contains(t, adminPage.body, `id="discard-form"`)
+	require.NotContains(t, adminPage.body, adminToken)
+	token = f.csrf(entryPath, basic("alice", adminToken))
+	a = f.post(entryPath+"/replay", basic("alice", adminToken), url.Values{"csrf": {token}, "reason": {"node was down"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, entryPath+"?done=replay%3Areopened", a.header.Get("Location"))
+	v := f.entry(id)
+	require.Equal(t, "replayed", v.Resolution)
+	require.Equal(t, "node was down", v.Reason)
+	require.Regexp(t, `^alice \(console, admin\) @127\.0\.0\.1$`, v.ResolvedBy, "who: the Basic user, the role, where from")
+	require.Equal(t, "pending", v.EventStatus)
+
+	// Replaying again is the operation's own no-op.
+	a = f.post(entryPath+"/replay", basic("alice", adminToken), url.Values{"csrf": {token}, "reason": {"again"}})
+	require.Equal(t, http.StatusSeeOther, a.status)
+	require.Contains(t, a.header.Get("Location"), "already_replayed")
+}
+
+func TestCSRFRefusals(t *testing.T) {
+	f := newFixture(t)
+	id := f.deadLetter("dep-csrf")
+	entryPath := "/admin/console/dlq/" + itoa(id)
+	admin := basic("alice", adminToken)
+	good := f.csrf(entryPath, admin)
+	viewerToken := f.csrf(entryPath, basic("viewer", readOnlyToken))
+
+	cases := map[string]struct {
+		form   url.Values
+		header map[string]string
+	}{
+		"no token":                  {url.Values{"reason": {"r"}}, map[string]string{"Origin": f.url}},
+		"forged token":              {url.Values{"csrf": {"1700000000.AAAA"}, "reason": {"r"}}, map[string]string{"Origin": f.url}},
+		"another credential's form": {url.Values{"csrf": {viewerToken}, "reason": {"r"}}, map[string]string{"Origin": f.url}},
+		"another site's origin":     {url.Values{"csrf": {good}, "reason": {"r"}}, map[string]string{"Origin": "https://evil.example"}},
+		"cross-site fetch":          {url.Values{"csrf": {good}, "reason": {"r"}}, map[string]string{"Sec-Fetch-Site": "cross-site"}},
+		"null origin":               {url.Values{"csrf": {good}, "reason": {"r"}}, map[string]string{"Origin": "null"}},
+	}
+	for name, c := range cases {
+		a := f.do(http.MethodPost, entryPath+"/discard", admin, c.form, c.header)
+		require.Equal(t, http.StatusForbidden, a.status, name)
+		require.Empty(t, f.entry(id).Resolution, "%s: nothing done", name)
+	}
+
+	// An expired form: a console whose clock is past the token's life.
+	later, err := console.New(console.Options{Store: f.db, AdminToken: adminToken, Now: func() time.Time { return time.Now().Add(13 * time.Hour) }})
+	require.NoError(t, err)
+	req := httptest.NewRequest(http.MethodPost, entryPath+"/discard", strings.NewReader(url.Values{"csrf": {good}, "reason": {"r"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.SetBasicAuth("alice", adminToken)
+	rec := httptest.NewRecorder()
+	later.ServeHTTP(rec, req)
+	require.Equal(t, http.StatusForbidden, rec.Code, "a form older than its life")
+	require.Empty(t, f.entry(id).Resolution)
+
+	// The same form, fresh, from this origin, acts.
+	a := f.post(entryPath+"/discard", admin, url.Values{"csrf": {good}, "reason": {"duplicate of a manual credit"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "discarded", f.entry(id).Resolution)
+}
+
+func TestReasonRequired(t *testing.T) {
+	f := newFixture(t)
+	id := f.deadLetter("dep-reason")
+	entryPath := "/admin/console/dlq/" + itoa(id)
+	admin := basic("alice", adminToken)
+	token := f.csrf(entryPath, admin)
+	for _, action := range []string{"replay", "discard"} {
+		for _, reason := range []string{"", "   ", strings.Repeat("x", 1001)} {
+			a := f.post(entryPath+"/"+action, admin, url.Values{"csrf": {token}, "reason": {reason}})
+			require.Equal(t, http.StatusBadRequest, a.status, "%s with reason %q", action, reason)
+			require.Empty(t, f.entry(id).Resolution)
+		}
+	}
+	a := f.post("/admin/console/dlq/bulk-replay", admin, url.Values{"csrf": {token}, "id": {itoa(id)}, "confirm": {"yes"}})
+	require.Equal(t, http.StatusBadRequest, a.status, "a bulk replay needs one too")
+	a = f.post("/admin/console/event/recheck", admin, url.Values{"csrf": {token}, "id": {"dep-reason"}})
+	require.Equal(t, http.StatusBadRequest, a.status, "so does a recheck")
+	require.Empty(t, f.entry(id).Resolution)
+}
+
+func TestBulkReplayAsksFirst(t *testing.T) {
+	f := newFixture(t)
+	first := f.deadLetter("dep-bulk-1")
+	second := f.deadLetter("dep-bulk-2")
+	admin := basic("alice", adminToken)
+	list := f.do(http.MethodGet, "/admin/console/dlq", admin, nil, nil)
+	require.Equal(t, http.StatusOK, list.status)
+	require.Contains(t, list.body, `id="bulk-form"`)
+	token := csrfField.FindStringSubmatch(list.body)[1]
+	form := url.Values{"csrf": {token}, "reason": {"RPC outage over"}, "id": {itoa(first), itoa(second)}}
+
+	a := f.post("/admin/console/dlq/bulk-replay", admin, form)
+	require.Equal(t, http.StatusOK, a.status, a.body)
+	require.Contains(t, a.body, "Replay 2 dead letters?")
+	require.Contains(t, a.body, "dep-bulk-1")
+	require.Contains(t, a.body, "dep-bulk-2")
+	require.Contains(t, a.body, `name="confirm" value="yes"`)
+	require.Empty(t, f.entry(first).Resolution, "nothing replayed before the confirmation")
+	require.Empty(t, f.entry(second).Resolution)
+
+	form.Set("confirm", "yes")
+	a = f.post("/admin/console/dlq/bulk-replay", admin, form)
+	require.Equal(t, http.StatusOK, a.status, a.body)
+	require.Contains(t, a.body, `id="bulk-results"`)
+	for _, id := range []int64{first, second} {
+		v := f.entry(id)
+		require.Equal(t, "replayed", v.Resolution)
+		require.Equal(t, "RPC outage over", v.Reason)
+		require.Equal(t, "pending", v.EventStatus)
+	}
+	// Confirming twice replays nothing twice.
+	a = f.post("/admin/console/dlq/bulk-replay", admin, form)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Equal(t, 2, strings.Count(a.body, "already_replayed"))
+
+	tooMany := url.Values{"csrf": {token}, "reason": {"r"}, "confirm": {"yes"}}
+	for i := range 101 {
+		tooMany.Add("id", itoa(int64(i+1)))
+	}
+	require.Equal(t, http.StatusBadRequest, f.post("/admin/console/dlq/bulk-replay", admin, tooMany).status)
+}
+
+func TestStoryAndSearch(t *testing.T) {
+	f := newFixture(t)
+	id := f.deadLetter("dep-story")
+	admin := basic("alice", adminToken)
+	ctx := context.Background()
+	_, err := f.db.ReplayDeadLetter(ctx, id, "test", "to see the story")
+	require.NoError(t, err)
+
+	// A search by exact event id goes to the story.
+	a := f.do(http.MethodGet, "/admin/console/events?q=dep-story", admin, nil, nil)
+	require.Equal(t, http.StatusSeeOther, a.status)
+	require.Equal(t, "/admin/console/event?id=dep-story", a.header.Get("Location"))
+	a = f.do(http.MethodGet, "/admin/console/event?id=dep-story", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	for _, want := range []string{`data-status="pending"`, "forced failure", "replayed by test: to see the story", "accepted from payments as pending", "hx-get="} {
+		require.Contains(t, a.body, want)
+	}
+	// A user id lists the user's events; an unknown id says so.
+	a = f.do(http.MethodGet, "/admin/console/events?q=1", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, "dep-story")
+	a = f.do(http.MethodGet, "/admin/console/events?q=no-such-event", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, `id="no-match"`)
+	a = f.do(http.MethodGet, "/admin/console/event?id=no-such-event", admin, nil, nil)
+	require.Equal(t, http.StatusNotFound, a.status)
+	a = f.do(http.MethodGet, "/admin/console/events?q=0x"+strings.Repeat("ab", 32), admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+
+	// The overview shows the backlog, the scanner's state and the DLQ.
+	a = f.do(http.MethodGet, "/admin/console/", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, `id="backlog"`)
+	require.Contains(t, a.body, `id="scanner"`)
+	require.Contains(t, a.body, "dep-story")
+}
+
+// TestVendoredHTMX pins the vendored script to the release it says it is.
+func TestVendoredHTMX(t *testing.T) {
+	data, err := os.ReadFile("static/htmx.min.js")
+	require.NoError(t, err)
+	sum := sha256.Sum256(data)
+	require.Equal(t, "a0abb04f2f45a1f89d1d4844023245537e5e6014c87b144553e0607b4cc32130", hex.EncodeToString(sum[:]))
+	require.Contains(t, string(data), `version="4.0.1"`)
+	readme, err := os.ReadFile("static/README.md")
+	require.NoError(t, err)
+	require.Contains(t, string(readme), hex.EncodeToString(sum[:]))
+}
+
+func itoa(n int64) string { return decimal.NewFromInt(n).String() }
