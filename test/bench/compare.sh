@@ -1,30 +1,64 @@
 #!/usr/bin/env bash
-# Runs every figure of BENCHMARKS.md in one sitting, so the ratios against
-# the seed design compare runs taken on the same machine in the same state.
+# Runs every figure of BENCHMARKS.md (the targets of issue 19 and the seed
+# baselines) in one sitting, so the ratios against the seed design compare
+# runs taken on the same machine in the same state, and ends with a summary
+# of every target beside its figure.
 # Usage: test/bench/compare.sh [output-dir]   (from the repository root)
 # SEED_DIR points at the seed-celery reproduction (default ../shared/peers/seed-celery).
+# BACKLOG_EVENTS sizes the memory run (default 1000000: about half an hour);
+# SKIP_SEED=1 leaves out the seed's own runs.
 set -euo pipefail
 
 out=${1:-$(mktemp -d /tmp/settle-bench.XXXX)}
 mkdir -p "$out"
 seed=${SEED_DIR:-$(cd "$(dirname "$0")/../../.." && pwd)/shared/peers/seed-celery}
 quiet=${WAIT_QUIET:-600}
+backlog=${BACKLOG_EVENTS:-1000000}
 
 step() { printf '\n=== %s\n$ %s\n' "$1" "${*:2}" | tee -a "$out/all.txt"; "${@:2}" 2>&1 | tee "$out/$1.txt" | tee -a "$out/all.txt"; }
-e2e() { go test ./test/bench -run '^$' -bench EndToEnd -benchtime 1x -timeout 30m "$@"; }
+e2e() { go test ./test/bench -run '^$' -bench EndToEnd -benchtime 1x -timeout 90m "$@"; }
 
 go test -c -o /dev/null ./test/bench # build once, outside every measured window
+uptime | tee -a "$out/all.txt"
 
+step idle go test ./test/bench -run '^$' -bench Idle -benchtime 1x -timeout 10m -idle.window 60s
+# -e2e.rate counts webhooks, duplicates included: 120/s is 100 new events/s.
+step e2e-steady-100 e2e -e2e.events 6000 -e2e.rate 120 -e2e.concurrency 16
 step e2e-deposits e2e -e2e.events 20000 -e2e.duplicates 20
-step e2e-steady-100 e2e -e2e.events 3000 -e2e.rate 120 -e2e.concurrency 16
 step e2e-withdrawals e2e -e2e.events 5000 -e2e.withdrawals 100 -e2e.users 100 -e2e.initial-balance 100 -e2e.duplicates 10 -e2e.workers 2
 # The same contention through holds: every event a hold, then its post (3 in 4) or void, so twice the events.
 step e2e-holds e2e -e2e.events 5000 -e2e.holds 100 -e2e.users 100 -e2e.initial-balance 100 -e2e.duplicates 10 -e2e.workers 2
-step e2e-backlog-100k e2e -e2e.events 100000 -e2e.duplicates 0 -e2e.backlog
+scanner=$(grep -rl --include='*_test.go' -E '^func Benchmark(Chain)?Scan' pkg cmd test 2>/dev/null | head -1 || true)
+if [ -n "$scanner" ]; then
+	step scanner go test "./$(dirname "$scanner")" -run '^$' -bench '^Benchmark(Chain)?Scan' -benchtime 1x -timeout 30m
+else
+	printf '\n=== scanner\nno scanner benchmark in this tree: not measured\n' | tee "$out/scanner.txt" | tee -a "$out/all.txt"
+fi
 step pgbench-seed-sql go test ./test/bench -run '^$' -bench PgbenchSeedSQL -benchtime 1x -pgbench.seed-dir "$seed"
 step ingest go test ./pkg/httpapi -run '^$' -bench WebhookIngest -benchtime 5000x
-if [ -x "$seed/bench.sh" ]; then
+if [ -x "$seed/bench.sh" ] && [ "${SKIP_SEED:-}" != 1 ]; then
 	step seed-deposits bash -c "cd '$seed' && ./bench.sh --runs 3 --wait-quiet $quiet --max-other-pct 10"
 	step seed-withdrawals bash -c "cd '$seed' && ./bench.sh --withdraw --wait-quiet $quiet --max-other-pct 10"
 fi
+step e2e-backlog e2e -e2e.events "$backlog" -e2e.duplicates 0 -e2e.backlog
+
+# metric FILE UNIT: the value before UNIT on the file's benchmark line.
+metric() { awk -v unit="$2" '/^Benchmark/ { for (i = 2; i <= NF; i++) if ($i == unit) v = $(i-1) } END { print (v == "" ? "-" : v) }' "$out/$1.txt" 2>/dev/null || echo -; }
+line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
+{
+	printf '\n=== summary (issue 19 targets; every figure from this sitting)\n'
+	printf '%-44s %-22s %s\n' target wanted measured
+	printf '%-44s %-22s %s ms/event\n' "100 events/s: CPU, all processes" "<= 2" "$(metric e2e-steady-100 cpu-ms/event)"
+	printf '%-44s %-22s %s / %s ms\n' "100 events/s: webhook-to-terminal p50 / p99" "<= 25 / <= 100" "$(metric e2e-steady-100 p50-ms)" "$(metric e2e-steady-100 p99-ms)"
+	printf '%-44s %-22s %s %% of a core\n' "idle: api+worker+scheduler+PostgreSQL+Redis" "<= 1" "$(metric idle idle-core-%)"
+	printf '%-44s %-22s %s /s at %s ms/event\n' "full speed: applied deposits" ">= 4500 at <= 0.3" "$(metric e2e-deposits applied/s)" "$(metric e2e-deposits cpu-ms/event)"
+	printf '%-44s %-22s %s /s\n' "contended withdrawals" ">= 3500" "$(metric e2e-withdrawals applied/s)"
+	printf '%-44s %-22s %s events/s\n' "holds + posts/voids" ">= 3500" "$(metric e2e-holds applied/s)"
+	printf '%-44s %-22s %s\n' "scanner, 100k addresses" ">= 500 blocks/s, <= 3 RPC/block" "$(grep -m1 -E '^Benchmark|not measured' "$out/scanner.txt" 2>/dev/null || echo -)"
+	printf '%-44s %-22s %s\n' "memory under a $backlog-event backlog" "flat" "$(line e2e-backlog '^peak RSS')"
+	printf '%-44s %-22s %s\n' "seed: pgbench of its per-event SQL" "baseline" "$(metric pgbench-seed-sql events/s) events/s"
+	printf '%-44s %-22s %s\n' "seed: Python/Celery deposits" "baseline" "$(line seed-deposits '^== ')"
+	printf '%-44s %-22s %s\n' "seed: Python/Celery withdrawals" "baseline" "$(line seed-withdrawals 'throughput')"
+	printf 'machine at the end: %s\n' "$(uptime)"
+} | tee -a "$out/all.txt"
 echo "results in $out"
