@@ -157,7 +157,10 @@ func ParseTraceID(id string) (trace.TraceID, bool) {
 // NewTraceID is a new random trace id as settle writes it: 32 lowercase
 // hex digits, a valid W3C trace id (and a UUID in its hex form).
 func NewTraceID() string {
-	return newTraceID().String()
+	id := newTraceID()
+	var b [32]byte
+	hex.Encode(b[:], id[:])
+	return string(b[:]) // one allocation, as uuid.NewString made
 }
 
 func newTraceID() trace.TraceID {
