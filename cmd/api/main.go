@@ -76,6 +76,8 @@ type settings struct {
 	dashboardReadOnly bool
 	// dashboardPrometheus feeds asynqmon's Metrics tab.
 	dashboardPrometheus string
+	// console configures /admin/console/.
+	console consoleSettings
 	// chain is the worker's chain settings; with ETH_RPC_URL the api can
 	// ask the chain (recheck, Alchemy's removed).
 	chain finality.Settings
@@ -141,6 +143,7 @@ func readServe(env *config.Env, s *settings) {
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
 	s.dashboardPrometheus = readDashboardPrometheus(env)
+	s.console = readConsole(env, s.adminToken, s.apiToken)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 	s.chain = finality.ReadSettings(env, false)
 }
@@ -249,6 +252,10 @@ func serve(log zerolog.Logger, s settings) error {
 		return err
 	}
 	defer closeChain()
+	operatorConsole, err := consoleMount(s, db, rdb, chain)
+	if err != nil {
+		return err
+	}
 	server, err := httpapi.New(httpapi.Options{
 		Chain:              chain,
 		Registry:           registry,
@@ -263,7 +270,7 @@ func serve(log zerolog.Logger, s settings) error {
 		VerifiedRateLimit:  s.verifiedRateLimit,
 		TrustedProxies:     s.trustedProxies,
 		AdminRoutes:        append(adminapi.Routes(db), notifyadmin.Routes(db)...),
-		AdminMounts:        []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: s.dashboardReadOnly, PrometheusURL: s.dashboardPrometheus})},
+		AdminMounts:        []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: s.dashboardReadOnly, PrometheusURL: s.dashboardPrometheus}), operatorConsole},
 
 		UnverifiedBytesMax:       int64(s.unverifiedBytesMax),
 		UnverifiedClientBytesMax: int64(s.unverifiedClientBytesMax),

@@ -148,7 +148,7 @@ func (c *Console) funcs() template.FuncMap {
 			}
 			return s
 		},
-		"q":        url.QueryEscape,
+		"q": url.QueryEscape,
 		"dict": func(pairs ...any) (map[string]any, error) {
 			if len(pairs)%2 != 0 {
 				return nil, errors.New("dict needs key and value pairs")
