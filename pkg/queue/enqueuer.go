@@ -179,6 +179,12 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	e.claimed.Add(float64(len(claimed)))
 	failures := e.enqueueAll(ctx, claimed, claim)
 	e.failing.Store(failures > 0 && failures == len(claimed))
+	if failures < len(claimed) {
+		// Workers waiting on an empty queue look now, not at their next poll.
+		if err := PublishWake(ctx, e.o.Redis); err != nil {
+			e.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
+		}
+	}
 	return len(claimed) >= pendingMax && failures == 0, nil
 }
 

@@ -1,0 +1,215 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// asynq's processor finds new tasks by polling: it runs its dequeue script
+// on every queue and, when all are empty, sleeps TaskCheckInterval. A short
+// interval keeps a trickle's latency low and costs the worker and Redis a
+// few percent of a core when idle; a long one is cheap and slow. The Waker
+// gives both: a Redis hook makes the empty dequeue of the payments queue
+// wait (for up to WakeWaitDefault) for a wake-up that the enqueuer
+// publishes after each round that enqueued something, then look again. An
+// idle worker then asks Redis about once per wait; a task that comes with
+// a wake-up is picked up at once, and so is a due retry (the hook sees
+// asynq's forwarder move it). Tasks that come without one (recovered
+// tasks, maintenance and notification tasks) wait at most the wait.
+
+// WakeChannel is the Redis pub/sub channel of the wake-ups.
+const WakeChannel = "settle:wake"
+
+// Waker bounds.
+const (
+	// WakeWaitDefault is how long an empty dequeue waits for a wake-up:
+	// the idle worker's poll period, and the longest a task enqueued
+	// without a wake-up waits beyond TaskCheckInterval.
+	WakeWaitDefault = time.Second
+	// WakeWaitMax bounds WORKER_WAKE_WAIT: asynq's shutdown waits for it.
+	WakeWaitMax = 10 * time.Second
+	// wakeHealthCheck is how often the subscription is pinged; a lost one
+	// costs latency (the wait), never a task.
+	wakeHealthCheck = 30 * time.Second
+	publishTimeout  = time.Second
+)
+
+// asynq v0.26.0's dequeue script runs with these four keys, the first
+// being the queue's pending list (asynq's internal/base.PendingKey).
+const dequeueKeys = 4
+
+// Waker turns wake-ups published on WakeChannel into the end of an idle
+// dequeue's wait. Its Hook goes on the asynq server's Redis client; Run
+// must be running for wake-ups to arrive (without it, dequeues wait the
+// whole wait: slower, never wrong).
+type Waker struct {
+	rdb     redis.UniversalClient
+	wait    time.Duration
+	pending string // the key whose empty dequeue waits
+
+	stop     chan struct{} // closed by Stop
+	stopOnce sync.Once
+
+	mu    sync.Mutex
+	woken chan struct{} // closed and replaced at every wake-up
+	// waits counts dequeues that waited (for tests and metrics).
+	waits int64
+}
+
+// NewWaker builds a waker for the payments queue; wait <= 0 is
+// WakeWaitDefault.
+func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
+	if wait <= 0 {
+		wait = WakeWaitDefault
+	}
+	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: pendingListKey(QueuePayments),
+		woken: make(chan struct{}), stop: make(chan struct{})}
+}
+
+// Stop ends every wait and makes dequeues look without waiting: call it
+// before asynq's Shutdown, which waits for the dequeue under way.
+func (w *Waker) Stop() { w.stopOnce.Do(func() { close(w.stop) }) }
+
+// Run listens for wake-ups until ctx ends.
+func (w *Waker) Run(ctx context.Context) {
+	sub := w.rdb.Subscribe(ctx, WakeChannel)
+	defer sub.Close()
+	ch := sub.Channel(redis.WithChannelHealthCheckInterval(wakeHealthCheck))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+			w.wake()
+		}
+	}
+}
+
+func (w *Waker) wake() {
+	w.mu.Lock()
+	close(w.woken)
+	w.woken = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// current is the channel the next wake-up closes.
+func (w *Waker) current() chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.woken
+}
+
+// Waits is how many empty dequeues have waited for a wake-up.
+func (w *Waker) Waits() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waits
+}
+
+// Hook is the go-redis hook that makes an empty dequeue of the payments
+// queue wait for a wake-up and then run once more.
+func (w *Waker) Hook() redis.Hook { return wakeHook{w} }
+
+type wakeHook struct{ w *Waker }
+
+func (h wakeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h wakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.w.isForward(cmd) {
+			// The forwarder moved due retries or scheduled tasks into
+			// the pending list: they come without a published wake-up.
+			err := next(ctx, cmd)
+			if c, ok := cmd.(*redis.Cmd); ok && err == nil {
+				if moved, _ := c.Val().(int64); moved > 0 {
+					h.w.wake()
+				}
+			}
+			return err
+		}
+		if !h.w.isDequeue(cmd) {
+			return next(ctx, cmd)
+		}
+		// Taken before the look, so a wake-up published after the look
+		// misses nothing.
+		woken := h.w.current()
+		err := next(ctx, cmd)
+		if !errors.Is(err, redis.Nil) {
+			return err
+		}
+		h.w.mu.Lock()
+		h.w.waits++
+		h.w.mu.Unlock()
+		timer := time.NewTimer(h.w.wait)
+		defer timer.Stop()
+		select {
+		case <-woken:
+		case <-timer.C:
+			return err // asynq goes on to its other queues, then sleeps
+		case <-h.w.stop:
+			return err
+		case <-ctx.Done():
+			return err
+		}
+		again := redis.NewCmd(ctx, cmd.Args()...)
+		err = next(ctx, again)
+		if c, ok := cmd.(*redis.Cmd); ok {
+			c.SetVal(again.Val())
+			c.SetErr(again.Err())
+		}
+		return err
+	}
+}
+
+// isDequeue recognises asynq's dequeue of the payments queue:
+// EVALSHA/EVAL sha-or-script 4 <pending> <paused> <active> <lease> ...
+func (w *Waker) isDequeue(cmd redis.Cmder) bool {
+	name := cmd.Name()
+	if name != "evalsha" && name != "eval" {
+		return false
+	}
+	args := cmd.Args()
+	if len(args) < 3+dequeueKeys {
+		return false
+	}
+	n, ok := args[2].(int)
+	key, _ := args[3].(string)
+	lease, _ := args[3+dequeueKeys-1].(string)
+	return ok && n == dequeueKeys && key == w.pending && strings.HasSuffix(lease, ":lease")
+}
+
+// isForward recognises asynq's forwarder moving due tasks into the
+// payments queue: EVALSHA/EVAL sha-or-script 2 <retry|scheduled> <pending> ...
+func (w *Waker) isForward(cmd redis.Cmder) bool {
+	name := cmd.Name()
+	if name != "evalsha" && name != "eval" {
+		return false
+	}
+	args := cmd.Args()
+	if len(args) < 5 {
+		return false
+	}
+	n, ok := args[2].(int)
+	from, _ := args[3].(string)
+	to, _ := args[4].(string)
+	// asynq's enqueue script has two keys too (the task's, then pending).
+	return ok && n == 2 && to == w.pending && (strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled"))
+}
+
+// PublishWake tells every waiting worker that tasks were enqueued.
+func PublishWake(ctx context.Context, rdb redis.UniversalClient) error {
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	return rdb.Publish(ctx, WakeChannel, "").Err()
+}

@@ -1,0 +1,111 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/queue"
+)
+
+// wakeWait is long, so a test that passes did not wait it out.
+const wakeWait = 5 * time.Second
+
+// wakingServer is an asynq server as the worker runs it: a short
+// TaskCheckInterval and the Waker's hook on its Redis client.
+func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *queue.Waker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	waker := queue.NewWaker(p.rdb, wakeWait)
+	p.rdb.AddHook(waker.Hook())
+	go waker.Run(ctx)
+	srv := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
+		Concurrency: 4, Queues: queue.QueueWeights, TaskCheckInterval: 20 * time.Millisecond,
+		DelayedTaskCheckInterval: 100 * time.Millisecond,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
+		ShutdownTimeout:          2 * time.Second, Logger: queue.AsynqLogger{Log: zerolog.New(io.Discard)}, LogLevel: asynq.FatalLevel,
+	})
+	require.NoError(t, srv.Start(handler))
+	// Registered after newPipeline's cleanup, so it runs before it.
+	t.Cleanup(func() { waker.Stop(); srv.Shutdown(); cancel() })
+	return waker
+}
+
+// TestIdleWorkerWaitsForTheEnqueuersWakeUp: an idle worker asks Redis
+// about once per wait instead of every TaskCheckInterval, and an event
+// the enqueuer hands over is still settled at once, not a wait later.
+func TestIdleWorkerWaitsForTheEnqueuersWakeUp(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true})
+	batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 1, prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go batcher.Run(ctx)
+	worker := queue.NewWorker(queue.WorkerOptions{Log: zerolog.New(io.Discard), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
+	waker := wakingServer(t, p, worker)
+	p.user(1, nil)
+
+	time.Sleep(300 * time.Millisecond) // the processor is now waiting
+	before := waker.Waits()
+	time.Sleep(time.Second)
+	// Polling every 10–30 ms would be 30 or more looks.
+	require.LessOrEqual(t, waker.Waits()-before, int64(2), "an idle worker kept polling")
+	require.Positive(t, waker.Waits(), "the hook never saw asynq's dequeue (asynq's keys changed?)")
+
+	for i, id := range []string{"wake-1", "wake-2", "wake-3"} {
+		started := time.Now()
+		p.accept(id, payment.Deposit, 1, "ETH", "1")
+		p.waitFor(id+" confirmed", wakeWait, func() bool {
+			return p.count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'confirmed'`, id) == 1
+		})
+		// The poll of waitFor is 20 ms; a missed wake-up costs 5 s.
+		require.Less(t, time.Since(started), time.Second, "event %d waited for the worker's poll", i)
+		time.Sleep(200 * time.Millisecond)
+	}
+	p.requireInvariants()
+}
+
+// TestForwardedRetryWakesTheWorker: a retry moved into the queue by
+// asynq's forwarder comes without a published wake-up; the hook sees the
+// move and the retry runs at once.
+func TestForwardedRetryWakesTheWorker(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	var runs atomic.Int32
+	done := make(chan time.Time, 1)
+	failedAt := make(chan time.Time, 1)
+	wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		if runs.Add(1) == 1 {
+			failedAt <- time.Now()
+			return errors.New("once")
+		}
+		done <- time.Now()
+		return nil
+	}))
+	time.Sleep(300 * time.Millisecond)
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(queue.QueuePayments), asynq.MaxRetry(3))
+	require.NoError(t, err)
+	require.NoError(t, queue.PublishWake(context.Background(), p.rdb))
+	var failed time.Time
+	select {
+	case failed = <-failedAt:
+	case <-time.After(wakeWait / 2):
+		t.Fatal("the first run did not come with the wake-up")
+	}
+	select {
+	case retried := <-done:
+		// Forwarder tick 100 ms, retry delay 10 ms.
+		require.Less(t, retried.Sub(failed), time.Second, "the retry waited for the worker's poll")
+	case <-time.After(wakeWait * 2):
+		t.Fatal("no retry")
+	}
+}
