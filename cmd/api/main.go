@@ -26,6 +26,7 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	notifyadmin "github.com/settle/settle/pkg/notify/admin"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/quicknode"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/service"
 	"github.com/settle/settle/pkg/tracing"
@@ -62,16 +63,21 @@ type settings struct {
 	logLevel        zerolog.Level
 	shutdownTimeout time.Duration
 
-	httpAddr       string
-	adminAddr      string // set: the only listener of /admin/*, /metrics, /openapi.yaml
-	webhookSecret  string
-	alchemyKeys    []string
-	apiToken       string
-	adminToken     string
-	rateLimit      httpapi.RateLimit
-	trustedProxies httpapi.TrustedProxies
-	ingestBatchMax int
-	ingestInFlight int
+	httpAddr      string
+	adminAddr     string // set: the only listener of /admin/*, /metrics, /openapi.yaml
+	webhookSecret string
+	alchemyKeys   []string
+	// quickNodeTokens and moralisSecrets open the other provider routes;
+	// webhookMaxAge is QuickNode's replay window.
+	quickNodeTokens []string
+	moralisSecrets  []string
+	webhookMaxAge   time.Duration
+	apiToken        string
+	adminToken      string
+	rateLimit       httpapi.RateLimit
+	trustedProxies  httpapi.TrustedProxies
+	ingestBatchMax  int
+	ingestInFlight  int
 	// dashboardReadOnly hides asynqmon's delete/archive buttons.
 	dashboardReadOnly bool
 	// dashboardPrometheus feeds asynqmon's Metrics tab.
@@ -118,6 +124,9 @@ func readServe(env *config.Env, s *settings) {
 	})
 	s.webhookSecret = env.Secret("WEBHOOK_SECRET", httpapi.SecretLengthMin)
 	s.alchemyKeys = config.Parse(env, "ALCHEMY_SIGNING_KEY", nil, parseSigningKeys)
+	s.quickNodeTokens = config.Parse(env, "QUICKNODE_SECURITY_TOKEN", nil, parseSigningKeys)
+	s.moralisSecrets = config.Parse(env, "MORALIS_STREAM_SECRET", nil, parseSigningKeys)
+	s.webhookMaxAge = env.Duration("WEBHOOK_MAX_AGE", quicknode.MaxAgeDefault)
 	s.apiToken = env.Secret("API_TOKEN", httpapi.SecretLengthMin)
 	s.adminToken = env.Secret("ADMIN_TOKEN", httpapi.SecretLengthMin)
 	if s.apiToken != "" && s.apiToken == s.adminToken {
@@ -264,6 +273,9 @@ func serve(log zerolog.Logger, s settings) error {
 		Log:                log,
 		WebhookSecret:      s.webhookSecret,
 		AlchemySigningKeys: s.alchemyKeys,
+		QuickNodeTokens:    s.quickNodeTokens,
+		MoralisSecrets:     s.moralisSecrets,
+		WebhookMaxAge:      s.webhookMaxAge,
 		APIToken:           s.apiToken,
 		AdminToken:         s.adminToken,
 		RateLimit:          s.rateLimit,

@@ -14,8 +14,10 @@ const routeUnmatched = "unmatched"
 
 // Webhook sources and outcomes, as metric labels.
 const (
-	sourcePayments = "payments"
-	sourceAlchemy  = "alchemy"
+	sourcePayments  = "payments"
+	sourceAlchemy   = "alchemy"
+	sourceQuickNode = "quicknode"
+	sourceMoralis   = "moralis"
 
 	outcomeAccepted  = "accepted"
 	outcomeDuplicate = "duplicate"
@@ -29,6 +31,7 @@ type metrics struct {
 	requests          *prometheus.CounterVec
 	latency           *prometheus.HistogramVec
 	webhooks          *prometheus.CounterVec
+	deliveries        *prometheus.CounterVec
 	rateLimited       *prometheus.CounterVec
 	rateLimitFallback prometheus.Counter
 	authFailures      prometheus.Counter
@@ -50,8 +53,12 @@ func newMetrics(reg *prometheus.Registry, addRuntime bool) *metrics {
 		}, []string{"method", "route", "status"}),
 		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_api_webhook_outcomes_total",
-			Help: "Webhook deliveries (payments) and activities (alchemy) by outcome: accepted, duplicate, conflict, rejected, ignored, reversed; reason says why one was rejected or ignored.",
+			Help: "Webhook deliveries (payments) and transfers (alchemy, quicknode, moralis) by outcome: accepted, duplicate, conflict, rejected, ignored, reversed; reason says why one was rejected or ignored.",
 		}, []string{"source", "outcome", "reason"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_provider_deliveries_total",
+			Help: "Deliveries to a provider route (alchemy, quicknode, moralis) by result: accepted for a 200, else the answer's error code (invalid_signature, body_too_large, ...). Their transfers are counted in settle_api_webhook_outcomes_total{source=<provider>}.",
+		}, []string{"provider", "result"}),
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_api_rate_limited_total",
 			Help: "Requests refused with 429 by the per-client rate limit.",
@@ -69,7 +76,7 @@ func newMetrics(reg *prometheus.Registry, addRuntime bool) *metrics {
 			Help: "Handler panics recovered into a 500.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.webhooks, m.rateLimited, m.rateLimitFallback, m.authFailures, m.panics)
+	reg.MustRegister(m.requests, m.latency, m.webhooks, m.deliveries, m.rateLimited, m.rateLimitFallback, m.authFailures, m.panics)
 	if addRuntime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
@@ -90,6 +97,10 @@ func (m *metrics) observeRequest(method, route string, status int, elapsed time.
 	code := strconv.Itoa(status)
 	m.requests.WithLabelValues(method, route, code).Inc()
 	m.latency.WithLabelValues(method, route, code).Observe(elapsed.Seconds())
+}
+
+func (m *metrics) delivery(provider, result string) {
+	m.deliveries.WithLabelValues(provider, result).Inc()
 }
 
 func (m *metrics) webhook(source, outcome, reason string) {

@@ -112,6 +112,18 @@ type verifier func(r *http.Request, body []byte) bool
 // The server's ReadTimeout bounds how long a slow sender holds its share.
 // Refusals are counted under source.
 func (s *Server) readSigned(c echo.Context, source string, limit int64, verify verifier) ([]byte, error) {
+	return s.readSignedDecoded(c, source, limit, nil, verify)
+}
+
+// decoder turns the bytes on the wire into the signed body (a gzip
+// body's uncompressed bytes), at most limit of them; nil when the route
+// takes no encoding.
+type decoder func(r *http.Request, wire []byte, limit int64) ([]byte, error)
+
+// readSignedDecoded is readSigned for a route whose provider signs the
+// decoded body: decode runs before verify, its output is bounded by the
+// same limit, and the reservation covers both buffers.
+func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, decode decoder, verify verifier) ([]byte, error) {
 	r := c.Request()
 	ctx := r.Context()
 	client := clientKey(ClientIP(ctx))
@@ -126,6 +138,9 @@ func (s *Server) readSigned(c echo.Context, source string, limit int64, verify v
 		reservation = r.ContentLength
 	}
 	reservation = max(reservation, bodyReservationMin)
+	if decode != nil && r.Header.Get(echo.HeaderContentEncoding) != "" {
+		reservation += limit
+	}
 	if !s.unverified.reserve(client, reservation) {
 		dropConnection(c)
 		s.metrics.webhook(source, outcomeRejected, "busy")
@@ -134,6 +149,9 @@ func (s *Server) readSigned(c echo.Context, source string, limit int64, verify v
 		return nil, answer
 	}
 	body, err := readLimited(r.Body, limit, r.ContentLength)
+	if err == nil && decode != nil {
+		body, err = decode(r, body, limit)
+	}
 	verified := err == nil && verify(r, body)
 	s.unverified.release(client, reservation)
 	if !verified {

@@ -1,0 +1,92 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/moralis"
+)
+
+// HeaderMoralisSignature carries "0x" + the Keccak-256 of
+// JSON.stringify(body) + MORALIS_STREAM_SECRET.
+const HeaderMoralisSignature = "X-Signature"
+
+// Chains is what the Moralis route needs to name a chain id's network.
+type Chains = moralis.Chains
+
+// webhookMoralis turns a Streams delivery into deposit events. Moralis
+// sends each block unconfirmed and confirmed, in either order: both name
+// the same transfers, so they are one event each (the second a
+// duplicate), and the network's finality policy, not the flag, decides
+// the credit. The test delivery of a new stream is answered 200.
+func (s *Server) webhookMoralis(c echo.Context) error {
+	if len(s.moralisSecrets) == 0 {
+		return newError(http.StatusNotFound, "not found")
+	}
+	body, err := s.readSigned(c, sourceMoralis, AlchemyBodyMax, func(r *http.Request, body []byte) bool {
+		return moralis.Verify(body, r.Header.Get(HeaderMoralisSignature), s.moralisSecrets...)
+	})
+	if err != nil {
+		return err
+	}
+	payload, err := moralis.Decode(body)
+	if err != nil {
+		s.metrics.webhook(sourceMoralis, outcomeRejected, "malformed_json")
+		return &apiError{status: http.StatusBadRequest, message: "not a Moralis Streams delivery", cause: err}
+	}
+	in := s.newIntake(c, providerMoralis)
+	if payload.Test {
+		logging.From(c.Request().Context()).Info().Str("stream", payload.StreamID).Msg("moralis test delivery")
+		return c.JSON(http.StatusOK, in.answer)
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
+	defer cancel()
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		return storeError(err)
+	}
+	transfers, ignored := moralis.Transfers(payload, registry, s.chains)
+	for _, i := range ignored {
+		in.ignore(string(i.Reason))
+		switch i.Reason {
+		case moralis.ReasonAmountOutOfRange:
+			logging.From(ctx).Error().Int("candidate", i.Index).Msg("moralis transfer amount is out of range; not credited")
+		case moralis.ReasonUnknownNetwork:
+			logging.From(ctx).Warn().Int64("chain_id", payload.ChainID).Msg("moralis stream on a chain settle does not map; not credited")
+		}
+	}
+	decoded := make([]intakeTransfer, 0, len(transfers))
+	for _, t := range transfers {
+		decoded = append(decoded, intakeTransfer{
+			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
+			Asset: t.Asset, Amount: t.Amount,
+		})
+	}
+	if err := in.store(ctx, decoded); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, in.answer)
+}
+
+// staticChains names the chain ids of the networks settle ships with;
+// it stands in until Options.Chains is given (the networks table).
+type staticChains map[int64]string
+
+func (c staticChains) NetworkOf(id int64) (string, bool) {
+	n, ok := c[id]
+	return n, ok
+}
+
+// defaultChains are the chain ids of migration 0012's networks.
+var defaultChains = staticChains{
+	1:        "ETH_MAINNET",
+	8453:     "BASE_MAINNET",
+	42161:    "ARB_MAINNET",
+	10:       "OPT_MAINNET",
+	137:      "MATIC_MAINNET",
+	11155111: "ETH_SEPOLIA",
+	84532:    "BASE_SEPOLIA",
+}

@@ -1,0 +1,107 @@
+package httpapi
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/quicknode"
+)
+
+// Headers of a QuickNode Streams delivery.
+const (
+	HeaderQuickNodeSignature = "X-QN-Signature"
+	HeaderQuickNodeNonce     = "X-QN-Nonce"
+	HeaderQuickNodeTimestamp = "X-QN-Timestamp"
+)
+
+// errUnsupportedEncoding: a Content-Encoding other than gzip.
+var errUnsupportedEncoding = errors.New("unsupported Content-Encoding")
+
+// webhookQuickNode turns a Streams delivery (block_with_receipts,
+// receipts or logs) into deposit events, like webhookAlchemy: verified
+// first (over the uncompressed body, with a replay window), then decoded,
+// then handed to the intake.
+func (s *Server) webhookQuickNode(c echo.Context) error {
+	if len(s.quickNodeTokens) == 0 {
+		return newError(http.StatusNotFound, "not found")
+	}
+	stale := false
+	body, err := s.readSignedDecoded(c, sourceQuickNode, AlchemyBodyMax, gunzip, func(r *http.Request, body []byte) bool {
+		timestamp := r.Header.Get(HeaderQuickNodeTimestamp)
+		if !quicknode.Verify(r.Header.Get(HeaderQuickNodeNonce), timestamp, body, r.Header.Get(HeaderQuickNodeSignature), s.quickNodeTokens...) {
+			return false
+		}
+		// Checked after the signature, so only QuickNode learns that a
+		// signed delivery came too late.
+		stale = !quicknode.Fresh(timestamp, s.now(), s.webhookMaxAge)
+		return !stale
+	})
+	if err != nil {
+		if stale {
+			// Counted as a signature failure by readSigned.
+			return fail(errSignature, "signature timestamp outside WEBHOOK_MAX_AGE")
+		}
+		return err
+	}
+	payload, err := quicknode.Decode(body)
+	if err != nil {
+		s.metrics.webhook(sourceQuickNode, outcomeRejected, "malformed_json")
+		return &apiError{status: http.StatusBadRequest, message: "not a QuickNode Streams delivery", cause: err}
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
+	defer cancel()
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		return storeError(err)
+	}
+	in := s.newIntake(c, providerQuickNode)
+	transfers, ignored := quicknode.Transfers(payload, registry)
+	for _, i := range ignored {
+		in.ignore(string(i.Reason))
+		switch i.Reason {
+		case quicknode.ReasonAmountOutOfRange:
+			logging.From(ctx).Error().Int("candidate", i.Index).Msg("quicknode transfer amount is out of range; not credited")
+		case quicknode.ReasonUnknownNetwork:
+			logging.From(ctx).Warn().Str("stream_network", payload.StreamNetwork).Msg("quicknode stream on a network settle does not map; not credited")
+		}
+	}
+	decoded := make([]intakeTransfer, 0, len(transfers))
+	for _, t := range transfers {
+		decoded = append(decoded, intakeTransfer{
+			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
+			Asset: t.Asset, Amount: t.Amount, Removed: t.Removed,
+		})
+	}
+	if err := in.store(ctx, decoded); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, in.answer)
+}
+
+// gunzip decodes a gzip body (QuickNode signs the uncompressed bytes).
+// The output is read through a LimitReader into a buffer that grows with
+// what decompresses, so a bomb costs at most limit+1 bytes before it is
+// refused with errBodyTooLarge.
+func gunzip(r *http.Request, wire []byte, limit int64) ([]byte, error) {
+	switch encoding := strings.ToLower(strings.TrimSpace(r.Header.Get(echo.HeaderContentEncoding))); encoding {
+	case "", "identity":
+		return wire, nil
+	case "gzip", "x-gzip":
+	default:
+		return nil, errUnsupportedEncoding
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(wire))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = zr.Close() }()
+	return readLimited(io.LimitReader(zr, limit+1), limit, -1)
+}
