@@ -131,7 +131,10 @@ func waitNotified(ctx context.Context, c *cluster, pool *pgxpool.Pool) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after %s, %d notifications still pending (err %v)", notifyDrainMax, pending, err)
+			if err != nil {
+				return fmt.Errorf("after %s, the outbox is still unreadable: %w", notifyDrainMax, err)
+			}
+			return fmt.Errorf("after %s, %d notifications still pending", notifyDrainMax, pending)
 		}
 		select {
 		case <-ctx.Done():

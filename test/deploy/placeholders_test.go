@@ -23,8 +23,8 @@ func runSettings(t *testing.T, binary string, env map[string]string) (string, in
 	if err == nil {
 		return string(out), 0
 	}
-	exitErr, ok := err.(*exec.ExitError)
-	require.True(t, ok, "%s: %v", binary, err)
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr, binary)
 	return string(out), exitErr.ExitCode()
 }
 

@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -425,8 +426,8 @@ func (s *Stack) Settlectl(args ...string) (string, int) {
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if err != nil {
-		exitErr, ok := err.(*exec.ExitError)
-		if !ok {
+		var exitErr *exec.ExitError
+		if !errors.As(err, &exitErr) {
 			s.T.Fatalf("settlectl: %v", err)
 		}
 		code = exitErr.ExitCode()
