@@ -1,0 +1,185 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/test/harness"
+)
+
+// Settings of the scanner tests: passes every 200ms, short leases so a
+// killed scheduler's range is taken over within seconds.
+var scannerEnv = map[string]string{"SCAN_INTERVAL": "200ms", "SCAN_PASS_TIMEOUT": "10s"}
+
+func withEnv(base map[string]string, more map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range more {
+		out[k] = v
+	}
+	return out
+}
+
+// scheduler is the stack's (first) scheduler process.
+func (c *chainStack) scheduler(t *testing.T) *harness.Proc {
+	t.Helper()
+	for _, p := range c.Procs {
+		if strings.HasPrefix(p.Name, "scheduler") {
+			return p
+		}
+	}
+	t.Fatal("no scheduler in the stack")
+	return nil
+}
+
+// cursor is the network's next block, -1 before the first pass.
+func (c *chainStack) cursor(t *testing.T) int64 {
+	t.Helper()
+	var next int64 = -1
+	_ = c.DB.QueryRow(context.Background(), `SELECT next_block FROM chain_cursors WHERE network = 'ETH_MAINNET'`).Scan(&next)
+	return next
+}
+
+// waitScanned waits until the cursor has passed block.
+func (c *chainStack) waitScanned(t *testing.T, block uint64) {
+	t.Helper()
+	c.WaitFor(fmt.Sprintf("cursor past block %d", block), time.Minute, func() bool { return c.cursor(t) > int64(block) })
+}
+
+func (c *chainStack) source(t *testing.T, id string) string {
+	t.Helper()
+	var source string
+	require.NoError(t, c.DB.QueryRow(context.Background(), `SELECT source FROM payment_events WHERE event_id = $1`, id).Scan(&source))
+	return source
+}
+
+func nativeID(tx devchain.Tx) string { return "chain:ETH_MAINNET:" + tx.Hash + ":native" }
+func tokenID(tx devchain.Tx) string  { return "chain:ETH_MAINNET:" + tx.Hash + ":0" }
+
+// TestScannerCreditsWhatNoWebhookReported: an ETH and a token transfer to
+// registered addresses, with no webhook at all, are credited after
+// finality and not before; a reverted transaction and a transfer to an
+// unregistered address are not. An Alchemy delivery of a scanned transfer
+// afterwards is a duplicate; one delivered before the scan makes the
+// scan's a duplicate: one event and one credit each.
+func TestScannerCreditsWhatNoWebhookReported(t *testing.T) {
+	c := newChainStack(t, "finalized", scannerEnv)
+	ctx := context.Background()
+	c.WaitFor("the scanner's first run", time.Minute, func() bool { return c.cursor(t) >= 0 })
+
+	ethTx, err := c.chain.SendETH(ctx, 0, addrUser1, wei(2))
+	require.NoError(t, err)
+	tokenTx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(7_000_000))
+	require.NoError(t, err)
+	_, err = c.chain.SendETH(ctx, 0, "0x3333333333333333333333333333333333333333", wei(1))
+	require.NoError(t, err)
+	reverted, err := c.chain.SendReverting(ctx, 0, c.token)
+	require.NoError(t, err)
+	time.Sleep(time.Second) // several passes: nothing is final yet
+	require.Equal(t, 0, c.Count(`SELECT count(*) FROM payment_events`), "nothing before finality")
+
+	require.NoError(t, c.chain.FinalizeThrough(ctx, reverted.BlockNumber))
+	c.waitStatus(t, nativeID(ethTx), "confirmed")
+	c.waitStatus(t, tokenID(tokenTx), "confirmed")
+	c.waitScanned(t, reverted.BlockNumber)
+	require.Equal(t, "scanner", c.source(t, nativeID(ethTx)))
+	require.Equal(t, "2", c.balance(t, 1, "ETH"))
+	require.Equal(t, "7", c.balance(t, 2, "TUSD"))
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM payment_events`), "no event for the reverted or unregistered ones")
+
+	// Alchemy after the scan: a duplicate.
+	status, answer := c.alchemy(t, alchemyETHPayload(addrUser1, ethTx, "0x1bc16d674ec80000"))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.EqualValues(t, 0, answer["accepted"], answer)
+	require.EqualValues(t, 1, answer["duplicates"], answer)
+
+	// Alchemy before the scan: the scan's event is the duplicate.
+	early, err := c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(3_000_000))
+	require.NoError(t, err)
+	status, answer = c.alchemy(t, alchemyTokenPayload(c.token, addrUser2, early, "0x2dc6c0", false))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.EqualValues(t, 1, answer["accepted"], answer)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, early.BlockNumber))
+	c.waitStatus(t, tokenID(early), "confirmed")
+	c.waitScanned(t, early.BlockNumber)
+	require.Equal(t, "alchemy", c.source(t, tokenID(early)))
+
+	require.Equal(t, "2", c.balance(t, 1, "ETH"))
+	require.Equal(t, "10", c.balance(t, 2, "TUSD"))
+	require.Equal(t, 3, c.Count(`SELECT count(*) FROM payment_events`))
+	require.Equal(t, 3, c.Count(`SELECT count(*) FROM balance_events`))
+	require.Equal(t, 3, c.Count(`SELECT count(*) FROM chain_transfers`))
+	page := metricsPage(t, c.scheduler(t))
+	scanned, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="scanner"`)
+	reported, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="reported"`)
+	require.EqualValues(t, 2, scanned, "the two only the scanner saw: the providers' miss rate")
+	require.EqualValues(t, 1, reported)
+	lagBlocks, ok := seriesValue(t, page, "settle_scan_head_lag_blocks", `network="ETH_MAINNET"`)
+	require.True(t, ok)
+	require.Zero(t, lagBlocks)
+	requireInvariants(t, c.Stack)
+}
+
+func metricsPage(t *testing.T, p *harness.Proc) string {
+	t.Helper()
+	_, page := get(t, p.URL()+"/metrics")
+	return page
+}
+
+// TestScannerKilledAndTwoReplicas: two schedulers scan one chain while
+// transfers are mined in many blocks and one of them is kill -9'd again
+// and again in the middle of its passes: every transfer is credited
+// exactly once (balances, journal, chain_transfers).
+func TestScannerKilledAndTwoReplicas(t *testing.T) {
+	env := withEnv(scannerEnv, map[string]string{"SCAN_INTERVAL": "50ms", "SCAN_BLOCKS_MAX": "2", "SCAN_PASS_TIMEOUT": "3s"})
+	c := newChainStack(t, "finalized", env)
+	ctx := context.Background()
+	victim := c.scheduler(t)
+	c.StartScheduler(nil)
+	c.WaitFor("the scanner's first run", time.Minute, func() bool { return c.cursor(t) >= 0 })
+
+	const transfers = 24
+	var last devchain.Tx
+	kills := 0
+	for i := range transfers {
+		var err error
+		if i%2 == 0 {
+			last, err = c.chain.SendETH(ctx, 0, addrUser1, wei(1))
+		} else {
+			last, err = c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(1_000_000))
+		}
+		require.NoError(t, err)
+		if i%4 == 3 {
+			// Finalize what was mined so far: the scanners have passes to
+			// run while the victim is killed.
+			require.NoError(t, c.chain.FinalizeThrough(ctx, last.BlockNumber))
+			time.Sleep(time.Duration((50+30*i)%400) * time.Millisecond)
+			victim.Kill()
+			kills++
+			victim.Start()
+		}
+	}
+	require.NoError(t, c.chain.FinalizeThrough(ctx, last.BlockNumber))
+	c.WaitFor("every transfer credited", 2*time.Minute, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE status = 'confirmed'`) == transfers
+	})
+	c.waitScanned(t, last.BlockNumber)
+	time.Sleep(500 * time.Millisecond) // passes after the last one find nothing new
+	require.Equal(t, transfers, c.Count(`SELECT count(*) FROM payment_events`))
+	require.Equal(t, transfers, c.Count(`SELECT count(*) FROM balance_events`))
+	require.Equal(t, transfers, c.Count(`SELECT count(*) FROM chain_transfers`))
+	require.Equal(t, fmt.Sprint(transfers/2), c.balance(t, 1, "ETH"))
+	require.Equal(t, fmt.Sprint(transfers/2), c.balance(t, 2, "TUSD"))
+	t.Logf("%d kills", kills)
+	requireInvariants(t, c.Stack)
+}
