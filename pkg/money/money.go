@@ -70,7 +70,8 @@ func Parse(s string, scaleMax int) (decimal.Decimal, error) {
 	if !ok {
 		return decimal.Decimal{}, fmt.Errorf("%w: %q", ErrSyntax, s)
 	}
-	return decimal.NewFromBigInt(coefficient, int32(exp)), nil
+	// exp is within [-scaleMax, IntegerDigitsMax] by the two checks above.
+	return decimal.NewFromBigInt(coefficient, int32(exp)), nil //nolint:gosec // G115: bounded above
 }
 
 // number is the lexical form of an amount: every mantissa digit with the
@@ -180,8 +181,12 @@ func isHexDigit(c rune) bool {
 }
 
 // ToBaseUnits is the inverse of FromBaseUnits; it reports false when the
-// amount has digits finer than the asset's decimals.
+// amount has digits finer than the asset's decimals, or decimals is outside
+// 0..ScaleMax (so the shift never wraps).
 func ToBaseUnits(amount decimal.Decimal, decimals int) (*big.Int, bool) {
+	if decimals < 0 || decimals > ScaleMax {
+		return nil, false
+	}
 	scaled := amount.Shift(int32(decimals))
 	if !scaled.Equal(scaled.Truncate(0)) {
 		return nil, false

@@ -141,6 +141,18 @@ func TestToBaseUnitsRefusesFinerDigits(t *testing.T) {
 	require.False(t, ok)
 }
 
+// TestToBaseUnitsRefusesDecimalsOutOfRange: 1<<32 decimals would wrap to a
+// shift of 0 in int32 and turn 1 into one base unit.
+func TestToBaseUnitsRefusesDecimalsOutOfRange(t *testing.T) {
+	for _, decimals := range []int{-1, money.ScaleMax + 1, 1 << 32} {
+		_, ok := money.ToBaseUnits(decimal.RequireFromString("1"), decimals)
+		require.False(t, ok, "decimals %d", decimals)
+	}
+	units, ok := money.ToBaseUnits(decimal.RequireFromString("1"), money.ScaleMax)
+	require.True(t, ok)
+	require.Equal(t, "1000000000000000000", units.String())
+}
+
 func TestFitsBalance(t *testing.T) {
 	require.True(t, money.FitsBalance(decimal.Zero))
 	require.True(t, money.FitsBalance(decimal.RequireFromString("99999999999999999999.999999999999999999")))
