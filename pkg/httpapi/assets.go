@@ -38,6 +38,15 @@ func (a *assetCache) refreshForMiss(ctx context.Context) (*payment.Registry, err
 	return a.getOlderThan(ctx, min(assetsMissInterval, a.refresh))
 }
 
+// invalidate makes the next lookup read the tables: this process's own
+// additions (POST /admin/networks, /admin/assets) are seen at once. The
+// copy held is kept, to serve if that reading fails.
+func (a *assetCache) invalidate() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.loadedAt = time.Time{}
+}
+
 func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*payment.Registry, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -54,6 +54,8 @@ type Store interface {
 	UserExists(ctx context.Context, id int64) (bool, error)
 	CreateUser(ctx context.Context, id int64) (bool, error)
 	Assets(ctx context.Context) (*payment.Registry, error)
+	AddNetwork(ctx context.Context, n postgres.NewNetwork) (bool, error)
+	AddAsset(ctx context.Context, a payment.Asset) (bool, error)
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
@@ -293,6 +295,8 @@ func New(opts Options) (*Server, error) {
 	adminAuth := s.requireToken(false, s.admins...)
 	e.PUT("/admin/users/:id", s.adminPutUser, adminAuth)
 	e.POST("/admin/deposit-addresses", s.adminAddDepositAddress, adminAuth)
+	e.POST("/admin/networks", s.adminAddNetwork, adminAuth)
+	e.POST("/admin/assets", s.adminAddAsset, adminAuth)
 	e.POST("/admin/events/:event_id/recheck", s.adminRecheck, adminAuth)
 
 	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
