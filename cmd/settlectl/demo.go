@@ -16,7 +16,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/payment"
@@ -30,12 +34,28 @@ const (
 	demoWait        = 4 * time.Minute
 	demoPoll        = time.Second
 	demoHTTPTimeout = 10 * time.Second
+	// demoWithdrawal of ETH from alice once her deposits are in.
+	demoWithdrawal = "0.4"
 )
 
-// demoUser is a user of the demo with the deposit address it receives on.
+// The demo's deposits on the i-th network: decimal strings, turned into
+// base units with that network's decimals (never through a float).
+var (
+	demoETHAmounts   = []string{"1.5", "0.5", "0.25", "0.125"}
+	demoTokenAmounts = []string{"25", "12.5", "6.25", "3.125"}
+)
+
+// demoUser is a user of the demo with the deposit address it receives on
+// (the same on every network, as one key's address is).
 type demoUser struct {
 	id      int64
 	address string
+}
+
+// demoChain is one network of the running stack.
+type demoChain struct {
+	st    devChainState
+	chain *devchain.Chain
 }
 
 func runDemo(ctx context.Context, args []string, out io.Writer) error {
@@ -52,12 +72,19 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 	if err := json.Unmarshal(data, &st); err != nil {
 		return fmt.Errorf("%s: %w", filepath.Join(*dir, "state.json"), err)
 	}
-	d := &demo{st: st, out: out, http: &http.Client{Timeout: demoHTTPTimeout}}
-	chain, err := devchain.Dial(ctx, st.ChainURL)
-	if err != nil {
-		return err
+	if len(st.Chains) == 0 || len(st.Chains) > len(demoETHAmounts) || st.DatabaseURL == "" {
+		return fmt.Errorf("%s is not from this settlectl dev: restart `go tool task run`", filepath.Join(*dir, "state.json"))
 	}
-	defer chain.Close()
+	d := &demo{st: st, out: out, http: &http.Client{Timeout: demoHTTPTimeout}}
+	var chains []demoChain
+	for _, c := range st.Chains {
+		chain, err := devchain.Dial(ctx, c.URL)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.Network, err)
+		}
+		defer chain.Close()
+		chains = append(chains, demoChain{st: c, chain: chain})
+	}
 
 	run := time.Now().Unix() % 100_000
 	alice := demoUser{id: 100_000 + run*2, address: fmt.Sprintf("0xa11ce%035x", run)}
@@ -66,63 +93,158 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 		if err := d.admin(ctx, http.MethodPut, fmt.Sprintf("/admin/users/%d", u.id), nil); err != nil {
 			return err
 		}
-		if err := d.admin(ctx, http.MethodPost, "/admin/deposit-addresses", map[string]any{"address": u.address, "network": st.Network, "user_id": u.id}); err != nil {
-			return err
+		for _, c := range chains {
+			if err := d.admin(ctx, http.MethodPost, "/admin/deposit-addresses", map[string]any{"address": u.address, "network": c.st.Network, "user_id": u.id}); err != nil {
+				return err
+			}
 		}
-		fmt.Fprintf(out, "user %d receives on %s\n", u.id, u.address)
+		fmt.Fprintf(out, "user %d receives on %s on %s\n", u.id, u.address, networkNames(chains))
 	}
 
-	fmt.Fprintln(out, "\nsending 1.5 ETH to alice and 25 TUSD to bob on the dev chain ...")
-	ethTx, err := chain.SendETH(ctx, 0, alice.address, new(big.Int).Mul(big.NewInt(15), big.NewInt(100_000_000_000_000_000)))
-	if err != nil {
-		return err
-	}
-	tokenTx, err := chain.TransferToken(ctx, 1, st.Token, bob.address, big.NewInt(25_000_000))
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "  ETH  tx %s in block %d\n  TUSD tx %s in block %d\n", ethTx.Hash, ethTx.BlockNumber, tokenTx.Hash, tokenTx.BlockNumber)
-
-	payload := alchemyPayload(st, []map[string]any{
-		{"fromAddress": chain.Accounts()[0].Address, "toAddress": alice.address, "blockNum": fmt.Sprintf("0x%x", ethTx.BlockNumber),
-			"hash": ethTx.Hash, "value": 1.5, "asset": "ETH", "category": "external",
-			"rawContract": map[string]any{"rawValue": "0x14d1120d7b160000", "address": nil, "decimals": 18}},
-		{"fromAddress": chain.Accounts()[1].Address, "toAddress": bob.address, "blockNum": fmt.Sprintf("0x%x", tokenTx.BlockNumber),
-			"hash": tokenTx.Hash, "value": 25, "asset": "TUSD", "category": "token",
-			"rawContract": map[string]any{"rawValue": "0x17d7840", "address": st.Token, "decimals": 6},
-			"log":         map[string]any{"address": st.Token, "transactionHash": tokenTx.Hash, "logIndex": "0x0", "blockHash": tokenTx.BlockHash, "removed": false}},
-	})
-	for delivery := 1; delivery <= 2; delivery++ { // providers deliver at least once: send it twice
-		answer, err := d.post(ctx, "/webhook/alchemy", payload, "X-Alchemy-Signature", st.AlchemyKey)
+	ethTotal, tokenTotal := decimal.Zero, decimal.Zero
+	var ids []string
+	for i, c := range chains {
+		ethAmount, tokenAmount := decimal.RequireFromString(demoETHAmounts[i]), decimal.RequireFromString(demoTokenAmounts[i])
+		ethTotal, tokenTotal = ethTotal.Add(ethAmount), tokenTotal.Add(tokenAmount)
+		ethWei, tokenUnits := baseUnits(ethAmount, 18), baseUnits(tokenAmount, c.st.TokenDecimals)
+		fmt.Fprintf(out, "\n%s: sending %s ETH to alice and %s %s (%d decimals here) to bob ...\n", c.st.Network, ethAmount, tokenAmount, st.TokenAsset, c.st.TokenDecimals)
+		ethTx, err := c.chain.SendETH(ctx, 0, alice.address, ethWei)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", c.st.Network, err)
 		}
-		fmt.Fprintf(out, "alchemy webhook, delivery %d: %s\n", delivery, answer)
-	}
-	// The ids settle derives from the transfers themselves.
-	ethEvent := payment.Transfer{Network: st.Network, TxHash: ethTx.Hash, Index: payment.TransferNative}.EventID()
-	tokenEvent := payment.Transfer{Network: st.Network, TxHash: tokenTx.Hash, Index: payment.LogIndexTransfer(0)}.EventID()
+		tokenTx, err := c.chain.TransferToken(ctx, 1, c.st.Token, bob.address, tokenUnits)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.st.Network, err)
+		}
+		fmt.Fprintf(out, "  ETH  tx %s in block %d\n  %s tx %s in block %d\n", ethTx.Hash, ethTx.BlockNumber, st.TokenAsset, tokenTx.Hash, tokenTx.BlockNumber)
 
-	fmt.Fprintln(out, "\nwaiting for the finalized tag to pass both blocks (the dev chain finalizes every 32 blocks) ...")
-	if err := d.follow(ctx, ethEvent, tokenEvent); err != nil {
+		payload := alchemyPayload(c.st.Network, []map[string]any{
+			{"fromAddress": c.chain.Accounts()[0].Address, "toAddress": alice.address, "blockNum": fmt.Sprintf("0x%x", ethTx.BlockNumber),
+				"hash": ethTx.Hash, "value": json.Number(ethAmount.String()), "asset": "ETH", "category": "external",
+				"rawContract": map[string]any{"rawValue": "0x" + ethWei.Text(16), "address": nil, "decimals": 18}},
+			{"fromAddress": c.chain.Accounts()[1].Address, "toAddress": bob.address, "blockNum": fmt.Sprintf("0x%x", tokenTx.BlockNumber),
+				"hash": tokenTx.Hash, "value": json.Number(tokenAmount.String()), "asset": st.TokenAsset, "category": "token",
+				"rawContract": map[string]any{"rawValue": "0x" + tokenUnits.Text(16), "address": c.st.Token, "decimals": c.st.TokenDecimals},
+				"log":         map[string]any{"address": c.st.Token, "transactionHash": tokenTx.Hash, "logIndex": "0x0", "blockHash": tokenTx.BlockHash, "removed": false}},
+		})
+		for delivery := 1; delivery <= 2; delivery++ { // providers deliver at least once: send it twice
+			answer, err := d.post(ctx, "/webhook/alchemy", payload, "X-Alchemy-Signature", st.AlchemyKey)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "  alchemy webhook (%s), delivery %d: %s\n", c.st.Network, delivery, answer)
+		}
+		// The ids settle derives from the transfers themselves.
+		ids = append(ids,
+			payment.Transfer{Network: c.st.Network, TxHash: ethTx.Hash, Index: payment.TransferNative}.EventID(),
+			payment.Transfer{Network: c.st.Network, TxHash: tokenTx.Hash, Index: payment.LogIndexTransfer(0)}.EventID())
+	}
+
+	fmt.Fprintln(out, "\nwaiting for each network's finalized tag to pass its blocks (the dev chains finalize every 32 blocks) ...")
+	if err := d.follow(ctx, ids...); err != nil {
 		return err
 	}
 
-	withdrawal, _ := json.Marshal(map[string]any{"event_id": fmt.Sprintf("demo-withdrawal-%d", run), "event_type": "withdrawal", "user_id": alice.id, "asset": "ETH", "amount": "0.4"})
+	withdrawalID := fmt.Sprintf("demo-withdrawal-%d", run)
+	withdrawal, _ := json.Marshal(map[string]any{"event_id": withdrawalID, "event_type": "withdrawal", "user_id": alice.id,
+		"asset": "ETH", "amount": demoWithdrawal, "network": chains[0].st.Network})
 	answer, err := d.post(ctx, "/webhook/payments", withdrawal, "X-Signature", st.WebhookSecret)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nwithdrawal of 0.4 ETH from alice: %s\n", answer)
-	if err := d.follow(ctx, fmt.Sprintf("demo-withdrawal-%d", run)); err != nil {
+	fmt.Fprintf(out, "\nwithdrawal of %s ETH from alice on %s: %s\n", demoWithdrawal, chains[0].st.Network, answer)
+	if err := d.follow(ctx, withdrawalID); err != nil {
 		return err
 	}
+
+	journal, err := pgx.Connect(ctx, st.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer journal.Close(ctx)
+	want := map[int64]map[string]decimal.Decimal{
+		alice.id: {"ETH": ethTotal.Sub(decimal.RequireFromString(demoWithdrawal))},
+		bob.id:   {st.TokenAsset: tokenTotal},
+	}
 	for _, u := range []demoUser{alice, bob} {
-		body, err := d.read(ctx, fmt.Sprintf("/v1/users/%d/balances", u.id))
-		if err != nil {
+		if err := d.printJournal(ctx, journal, u.id); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "balances of user %d: %s\n", u.id, body)
+		if err := d.checkBalances(ctx, u.id, want[u.id]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func networkNames(chains []demoChain) string {
+	names := make([]string, 0, len(chains))
+	for _, c := range chains {
+		names = append(names, c.st.Network)
+	}
+	return strings.Join(names, " and ")
+}
+
+// baseUnits is amount × 10^decimals; the amounts above are exact there.
+func baseUnits(amount decimal.Decimal, decimals int) *big.Int {
+	return amount.Shift(int32(decimals)).BigInt()
+}
+
+// printJournal prints a user's journal rows with the network each
+// movement happened on (balance_events.network).
+func (d *demo) printJournal(ctx context.Context, conn *pgx.Conn, user int64) error {
+	rows, err := conn.Query(ctx, `SELECT asset, amount::text, event_type, coalesce(network, ''), source_event_id
+		FROM balance_events WHERE user_id = $1 ORDER BY id LIMIT 100`, user)
+	if err != nil {
+		return fmt.Errorf("read the journal: %w", err)
+	}
+	defer rows.Close()
+	fmt.Fprintf(d.out, "\njournal of user %d:\n  %-6s %-14s %-12s %-14s %s\n", user, "asset", "amount", "event_type", "network", "source_event_id")
+	for rows.Next() {
+		var asset, amount, eventType, network, source string
+		if err := rows.Scan(&asset, &amount, &eventType, &network, &source); err != nil {
+			return err
+		}
+		if v, err := decimal.NewFromString(amount); err == nil {
+			amount = v.String() // without the column's trailing zeros
+		}
+		fmt.Fprintf(d.out, "  %-6s %-14s %-12s %-14s %s\n", asset, amount, eventType, network, source)
+	}
+	return rows.Err()
+}
+
+// checkBalances prints the user's balances, one per asset code whatever
+// the networks its deposits came from, and fails unless they are want.
+func (d *demo) checkBalances(ctx context.Context, user int64, want map[string]decimal.Decimal) error {
+	body, err := d.read(ctx, fmt.Sprintf("/v1/users/%d/balances", user))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "balances of user %d: %s\n", user, body)
+	var got struct {
+		Balances []struct {
+			Asset   string `json:"asset"`
+			Balance string `json:"balance"`
+		} `json:"balances"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		return fmt.Errorf("balances of user %d: %w", user, err)
+	}
+	for asset, amount := range want {
+		n := 0
+		for _, b := range got.Balances {
+			if b.Asset != asset {
+				continue
+			}
+			n++
+			if v, err := decimal.NewFromString(b.Balance); err != nil || !v.Equal(amount) {
+				return fmt.Errorf("user %d: %s balance %s, want %s (the deposits of every network in one balance)", user, asset, b.Balance, amount)
+			}
+		}
+		if n != 1 {
+			return fmt.Errorf("user %d: %d %s balances, want one for every network", user, n, asset)
+		}
+		fmt.Fprintf(d.out, "  one %s balance of %s from the deposits on every network\n", asset, amount)
 	}
 	return nil
 }
@@ -133,11 +255,11 @@ type demo struct {
 	http *http.Client
 }
 
-func alchemyPayload(st devState, activities []map[string]any) []byte {
+func alchemyPayload(network string, activities []map[string]any) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"webhookId": "wh_settle_demo", "id": fmt.Sprintf("whevt_%d", time.Now().UnixNano()),
 		"createdAt": time.Now().UTC().Format(time.RFC3339), "type": "ADDRESS_ACTIVITY",
-		"event": map[string]any{"network": st.Network, "activity": activities},
+		"event": map[string]any{"network": network, "activity": activities},
 	})
 	return b
 }

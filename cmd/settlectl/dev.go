@@ -25,44 +25,87 @@ import (
 
 	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/finality"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
 
 func init() {
-	register("dev", "run the whole system locally (PostgreSQL, Redis, a simulated chain, api, worker, scheduler)", runDev)
+	register("dev", "run the whole system locally (PostgreSQL, Redis, a simulated chain per network, api, worker, scheduler)", runDev)
 }
 
-// Fixed local ports, so the printed addresses stay the same across runs.
+// Fixed local ports by default, so the printed addresses stay the same
+// across runs; flags move them (the dev stack test runs on free ports).
 const (
 	devPostgresPort = 55432
 	devRedisPort    = 56379
-	devChainPort    = 58545
+	// devChainPort is the first network's chain; each next one the next port.
+	devChainPort = 58545
+	// devMetricsPort is the worker's; the scheduler's is the next port.
+	devMetricsPort  = 9091
 	devDatabase     = "settle"
 	devStartTimeout = 60 * time.Second
 	devStopTimeout  = 30 * time.Second
-	// DevTokenAsset is the ERC-20 the dev chain deploys on every start.
-	devTokenAsset    = "TUSD"
-	devTokenDecimals = 6
+	// devTokenAsset is the ERC-20 each dev chain deploys on every start,
+	// listed with that network's decimals (devNetworks).
+	devTokenAsset = "DUSD"
+	// devNetworksMax bounds --networks: each network is a node in this
+	// process and a client, breaker and cache in every service.
+	devNetworksMax = 4
 )
+
+// devNetwork is a simulated chain `settlectl dev` runs as a network
+// settle knows (its chain id comes from the networks table).
+type devNetwork struct {
+	name string
+	// tokenDecimals of the dev token there: 6 on one network and 18 on
+	// the other show that an asset's precision is per network.
+	tokenDecimals int
+}
+
+// devNetworks are the networks `settlectl dev` can simulate.
+var devNetworks = []devNetwork{
+	{name: "ETH_MAINNET", tokenDecimals: 6},
+	{name: "BASE_MAINNET", tokenDecimals: 18},
+}
+
+// devChainState is one running dev chain in state.json.
+type devChainState struct {
+	Network       string `json:"network"`
+	ChainID       int64  `json:"chain_id"`
+	URL           string `json:"url"`
+	Token         string `json:"token"`
+	TokenDecimals int    `json:"token_decimals"`
+}
 
 // devState is what `settlectl demo` needs to find the running stack.
 type devState struct {
-	APIURL        string `json:"api_url"`
-	ChainURL      string `json:"chain_url"`
-	Token         string `json:"token"`
-	WebhookSecret string `json:"webhook_secret"`
-	AlchemyKey    string `json:"alchemy_signing_key"`
-	AdminToken    string `json:"admin_token"`
-	APIToken      string `json:"api_token"`
-	Network       string `json:"network"`
+	APIURL        string          `json:"api_url"`
+	DatabaseURL   string          `json:"database_url,omitempty"`
+	Chains        []devChainState `json:"chains,omitempty"`
+	TokenAsset    string          `json:"token_asset,omitempty"`
+	WebhookSecret string          `json:"webhook_secret"`
+	AlchemyKey    string          `json:"alchemy_signing_key"`
+	AdminToken    string          `json:"admin_token"`
+	APIToken      string          `json:"api_token"`
 }
 
 func runDev(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	dir := fs.String("dir", ".dev", "where data, logs and binaries live")
-	finality := fs.String("finality", "finalized", "DEPOSIT_FINALITY of the worker")
+	policy := fs.String("finality", "finalized", "DEPOSIT_FINALITY of the worker (every network)")
 	apiAddr := fs.String("api", "127.0.0.1:8080", "api listen address")
+	networks := fs.String("networks", "ETH_MAINNET,BASE_MAINNET", "the networks to simulate, one chain each (NETWORKS)")
+	pgPort := fs.Int("postgres-port", devPostgresPort, "PostgreSQL port")
+	redisPort := fs.Int("redis-port", devRedisPort, "Redis port")
+	chainPort := fs.Int("chain-port", devChainPort, "the first network's JSON-RPC port; each next network the next port")
+	metricsPort := fs.Int("metrics-port", devMetricsPort, "the worker's metrics port; the scheduler's the next")
+	blockInterval := fs.Duration("block-interval", devchain.BlockIntervalDefault, "time between blocks on every chain")
 	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	nets, err := pickDevNetworks(*networks)
+	if err != nil {
 		return err
 	}
 	if err := ensureInstalled(out); err != nil {
@@ -90,12 +133,12 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	fmt.Fprintln(out, "starting PostgreSQL and Redis ...")
-	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: postgresDir(root), Port: devPostgresPort})
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: postgresDir(root), Port: *pgPort})
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pg.Stop()
-	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{Dir: filepath.Join(root, "redis"), Port: devRedisPort, Durable: true})
+	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{Dir: filepath.Join(root, "redis"), Port: *redisPort, Durable: true})
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
@@ -105,20 +148,18 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
-	fmt.Fprintln(out, "starting the simulated chain ...")
-	chain, err := devchain.Serve(ctx, devchain.Options{Port: devChainPort})
-	if err != nil {
-		return fmt.Errorf("dev chain: %w", err)
+	chains, err := startDevChains(ctx, out, dsn, postgresDir(root), nets, *chainPort, *blockInterval)
+	for _, c := range chains {
+		defer c.chain.Close()
 	}
-	defer chain.Close()
-	token, _, err := chain.DeployToken(ctx, 0)
 	if err != nil {
-		return fmt.Errorf("deploy dev token: %w", err)
-	}
-	if err := registerDevToken(ctx, dsn, token); err != nil {
 		return err
 	}
 
+	names := make([]string, 0, len(chains))
+	for _, c := range chains {
+		names = append(names, c.state.Network)
+	}
 	env := map[string]string{
 		"DATABASE_URL":         dsn,
 		"REDIS_URL":            rds.URL(0),
@@ -126,16 +167,26 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 		"ALCHEMY_SIGNING_KEY":  secrets.AlchemyKey,
 		"ADMIN_TOKEN":          secrets.AdminToken,
 		"API_TOKEN":            secrets.APIToken,
-		"ETH_RPC_URL":          chain.URL(),
-		"DEPOSIT_FINALITY":     *finality,
+		"NETWORKS":             strings.Join(names, ","),
+		"DEPOSIT_FINALITY":     *policy,
 		"FINALITY_RECHECK_MAX": "5s",
 		"WEBHOOK_RATE_LIMIT":   "off",
 		"LOG_LEVEL":            "info",
+		// Whatever the shell says: its alias must agree with this run's chain.
+		"ETH_RPC_URL": "",
 	}
+	for _, c := range chains {
+		env[finality.RPCSetting(c.state.Network)] = c.state.URL
+		if c.state.Network == payment.DefaultNetwork {
+			env["ETH_RPC_URL"] = c.state.URL
+		}
+	}
+	workerMetrics := fmt.Sprintf("127.0.0.1:%d", *metricsPort)
+	schedulerMetrics := fmt.Sprintf("127.0.0.1:%d", *metricsPort+1)
 	procs := []*devProc{
 		{name: "api", env: map[string]string{"HTTP_ADDR": *apiAddr}},
-		{name: "worker", env: map[string]string{"METRICS_ADDR": "127.0.0.1:9091"}},
-		{name: "scheduler", env: map[string]string{"METRICS_ADDR": "127.0.0.1:9092"}},
+		{name: "worker", env: map[string]string{"METRICS_ADDR": workerMetrics}},
+		{name: "scheduler", env: map[string]string{"METRICS_ADDR": schedulerMetrics}},
 	}
 	exited := make(chan *devProc, len(procs))
 	for _, p := range procs {
@@ -150,8 +201,14 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	state := devState{
-		APIURL: "http://" + *apiAddr, ChainURL: chain.URL(), Token: token, Network: "ETH_MAINNET",
+		APIURL: "http://" + *apiAddr, DatabaseURL: dsn, TokenAsset: devTokenAsset,
 		WebhookSecret: secrets.WebhookSecret, AlchemyKey: secrets.AlchemyKey, AdminToken: secrets.AdminToken, APIToken: secrets.APIToken,
+	}
+	var chainLines strings.Builder
+	for _, c := range chains {
+		state.Chains = append(state.Chains, c.state)
+		fmt.Fprintf(&chainLines, "  %-19s %s   (chain id %d; %s token at %s, %d decimals)\n",
+			c.state.Network, c.state.URL, c.state.ChainID, devTokenAsset, c.state.Token, c.state.TokenDecimals)
 	}
 	if err := writeJSONFile(filepath.Join(root, "state.json"), state); err != nil {
 		return err
@@ -161,12 +218,12 @@ settle is running. Ctrl-C stops everything.
 
   api                 %s   (OpenAPI: %s/openapi.yaml)
   asynqmon dashboard  %s/admin/queues/   (user: anything, password: the admin token)
-  worker metrics      http://127.0.0.1:9091/metrics
-  scheduler metrics   http://127.0.0.1:9092/metrics
+  worker metrics      http://%s/metrics
+  scheduler metrics   http://%s/metrics
   PostgreSQL          %s
   Redis               %s
-  simulated chain     %s   (finalized lags the head; %s token at %s)
-
+  NETWORKS            %s   (one simulated chain each; finalized lags the head)
+%s
   ADMIN_TOKEN         %s
   API_TOKEN           %s
   WEBHOOK_SECRET      %s
@@ -174,7 +231,7 @@ settle is running. Ctrl-C stops everything.
 
   logs                %s/*.log
   try                 go tool task demo
-`, state.APIURL, state.APIURL, state.APIURL, dsn, rds.URL(0), chain.URL(), devTokenAsset, token,
+`, state.APIURL, state.APIURL, state.APIURL, workerMetrics, schedulerMetrics, dsn, rds.URL(0), env["NETWORKS"], chainLines.String(),
 		secrets.AdminToken, secrets.APIToken, secrets.WebhookSecret, secrets.AlchemyKey, filepath.Join(root, "logs"))
 
 	select {
@@ -184,6 +241,85 @@ settle is running. Ctrl-C stops everything.
 	case p := <-exited:
 		return fmt.Errorf("%s exited unexpectedly; its log ends with:\n%s", p.name, tailFile(p.logPath, 20))
 	}
+}
+
+// pickDevNetworks reads --networks: names of devNetworks, each once.
+func pickDevNetworks(list string) ([]devNetwork, error) {
+	var out []devNetwork
+	seen := map[string]bool{}
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || seen[name] {
+			continue
+		}
+		seen[name] = true
+		found := false
+		for _, n := range devNetworks {
+			if n.name == name {
+				out = append(out, n)
+				found = true
+			}
+		}
+		if !found {
+			known := make([]string, 0, len(devNetworks))
+			for _, n := range devNetworks {
+				known = append(known, n.name)
+			}
+			return nil, fmt.Errorf("--networks: settlectl dev simulates %s, not %q", strings.Join(known, " and "), name)
+		}
+	}
+	if len(out) == 0 || len(out) > devNetworksMax {
+		return nil, fmt.Errorf("--networks: name between 1 and %d networks", devNetworksMax)
+	}
+	return out, nil
+}
+
+// devChain is a running simulated chain and what state.json says of it.
+type devChain struct {
+	chain *devchain.Chain
+	state devChainState
+}
+
+// startDevChains starts one simulated chain per network, answering the
+// network's chain id (so the worker's eth_chainId check passes), deploys
+// the dev token on each and lists it there with that network's decimals.
+// The chains it started are returned even on an error, to be closed.
+func startDevChains(ctx context.Context, out io.Writer, dsn, pgDir string, nets []devNetwork, firstPort int, interval time.Duration) ([]devChain, error) {
+	db, err := postgres.Open(ctx, dsn, postgres.Options{ConnsMax: 2})
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	registry, err := db.Assets(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read networks: %w", err)
+	}
+	var chains []devChain
+	for i, n := range nets {
+		network, ok := registry.Network(n.name)
+		if !ok || network.ChainID == 0 {
+			return chains, fmt.Errorf("network %s has no chain id in the networks table", n.name)
+		}
+		fmt.Fprintf(out, "starting the simulated chain of %s (chain id %d) ...\n", n.name, network.ChainID)
+		chain, err := devchain.Serve(ctx, devchain.Options{Port: firstPort + i, ChainID: network.ChainID, BlockInterval: interval})
+		if err != nil {
+			return chains, fmt.Errorf("dev chain of %s: %w", n.name, err)
+		}
+		chains = append(chains, devChain{chain: chain})
+		token, _, err := chain.DeployToken(ctx, 0)
+		if err != nil {
+			return chains, fmt.Errorf("deploy the dev token on %s: %w", n.name, err)
+		}
+		listing := payment.Asset{Code: devTokenAsset, Network: n.name, Contract: strings.ToLower(token), Decimals: n.tokenDecimals}
+		if _, err := db.AddAsset(ctx, listing); err != nil {
+			// The token's address is the same on every run (account 0's
+			// first transaction), so only a hand-edited dev database
+			// conflicts.
+			return chains, fmt.Errorf("list %s on %s (remove %s to start afresh): %w", devTokenAsset, n.name, pgDir, err)
+		}
+		chains[i].state = devChainState{Network: n.name, ChainID: network.ChainID, URL: chain.URL(), Token: strings.ToLower(token), TokenDecimals: n.tokenDecimals}
+	}
+	return chains, nil
 }
 
 // postgresDir is where the dev cluster lives. As root the server runs as
@@ -276,19 +412,6 @@ func prepareDatabase(ctx context.Context, pg *devenv.Postgres) (string, error) {
 		return "", fmt.Errorf("migrate: %w", err)
 	}
 	return dsn, nil
-}
-
-// registerDevToken points the TUSD asset at this run's token contract (the
-// simulated chain starts empty every time).
-func registerDevToken(ctx context.Context, dsn, contract string) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `INSERT INTO assets (code, network, contract_address, decimals) VALUES ($1, 'ETH_MAINNET', $2, $3)
-		ON CONFLICT (code) DO UPDATE SET contract_address = EXCLUDED.contract_address`, devTokenAsset, strings.ToLower(contract), devTokenDecimals)
-	return err
 }
 
 // devProc is one service run by `settlectl dev`.
