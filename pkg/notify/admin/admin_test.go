@@ -88,6 +88,7 @@ func TestListAndRedeliver(t *testing.T) {
 
 	status, body := call(t, http.MethodGet, base+"/admin/notifications", "", "")
 	require.Equal(t, http.StatusUnauthorized, status, "behind the admin token")
+	require.NotContains(t, body, "notifications", "nothing listed without the token")
 
 	status, body = call(t, http.MethodGet, base+"/admin/notifications?state=pending&limit=2", adminToken, "")
 	require.Equal(t, http.StatusOK, status)
