@@ -33,7 +33,7 @@ func checkPromQL(t *testing.T, where, expr string, extraLabels ...string) []stri
 		}
 		name := vs.Name
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+			if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 				name = m.Value
 			}
 		}
@@ -42,7 +42,7 @@ func checkPromQL(t *testing.T, where, expr string, extraLabels ...string) []stri
 		require.True(t, ok, "%s: %s is not exported by any settle binary (expr %s)", where, name, expr)
 		if s.labels != nil {
 			for _, m := range vs.LabelMatchers {
-				if m.Name == labels.MetricName {
+				if m.Name == model.MetricNameLabel {
 					continue
 				}
 				require.True(t, s.labels[m.Name] || slicesContains(extraLabels, m.Name), "%s: %s has no label %q (it has %v)", where, name, m.Name, sortedKeys(s.labels))
