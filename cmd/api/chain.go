@@ -14,9 +14,11 @@ import (
 )
 
 // openChain builds the api's view of the chain (the recheck, and with it
-// Alchemy's removed as a reason to ask) on ETH_RPC_URL; nil without one.
+// Alchemy's removed as a reason to ask) on the networks' RPCs; nil
+// without any.
 // The api has no alert webhook: what the breaker says is logged.
-func openChain(ctx context.Context, s finality.Settings, db *postgres.DB, rdb redis.UniversalClient, log zerolog.Logger, reg prometheus.Registerer) (httpapi.Chain, func(), error) {
+func openChain(runCtx, ctx context.Context, settings settings, db *postgres.DB, rdb redis.UniversalClient, log zerolog.Logger, reg prometheus.Registerer) (httpapi.Chain, func(), error) {
+	s := settings.chain
 	if !s.HasRPC() {
 		return nil, func() {}, nil
 	}
@@ -24,6 +26,9 @@ func openChain(ctx context.Context, s finality.Settings, db *postgres.DB, rdb re
 	if err != nil {
 		return nil, nil, err
 	}
+	go db.KeepRegistry(runCtx, assets, settings.registryRefresh, func(err error) {
+		log.Warn().Err(err).Msg("registry reload failed; keeping the networks and assets read before")
+	})
 	alerts := alert.New(log, alert.Options{Service: serviceName, Registerer: reg})
 	rechecker, closeChain, err := finality.OpenRechecker(ctx, s, finality.Deps{
 		Store: db, Assets: assets, Redis: rdb, Alerts: alerts, Log: log, Registerer: reg,

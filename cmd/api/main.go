@@ -87,6 +87,9 @@ type settings struct {
 	// chain is the worker's chain settings; with ETH_RPC_URL the api can
 	// ask the chain (recheck, Alchemy's removed).
 	chain finality.Settings
+	// registryRefresh (REGISTRY_REFRESH) bounds how stale the cached
+	// networks and assets may be.
+	registryRefresh time.Duration
 
 	// migrateTimeout bounds `api migrate`.
 	migrateTimeout time.Duration
@@ -155,6 +158,7 @@ func readServe(env *config.Env, s *settings) {
 	s.console = readConsole(env, s.adminToken, s.apiToken)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 	s.chain = finality.ReadSettings(env, false)
+	s.registryRefresh = env.Duration("REGISTRY_REFRESH", service.RegistryRefreshDefault)
 }
 
 func parseListenAddress(v string) (string, error) {
@@ -256,7 +260,7 @@ func serve(log zerolog.Logger, s settings) error {
 
 	registry := service.Registry()
 	registry.MustRegister(db.Collector())
-	chain, closeChain, err := openChain(openCtx, s.chain, db, rdb, log, registry)
+	chain, closeChain, err := openChain(ctx, openCtx, s, db, rdb, log, registry)
 	if err != nil {
 		return err
 	}
@@ -267,6 +271,8 @@ func serve(log zerolog.Logger, s settings) error {
 	}
 	server, err := httpapi.New(httpapi.Options{
 		Chain:              chain,
+		Networks:           s.chain.NetworkNames(),
+		RegistryRefresh:    s.registryRefresh,
 		Registry:           registry,
 		Store:              groupCommit{DB: db, ingest: ingest},
 		Redis:              rdb,
