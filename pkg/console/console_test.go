@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
@@ -44,19 +45,21 @@ const (
 type fixture struct {
 	t      *testing.T
 	db     *postgres.DB
+	dsn    string
 	url    string
 	client *http.Client
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	db := testenv.DB(t)
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
 	opts, err := redis.ParseURL(testenv.RedisURL(t))
 	require.NoError(t, err)
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
 	c, err := console.New(console.Options{Store: db, AdminToken: adminToken, ReadOnlyToken: readOnlyToken,
-		TraceURL: "https://traces.example/trace/{trace_id}"})
+		TraceURL: "https://traces.example/trace/{trace_id}", Rescans: rescans{db: db}})
 	require.NoError(t, err)
 	server, err := httpapi.New(httpapi.Options{
 		Store: db, Redis: rdb, Log: zerolog.Nop(),
@@ -67,7 +70,7 @@ func newFixture(t *testing.T) *fixture {
 	ts := httptest.NewServer(server)
 	t.Cleanup(ts.Close)
 	client := &http.Client{Timeout: requestTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &fixture{t: t, db: db, url: ts.URL, client: client}
+	return &fixture{t: t, db: db, dsn: dsn, url: ts.URL, client: client}
 }
 
 // deadLetter stores a deposit and dead-letters it the way a worker does
@@ -371,3 +374,73 @@ func TestVendoredHTMX(t *testing.T) {
 }
 
 func itoa(n int64) string { return decimal.NewFromInt(n).String() }
+
+// rescans starts jobs through the store's own CreateRescan.
+type rescans struct{ db *postgres.DB }
+
+func (r rescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
+	id := "console-" + itoa(int64(from)) + "-" + itoa(int64(to))
+	_, err := r.db.CreateRescan(ctx, id, network, from, to)
+	return id, err
+}
+
+func TestHoldsAndRescans(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.db.CreateUser(ctx, 7)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	// A hold row as the ledger leaves it (the console only reads holds).
+	_, err = conn.Exec(ctx, `INSERT INTO holds (hold_id, user_id, asset, amount, network) VALUES ('hold-1', 7, 'USDC', 12.5, 'ETH_MAINNET')`)
+	require.NoError(t, err)
+	admin := basic("alice", adminToken)
+	a := f.do(http.MethodGet, "/admin/console/holds?user=7&status=open", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, "hold-1")
+	require.Contains(t, a.body, "12.5 USDC")
+	a = f.do(http.MethodGet, "/admin/console/holds?status=posted", admin, nil, nil)
+	require.NotContains(t, a.body, "hold-1")
+	require.Equal(t, http.StatusBadRequest, f.do(http.MethodGet, "/admin/console/holds?status=gone", admin, nil, nil).status)
+	a = f.do(http.MethodGet, "/admin/console/hold?id=hold-1", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, "open: its amount is reserved")
+
+	// A rescan started from the form, with its reason, shows its progress.
+	token := f.csrf("/admin/console/rescans", admin)
+	form := url.Values{"csrf": {token}, "network": {"ETH_MAINNET"}, "from_block": {"100"}, "to_block": {"199"}}
+	require.Equal(t, http.StatusBadRequest, f.post("/admin/console/rescans", admin, form).status, "no reason")
+	form.Set("reason", "an outage of the provider's webhooks")
+	require.Equal(t, http.StatusForbidden, f.post("/admin/console/rescans", basic("viewer", readOnlyToken), form).status)
+	a = f.post("/admin/console/rescans", admin, form)
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	job, err := f.db.Rescan(ctx, "console-100-199")
+	require.NoError(t, err)
+	require.Equal(t, "running", job.Status)
+	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
+	require.Contains(t, a.body, "console-100-199")
+	require.Contains(t, a.body, "0/100")
+	form.Set("to_block", "99")
+	require.Equal(t, http.StatusBadRequest, f.post("/admin/console/rescans", admin, form).status, "to before from")
+}
+
+// A schema without the scanner's tables (before migration 0013, or a
+// deployment that dropped them) still serves the console.
+func TestWithoutScannerTables(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `DROP TABLE chain_cursors, rescan_jobs`)
+	require.NoError(t, err)
+	admin := basic("alice", adminToken)
+	a := f.do(http.MethodGet, "/admin/console/", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, "Scanner not configured")
+	require.NotContains(t, a.body, "Could not read")
+	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
+	require.Equal(t, http.StatusOK, a.status)
+	require.Contains(t, a.body, `id="rescans-none"`)
+}
