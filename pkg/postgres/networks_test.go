@@ -1,0 +1,165 @@
+package postgres_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestAddNetwork(t *testing.T) {
+	db := testenv.DB(t)
+	ctx := context.Background()
+	devnet := postgres.NewNetwork{Name: "DEVNET", ChainID: 31337, Native: "DEV", Decimals: 12}
+
+	added, err := db.AddNetwork(ctx, devnet)
+	require.NoError(t, err)
+	require.True(t, added)
+	added, err = db.AddNetwork(ctx, devnet)
+	require.NoError(t, err)
+	require.False(t, added, "the same network again is no addition and no error")
+
+	registry, err := db.Assets(ctx)
+	require.NoError(t, err)
+	n, ok := registry.NetworkByChainID(31337)
+	require.True(t, ok)
+	require.Equal(t, payment.Network{Name: "DEVNET", ChainID: 31337, Native: "DEV"}, n)
+	native, ok := registry.Native("DEVNET")
+	require.True(t, ok)
+	require.Equal(t, payment.Asset{Code: "DEV", Network: "DEVNET", Decimals: 12}, native)
+	require.True(t, registry.Known("DEV"), "a new native code is a ledger asset")
+
+	for name, other := range map[string]postgres.NewNetwork{
+		"name taken, other chain id":   {Name: "DEVNET", ChainID: 31338, Native: "DEV", Decimals: 12},
+		"name taken, other native":     {Name: "DEVNET", ChainID: 31337, Native: "ETH", Decimals: 18},
+		"name taken, other decimals":   {Name: "DEVNET", ChainID: 31337, Native: "DEV", Decimals: 18},
+		"chain id taken":               {Name: "MAINNET_FORK", ChainID: 1, Native: "ETH", Decimals: 18},
+		"seeded network, ETH 6 places": {Name: "BASE_MAINNET", ChainID: 8453, Native: "ETH", Decimals: 6},
+	} {
+		added, err := db.AddNetwork(ctx, other)
+		require.ErrorIs(t, err, payment.ErrConflict, name)
+		require.False(t, added, name)
+	}
+	added, err = db.AddNetwork(ctx, postgres.NewNetwork{Name: "BASE_MAINNET", ChainID: 8453, Native: "ETH", Decimals: 18})
+	require.NoError(t, err, "a seeded network as it is")
+	require.False(t, added)
+
+	registry, err = db.Assets(ctx)
+	require.NoError(t, err)
+	_, ok = registry.Network("MAINNET_FORK")
+	require.False(t, ok, "a refused network leaves nothing behind")
+}
+
+func TestAddAsset(t *testing.T) {
+	db := testenv.DB(t)
+	ctx := context.Background()
+	base := payment.Asset{Code: "NEWT", Network: "BASE_MAINNET", Contract: "0x5fbdb2315678afecb367f032d93f642f64180aa3", Decimals: 6}
+	eth := payment.Asset{Code: "NEWT", Network: "ETH_MAINNET", Contract: "0x5fbdb2315678afecb367f032d93f642f64180aa3", Decimals: 18}
+
+	added, err := db.AddAsset(ctx, base)
+	require.NoError(t, err)
+	require.True(t, added)
+	added, err = db.AddAsset(ctx, base)
+	require.NoError(t, err)
+	require.False(t, added)
+	added, err = db.AddAsset(ctx, eth)
+	require.NoError(t, err)
+	require.True(t, added, "the same code (and address) on another network, with its own decimals")
+
+	for name, other := range map[string]payment.Asset{
+		"other decimals":                 {Code: "NEWT", Network: "BASE_MAINNET", Contract: base.Contract, Decimals: 18},
+		"other contract":                 {Code: "NEWT", Network: "BASE_MAINNET", Contract: "0x" + "ab" + base.Contract[4:], Decimals: 6},
+		"another code at the contract":   {Code: "OTHER", Network: "BASE_MAINNET", Contract: base.Contract, Decimals: 6},
+		"USDC's contract, another code":  {Code: "USDX", Network: "BASE_MAINNET", Contract: "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913", Decimals: 6},
+		"a second native coin":           {Code: "WEI", Network: "BASE_MAINNET", Decimals: 18},
+		"the native coin as a token too": {Code: "ETH", Network: "BASE_MAINNET", Contract: "0x" + "cd" + base.Contract[4:], Decimals: 18},
+	} {
+		added, err := db.AddAsset(ctx, other)
+		require.ErrorIs(t, err, payment.ErrConflict, name)
+		require.False(t, added, name)
+	}
+	added, err = db.AddAsset(ctx, payment.Asset{Code: "NEWT", Network: "NOWHERE", Contract: base.Contract, Decimals: 6})
+	require.ErrorIs(t, err, payment.ErrUnknownNetwork)
+	require.ErrorIs(t, err, payment.ErrInvalid, "an unknown network is the operator's input")
+	require.False(t, added)
+
+	registry, err := db.Assets(ctx)
+	require.NoError(t, err)
+	for _, want := range []payment.Asset{base, eth} {
+		got, ok := registry.ByContract(want.Network, want.Contract)
+		require.True(t, ok, want.Network)
+		require.Equal(t, want, got)
+	}
+	precision, ok := registry.Precision("NEWT")
+	require.True(t, ok)
+	require.Equal(t, 18, precision, "the ledger holds a code at its finest listing")
+	for _, code := range []string{"OTHER", "USDX", "WEI"} {
+		require.False(t, registry.Known(code), "a refused listing adds no ledger code: %s", code)
+	}
+}
+
+// Operators running the same addition at once (two settlectl, an api
+// request and a settlectl): one adds it, the others find it.
+func TestAddAssetConcurrently(t *testing.T) {
+	db := testenv.DB(t)
+	ctx := context.Background()
+	const callers = 8
+	listing := payment.Asset{Code: "RACE", Network: "OPT_MAINNET", Contract: "0x1234567890123456789012345678901234567890", Decimals: 8}
+	var wg sync.WaitGroup
+	results := make(chan bool, callers)
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			added, err := db.AddAsset(ctx, listing)
+			results <- added
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(results)
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	additions := 0
+	for added := range results {
+		if added {
+			additions++
+		}
+	}
+	require.Equal(t, 1, additions)
+}
+
+// A kept registry sees an addition within its interval.
+func TestKeepRegistrySeesAdditions(t *testing.T) {
+	db := testenv.DB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	registry, err := db.Assets(ctx)
+	require.NoError(t, err)
+	const every = 50 * time.Millisecond
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		db.KeepRegistry(ctx, registry, every, func(err error) { t.Errorf("reload: %v", err) })
+	}()
+	listing := payment.Asset{Code: "LATE", Network: "ARB_MAINNET", Contract: "0x0987654321098765432109876543210987654321", Decimals: 6}
+	_, ok := registry.ByContract(listing.Network, listing.Contract)
+	require.False(t, ok)
+	_, err = db.AddAsset(ctx, listing)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, ok := registry.ByContract(listing.Network, listing.Contract)
+		return ok
+	}, 100*every, every/5)
+	cancel()
+	<-done
+}
