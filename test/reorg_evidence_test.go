@@ -107,7 +107,7 @@ func (c *chainStack) requireCompensatedOnce(t *testing.T, id string, user int64,
 // watchCount reads the worker's settle_reorg_watch_total for a state (0
 // before the first).
 func watchCount(worker *harness.Proc, state string) float64 {
-	return max(0, metricValue(worker.URL(), fmt.Sprintf(`settle_reorg_watch_total{state=%q}`, state)))
+	return max(0, metricValue(worker.URL(), fmt.Sprintf(`settle_reorg_watch_total{network="ETH_MAINNET",state=%q}`, state)))
 }
 
 // mineFor seals a block every interval for d.

@@ -127,11 +127,11 @@ func New(o Options) *Gate {
 	g := &Gate{
 		o: o,
 		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by verdict (credit, wait, reverted, mismatch, unavailable, reorged, not_found).",
-		}, []string{"verdict"}),
+			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by network and verdict (credit, wait, reverted, mismatch, unavailable, reorged, not_found).",
+		}, []string{"network", "verdict"}),
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by what the chain showed (final, canonical, moved, absent, gone, error).",
-		}, []string{"state"}),
+			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error).",
+		}, []string{"network", "state"}),
 	}
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(g.verdicts, g.watched)
@@ -161,7 +161,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	if errors.Is(err, payment.ErrUnavailable) {
 		// The chain cannot be asked: wait, and do not count this against
 		// the finality timeout's outcome (it is decided on an answer).
-		g.verdicts.WithLabelValues("unavailable").Inc()
+		g.verdicts.WithLabelValues(networkOf(e), "unavailable").Inc()
 		log.Warn().Err(err).Msg("chain unavailable; deposit waits")
 		// The usual schedule: while the breaker is open a check fails fast
 		// without touching the node, so asking again costs nothing.
@@ -170,7 +170,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	if err != nil {
 		return nil, err
 	}
-	g.verdicts.WithLabelValues(string(verdict.State)).Inc()
+	g.verdicts.WithLabelValues(networkOf(e), string(verdict.State)).Inc()
 	switch verdict.State {
 	case chain.Credit:
 		watch := !verdict.Finalized
@@ -196,10 +196,10 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 	if state.Age >= g.o.Timeout {
 		switch {
 		case !verdict.ReceiptSeen && state.ReceiptSeen:
-			g.verdicts.WithLabelValues("reorged").Inc()
+			g.verdicts.WithLabelValues(networkOf(e), "reorged").Inc()
 			return g.decide(ctx, e, payment.OutcomeReorged, "receipt seen, then gone; not back within "+g.o.Timeout.String(), true)
 		case !verdict.ReceiptSeen:
-			g.verdicts.WithLabelValues("not_found").Inc()
+			g.verdicts.WithLabelValues(networkOf(e), "not_found").Inc()
 			return g.decide(ctx, e, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String(), true)
 		default:
 			// Mined and still canonical, only slow to finalize: a real
@@ -376,7 +376,7 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 		}
 		seen, askErr := nc.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
 		if askErr != nil {
-			g.watched.WithLabelValues("error").Inc()
+			g.watched.WithLabelValues(network, "error").Inc()
 			g.o.Log.Warn().Err(askErr).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Msg("reorg watch could not ask the chain; not evidence")
 			if unchecked == nil {
 				unchecked = fmt.Errorf("reorg watch of %s: %w", w.EventID, askErr)
@@ -390,7 +390,7 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 			}
 			continue
 		}
-		g.watched.WithLabelValues(string(seen.State)).Inc()
+		g.watched.WithLabelValues(network, string(seen.State)).Inc()
 		if err := g.watchOne(ctx, w, seen); err != nil {
 			return err
 		}

@@ -617,7 +617,7 @@ func breakerState(base string) (int, bool) {
 		return 0, false
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "settle_chain_breaker_state "); ok {
+		if v, ok := strings.CutPrefix(line, `settle_chain_breaker_state{network="ETH_MAINNET"} `); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			return int(f), err == nil
 		}
