@@ -101,6 +101,8 @@ type settings struct {
 	verifiedRateLimit        httpapi.RateLimit
 	unverifiedBytesMax       int
 	unverifiedClientBytesMax int
+	// rescanBlocksMax bounds one POST /admin/rescan.
+	rescanBlocksMax int
 }
 
 // readCommon reads what every subcommand needs.
@@ -155,6 +157,7 @@ func readServe(env *config.Env, s *settings) {
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
 	s.dashboardPrometheus = readDashboardPrometheus(env)
+	s.rescanBlocksMax = env.Int("RESCAN_BLOCKS_MAX", httpapi.RescanBlocksMaxDefault, 1, 10_000_000)
 	s.console = readConsole(env, s.adminToken, s.apiToken)
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 	s.chain = finality.ReadSettings(env, false)
@@ -292,6 +295,7 @@ func serve(log zerolog.Logger, s settings) error {
 
 		UnverifiedBytesMax:       int64(s.unverifiedBytesMax),
 		UnverifiedClientBytesMax: int64(s.unverifiedClientBytesMax),
+		RescanBlocksMax:          int64(s.rescanBlocksMax),
 	})
 	if err != nil {
 		return err

@@ -56,6 +56,8 @@ type depositAddressJSON struct {
 	UserID  int64  `json:"user_id"`
 	Status  string `json:"status"`
 	TraceID string `json:"trace_id"`
+	// Backfill is the job scanning the address from from_block, if given.
+	Backfill string `json:"backfill,omitempty"`
 }
 
 // adminAddDepositAddress maps a chain address to its user; it is the only
@@ -84,6 +86,10 @@ func (s *Server) adminAddDepositAddress(c echo.Context) error {
 	if !ok {
 		return newError(http.StatusBadRequest, "user_id must be a JSON integer above zero")
 	}
+	from, backfill, err := backfillFrom(fields)
+	if err != nil {
+		return err
+	}
 
 	ctx, cancel := storeContext(c)
 	defer cancel()
@@ -102,6 +108,12 @@ func (s *Server) adminAddDepositAddress(c echo.Context) error {
 		}
 	}
 	inserted, err := s.store.AddDepositAddress(ctx, network, address, user)
+	var backfillID string
+	if err == nil && backfill {
+		if backfillID, err = s.backfill(ctx, network, address, from); err != nil {
+			return err
+		}
+	}
 	traceID := TraceID(c.Request().Context())
 	switch {
 	case errors.Is(err, payment.ErrConflict):
@@ -109,11 +121,11 @@ func (s *Server) adminAddDepositAddress(c echo.Context) error {
 	case err != nil:
 		return storeError(err)
 	case !inserted:
-		return c.JSON(http.StatusOK, depositAddressJSON{Address: address, Network: network, UserID: user, Status: "exists", TraceID: traceID})
+		return c.JSON(http.StatusOK, depositAddressJSON{Address: address, Network: network, UserID: user, Status: "exists", TraceID: traceID, Backfill: backfillID})
 	}
 	logging.From(c.Request().Context()).Info().Int64(logging.FieldUserID, user).
 		Str("network", network).Str("address", address).Msg("deposit address registered")
-	return c.JSON(http.StatusCreated, depositAddressJSON{Address: address, Network: network, UserID: user, Status: "registered", TraceID: traceID})
+	return c.JSON(http.StatusCreated, depositAddressJSON{Address: address, Network: network, UserID: user, Status: "registered", TraceID: traceID, Backfill: backfillID})
 }
 
 func knowsNetwork(registry *payment.Registry, network string) bool {

@@ -149,12 +149,18 @@ type Options struct {
 	// is then a reason to ask, not evidence); nil: no ETH_RPC_URL.
 	Chain Chain
 
+	// RescanBlocksMax bounds one POST /admin/rescan (RESCAN_BLOCKS_MAX);
+	// zero: RescanBlocksMaxDefault.
+	RescanBlocksMax int64
+
 	// Now is the clock of the rate limiter (tests fix it); nil: time.Now.
 	Now func() time.Time
 }
 
 // Server is the API.
 type Server struct {
+	rescanMax int64 // Options.RescanBlocksMax
+
 	echo     *echo.Echo
 	store    Store
 	redis    redis.UniversalClient
@@ -227,6 +233,7 @@ func New(opts Options) (*Server, error) {
 		admins:        []tokenDigest{digest(opts.AdminToken)},
 		routes:        map[string]bool{},
 		quietRoutes:   map[string]bool{},
+		rescanMax:     opts.RescanBlocksMax,
 	}
 	for _, key := range opts.AlchemySigningKeys {
 		s.alchemyKeys = append(s.alchemyKeys, []byte(key))
@@ -298,6 +305,8 @@ func New(opts Options) (*Server, error) {
 	e.POST("/admin/networks", s.adminAddNetwork, adminAuth)
 	e.POST("/admin/assets", s.adminAddAsset, adminAuth)
 	e.POST("/admin/events/:event_id/recheck", s.adminRecheck, adminAuth)
+	e.POST("/admin/rescan", s.adminRescan, adminAuth)
+	e.GET("/admin/rescan/:id", s.adminRescanGet, adminAuth)
 
 	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
 		return nil, err

@@ -1,0 +1,219 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/settle/settle/pkg/alchemy"
+	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/postgres"
+)
+
+const (
+	// RescanBlocksMaxDefault bounds one rescan (RESCAN_BLOCKS_MAX): at 500
+	// blocks a pass, 200 passes.
+	RescanBlocksMaxDefault = 100_000
+	// blockNumberMax keeps a block number well inside bigint.
+	blockNumberMax = 1 << 62
+	// blockDigitsMax: 2^62 has 19 digits.
+	blockDigitsMax = 19
+	// rescanIDLengthMax bounds a job id in the path.
+	rescanIDLengthMax = 64
+)
+
+// RescanStore is what the rescan routes need; *postgres.DB implements it.
+type RescanStore interface {
+	CreateRescan(ctx context.Context, id, network string, from, to uint64) (postgres.RescanJob, error)
+	Rescan(ctx context.Context, id string) (postgres.RescanJob, error)
+	AddBackfill(ctx context.Context, id, network, address string, from uint64) error
+}
+
+var _ RescanStore = (*postgres.DB)(nil)
+
+type rescanJSON struct {
+	ID          string    `json:"id"`
+	Network     string    `json:"network"`
+	Address     string    `json:"address,omitempty"`
+	FromBlock   uint64    `json:"from_block"`
+	ToBlock     *uint64   `json:"to_block"`
+	NextBlock   uint64    `json:"next_block"`
+	BlocksDone  uint64    `json:"blocks_done"`
+	BlocksTotal *uint64   `json:"blocks_total"`
+	Status      string    `json:"status"`
+	Error       string    `json:"error,omitempty"`
+	Found       int       `json:"found"`
+	RequestedBy string    `json:"requested_by"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
+	TraceID     string    `json:"trace_id"`
+}
+
+func rescanView(j postgres.RescanJob, traceID string) rescanJSON {
+	v := rescanJSON{ID: j.ID, Network: j.Network, Address: j.Address, FromBlock: j.FromBlock, ToBlock: j.ToBlock,
+		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, Found: j.Found, RequestedBy: j.RequestedBy,
+		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, TraceID: traceID}
+	if j.NextBlock > j.FromBlock {
+		v.BlocksDone = j.NextBlock - j.FromBlock
+	}
+	if j.ToBlock != nil && *j.ToBlock+1 >= j.FromBlock {
+		total := *j.ToBlock + 1 - j.FromBlock
+		v.BlocksTotal = &total
+	}
+	return v
+}
+
+// rescanRequest is a validated POST /admin/rescan body.
+type rescanRequest struct {
+	network  string
+	from, to uint64
+}
+
+// parseRescan validates a rescan body: a network name, two block numbers
+// (JSON integers from 0), from ≤ to, at most blocksMax blocks.
+func parseRescan(body []byte, blocksMax uint64) (rescanRequest, error) {
+	fields, err := decodeObject(body)
+	if err != nil {
+		return rescanRequest{}, fmt.Errorf("malformed JSON: %w", err)
+	}
+	for k := range fields {
+		if k != "network" && k != "from_block" && k != "to_block" {
+			return rescanRequest{}, fmt.Errorf("unknown field %q", truncate(k))
+		}
+	}
+	var r rescanRequest
+	var ok bool
+	if r.network, ok = jsonString(fields["network"]); !ok || !alchemy.ValidNetwork(r.network) {
+		return rescanRequest{}, errors.New("network must be a name like ETH_MAINNET")
+	}
+	if r.from, ok = jsonBlock(fields["from_block"]); !ok {
+		return rescanRequest{}, errors.New("from_block must be a JSON integer from 0")
+	}
+	if r.to, ok = jsonBlock(fields["to_block"]); !ok {
+		return rescanRequest{}, errors.New("to_block must be a JSON integer from 0")
+	}
+	if r.to < r.from {
+		return rescanRequest{}, errors.New("to_block is below from_block")
+	}
+	if r.to-r.from >= blocksMax {
+		return rescanRequest{}, fmt.Errorf("a rescan covers at most %d blocks (RESCAN_BLOCKS_MAX); split the range", blocksMax)
+	}
+	return r, nil
+}
+
+// jsonBlock reads a block number: a JSON integer literal from 0 ("7",
+// -1, 1e3 and 7.0 are refused).
+func jsonBlock(raw json.RawMessage) (uint64, bool) {
+	if len(raw) == 0 || len(raw) > blockDigitsMax || (len(raw) > 1 && raw[0] == '0') {
+		return 0, false
+	}
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseUint(string(raw), 10, 64)
+	return n, err == nil && n <= blockNumberMax
+}
+
+func (s *Server) rescanStore() (RescanStore, error) {
+	rs, ok := s.store.(RescanStore)
+	if !ok {
+		return nil, newError(http.StatusNotFound, "rescans are not served by this store")
+	}
+	return rs, nil
+}
+
+// adminRescan schedules a rescan of a block range for every registered
+// address of a network; the scheduler runs it in bounded passes.
+func (s *Server) adminRescan(c echo.Context) error {
+	body, err := readBody(c, adminBodyMax)
+	if err != nil {
+		return bodyError(err)
+	}
+	r, err := parseRescan(body, uint64(s.rescanBlocksMax()))
+	if err != nil {
+		return newError(http.StatusBadRequest, err.Error())
+	}
+	rs, err := s.rescanStore()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := storeContext(c)
+	defer cancel()
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		return storeError(err)
+	}
+	if !knowsNetwork(registry, r.network) {
+		return newError(http.StatusBadRequest, "network "+r.network+" is not a network settle scans")
+	}
+	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to)
+	if err != nil {
+		return storeError(err)
+	}
+	traceID := TraceID(c.Request().Context())
+	logging.From(c.Request().Context()).Info().Str("rescan", job.ID).Str("network", r.network).
+		Uint64("from_block", r.from).Uint64("to_block", r.to).Msg("rescan scheduled")
+	return c.JSON(http.StatusAccepted, rescanView(job, traceID))
+}
+
+// adminRescanGet shows a rescan's (or backfill's) progress.
+func (s *Server) adminRescanGet(c echo.Context) error {
+	id := c.Param("id")
+	if id == "" || len(id) > rescanIDLengthMax || !printable(id) {
+		return newError(http.StatusBadRequest, "rescan id is malformed")
+	}
+	rs, err := s.rescanStore()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := storeContext(c)
+	defer cancel()
+	job, err := rs.Rescan(ctx, id)
+	if err != nil {
+		return storeError(err)
+	}
+	return c.JSON(http.StatusOK, rescanView(job, TraceID(c.Request().Context())))
+}
+
+// backfillFrom reads the optional from_block of a deposit address
+// registration; present false when there is none.
+func backfillFrom(fields map[string]json.RawMessage) (from uint64, present bool, err error) {
+	raw, ok := fields["from_block"]
+	if !ok || isJSONNull(raw) {
+		return 0, false, nil
+	}
+	if from, ok = jsonBlock(raw); !ok {
+		return 0, false, newError(http.StatusBadRequest, "from_block must be a JSON integer from 0")
+	}
+	return from, true, nil
+}
+
+// backfill schedules the scan of a newly registered address from block
+// from up to where the cursor sees it; it answers the job id.
+func (s *Server) backfill(ctx context.Context, network, address string, from uint64) (string, error) {
+	rs, err := s.rescanStore()
+	if err != nil {
+		return "", err
+	}
+	id := "backfill_" + uuid.NewString()
+	if err := rs.AddBackfill(ctx, id, network, address, from); err != nil {
+		return "", storeError(err)
+	}
+	return id, nil
+}
+
+func (s *Server) rescanBlocksMax() int64 {
+	if s.rescanMax > 0 {
+		return s.rescanMax
+	}
+	return RescanBlocksMaxDefault
+}

@@ -1,0 +1,90 @@
+package httpapi_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRescanRequests: POST /admin/rescan answers 202 with a job for a
+// valid range and 400 invalid_request, storing nothing, for every other
+// body; GET /admin/rescan/{id} shows the job; the admin token is needed.
+func TestRescanRequests(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	admin := bearer(adminToken)
+	for name, body := range map[string]string{
+		"inverted":          `{"network":"ETH_MAINNET","from_block":10,"to_block":9}`,
+		"negative from":     `{"network":"ETH_MAINNET","from_block":-1,"to_block":9}`,
+		"negative to":       `{"network":"ETH_MAINNET","from_block":0,"to_block":-9}`,
+		"over the maximum":  `{"network":"ETH_MAINNET","from_block":0,"to_block":100000}`,
+		"far over":          `{"network":"ETH_MAINNET","from_block":0,"to_block":4611686018427387904}`,
+		"past bigint":       `{"network":"ETH_MAINNET","from_block":0,"to_block":99999999999999999999}`,
+		"a float":           `{"network":"ETH_MAINNET","from_block":1.0,"to_block":2}`,
+		"an exponent":       `{"network":"ETH_MAINNET","from_block":1,"to_block":1e3}`,
+		"a string":          `{"network":"ETH_MAINNET","from_block":"1","to_block":2}`,
+		"leading zero":      `{"network":"ETH_MAINNET","from_block":01,"to_block":2}`,
+		"no network":        `{"from_block":1,"to_block":2}`,
+		"unknown network":   `{"network":"ETH_MAINET","from_block":1,"to_block":2}`,
+		"malformed network": `{"network":"eth","from_block":1,"to_block":2}`,
+		"missing to":        `{"network":"ETH_MAINNET","from_block":1}`,
+		"unknown field":     `{"network":"ETH_MAINNET","from_block":1,"to_block":2,"address":"0x1111111111111111111111111111111111111111"}`,
+		"not an object":     `[1,2]`,
+		"duplicate field":   `{"network":"ETH_MAINNET","from_block":1,"from_block":2,"to_block":3}`,
+		"trailing data":     `{"network":"ETH_MAINNET","from_block":1,"to_block":2} x`,
+	} {
+		r := h.do(http.MethodPost, "/admin/rescan", []byte(body), admin)
+		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", name, r.raw)
+		require.Equal(t, "invalid_request", r.body["code"], name)
+	}
+	require.Equal(t, 0, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs"))
+	requireError(t, h.do(http.MethodPost, "/admin/rescan", []byte(`{"network":"ETH_MAINNET","from_block":1,"to_block":2}`), nil), http.StatusUnauthorized)
+
+	r := h.do(http.MethodPost, "/admin/rescan", []byte(`{"network":"ETH_MAINNET","from_block":0,"to_block":99999}`), admin)
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r.raw)
+	require.Equal(t, "running", r.body["status"])
+	require.EqualValues(t, 100000, r.body["blocks_total"], "exactly RESCAN_BLOCKS_MAX blocks")
+	require.EqualValues(t, 0, r.body["blocks_done"])
+	id, ok := r.body["id"].(string)
+	require.True(t, ok)
+
+	got := h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
+	require.Equal(t, http.StatusOK, got.status, "%s", got.raw)
+	require.Equal(t, id, got.body["id"])
+	require.EqualValues(t, 99999, got.body["to_block"])
+	requireError(t, h.do(http.MethodGet, "/admin/rescan/nope", nil, admin), http.StatusNotFound)
+	requireError(t, h.do(http.MethodGet, "/admin/rescan/"+id, nil, nil), http.StatusUnauthorized)
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs"))
+}
+
+// TestDepositAddressFromBlock: from_block on a registration schedules a
+// backfill of that address; a malformed one is a 400 that registers
+// nothing.
+func TestDepositAddressFromBlock(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	admin := bearer(adminToken)
+	h.createUser(1)
+	const addr = "0x1111111111111111111111111111111111111111"
+	for _, bad := range []string{`-1`, `1.5`, `"7"`, `1e2`} {
+		body := fmt.Sprintf(`{"address":%q,"network":"ETH_MAINNET","user_id":1,"from_block":%s}`, addr, bad)
+		requireError(t, h.do(http.MethodPost, "/admin/deposit-addresses", []byte(body), admin), http.StatusBadRequest)
+	}
+	require.Equal(t, 0, countRows(t, h.dsn, "SELECT count(*) FROM deposit_addresses"))
+
+	body := fmt.Sprintf(`{"address":%q,"network":"ETH_MAINNET","user_id":1,"from_block":7}`, addr)
+	r := h.do(http.MethodPost, "/admin/deposit-addresses", []byte(body), admin)
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.raw)
+	id, ok := r.body["backfill"].(string)
+	require.True(t, ok, "%s", r.raw)
+	got := h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
+	require.Equal(t, http.StatusOK, got.status, "%s", got.raw)
+	require.Equal(t, addr, got.body["address"])
+	require.EqualValues(t, 7, got.body["from_block"])
+	require.Nil(t, got.body["to_block"], "its end waits for the scanner")
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM deposit_addresses WHERE from_block = 7"))
+
+	r = h.do(http.MethodPost, "/admin/deposit-addresses", []byte(fmt.Sprintf(`{"address":%q,"network":"ETH_MAINNET","user_id":1}`, addr)), admin)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Nil(t, r.body["backfill"], "no from_block, no backfill")
+}
