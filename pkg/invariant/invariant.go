@@ -58,6 +58,7 @@ func (r Report) String() string {
 		}
 		fmt.Fprintf(&b, "%s conservation %s: balances %s = initial %s + credits %s - debits %s\n",
 			mark, c.Asset, c.Balances, c.Initial, c.Credits, c.Debits)
+		writeNetworkFlows(&b, c)
 	}
 	return b.String()
 }
@@ -78,7 +79,8 @@ func Check(ctx context.Context, db *postgres.DB, o Options) (Report, error) {
 func Quiet() Options { return Options{RequireTerminal: true, PendingKeyAfter: time.Minute} }
 
 // JSON is the report as data: every check with its count and sample, and
-// the per-asset balance sheet with amounts as strings.
+// the per-asset balance sheet (with its flows per network) with amounts
+// as strings.
 func (r Report) JSON() map[string]any {
 	checks := make([]map[string]any, 0, len(r.Findings))
 	for _, f := range r.Findings {
@@ -89,6 +91,7 @@ func (r Report) JSON() map[string]any {
 		sheet = append(sheet, map[string]any{
 			"asset": c.Asset, "balances": c.Balances.String(), "initial": c.Initial.String(),
 			"credits": c.Credits.String(), "debits": c.Debits.String(), "holds": c.Holds(),
+			"networks": networkFlowsJSON(c),
 		})
 	}
 	return map[string]any{"ok": r.OK(), "checks": checks, "conservation": sheet}

@@ -20,6 +20,8 @@ type Finding struct {
 type Conservation struct {
 	Asset                              string
 	Balances, Initial, Credits, Debits decimal.Decimal
+	// Networks break Credits and Debits down by network.
+	Networks []NetworkFlow
 }
 
 // Holds reports whether the asset's balances equal initial + credits - debits.
@@ -100,5 +102,12 @@ func (db *DB) CheckInvariants(ctx context.Context, o InvariantOptions) ([]Findin
 		c.Balances, c.Initial, c.Credits, c.Debits = decimal.RequireFromString(b), decimal.RequireFromString(i), decimal.RequireFromString(cr), decimal.RequireFromString(d)
 		sheet = append(sheet, c)
 	}
-	return findings, sheet, classify(stmt.name, rows.Err())
+	if err := rows.Err(); err != nil {
+		return nil, nil, classify(stmt.name, err)
+	}
+	rows.Close()
+	if err := attachNetworkFlows(ctx, tx, sheet); err != nil {
+		return nil, nil, err
+	}
+	return findings, sheet, nil
 }

@@ -150,3 +150,22 @@ WITH per_asset AS (
 SELECT asset, balances::text, initial::text, credits::text, debits::text
 FROM per_asset
 ORDER BY asset;
+
+-- name: inv_conservation_networks
+-- Conservation reported per (asset, network): confirmed credits and
+-- debits by the network they moved on. An event's own network; a post
+-- without one pays out on its hold's, a reorg compensation reverses its
+-- deposit's; rows from before networks existed are their asset's first
+-- network. Balances stay per asset (fungible across networks), so the
+-- invariant is inv_conservation's; this says where the money came and went.
+SELECT p.asset, COALESCE(p.network, h.network, r.network, a.network) AS network,
+       COALESCE(SUM(p.amount) FILTER (WHERE p.event_type IN ('deposit', 'airdrop')), 0)::text AS credits,
+       COALESCE(SUM(p.amount) FILTER (WHERE p.event_type IN ('withdrawal', 'withdrawal_fee', 'reorg_compensation', 'withdrawal_post')), 0)::text AS debits
+FROM payment_events p
+JOIN assets a ON a.code = p.asset
+LEFT JOIN holds h ON h.hold_id = p.hold_id
+LEFT JOIN payment_events r ON r.event_id = p.related_event_id
+WHERE p.status = 'confirmed'
+  AND p.event_type IN ('deposit', 'airdrop', 'withdrawal', 'withdrawal_fee', 'reorg_compensation', 'withdrawal_post')
+GROUP BY 1, 2
+ORDER BY 1, 2;
