@@ -137,7 +137,7 @@ func assetsAdd(ctx context.Context, args []string, out io.Writer) error {
 	defer db.Close()
 	added, err := db.AddAsset(ctx, listing)
 	if errors.Is(err, payment.ErrUnknownNetwork) {
-		return fmt.Errorf("%w (settlectl networks add first)", err)
+		return fmt.Errorf("%w: %w (settlectl networks add first)", config.ErrUsage, err)
 	}
 	if err != nil {
 		return err
