@@ -201,6 +201,32 @@ func Descendants(pid int) []int {
 	return out
 }
 
+// TreeSwitches sums the context switches (voluntary and not) of every
+// thread of pid and of its live descendants: each is a wake-up of a
+// thread. Threads and processes that ended take theirs with them, so for
+// short-lived backends this is a lower bound.
+func TreeSwitches(pid int) float64 {
+	total := 0.0
+	for _, p := range append([]int{pid}, Descendants(pid)...) {
+		threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/[0-9]*/status", p))
+		for _, path := range threads {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.HasPrefix(line, "voluntary_ctxt_switches:") || strings.HasPrefix(line, "nonvoluntary_ctxt_switches:") {
+					if f := strings.Fields(line); len(f) == 2 {
+						n, _ := strconv.ParseFloat(f[1], 64)
+						total += n
+					}
+				}
+			}
+		}
+	}
+	return total
+}
+
 // PeakRSSMiB is VmHWM, the process's peak resident set.
 func PeakRSSMiB(pid int) float64 {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -261,6 +287,8 @@ const (
 type CPUSample struct {
 	At      time.Time
 	Seconds map[string]float64
+	// Switches is each name's context switches (TreeSwitches).
+	Switches map[string]float64
 }
 
 // SampleCPU reads every process's CPU. A process that is gone is an
@@ -268,13 +296,14 @@ type CPUSample struct {
 func SampleCPU(procs []Proc) (CPUSample, error) {
 	s := CPUSample{At: time.Now(), Seconds: map[string]float64{
 		CPULoadGenerator: SelfCPUSeconds(), CPUMachine: MachineBusySeconds(),
-	}}
+	}, Switches: map[string]float64{}}
 	for _, p := range procs {
 		v, err := TreeCPUSeconds(p.Pid)
 		if err != nil {
 			return s, fmt.Errorf("cpu of %s (pid %d): %w", p.Name, p.Pid, err)
 		}
 		s.Seconds[p.Name] += v
+		s.Switches[p.Name] += TreeSwitches(p.Pid)
 	}
 	return s, nil
 }
@@ -290,6 +319,12 @@ type CPUUse struct {
 	MsPerEvent map[string]float64 `json:"cpu_ms_per_event,omitempty"`
 	// CorePercent divides Seconds by the window: 100 is one core busy.
 	CorePercent map[string]float64 `json:"core_percent"`
+	// Switches counts the told processes' context switches (wake-ups of
+	// their threads) per name and "total"; SwitchesPerEvent divides them
+	// by the events. Unlike CPU time, a count hardly moves with the
+	// machine's other load, as long as the rate stays a trickle.
+	Switches         map[string]float64 `json:"context_switches"`
+	SwitchesPerEvent map[string]float64 `json:"context_switches_per_event,omitempty"`
 }
 
 // CPUBetween computes the use between before and after; events > 0 adds
@@ -306,6 +341,20 @@ func CPUBetween(before, after CPUSample, events int) CPUUse {
 		}
 	}
 	u.Seconds[CPUTotal] = total
+	u.Switches = map[string]float64{}
+	for name, v := range after.Switches {
+		// A thread or child that ended takes its count with it: never
+		// below zero.
+		d := max(v-before.Switches[name], 0)
+		u.Switches[name] = d
+		u.Switches[CPUTotal] += d
+	}
+	if events > 0 {
+		u.SwitchesPerEvent = map[string]float64{}
+		for name, v := range u.Switches {
+			u.SwitchesPerEvent[name] = v / float64(events)
+		}
+	}
 	u.Seconds["other"] = u.Seconds[CPUMachine] - total - u.Seconds[CPULoadGenerator]
 	delete(u.Seconds, CPUMachine)
 	if events > 0 {
@@ -339,6 +388,13 @@ func (u CPUUse) Text() string {
 			fmt.Fprintf(&b, " %7.3f ms/event", u.MsPerEvent[n])
 		}
 		fmt.Fprintf(&b, " %6.2f%% of a core  (%.2f s)", u.CorePercent[n], u.Seconds[n])
+		if sw, ok := u.Switches[n]; ok {
+			if u.SwitchesPerEvent != nil {
+				fmt.Fprintf(&b, "  %.1f wake-ups/event", u.SwitchesPerEvent[n])
+			} else if u.WindowSeconds > 0 {
+				fmt.Fprintf(&b, "  %.1f wake-ups/s", sw/u.WindowSeconds)
+			}
+		}
 		switch n {
 		case CPULoadGenerator:
 			b.WriteString("  not counted")

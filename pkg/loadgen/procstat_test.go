@@ -10,6 +10,23 @@ import (
 	"time"
 )
 
+// TestTreeSwitches: a process that sleeps and wakes a hundred times is
+// seen switching at least that often.
+func TestTreeSwitches(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "i=0; while [ $i -lt 100 ]; do sleep 0.01; i=$((i+1)); done; sleep 30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	before := TreeSwitches(cmd.Process.Pid)
+	// Each sleep is a child: its own switches leave with it, the shell's
+	// wait for it stays (at least one switch per child).
+	time.Sleep(3 * time.Second)
+	if d := TreeSwitches(cmd.Process.Pid) - before; d < 50 {
+		t.Fatalf("%v context switches over 100 sleeps", d)
+	}
+}
+
 func TestParsePids(t *testing.T) {
 	got, err := ParsePids("api=12, worker=34,worker=35,")
 	if err != nil {
@@ -127,6 +144,10 @@ func TestTreeCPU(t *testing.T) {
 	}
 	if own, _ := ProcessCPUSeconds(cmd.Process.Pid, false); own > 0.1 {
 		t.Fatalf("the parent itself used %.2f s: the test measures the wrong thing", own)
+	}
+	// The spinning child took its switches with it: counted from zero.
+	if u.Switches["lgprobe"] < 0 || u.SwitchesPerEvent[CPUTotal] != u.Switches["lgprobe"]/10 {
+		t.Fatalf("context switches wrong: %+v", u)
 	}
 	if u.MsPerEvent["lgprobe"] != 1000*u.Seconds["lgprobe"]/10 || u.CorePercent["lgprobe"] <= 0 {
 		t.Fatalf("per event / per core figures wrong: %+v", u)

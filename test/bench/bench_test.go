@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/settle/settle/pkg/loadgen"
+	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/test/harness"
 )
@@ -48,6 +49,8 @@ type report struct {
 	PeakRSSMiB    map[string]float64 `json:"peak_rss_mib"`
 	// Write transactions (those given a transaction id) per terminal event.
 	WriteXactsPerEvent float64 `json:"write_xacts_per_event"`
+	// Redis commands the server processed per terminal event.
+	RedisCommandsPerEvent float64 `json:"redis_commands_per_event"`
 }
 
 // BenchmarkEndToEnd runs the whole system (api, workers, scheduler as
@@ -105,16 +108,22 @@ func runEndToEnd(b *testing.B) report {
 
 	db := testenv.OpenDB(b, s.DatabaseURL)
 	var before, after loadgen.CPUSample
-	var xidBefore, xidAfter int64
+	var xidBefore, xidAfter, redisBefore, redisAfter int64
 	var windowStart, windowEnd time.Time
 	ctx := context.Background()
 	cfg := loadgen.Config{
 		APIURL: api.URL(), WebhookSecret: harness.WebhookSecret, AdminToken: harness.AdminToken, DB: db,
 		Events: *flagEvents, Rate: *flagRate, Concurrency: *flagConcurrency, Users: *flagUsers,
 		Assets: strings.Split(*flagAssets, ","), InitialBalance: *flagInitial, WaitTimeout: 20 * time.Minute, Seed: 1,
-		Mix:       loadgen.Mix{Withdrawals: *flagWithdrawals, Holds: *flagHolds, Duplicates: *flagDuplicates},
-		OnSending: func() { xidBefore = nextXid(b, s.DatabaseURL); before, windowStart = sample(), time.Now() },
-		OnSettled: func() { after, windowEnd = sample(), time.Now(); xidAfter = nextXid(b, s.DatabaseURL) },
+		Mix: loadgen.Mix{Withdrawals: *flagWithdrawals, Holds: *flagHolds, Duplicates: *flagDuplicates},
+		OnSending: func() {
+			xidBefore, redisBefore = nextXid(b, s.DatabaseURL), redisCommands(b, s.RedisURL)
+			before, windowStart = sample(), time.Now()
+		},
+		OnSettled: func() {
+			after, windowEnd = sample(), time.Now()
+			xidAfter, redisAfter = nextXid(b, s.DatabaseURL), redisCommands(b, s.RedisURL)
+		},
 	}
 	if *flagBacklog {
 		cfg.OnIngested = startWorkers
@@ -144,6 +153,8 @@ func runEndToEnd(b *testing.B) report {
 		r.PeakRSSMiB[fmt.Sprintf("worker-%d", i)] = loadgen.PeakRSSMiB(w.Pid())
 	}
 	r.WriteXactsPerEvent = float64(xidAfter-xidBefore) / float64(result.Terminal)
+	// Less the INFO call that read the second figure.
+	r.RedisCommandsPerEvent = float64(redisAfter-redisBefore-1) / float64(result.Terminal)
 	// Printed, not logged: the testing package truncates a benchmark's log.
 	fmt.Println(r.text())
 	if *flagOut != "" {
@@ -163,7 +174,7 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "webhook round trip p50 %.1f ms p99 %.1f ms; webhook-to-terminal p50 %.1f ms p95 %.1f ms p99 %.1f ms max %.1f ms\n",
 		l.RequestMillis["p50"], l.RequestMillis["p99"], l.LatencyMillis["p50"], l.LatencyMillis["p95"], l.LatencyMillis["p99"], l.LatencyMillis["max"])
 	sb.WriteString(r.CPU.Text())
-	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event\n", r.WriteXactsPerEvent)
+	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event; Redis commands: %.2f per event\n", r.WriteXactsPerEvent, r.RedisCommandsPerEvent)
 	rss := make([]string, 0, len(r.PeakRSSMiB))
 	for n, v := range r.PeakRSSMiB {
 		rss = append(rss, fmt.Sprintf("%s %.1f MiB", n, v))
@@ -181,6 +192,30 @@ func applyEnv(env map[string]string, spec string) {
 			env[name] = value
 		}
 	}
+}
+
+// redisCommands is the Redis server's total_commands_processed.
+func redisCommands(b *testing.B, url string) int64 {
+	rdb, err := redisconn.Open(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rdb.Close()
+	info, err := rdb.Info(context.Background(), "stats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatal("no total_commands_processed in INFO stats")
+	return 0
 }
 
 // nextXid is the transaction id PostgreSQL hands out next: read without
