@@ -68,6 +68,10 @@ func TestAlertRunbooks(t *testing.T) {
 		for _, section := range []string{"## What it means", "## What to check", "## What to do"} {
 			require.Contains(t, text, "\n"+section+"\n", "%s.md lacks %q", r.Alert, section)
 		}
+		// An alert that fires per network sends the operator to that one.
+		if strings.Contains(r.Annotations["summary"], "$labels.network") {
+			require.Contains(t, strings.Join(strings.Fields(text), " "), "the network named in the alert", "%s.md: which network", r.Alert)
+		}
 	}
 	entries, err := os.ReadDir(filepath.Join(root, filepath.FromSlash(runbooksDir)))
 	require.NoError(t, err)

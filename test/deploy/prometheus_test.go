@@ -77,6 +77,13 @@ func TestAlertRules(t *testing.T) {
 			for _, name := range checkPromQL(t, "alert "+r.Alert, r.Expr) {
 				used[name] = true
 			}
+			if keepsNetwork(t, r.Alert, r.Expr) {
+				for _, a := range []string{"summary", "description"} {
+					if a == "summary" || r.Annotations[a] != "" {
+						require.Contains(t, r.Annotations[a], "{{ $labels.network }}", "alert %s: its %s names the network", r.Alert, a)
+					}
+				}
+			}
 		}
 	}
 
@@ -178,4 +185,34 @@ func TestPrometheusConfig(t *testing.T) {
 	// The scheduler's job metrics have a `job` label of their own, and
 	// alerts.yml selects on it: the scrape must keep it.
 	require.True(t, honor["scheduler"], "the scheduler must be scraped with honor_labels: true")
+}
+
+// keepsNetwork checks that an alert on a series with a network label (the
+// chain's, the backlog's, the scanner's, the gate's) never aggregates the
+// label away: every aggregation over such a series groups by network, so
+// one alert fires per network and can name it. It reports whether the
+// alert watches such a series.
+func keepsNetwork(t *testing.T, alert, expr string) bool {
+	t.Helper()
+	parsed, err := promql.ParseExpr(expr)
+	require.NoError(t, err)
+	known := exportedSeries(t)
+	networked := func(n parser.Node) bool {
+		found := false
+		parser.Inspect(n, func(node parser.Node, _ []parser.Node) error {
+			if vs, ok := node.(*parser.VectorSelector); ok && known[vs.Name].labels["network"] {
+				found = true
+			}
+			return nil
+		})
+		return found
+	}
+	parser.Inspect(parsed, func(node parser.Node, _ []parser.Node) error {
+		if agg, ok := node.(*parser.AggregateExpr); ok && networked(agg.Expr) {
+			require.True(t, !agg.Without && slicesContains(agg.Grouping, "network"),
+				"alert %s: %s aggregates the network away; group by (network)", alert, agg)
+		}
+		return nil
+	})
+	return networked(parsed)
 }

@@ -221,6 +221,12 @@ var (
 // targetLabels are added by Prometheus to every scraped series.
 var targetLabels = []string{"job", "instance"}
 
+// wrappedLabels are added by a wrapping registerer to every series whose
+// name has the prefix: pkg/finality registers each network's chain client
+// and finality checker through prometheus.WrapRegistererWith with the
+// network's name (TestChainMetricsWrappedByNetwork keeps this honest).
+var wrappedLabels = map[string][]string{"settle_chain_": {"network"}}
+
 // exportedSeries is every series name a settle binary can export: the
 // prometheus collectors declared in cmd/ and pkg/ (found by their Opts
 // literals, histograms and summaries with their suffixes), the Go and
@@ -242,6 +248,11 @@ func scanExported(root string) (map[string]series, error) {
 			m := map[string]bool{}
 			for l := range labels {
 				m[l] = true
+			}
+			for prefix, wrapped := range wrappedLabels {
+				if strings.HasPrefix(name, prefix) {
+					extra = append(extra, wrapped...)
+				}
 			}
 			for _, l := range append(extra, targetLabels...) {
 				m[l] = true
