@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/settle/settle/pkg/groupcommit"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/tracing"
 )
@@ -31,23 +32,19 @@ const (
 // other events are waiting. One commit (and one fsync, one NOTIFY) then
 // serves many webhooks, and nothing is answered before it is durable.
 type Ingest struct {
-	db          *DB
-	batchMax    int
-	inFlightMax int
-	requests    chan *ingestRequest
-	stop        chan struct{}
-	wg          sync.WaitGroup
+	db     *DB
+	engine *groupcommit.Engine[ingestItem, ingestResponse]
 }
 
-type ingestRequest struct {
-	ctx   context.Context
+type ingestItem struct {
 	event NewEvent
 	hash  []byte
 	// traceparent is the ingest span's, stored with the row so that the
 	// scheduler and the worker continue the trace ("" without one).
 	traceparent string
-	done        chan ingestResponse
 }
+
+type ingestRequest = groupcommit.Call[ingestItem, ingestResponse]
 
 type ingestResponse struct {
 	inserted bool
@@ -66,10 +63,21 @@ func NewIngest(db *DB, batchMax, inFlightMax int) *Ingest {
 	if inFlightMax <= 0 {
 		inFlightMax = IngestInFlightMaxDefault
 	}
-	g := &Ingest{db: db, batchMax: batchMax, inFlightMax: inFlightMax,
-		requests: make(chan *ingestRequest, ingestQueueMax), stop: make(chan struct{})}
-	g.wg.Add(1)
-	go g.loop()
+	g := &Ingest{db: db}
+	g.engine = groupcommit.Start(context.Background(), groupcommit.Options{
+		BatchMax: batchMax, InFlight: inFlightMax, QueueMax: ingestQueueMax,
+		Refuse: func(stage groupcommit.Stage, err error) error {
+			switch {
+			case errors.Is(err, groupcommit.ErrStopped):
+				return payment.Unavailable("ingest", errors.New("shutting down"))
+			case stage == groupcommit.Queued:
+				return payment.Unavailable("ingest queue", err)
+			}
+			// The batch may still commit; the provider's retry then meets
+			// a duplicate, which is answered 200. Nothing is lost or doubled.
+			return payment.Unavailable("ingest wait", err)
+		},
+	}, g.run)
 	return g
 }
 
@@ -80,67 +88,15 @@ func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (inserted bool, er
 	}
 	ctx, span := startIngestSpan(ctx, e)
 	defer func() { endIngestSpan(span, inserted, err) }()
-	ev := e.Event
-	r := &ingestRequest{ctx: ctx, event: e, done: make(chan ingestResponse, 1),
-		hash: ev.Content().Hash(), traceparent: tracing.Traceparent(ctx)}
-	select {
-	case g.requests <- r:
-	case <-ctx.Done():
-		return false, payment.Unavailable("ingest queue", ctx.Err())
-	case <-g.stop:
-		return false, payment.Unavailable("ingest", errors.New("shutting down"))
+	resp, err := g.engine.Submit(ctx, ingestItem{event: e, hash: e.Event.Content().Hash(), traceparent: tracing.Traceparent(ctx)})
+	if err != nil {
+		return false, err
 	}
-	select {
-	case resp := <-r.done:
-		return resp.inserted, resp.err
-	case <-ctx.Done():
-		// The batch may still commit; the provider's retry then meets a
-		// duplicate, which is answered 200. Nothing is lost or doubled.
-		return false, payment.Unavailable("ingest wait", ctx.Err())
-	}
+	return resp.inserted, resp.err
 }
 
 // Close stops accepting and waits for the batches under way.
-func (g *Ingest) Close() {
-	close(g.stop)
-	g.wg.Wait()
-}
-
-func (g *Ingest) loop() {
-	defer g.wg.Done()
-	slots := make(chan struct{}, g.inFlightMax)
-	var batches sync.WaitGroup
-	defer batches.Wait()
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-g.stop:
-			return
-		}
-		var first *ingestRequest
-		select {
-		case first = <-g.requests:
-		case <-g.stop:
-			return
-		}
-		batch := []*ingestRequest{first}
-	gather:
-		for len(batch) < g.batchMax {
-			select {
-			case r := <-g.requests:
-				batch = append(batch, r)
-			default:
-				break gather
-			}
-		}
-		batches.Add(1)
-		go func() {
-			defer batches.Done()
-			defer func() { <-slots }()
-			g.run(batch)
-		}()
-	}
-}
+func (g *Ingest) Close() { g.engine.Close() }
 
 // run inserts one batch. Requests for the same event id are folded: the
 // first rides in the statement, the others get its fate (a duplicate if
@@ -150,15 +106,15 @@ func (g *Ingest) run(batch []*ingestRequest) {
 	first := map[string]*ingestRequest{}
 	followers := map[*ingestRequest][]*ingestRequest{}
 	for _, r := range batch {
-		if r.ctx.Err() != nil {
-			r.done <- ingestResponse{err: payment.Unavailable("ingest", r.ctx.Err())}
+		if r.Ctx.Err() != nil {
+			r.Answer(ingestResponse{err: payment.Unavailable("ingest", r.Ctx.Err())}, nil)
 			continue
 		}
-		if lead, ok := first[r.event.Event.ID]; ok {
+		if lead, ok := first[r.Item.event.Event.ID]; ok {
 			followers[lead] = append(followers[lead], r)
 			continue
 		}
-		first[r.event.Event.ID] = r
+		first[r.Item.event.Event.ID] = r
 		live = append(live, r)
 	}
 	if len(live) == 0 {
@@ -174,15 +130,15 @@ func (g *Ingest) run(batch []*ingestRequest) {
 		} else {
 			resp = results[i]
 		}
-		r.done <- resp
+		r.Answer(resp, nil)
 		for _, f := range followers[r] {
 			switch {
 			case resp.stored == nil:
-				f.done <- resp // the lead's error (outage, unknown user) is theirs too
-			case bytes.Equal(f.hash, resp.stored):
-				f.done <- ingestResponse{inserted: false}
+				f.Answer(resp, nil) // the lead's error (outage, unknown user) is theirs too
+			case bytes.Equal(f.Item.hash, resp.stored):
+				f.Answer(ingestResponse{inserted: false}, nil)
 			default:
-				f.done <- ingestResponse{err: fmt.Errorf("event %s: %w: it was delivered before with other content", f.event.Event.ID, payment.ErrConflict)}
+				f.Answer(ingestResponse{err: fmt.Errorf("event %s: %w: it was delivered before with other content", f.Item.event.Event.ID, payment.ErrConflict)}, nil)
 			}
 		}
 	}
@@ -206,10 +162,10 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		holds, networks, traceparents := make([]string, n), make([]string, n), make([]string, n)
 		for k, i := range pending {
 			r := batch[i]
-			e := r.event.Event
+			e := r.Item.event.Event
 			ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
-			hashes[k], traces[k], sources[k], tos[k], related[k] = r.hash, e.TraceID, string(r.event.Source), r.event.recipient(), r.event.Related
-			indexes[k], holds[k], networks[k], traceparents[k] = e.TransferIndex, e.HoldID, e.Network, r.traceparent
+			hashes[k], traces[k], sources[k], tos[k], related[k] = r.Item.hash, e.TraceID, string(r.Item.event.Source), r.Item.event.recipient(), r.Item.event.Related
+			indexes[k], holds[k], networks[k], traceparents[k] = e.TransferIndex, e.HoldID, e.Network, r.Item.traceparent
 		}
 		// One round trip: the statement in its own transaction, with the
 		// hot path's plan settings.
@@ -256,11 +212,11 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 			return nil, classify(stmt.name, err)
 		}
 		i := pending[pos-1]
-		e := batch[i].event.Event
+		e := batch[i].Item.event.Event
 		switch {
 		case inserted:
-			out[i] = ingestResponse{inserted: true, stored: batch[i].hash}
-		case existing != nil && bytes.Equal(existing, batch[i].hash):
+			out[i] = ingestResponse{inserted: true, stored: batch[i].Item.hash}
+		case existing != nil && bytes.Equal(existing, batch[i].Item.hash):
 			out[i] = ingestResponse{stored: existing}
 		case existing != nil:
 			out[i] = ingestResponse{stored: existing, err: fmt.Errorf("event %s: %w: it was delivered before with other content", e.ID, payment.ErrConflict)}

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/settle/settle/pkg/groupcommit"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -24,7 +24,7 @@ const (
 	// the ledger (its statements are bounded by statement_timeout too).
 	batchTimeout = 30 * time.Second
 	// submitQueueMax bounds requests waiting for a batch.
-	submitQueueMax = 4096
+	submitQueueMax = groupcommit.QueueMaxDefault
 )
 
 // Applier is the ledger.
@@ -37,28 +37,17 @@ type Applier interface {
 // whatever other tasks are waiting. Under light load a batch is one event
 // and nothing waits; under heavy load one commit carries many events.
 type Batcher struct {
-	apply       Applier
-	opts        postgres.LedgerOptions
-	batchMax    int
-	inFlightMax int
-	requests    chan *request
-	wg          sync.WaitGroup
+	apply  Applier
+	opts   postgres.LedgerOptions
+	engine *groupcommit.Engine[postgres.LedgerItem, postgres.LedgerResult]
 
 	sizes     prometheus.Histogram
 	durations prometheus.Histogram
 }
 
-type request struct {
-	item postgres.LedgerItem
-	done chan response
-}
+type request = groupcommit.Call[postgres.LedgerItem, postgres.LedgerResult]
 
-type response struct {
-	result postgres.LedgerResult
-	err    error
-}
-
-// NewBatcher builds a batcher; Run must be running for Submit to return.
+// NewBatcher builds a batcher, taking events at once; Run ends it.
 func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMax int, reg prometheus.Registerer) *Batcher {
 	if batchMax <= 0 {
 		batchMax = BatchMaxDefault
@@ -70,8 +59,7 @@ func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMa
 		inFlightMax = InFlightMaxDefault
 	}
 	b := &Batcher{
-		apply: apply, opts: opts, batchMax: batchMax, inFlightMax: inFlightMax,
-		requests: make(chan *request, submitQueueMax),
+		apply: apply, opts: opts,
 		sizes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "settle_ledger_batch_events", Help: "Events per ledger transaction.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
@@ -84,79 +72,34 @@ func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMa
 	if reg != nil {
 		reg.MustRegister(b.sizes, b.durations)
 	}
+	b.engine = groupcommit.Start(context.Background(), groupcommit.Options{
+		BatchMax: batchMax, InFlight: inFlightMax, QueueMax: submitQueueMax,
+		// A retry finds whatever the transaction did.
+		Refuse: func(stage groupcommit.Stage, err error) error {
+			if stage == groupcommit.Queued {
+				return payment.Retryable("ledger submit", err)
+			}
+			return payment.Retryable("ledger wait", err)
+		},
+	}, b.run)
 	return b
 }
 
 // Submit hands one event to the next transaction and waits for its fate.
 func (b *Batcher) Submit(ctx context.Context, item postgres.LedgerItem) (postgres.LedgerResult, error) {
-	results, errs := b.SubmitAll(ctx, []postgres.LedgerItem{item})
-	return results[0], errs[0]
+	return b.engine.Submit(ctx, item)
 }
 
 // SubmitAll hands a task's events to the coming transactions together and
 // waits for each one's fate; errs[i] is set where results[i] is not.
 func (b *Batcher) SubmitAll(ctx context.Context, items []postgres.LedgerItem) (results []postgres.LedgerResult, errs []error) {
-	results, errs = make([]postgres.LedgerResult, len(items)), make([]error, len(items))
-	requests := make([]*request, len(items))
-	for i, item := range items {
-		r := &request{item: item, done: make(chan response, 1)}
-		select {
-		case b.requests <- r:
-			requests[i] = r
-		case <-ctx.Done():
-			errs[i] = payment.Retryable("ledger submit", ctx.Err())
-		}
-	}
-	for i, r := range requests {
-		if r == nil {
-			continue
-		}
-		select {
-		case resp := <-r.done:
-			results[i], errs[i] = resp.result, resp.err
-		case <-ctx.Done():
-			// As in Submit: a retry finds whatever the transaction did.
-			errs[i] = payment.Retryable("ledger wait", ctx.Err())
-		}
-	}
-	return results, errs
+	return b.engine.SubmitAll(ctx, items)
 }
 
-// Run forms batches until ctx ends, then finishes the transactions under
-// way. A slot is taken before a batch forms, so while every slot is busy
-// committing, requests pile up and the next batch takes them all.
+// Run returns once ctx ends and the transactions under way have.
 func (b *Batcher) Run(ctx context.Context) {
-	slots := make(chan struct{}, b.inFlightMax)
-	defer b.wg.Wait()
-	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		var first *request
-		select {
-		case first = <-b.requests:
-		case <-ctx.Done():
-			return
-		}
-		batch := []*request{first}
-	gather:
-		for len(batch) < b.batchMax {
-			select {
-			case r := <-b.requests:
-				batch = append(batch, r)
-			default:
-				break gather
-			}
-		}
-		b.wg.Add(1)
-		go func() {
-			defer b.wg.Done()
-			defer func() { <-slots }()
-			b.run(batch)
-		}()
-	}
+	<-ctx.Done()
+	b.engine.Close()
 }
 
 func (b *Batcher) run(batch []*request) {
@@ -164,7 +107,7 @@ func (b *Batcher) run(batch []*request) {
 	defer cancel()
 	items := make([]postgres.LedgerItem, len(batch))
 	for i, r := range batch {
-		items[i] = r.item
+		items[i] = r.Item
 	}
 	started := time.Now()
 	results, err := b.apply.ApplyBatch(ctx, items, b.opts)
@@ -172,7 +115,7 @@ func (b *Batcher) run(batch []*request) {
 	b.sizes.Observe(float64(len(batch)))
 	if err == nil {
 		for i, r := range batch {
-			r.done <- response{result: results[i]}
+			r.Answer(results[i], nil)
 		}
 		return
 	}
@@ -190,19 +133,19 @@ func (b *Batcher) run(batch []*request) {
 	}
 	if errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable) || len(batch) == 1 {
 		for _, r := range batch {
-			r.done <- response{err: err}
+			r.Answer(postgres.LedgerResult{}, err)
 		}
 		return
 	}
 	// An unexpected error: isolate the event that causes it by running
 	// each one alone, so one poison event cannot fail its neighbours.
 	for _, r := range batch {
-		results, err := b.apply.ApplyBatch(ctx, []postgres.LedgerItem{r.item}, b.opts)
+		results, err := b.apply.ApplyBatch(ctx, []postgres.LedgerItem{r.Item}, b.opts)
 		if err != nil {
-			r.done <- response{err: fmt.Errorf("event %s alone: %w", r.item.Event.ID, err)}
+			r.Answer(postgres.LedgerResult{}, fmt.Errorf("event %s alone: %w", r.Item.Event.ID, err))
 			continue
 		}
-		r.done <- response{result: results[0]}
+		r.Answer(results[0], nil)
 	}
 }
 
@@ -211,10 +154,10 @@ func byUser(batch []*request) [][]*request {
 	var groups [][]*request
 	index := make(map[int64]int)
 	for _, r := range batch {
-		i, ok := index[r.item.Event.UserID]
+		i, ok := index[r.Item.Event.UserID]
 		if !ok {
 			i = len(groups)
-			index[r.item.Event.UserID] = i
+			index[r.Item.Event.UserID] = i
 			groups = append(groups, nil)
 		}
 		groups[i] = append(groups[i], r)
