@@ -183,3 +183,101 @@ func TestScannerKilledAndTwoReplicas(t *testing.T) {
 	t.Logf("%d kills", kills)
 	requireInvariants(t, c.Stack)
 }
+
+// journal is every balance_events row, in order, as text.
+func (c *chainStack) journal(t *testing.T) []string {
+	t.Helper()
+	rows, err := c.DB.Query(context.Background(), `SELECT source_event_id || ' ' || user_id || ' ' || asset || ' ' || amount::text FROM balance_events ORDER BY id`)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		out = append(out, line)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (c *chainStack) waitJob(t *testing.T, id string) map[string]any {
+	t.Helper()
+	var job map[string]any
+	c.WaitFor("job "+id+" done", time.Minute, func() bool {
+		status, body, err := c.client.Admin(http.MethodGet, "/admin/rescan/"+id, nil)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status, body)
+		require.NotEqual(t, "failed", body["status"], body)
+		job = body
+		return body["status"] == "done"
+	})
+	return job
+}
+
+// TestScannerBackfillAndRescan: transfers reach an address before it is
+// registered (the scanner passes them by); registered with from_block,
+// they are credited. Rescans of the whole range afterwards, by the API
+// and by settlectl, change nothing: same balances, same journal, same
+// events.
+func TestScannerBackfillAndRescan(t *testing.T) {
+	c := newChainStack(t, "finalized", scannerEnv)
+	ctx := context.Background()
+	c.WaitFor("the scanner's first run", time.Minute, func() bool { return c.cursor(t) >= 0 })
+	const late = "0x4444444444444444444444444444444444444444"
+	ethTx, err := c.chain.SendETH(ctx, 0, late, wei(3))
+	require.NoError(t, err)
+	tokenTx, err := c.chain.TransferToken(ctx, 0, c.token, late, big.NewInt(4_000_000))
+	require.NoError(t, err)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tokenTx.BlockNumber))
+	c.waitScanned(t, tokenTx.BlockNumber)
+	require.Equal(t, 0, c.Count(`SELECT count(*) FROM payment_events`), "an unregistered address is passed by")
+
+	status, body, err := c.client.Admin(http.MethodPost, "/admin/deposit-addresses",
+		map[string]any{"address": late, "network": "ETH_MAINNET", "user_id": 1, "from_block": ethTx.BlockNumber})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, body)
+	backfill, ok := body["backfill"].(string)
+	require.True(t, ok, body)
+	job := c.waitJob(t, backfill)
+	c.waitStatus(t, nativeID(ethTx), "confirmed")
+	c.waitStatus(t, tokenID(tokenTx), "confirmed")
+	require.EqualValues(t, 2, job["found"], job)
+	require.Equal(t, "3", c.balance(t, 1, "ETH"))
+	require.Equal(t, "4", c.balance(t, 1, "TUSD"))
+
+	journal := c.journal(t)
+	require.Len(t, journal, 2)
+	head, err := c.chain.Finalized(ctx)
+	require.NoError(t, err)
+	status, body, err = c.client.Admin(http.MethodPost, "/admin/rescan", map[string]any{"network": "ETH_MAINNET", "from_block": 0, "to_block": head})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, status, body)
+	job = c.waitJob(t, body["id"].(string))
+	require.EqualValues(t, 2, job["found"], "the rescan finds both again: %v", job)
+	require.EqualValues(t, head+1, job["blocks_done"], job)
+
+	out, code := c.Settlectl("rescan", "--network", "ETH_MAINNET", "--from", "0", "--to", fmt.Sprint(head))
+	require.Equal(t, 0, code, out)
+	var id string
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), `"id": "`); ok {
+			id = strings.TrimSuffix(v, `",`)
+		}
+	}
+	require.NotEmpty(t, id, out)
+	c.WaitFor("settlectl's rescan done", time.Minute, func() bool {
+		out, code := c.Settlectl("rescan", "status", id)
+		require.Equal(t, 0, code, out)
+		return strings.Contains(out, `"status": "done"`)
+	})
+	out, code = c.Settlectl("rescan", "--network", "ETH_MAINNET", "--from", "5", "--to", "4")
+	require.NotEqual(t, 0, code, out)
+
+	time.Sleep(time.Second) // the worker settles whatever a rescan might have stored
+	require.Equal(t, journal, c.journal(t), "the journal is unchanged")
+	require.Equal(t, "3", c.balance(t, 1, "ETH"))
+	require.Equal(t, "4", c.balance(t, 1, "TUSD"))
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM payment_events`))
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM chain_transfers`))
+	requireInvariants(t, c.Stack)
+}
