@@ -444,3 +444,29 @@ func TestWithoutScannerTables(t *testing.T) {
 	require.Equal(t, http.StatusOK, a.status)
 	require.Contains(t, a.body, `id="rescans-none"`)
 }
+
+// An id with characters a URL must escape links to its own story.
+func TestOddEventIDs(t *testing.T) {
+	f := newFixture(t)
+	admin := basic("alice", adminToken)
+	// An id with characters a URL must escape links to its own story.
+	odd := "chain:ETH_MAINNET:0xab/7 a&b=c%d"
+	f.deadLetter(odd)
+	a := f.do(http.MethodGet, "/admin/console/dlq", admin, nil, nil)
+	links := regexp.MustCompile(`href="(/admin/console/event\?id=[^"]+)"`).FindAllStringSubmatch(a.body, -1)
+	found := false
+	for _, link := range links {
+		href := strings.ReplaceAll(link[1], "&amp;", "&")
+		u, err := url.Parse(href)
+		require.NoError(t, err)
+		if u.Query().Get("id") != odd {
+			continue
+		}
+		found = true
+		story := f.do(http.MethodGet, href, admin, nil, nil)
+		require.Equal(t, http.StatusOK, story.status, href)
+		require.Contains(t, story.body, "forced failure")
+	}
+	require.True(t, found, "the list links the odd id's story: %v", links)
+
+}
