@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 )
@@ -205,6 +207,7 @@ func TestGrafanaDashboard(t *testing.T) {
 					for _, name := range checkPromQL(t, "panel "+p.Title, grafanaVariables.Replace(tg.Expr)) {
 						used[name] = true
 					}
+					followsNetwork(t, file, p.Title, tg.Expr)
 				}
 			}
 		}
@@ -233,4 +236,30 @@ func TestGrafanaDashboard(t *testing.T) {
 	} {
 		require.True(t, used[name], "the dashboard shows nothing of %s", name)
 	}
+}
+
+// networkPicked stands in for $network when a query is checked for it.
+const networkPicked = "NETWORK_PICKED"
+
+// followsNetwork: every selector of a series with a network label (the
+// chain's, the gate's, the scanner's, the backlog's) follows the network
+// picker, so picking a network shows that network's chain alone.
+func followsNetwork(t *testing.T, file, title, expr string) {
+	t.Helper()
+	picked := strings.NewReplacer("${network}", networkPicked, "$network", networkPicked).Replace(expr)
+	parsed, err := promql.ParseExpr(grafanaVariables.Replace(picked))
+	require.NoError(t, err, "%s: panel %q: %s", file, title, expr)
+	known := exportedSeries(t)
+	parser.Inspect(parsed, func(node parser.Node, _ []parser.Node) error {
+		vs, ok := node.(*parser.VectorSelector)
+		if !ok || !known[vs.Name].labels["network"] {
+			return nil
+		}
+		follows := false
+		for _, m := range vs.LabelMatchers {
+			follows = follows || (m.Name == "network" && m.Type == labels.MatchRegexp && m.Value == networkPicked)
+		}
+		require.True(t, follows, "%s: panel %q: %s ignores $network (network=~\"$network\")", file, title, vs.Name)
+		return nil
+	})
 }
