@@ -45,32 +45,62 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) 
 	if taskMax < 1 || taskMax > TaskEventsMax {
 		return nil, fmt.Errorf("events per task %d outside 1..%d", taskMax, TaskEventsMax)
 	}
-	tx, err := db.pool.Begin(ctx)
+	// One round trip, as ingest does: at a trickle every event has a claim
+	// of its own, and each round trip is a wake-up of the scheduler and of
+	// a backend (four of them before: BEGIN, SET, claim, COMMIT).
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(q("hot_path_plans").text)
+	b.Queue(q("claim_outbox").text, pendingMax, dueMax, taskMax)
+	b.Queue("COMMIT")
+	claimed, claimErr, err := readClaim(db.pool.SendBatch(ctx, b))
+	if claimErr != nil {
+		// The set-based claim failed and its transaction rolled back.
+		return db.claimRowByRow(ctx, pendingMax, dueMax)
+	}
 	if err != nil {
-		return nil, classify("claim outbox", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, q("hot_path_plans").text); err != nil {
-		return nil, classify("hot path plans", err)
-	}
-	var claimed []Claimed
-	_, _, err = transition(ctx, tx, q("claim_outbox"), nil, func(rows pgx.Rows) (string, error) {
-		c, err := scanClaimed(rows)
-		claimed = append(claimed, c)
-		return c.Event.ID, err
-	}, pendingMax, dueMax, taskMax)
-	if err != nil {
-		_ = tx.Rollback(ctx)
-		claimed, err = db.claimRowByRow(ctx, pendingMax, dueMax)
-		if err != nil {
-			return nil, err
-		}
-		return claimed, nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, classify("claim outbox commit", err)
+		return nil, err
 	}
 	return claimed, nil
+}
+
+// readClaim reads ClaimOutbox's batch and closes it: claimErr is the
+// claim statement's own failure (its COMMIT then rolls back), err any
+// other.
+func readClaim(br pgx.BatchResults) (claimed []Claimed, claimErr, err error) {
+	defer func() {
+		if closeErr := br.Close(); err == nil && claimErr == nil && closeErr != nil {
+			err = classify("claim outbox", closeErr)
+		}
+	}()
+	for range 2 { // BEGIN, hot_path_plans
+		if _, err := br.Exec(); err != nil {
+			return nil, nil, classify("hot path plans", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, classify("claim_outbox", err), nil
+	}
+	for rows.Next() {
+		c, err := scanClaimed(rows)
+		if err != nil {
+			rows.Close()
+			return nil, classify("claim_outbox", err), nil
+		}
+		claimed = append(claimed, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify("claim_outbox", err), nil
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return nil, nil, classify("claim outbox commit", err)
+	}
+	if tag.String() != "COMMIT" {
+		return nil, nil, classify("claim outbox commit", fmt.Errorf("transaction ended with %s", tag))
+	}
+	return claimed, nil, nil
 }
 
 // claimRowByRow is the fallback when the set-based claim fails: each row
