@@ -44,7 +44,7 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not an OTLP/HTTP protobuf export", http.StatusBadRequest)
 		return
 	}
-	var body io.Reader = io.LimitReader(r.Body, otlpBodyMax)
+	body := io.Reader(io.LimitReader(r.Body, otlpBodyMax))
 	if r.Header.Get("Content-Encoding") == "gzip" {
 		gz, err := gzip.NewReader(body)
 		if err != nil {

@@ -213,7 +213,7 @@ func (p *tracedPipeline) spansOf(traceID string) map[string][]sdktrace.ReadOnlyS
 func attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range s.Attributes() {
 		if kv.Key == attribute.Key(key) {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

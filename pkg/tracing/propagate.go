@@ -2,8 +2,8 @@ package tracing
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
-	"math/rand/v2"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -163,11 +163,12 @@ func NewTraceID() string {
 	return string(b[:]) // one allocation, as uuid.NewString made
 }
 
+// Ids come from crypto/rand, as the UUIDs settle made before: a trace id
+// is in every log line and answer, so it must not be guessable.
 func newTraceID() trace.TraceID {
 	var id trace.TraceID
 	for !id.IsValid() {
-		putUint64(id[:8], rand.Uint64())
-		putUint64(id[8:], rand.Uint64())
+		_, _ = rand.Read(id[:]) // never fails (Go 1.24+: it crashes instead)
 	}
 	return id
 }
@@ -175,15 +176,9 @@ func newTraceID() trace.TraceID {
 func newSpanID() trace.SpanID {
 	var id trace.SpanID
 	for !id.IsValid() {
-		putUint64(id[:], rand.Uint64())
+		_, _ = rand.Read(id[:])
 	}
 	return id
-}
-
-func putUint64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (56 - 8*i))
-	}
 }
 
 // idGenerator is the SDK's random ids, except that a root span takes the
