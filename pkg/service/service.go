@@ -101,8 +101,16 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 	ExitOnSettingsError(binary, env)
 	log := logging.New(binary, level(s))
 	endTracing := tracing.Begin(binary, log)
+	// A signal seen here too: a run that ends canceled because it was told
+	// to stop (still waiting for PostgreSQL at start, say) stopped cleanly.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	err := run(s, log)
 	endTracing()
+	if err != nil && errors.Is(err, context.Canceled) && len(signals) > 0 {
+		log.Info().Err(err).Msg(binary + " stopped by a signal before it was ready")
+		return
+	}
 	if err != nil {
 		log.Error().Err(err).Msg(binary + " failed")
 		os.Exit(ExitFailure)

@@ -1,0 +1,79 @@
+package test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/test/harness"
+)
+
+// TestSignalWhileWaitingForPostgreSQLIsACleanStop: a worker or scheduler
+// told to stop while it still waits for PostgreSQL at start exits 0 (a
+// rolling deploy stops pods that never became ready; that is no failure).
+func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
+	// A server that accepts connections and never answers: PostgreSQL
+	// still starting, or a pooler waiting for it.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = silent.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	port := silent.Addr().(*net.TCPAddr).Port
+	for _, bin := range []string{"worker", "scheduler"} {
+		t.Run(bin, func(t *testing.T) {
+			metrics, err := devenv.FreePort()
+			require.NoError(t, err)
+			cmd := exec.Command(filepath.Join(harness.Binaries(t), bin))
+			cmd.Env = []string{
+				// Nobody answers there: the process waits to connect.
+				fmt.Sprintf("DATABASE_URL=postgres://postgres@127.0.0.1:%d/settle?sslmode=disable", port),
+				"REDIS_URL=redis://127.0.0.1:1/0",
+				fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", metrics),
+				"DEPOSIT_FINALITY=none",
+			}
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			require.NoError(t, cmd.Start())
+			time.Sleep(1500 * time.Millisecond)
+			require.Nil(t, cmd.ProcessState, "still waiting, not exited:\n%s", out.String())
+			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("%s did not stop on SIGTERM:\n%s", bin, out.String())
+			}
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				t.Fatalf("%s exited %d on SIGTERM while waiting for PostgreSQL:\n%s", bin, exit.ExitCode(), out.String())
+			}
+			require.NoError(t, err)
+			require.Contains(t, out.String(), "stopped by a signal before it was ready")
+		})
+	}
+}
