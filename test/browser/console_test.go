@@ -21,9 +21,9 @@ import (
 
 const (
 	// consoleTimeout bounds the whole browser session; a safety net.
-	consoleTimeout = 3 * time.Minute
+	consoleTimeout = 4 * time.Minute
 	// settleTimeout bounds waiting for the replayed event to settle.
-	settleTimeout = time.Minute
+	settleTimeout = 2 * time.Minute
 	consoleEvent  = "console-deposit-1"
 	operatorName  = "alice"
 )
