@@ -44,17 +44,7 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not an OTLP/HTTP protobuf export", http.StatusBadRequest)
 		return
 	}
-	body := io.Reader(io.LimitReader(r.Body, otlpBodyMax))
-	if r.Header.Get("Content-Encoding") == "gzip" {
-		gz, err := gzip.NewReader(body)
-		if err != nil {
-			o.fail(err.Error())
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		body = gz
-	}
-	raw, err := io.ReadAll(body)
+	raw, err := readExport(r)
 	var req collectortrace.ExportTraceServiceRequest
 	if err == nil {
 		err = proto.Unmarshal(raw, &req)
@@ -92,6 +82,19 @@ func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	body2, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
 	_, _ = w.Write(body2)
+}
+
+// readExport reads an export request's body, gzipped or not, bounded.
+func readExport(r *http.Request) ([]byte, error) {
+	body := io.LimitReader(r.Body, otlpBodyMax)
+	if r.Header.Get("Content-Encoding") != "gzip" {
+		return io.ReadAll(body)
+	}
+	gz, err := gzip.NewReader(body)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(io.LimitReader(gz, otlpBodyMax))
 }
 
 func (o *otlpReceiver) fail(why string) {
