@@ -118,5 +118,9 @@ func envValues(rpc, finality string) (string, error) {
 		"NOTIFY_WEBHOOK_SECRET=whsec_" + base64.StdEncoding.EncodeToString(key) + "\n" +
 		"NOTIFY_WEBHOOK_URL=\nALERT_WEBHOOK_URL=\nALCHEMY_SIGNING_KEY=\n" +
 		"ETH_RPC_URL=" + rpc + "\n" +
-		"DEPOSIT_FINALITY=" + finality + "\n", nil
+		"DEPOSIT_FINALITY=" + finality + "\n" +
+		"# The enabled networks; ETH_RPC_URL is ETH_MAINNET's endpoint. A second one, e.g.\n" +
+		"# NETWORKS=ETH_MAINNET,BASE_MAINNET with RPC_URL_BASE_MAINNET=https://... (and the\n" +
+		"# RPC_URL_BASE_MAINNET lines of compose.yaml uncommented).\n" +
+		"NETWORKS=ETH_MAINNET\n", nil
 }

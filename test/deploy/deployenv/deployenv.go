@@ -52,6 +52,7 @@ var Optional = map[string]string{
 	"NOTIFY_WEBHOOK_SECRET": "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=",
 	"ETH_RPC_URL":           "https://eth-node.internal/rpc",
 	"DEPOSIT_FINALITY":      "finalized",
+	"NETWORKS":              "ETH_MAINNET",
 }
 
 // settleBinaries are the commands a deployment may run.
