@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/tracing"
@@ -95,7 +96,10 @@ func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 			requestID = id
 		}
 		c.Response().Header().Set(HeaderRequestID, requestID)
-		ctx, span := tracing.Start(ctx, "http.request", tracing.Server)
+		span := trace.SpanFromContext(ctx) // does nothing: ended below
+		if !s.quietRoutes[r.URL.Path] {    // probes and scrapes are no one's trace
+			ctx, span = tracing.Start(ctx, "http.request", tracing.Server)
+		}
 		ctx = context.WithValue(ctx, traceIDKey, id)
 		ctx = context.WithValue(ctx, clientIPKey, s.proxies.ClientIP(r))
 		ctx = logging.WithTrace(ctx, s.log, id)

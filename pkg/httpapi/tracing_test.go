@@ -87,6 +87,10 @@ func TestTraceparentOnWebhooks(t *testing.T) {
 		require.Equal(t, fresh, tracing.TraceID(traceparent))
 	}
 
+	recorder.Reset()
+	require.Equal(t, 200, h.do("GET", "/healthz", nil, nil).status)
+	require.Empty(t, recorder.Ended(), "a probe is no one's trace")
+
 	// The contract's X-Request-ID stays the trace_id when no traceparent
 	// names another; a traceparent's trace-id wins, the header is echoed.
 	r = h.postPayment(deposit("tp-request-id", 7, "1"), httpapi.HeaderRequestID, "order-42")
