@@ -56,6 +56,16 @@ func (c *chainStack) waitScanned(t *testing.T, block uint64) {
 	c.WaitFor(fmt.Sprintf("cursor past block %d", block), time.Minute, func() bool { return c.cursor(t) > int64(block) })
 }
 
+// waitCredited waits for the event to exist (the scanner stores it on
+// its own schedule), then to be confirmed.
+func (c *chainStack) waitCredited(t *testing.T, id string) {
+	t.Helper()
+	c.WaitFor(id+" stored", time.Minute, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = $1`, id) == 1
+	})
+	c.waitStatus(t, id, "confirmed")
+}
+
 func (c *chainStack) source(t *testing.T, id string) string {
 	t.Helper()
 	var source string
@@ -89,8 +99,8 @@ func TestScannerCreditsWhatNoWebhookReported(t *testing.T) {
 	require.Equal(t, 0, c.Count(`SELECT count(*) FROM payment_events`), "nothing before finality")
 
 	require.NoError(t, c.chain.FinalizeThrough(ctx, reverted.BlockNumber))
-	c.waitStatus(t, nativeID(ethTx), "confirmed")
-	c.waitStatus(t, tokenID(tokenTx), "confirmed")
+	c.waitCredited(t, nativeID(ethTx))
+	c.waitCredited(t, tokenID(tokenTx))
 	c.waitScanned(t, reverted.BlockNumber)
 	require.Equal(t, "scanner", c.source(t, nativeID(ethTx)))
 	require.Equal(t, "2", c.balance(t, 1, "ETH"))
@@ -110,7 +120,7 @@ func TestScannerCreditsWhatNoWebhookReported(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, answer)
 	require.EqualValues(t, 1, answer["accepted"], answer)
 	require.NoError(t, c.chain.FinalizeThrough(ctx, early.BlockNumber))
-	c.waitStatus(t, tokenID(early), "confirmed")
+	c.waitCredited(t, tokenID(early))
 	c.waitScanned(t, early.BlockNumber)
 	require.Equal(t, "alchemy", c.source(t, tokenID(early)))
 
@@ -239,8 +249,8 @@ func TestScannerBackfillAndRescan(t *testing.T) {
 	backfill, ok := body["backfill"].(string)
 	require.True(t, ok, body)
 	job := c.waitJob(t, backfill)
-	c.waitStatus(t, nativeID(ethTx), "confirmed")
-	c.waitStatus(t, tokenID(tokenTx), "confirmed")
+	c.waitCredited(t, nativeID(ethTx))
+	c.waitCredited(t, tokenID(tokenTx))
 	require.EqualValues(t, 2, job["found"], job)
 	require.Equal(t, "3", c.balance(t, 1, "ETH"))
 	require.Equal(t, "4", c.balance(t, 1, "TUSD"))

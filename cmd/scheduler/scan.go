@@ -18,11 +18,7 @@ import (
 	"github.com/settle/settle/pkg/scan"
 )
 
-// scanNetwork is the network the one RPC of this round serves (issue
-// "networks" gives each network its RPC_URL_<NETWORK>).
-const scanNetwork = "ETH_MAINNET"
-
-// scanStartTimeout bounds the trace probe at start.
+// scanStartTimeout bounds each trace probe at start.
 const scanStartTimeout = 10 * time.Second
 
 type scanSettings struct {
@@ -65,33 +61,43 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		log.Info().Bool("rpc", s.Chain.HasRPC()).Dur("interval", s.Interval).Msg("chain scanner off")
 		return func() {}, nil
 	}
-	client, err := chain.Dial(ctx, s.Chain.RPCURL, chain.ClientOptions{
-		Redis: rdb, Registerer: reg, Alerter: alerts, Logger: log, CallTimeout: s.Chain.CallTimeout, Breaker: s.Chain.Breaker,
-	})
+	clients, err := finality.Dial(ctx, s.Chain, finality.Deps{Redis: rdb, Alerts: alerts, Log: log, Registerer: reg})
 	if err != nil {
-		return nil, fmt.Errorf("ETH_RPC_URL: %w", err)
+		return nil, err
+	}
+	// A scanner on another chain than its network's would store events
+	// for transfers that never happened there (the worker, checking the
+	// same ids, refuses to start the same way).
+	registry, err := db.Assets(ctx)
+	if err != nil {
+		clients.Close()
+		return nil, err
+	}
+	checkCtx, cancelCheck := context.WithTimeout(ctx, s.Chain.CallTimeout+time.Second)
+	unreachable, err := finality.CheckChainIDs(checkCtx, clients, registry)
+	cancelCheck()
+	if err != nil {
+		clients.Close()
+		return nil, err
+	}
+	if len(unreachable) > 0 {
+		log.Warn().Strs("networks", unreachable).Msg("scanner rpc endpoints unreachable at start; the worker checks their chain ids before crediting")
+	}
+	var networks []scan.Network
+	for _, n := range s.Chain.Networks {
+		if client, ok := clients[n.Name]; ok {
+			networks = append(networks, scan.Network{Name: n.Name, RPC: client, Policy: n.Policy})
+		}
 	}
 	if s.Traces {
-		probeCtx, cancel := context.WithTimeout(ctx, scanStartTimeout)
-		err := client.ProbeTraces(probeCtx)
-		cancel()
-		if errors.Is(err, chain.ErrTracesUnsupported) {
-			client.Close()
-			return nil, fmt.Errorf("SCAN_TRACES=on: %w; set SCAN_TRACES=off or use an endpoint with the debug API", err)
+		if err := probeTraces(ctx, clients); err != nil {
+			clients.Close()
+			return nil, err
 		}
-		if err != nil {
-			client.Close()
-			return nil, fmt.Errorf("SCAN_TRACES=on: the endpoint could not be asked whether it serves traces: %w", err)
-		}
-		// The endpoint serves traces, yet this build finds no internal
-		// transfers with them: refusing beats a flag that silently does
-		// nothing (issue 15 leaves trace scanning open).
-		client.Close()
-		return nil, errors.New("SCAN_TRACES=on: scanning internal transfers is not built yet; set SCAN_TRACES=off")
 	}
 	scanner := scan.New(scan.Options{
 		Store:            db,
-		Networks:         []scan.Network{{Name: scanNetwork, RPC: client, Policy: s.Chain.Policy}},
+		Networks:         networks,
 		Owner:            owner,
 		BlocksMax:        uint64(s.BlocksMax),
 		Interval:         s.Interval,
@@ -106,11 +112,32 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		defer close(done)
 		scanner.Run(scanCtx)
 	}()
-	log.Info().Str("network", scanNetwork).Dur("interval", s.Interval).Int("blocks_max", s.BlocksMax).
-		Str("policy", s.Chain.Policy.String()).Msg("chain scanner started")
+	for _, n := range networks {
+		log.Info().Str("network", n.Name).Dur("interval", s.Interval).Int("blocks_max", s.BlocksMax).
+			Str("policy", n.Policy.String()).Msg("chain scanner started")
+	}
 	return func() {
 		cancel()
 		<-done
-		client.Close()
+		clients.Close()
 	}, nil
+}
+
+// probeTraces refuses SCAN_TRACES=on unless every network's endpoint
+// serves debug_traceBlockByNumber; even then it refuses, since this build
+// finds no internal transfers with traces yet (a flag that silently did
+// nothing would be worse).
+func probeTraces(ctx context.Context, clients finality.Clients) error {
+	for name, client := range clients {
+		probeCtx, cancel := context.WithTimeout(ctx, scanStartTimeout)
+		err := client.ProbeTraces(probeCtx)
+		cancel()
+		if errors.Is(err, chain.ErrTracesUnsupported) {
+			return fmt.Errorf("SCAN_TRACES=on: %s: %w; set SCAN_TRACES=off or use an endpoint with the debug API", name, err)
+		}
+		if err != nil {
+			return fmt.Errorf("SCAN_TRACES=on: %s: the endpoint could not be asked whether it serves traces: %w", name, err)
+		}
+	}
+	return errors.New("SCAN_TRACES=on: scanning internal transfers is not built yet; set SCAN_TRACES=off")
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"sort"
 
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/money"
@@ -63,12 +62,9 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 // tokens are the network's listed token contracts.
 func (f finder) tokens() []string {
 	var out []string
-	for _, a := range f.registry.All() {
-		if a.Network == f.network && !a.Native() {
-			out = append(out, a.Contract)
-		}
+	for _, a := range f.registry.Tokens(f.network) {
+		out = append(out, a.Contract)
 	}
-	sort.Strings(out)
 	return out
 }
 
@@ -149,10 +145,11 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 	return out, nil
 }
 
-// event is the deposit the Alchemy webhook makes for the same transfer:
-// same id, same content (type, user, asset, amount, tx_hash,
-// transfer_index; the content hash covers neither source nor trace id),
-// so whichever arrives first wins and the other is a duplicate.
+// event is the deposit the provider webhooks make for the same transfer
+// (httpapi's intake): same id, same content (type, user, asset, amount,
+// tx_hash, transfer_index, network; the content hash covers neither
+// source nor trace id), so whichever arrives first wins and the other is
+// a duplicate.
 func (f finder) event(user int64, asset payment.Asset, txHash, index, to string, value *big.Int) (postgres.NewEvent, bool) {
 	id := payment.Transfer{Network: f.network, TxHash: txHash, Index: index}.EventID()
 	amount, err := money.FromBaseUnits("0x"+value.Text(16), asset.Decimals)
@@ -166,7 +163,7 @@ func (f finder) event(user int64, asset payment.Asset, txHash, index, to string,
 	return postgres.NewEvent{
 		Event: payment.Event{
 			ID: id, Type: payment.Deposit, UserID: user, Asset: asset.Code, Amount: amount,
-			TxHash: txHash, TransferIndex: index, TraceID: f.traceID,
+			TxHash: txHash, TransferIndex: index, TraceID: f.traceID, Network: f.network,
 		},
 		Source:    postgres.SourceScanner,
 		ToAddress: to,
