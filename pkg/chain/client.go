@@ -260,7 +260,7 @@ func (c *Client) header(ctx context.Context, block string) (Header, error) {
 // found is an answer (success for the breaker); the caller's own
 // cancellation says nothing about the node; anything else is a failure.
 func (c *Client) call(ctx context.Context, method string, do func(ctx context.Context) error) (err error) {
-	ctx, span := tracing.Start(ctx, "chain.rpc", tracing.Client)
+	ctx, span := tracing.StartChild(ctx, "chain.rpc", tracing.Client)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("rpc.system", "jsonrpc"), attribute.String("rpc.method", method))
 	}

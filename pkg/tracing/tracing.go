@@ -143,6 +143,17 @@ func Start(ctx context.Context, name string, kind Kind) (context.Context, trace.
 	return (*tracer.Load()).Start(ctx, name, kindOptions[kind]...)
 }
 
+// StartChild is Start for a step that means something only inside a
+// trace, like one RPC call: without a span in ctx it records nothing, so
+// background loops (the chain scanner, the reorg watch) make no traces of
+// one span each.
+func StartChild(ctx context.Context, name string, kind Kind) (context.Context, trace.Span) {
+	if !enabled.Load() || !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx, disabledSpan
+	}
+	return (*tracer.Load()).Start(ctx, name, kindOptions[kind]...)
+}
+
 // StartAt is Start with the span's start time given: for a step that
 // happened before its events were known apart (a claim of many events
 // gets one span per event afterwards). Only for recording paths: it

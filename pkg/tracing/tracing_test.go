@@ -96,12 +96,19 @@ func TestTraceIDs(t *testing.T) {
 	span.End()
 	require.Equal(t, span.SpanContext().SpanID(), recorder.Ended()[0].Parent().SpanID())
 
+	_, orphan := StartChild(context.Background(), "rpc", Client)
+	require.False(t, orphan.IsRecording(), "no trace, no child span")
+	_, rpc := StartChild(ctx, "rpc", Client)
+	require.True(t, rpc.IsRecording())
+	rpc.End()
+	recorder.Reset()
+
 	ctx, traceID := Continue(context.Background(), validParent)
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", traceID)
 	_, joined := Start(WithTraceID(ctx, id), "joined", Server)
 	require.Equal(t, traceID, joined.SpanContext().TraceID().String(), "a parent wins over a requested root id")
 	joined.End()
-	require.Equal(t, "00f067aa0ba902b7", recorder.Ended()[2].Parent().SpanID().String())
+	require.Equal(t, "00f067aa0ba902b7", recorder.Ended()[0].Parent().SpanID().String())
 
 	ctx, traceID = Continue(context.Background(), "00-zz")
 	require.Empty(t, traceID)
