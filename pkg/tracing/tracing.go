@@ -13,7 +13,9 @@ package tracing
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +39,9 @@ import (
 const (
 	EnvEndpoint       = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	EnvTracesEndpoint = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	// EnvDisabled "true" keeps tracing off whatever the endpoint says,
+	// as the OpenTelemetry specification defines it.
+	EnvDisabled = "OTEL_SDK_DISABLED"
 )
 
 // instrumentationName names settle's tracer.
@@ -60,8 +65,24 @@ func Enabled() bool { return enabled.Load() }
 // over HTTP when an endpoint is configured, else nothing (tracing off).
 // shutdown flushes the spans still buffered; call it on the way out.
 func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown func(context.Context) error, err error) {
-	if os.Getenv(EnvEndpoint) == "" && os.Getenv(EnvTracesEndpoint) == "" {
-		return func(context.Context) error { return nil }, nil
+	off := func(context.Context) error { return nil }
+	if strings.EqualFold(os.Getenv(EnvDisabled), "true") {
+		return off, nil
+	}
+	configured := false
+	for _, name := range []string{EnvEndpoint, EnvTracesEndpoint} {
+		value := os.Getenv(name)
+		if value == "" {
+			continue
+		}
+		// The exporter would quietly fall back to localhost on a bad one.
+		if u, err := url.Parse(value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%s: not an http(s) URL with a host", name)
+		}
+		configured = true
+	}
+	if !configured {
+		return off, nil
 	}
 	exporter, err := otlptracehttp.New(ctx)
 	if err != nil {

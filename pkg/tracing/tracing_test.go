@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -215,5 +216,41 @@ func BenchmarkNewTraceID(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = NewTraceID()
+	}
+}
+
+// Setup is off without an endpoint or with OTEL_SDK_DISABLED, refuses an
+// endpoint the exporter would silently replace with localhost, and with
+// a good one turns tracing on until shutdown.
+func TestSetup(t *testing.T) {
+	ctx := context.Background()
+	log := zerolog.Nop()
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		on, fail bool
+	}{
+		{"unset", nil, false, false},
+		{"endpoint", map[string]string{EnvEndpoint: "http://127.0.0.1:4318"}, true, false},
+		{"traces endpoint", map[string]string{EnvTracesEndpoint: "https://collector.example/v1/traces"}, true, false},
+		{"disabled", map[string]string{EnvEndpoint: "http://127.0.0.1:4318", EnvDisabled: "true"}, false, false},
+		{"no scheme", map[string]string{EnvEndpoint: "collector:4318"}, false, true},
+		{"grpc port, wrong scheme", map[string]string{EnvEndpoint: "grpc://collector:4317"}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, name := range []string{EnvEndpoint, EnvTracesEndpoint, EnvDisabled} {
+				t.Setenv(name, tc.env[name])
+			}
+			shutdown, err := Setup(ctx, "test", log)
+			if tc.fail {
+				require.Error(t, err)
+				require.False(t, Enabled())
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.on, Enabled())
+			require.NoError(t, shutdown(ctx))
+			require.False(t, Enabled(), "shutdown turns tracing off")
+		})
 	}
 }
