@@ -68,6 +68,12 @@ type intakeTransfer struct {
 	Amount    decimal.Decimal
 	// Removed: the provider says a reorg took the transfer away.
 	Removed bool
+	// Reorged (with Removed): the provider sent the transfer again after a
+	// reorg, on the new branch (QuickNode's blocks_reorged). Where the
+	// chain can be asked, a new one is stored like any other (the finality
+	// gate asks the chain before any credit) and a known one re-checked at
+	// once; where it cannot, it is a removal like Alchemy's.
+	Reorged bool
 }
 
 // providerAnswer is every provider route's 200. Accepted counts events
@@ -120,7 +126,7 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 			continue
 		}
 		kept = append(kept, t)
-		if key := t.Network + "/" + t.ToAddress; !t.Removed && !seen[key] {
+		if key := t.Network + "/" + t.ToAddress; (!t.Removed || in.storable(t)) && !seen[key] {
 			seen[key] = true
 			byNetwork[t.Network] = append(byNetwork[t.Network], t.ToAddress)
 		}
@@ -136,7 +142,7 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 		owners[network] = found
 	}
 	for _, t := range kept {
-		if t.Removed {
+		if t.Removed && !in.storable(t) {
 			if err := in.removed(ctx, t); err != nil {
 				return err
 			}
@@ -171,6 +177,11 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 			s.metrics.webhook(in.p.name, outcomeAccepted, "")
 			log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Int64(logging.FieldUserID, user).
 				Str("asset", t.Asset.Code).Msg("provider deposit")
+		case t.Removed:
+			// A reorged transfer settle already holds: the chain decides.
+			if err := in.removed(ctx, t); err != nil {
+				return err
+			}
 		default:
 			if err := in.again(ctx, t); err != nil {
 				return err
@@ -178,6 +189,12 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 		}
 	}
 	return nil
+}
+
+// storable tells whether a removed transfer is stored anyway: one sent
+// again on a reorg's new branch, where the chain can be asked.
+func (in *intakeRun) storable(t intakeTransfer) bool {
+	return t.Removed && t.Reorged && in.s.hasRPC(t.Network)
 }
 
 // removed handles a transfer a provider reports taken away by a reorg.

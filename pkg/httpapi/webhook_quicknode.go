@@ -77,7 +77,7 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 	for _, t := range transfers {
 		decoded = append(decoded, intakeTransfer{
 			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
-			Asset: t.Asset, Amount: t.Amount, Removed: t.Removed,
+			Asset: t.Asset, Amount: t.Amount, Removed: t.Removed, Reorged: t.Reorged,
 		})
 	}
 	if err := in.store(ctx, decoded); err != nil {

@@ -378,10 +378,14 @@ type Transfer struct {
 	// Amount is the raw integer (the log's data, the transaction's value)
 	// over 10^decimals of the registered asset, exactly.
 	Amount decimal.Decimal
-	// Removed: the transfer is in a block QuickNode lists in
-	// blocks_reorged (or the log says removed), handled like Alchemy's
-	// removed.
+	// Removed: the log says removed, or the transfer is in a block
+	// QuickNode lists in blocks_reorged; handled like Alchemy's removed.
 	Removed bool
+	// Reorged: the transfer came in a block QuickNode sends again because
+	// of a reorg, so it is on the new branch: where the chain can be
+	// asked, it is stored if new (the finality gate asks before any
+	// credit) and re-checked at once if known.
+	Reorged bool
 }
 
 // Ignored is a candidate that is not a transfer settle credits.
@@ -491,7 +495,7 @@ func logTransfer(p Payload, raw json.RawMessage, assets Assets) (Transfer, Reaso
 	return Transfer{
 		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: index}.EventID(),
 		Index:   index, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
-		Removed: l.Removed || p.Reorged[block],
+		Removed: l.Removed || p.Reorged[block], Reorged: !l.Removed && p.Reorged[block],
 	}, ""
 }
 
@@ -525,7 +529,7 @@ func nativeTransfer(p Payload, c candidate, assets Assets) (Transfer, Reason) {
 	return Transfer{
 		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: payment.TransferNative}.EventID(),
 		Index:   payment.TransferNative, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
-		Removed: p.Reorged[c.block],
+		Removed: p.Reorged[c.block], Reorged: p.Reorged[c.block],
 	}, ""
 }
 

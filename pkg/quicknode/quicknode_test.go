@@ -126,6 +126,7 @@ func TestReceiptsAndLogsDatasets(t *testing.T) {
 	require.Equal(t, "chain:ETH_MAINNET:"+txToken+":3", transfers[0].EventID)
 	require.Equal(t, "1", transfers[0].Amount.String())
 	require.True(t, transfers[0].Removed, "block 17 (0x11) is in blocks_reorged")
+	require.True(t, transfers[0].Reorged, "sent again on the new branch")
 
 	logs := fmt.Sprintf(`{"data":[[%s,%s]],"metadata":{"network":"base-mainnet","dataset":"logs"}}`,
 		transferLog(txToken, "0x3", "0x11", "f4240"), transferLog(txToken, "0x4", "0x11", "0"))
