@@ -157,6 +157,17 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	if g.o.Unchecked[networkOf(e)] {
 		return &item, nil
 	}
+	if _, listed := g.o.Assets.Listing(networkOf(e), e.Asset); !listed && state.Age < g.o.Timeout {
+		// The api took the event, so the listing exists: this worker has
+		// not reread the registry since an operator added it (at most
+		// REGISTRY_REFRESH ago). Wait for that instead of dead-lettering
+		// the first deposits of a new asset.
+		log.Info().Str("network", networkOf(e)).Str("asset", e.Asset).Msg("asset not in this worker's registry yet; deposit waits for its refresh")
+		return nil, g.park(ctx, e, state, postgres.Wait{
+			RecheckIn: g.recheckAfter(state.Checks),
+			Note:      fmt.Sprintf("asset %s on %s is not in this worker's registry yet (REGISTRY_REFRESH)", e.Asset, networkOf(e)),
+		})
+	}
 	verdict, network, err := g.verdict(ctx, e, state.ToAddress)
 	if errors.Is(err, payment.ErrUnavailable) {
 		// The chain cannot be asked: wait, and do not count this against
