@@ -125,6 +125,10 @@ func loadProcs(pids, match string) ([]loadgen.Proc, error) {
 	if len(procs) > loadgen.ProcsMax {
 		return nil, fmt.Errorf("at most %d processes", loadgen.ProcsMax)
 	}
+	// A process that cannot be read is refused now, not after the seeding.
+	if _, err := loadgen.SampleCPU(procs); err != nil {
+		return nil, err
+	}
 	return procs, nil
 }
 
