@@ -48,10 +48,10 @@ func readConsole(env *config.Env, adminToken, apiToken string) consoleSettings {
 
 // consoleMount builds the console on the api's database, chain and Redis
 // (the breakers of the enabled networks, as the workers share them).
-func consoleMount(s settings, db *postgres.DB, rdb redis.UniversalClient, rechecker httpapi.Chain) (httpapi.Mount, error) {
+func consoleMount(s settings, db *postgres.DB, rdb redis.UniversalClient, rechecker httpapi.Chain, rescans *serverRescans) (httpapi.Mount, error) {
 	o := console.Options{
 		Store: db, AdminToken: s.adminToken, ReadOnlyToken: s.console.readOnlyToken, TraceURL: s.console.traceURL,
-		Breakers: breakerStates{rdb: rdb, names: s.chain.NetworkNames()},
+		Breakers: breakerStates{rdb: rdb, names: s.chain.NetworkNames()}, Rescans: rescans,
 	}
 	if rechecker != nil {
 		o.Chain = rechecker
@@ -79,4 +79,13 @@ func (b breakerStates) BreakerStates(ctx context.Context) ([]console.Breaker, er
 		out = append(out, console.Breaker{Name: name, State: state})
 	}
 	return out, nil
+}
+
+// serverRescans hands the console POST /admin/rescan's own operation. The
+// server mounts the console, so it is set once the server is built,
+// before anything is served.
+type serverRescans struct{ server *httpapi.Server }
+
+func (r *serverRescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
+	return r.server.StartRescan(ctx, network, from, to)
 }

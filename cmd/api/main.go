@@ -268,7 +268,8 @@ func serve(log zerolog.Logger, s settings) error {
 		return err
 	}
 	defer closeChain()
-	operatorConsole, err := consoleMount(s, db, rdb, chain)
+	rescans := &serverRescans{}
+	operatorConsole, err := consoleMount(s, db, rdb, chain, rescans)
 	if err != nil {
 		return err
 	}
@@ -300,6 +301,7 @@ func serve(log zerolog.Logger, s settings) error {
 	if err != nil {
 		return err
 	}
+	rescans.server = server
 	listener, err := net.Listen("tcp", s.httpAddr)
 	if err != nil {
 		return fmt.Errorf("HTTP_ADDR: %w", err)

@@ -58,15 +58,17 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rdb.Close() })
+	starter := &rescans{}
 	c, err := console.New(console.Options{Store: db, AdminToken: adminToken, ReadOnlyToken: readOnlyToken,
-		TraceURL: "https://traces.example/trace/{trace_id}", Rescans: rescans{db: db}})
+		TraceURL: "https://traces.example/trace/{trace_id}", Rescans: starter})
 	require.NoError(t, err)
 	server, err := httpapi.New(httpapi.Options{
 		Store: db, Redis: rdb, Log: zerolog.Nop(),
 		WebhookSecret: webhookSecret, APIToken: apiToken, AdminToken: adminToken,
-		AdminMounts: []httpapi.Mount{c.Mount()},
+		AdminMounts: []httpapi.Mount{c.Mount()}, RescanBlocksMax: rescanBlocksMax,
 	})
 	require.NoError(t, err)
+	starter.server = server
 	ts := httptest.NewServer(server)
 	t.Cleanup(ts.Close)
 	client := &http.Client{Timeout: requestTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -375,14 +377,16 @@ func TestVendoredHTMX(t *testing.T) {
 
 func itoa(n int64) string { return decimal.NewFromInt(n).String() }
 
-// rescans starts jobs through the store's own CreateRescan.
-type rescans struct{ db *postgres.DB }
+// rescans starts jobs through the api's own POST /admin/rescan operation,
+// as cmd/api wires it (the server exists only after the console).
+type rescans struct{ server *httpapi.Server }
 
-func (r rescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
-	id := "console-" + itoa(int64(from)) + "-" + itoa(int64(to))
-	_, err := r.db.CreateRescan(ctx, id, network, from, to)
-	return id, err
+func (r *rescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
+	return r.server.StartRescan(ctx, network, from, to)
 }
+
+// rescanBlocksMax is the fixture's RESCAN_BLOCKS_MAX.
+const rescanBlocksMax = 1000
 
 func TestHoldsAndRescans(t *testing.T) {
 	f := newFixture(t)
@@ -415,14 +419,32 @@ func TestHoldsAndRescans(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, f.post("/admin/console/rescans", basic("viewer", readOnlyToken), form).status)
 	a = f.post("/admin/console/rescans", admin, form)
 	require.Equal(t, http.StatusSeeOther, a.status, a.body)
-	job, err := f.db.Rescan(ctx, "console-100-199")
+	var jobID string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT id FROM rescan_jobs WHERE network = 'ETH_MAINNET' AND from_block = 100 AND to_block = 199`).Scan(&jobID))
+	job, err := f.db.Rescan(ctx, jobID)
 	require.NoError(t, err)
 	require.Equal(t, "running", job.Status)
 	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
-	require.Contains(t, a.body, "console-100-199")
+	require.Contains(t, a.body, jobID)
 	require.Contains(t, a.body, "0/100")
-	form.Set("to_block", "99")
-	require.Equal(t, http.StatusBadRequest, f.post("/admin/console/rescans", admin, form).status, "to before from")
+	// The admin API's own rules refuse, and say why.
+	for name, change := range map[string]url.Values{
+		"to before from":         {"to_block": {"99"}},
+		"over RESCAN_BLOCKS_MAX": {"to_block": {"1100"}},
+		"unknown network":        {"network": {"NOPE_MAINNET"}},
+	} {
+		bad := url.Values{}
+		for k, v := range form {
+			bad[k] = v
+		}
+		for k, v := range change {
+			bad[k] = v
+		}
+		a = f.post("/admin/console/rescans", admin, bad)
+		require.Equal(t, http.StatusBadRequest, a.status, name)
+		require.Contains(t, a.body, "Refused", name)
+	}
+	require.Equal(t, 1, countRows(t, conn, `SELECT count(*) FROM rescan_jobs`))
 }
 
 // A schema without the scanner's tables (before migration 0013, or a
@@ -469,4 +491,11 @@ func TestOddEventIDs(t *testing.T) {
 	}
 	require.True(t, found, "the list links the odd id's story: %v", links)
 
+}
+
+func countRows(t *testing.T, conn *pgx.Conn, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
+	return n
 }

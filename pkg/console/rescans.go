@@ -1,11 +1,13 @@
 package console
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -53,7 +55,7 @@ func (c *Console) rescans(w http.ResponseWriter, r *http.Request) {
 }
 
 // startRescan starts a rescan through the admin API's operation; the
-// range rules (RESCAN_BLOCKS_MAX) are that operation's.
+// range and network rules (RESCAN_BLOCKS_MAX) are that operation's.
 func (c *Console) startRescan(w http.ResponseWriter, r *http.Request, a actor) {
 	if c.o.Rescans == nil {
 		c.fail(w, r, http.StatusConflict, "This api cannot start rescans; use POST /admin/rescan or settlectl rescan.")
@@ -62,13 +64,18 @@ func (c *Console) startRescan(w http.ResponseWriter, r *http.Request, a actor) {
 	network := strings.TrimSpace(r.PostForm.Get("network"))
 	from, errFrom := strconv.ParseUint(strings.TrimSpace(r.PostForm.Get("from_block")), 10, 64)
 	to, errTo := strconv.ParseUint(strings.TrimSpace(r.PostForm.Get("to_block")), 10, 64)
-	if network == "" || errFrom != nil || errTo != nil || to < from {
-		c.fail(w, r, http.StatusBadRequest, "Give a network and a block range: from ≤ to, both non-negative integers.")
+	if network == "" || errFrom != nil || errTo != nil {
+		c.fail(w, r, http.StatusBadRequest, "Give a network and a block range: two non-negative integers.")
 		return
 	}
 	ctx, cancel := storeContext(r)
 	defer cancel()
 	id, err := c.o.Rescans.StartRescan(ctx, network, from, to)
+	if errors.Is(err, payment.ErrInvalid) {
+		// The operation's refusals are written for the operator.
+		c.fail(w, r, http.StatusBadRequest, "Refused: "+err.Error()+".")
+		return
+	}
 	if err != nil {
 		c.storeFailed(w, r, err, "rescan")
 		return

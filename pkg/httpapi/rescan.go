@@ -14,6 +14,7 @@ import (
 
 	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -99,13 +100,18 @@ func parseRescan(body []byte, blocksMax uint64) (rescanRequest, error) {
 	if r.to, ok = jsonBlock(fields["to_block"]); !ok {
 		return rescanRequest{}, errors.New("to_block must be a JSON integer from 0")
 	}
-	if r.to < r.from {
-		return rescanRequest{}, errors.New("to_block is below from_block")
+	return r, rescanRange(r.from, r.to, blocksMax)
+}
+
+// rescanRange checks a block range: from ≤ to, at most blocksMax blocks.
+func rescanRange(from, to, blocksMax uint64) error {
+	if to < from {
+		return errors.New("to_block is below from_block")
 	}
-	if r.to-r.from >= blocksMax {
-		return rescanRequest{}, fmt.Errorf("a rescan covers at most %d blocks (RESCAN_BLOCKS_MAX); split the range", blocksMax)
+	if to-from >= blocksMax {
+		return fmt.Errorf("a rescan covers at most %d blocks (RESCAN_BLOCKS_MAX); split the range", blocksMax)
 	}
-	return r, nil
+	return nil
 }
 
 // jsonBlock reads a block number: a JSON integer literal from 0 ("7",
@@ -142,27 +148,56 @@ func (s *Server) adminRescan(c echo.Context) error {
 	if err != nil {
 		return newError(http.StatusBadRequest, err.Error())
 	}
-	rs, err := s.rescanStore()
-	if err != nil {
-		return err
-	}
 	ctx, cancel := storeContext(c)
 	defer cancel()
-	registry, err := s.assets.get(ctx)
+	job, err := s.createRescan(ctx, r)
 	if err != nil {
-		return storeError(err)
-	}
-	if !knowsNetwork(registry, r.network) {
-		return newError(http.StatusBadRequest, "network "+r.network+" is not a network settle scans")
-	}
-	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to)
-	if err != nil {
-		return storeError(err)
+		return err
 	}
 	traceID := TraceID(c.Request().Context())
 	logging.From(c.Request().Context()).Info().Str("rescan", job.ID).Str("network", r.network).
 		Uint64("from_block", r.from).Uint64("to_block", r.to).Msg("rescan scheduled")
 	return c.JSON(http.StatusAccepted, rescanView(job, traceID))
+}
+
+// createRescan records a validated rescan of a network settle knows.
+func (s *Server) createRescan(ctx context.Context, r rescanRequest) (postgres.RescanJob, error) {
+	rs, err := s.rescanStore()
+	if err != nil {
+		return postgres.RescanJob{}, err
+	}
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		return postgres.RescanJob{}, storeError(err)
+	}
+	if !knowsNetwork(registry, r.network) {
+		return postgres.RescanJob{}, newError(http.StatusBadRequest, "network "+r.network+" is not a network settle scans")
+	}
+	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to)
+	if err != nil {
+		return postgres.RescanJob{}, storeError(err)
+	}
+	return job, nil
+}
+
+// StartRescan is POST /admin/rescan's operation for the console's form:
+// the same range rules (RESCAN_BLOCKS_MAX) and network check; a refusal
+// is payment.ErrInvalid.
+func (s *Server) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
+	if err := rescanRange(from, to, uint64(s.rescanBlocksMax())); err != nil {
+		return "", payment.Invalid("%v", err)
+	}
+	job, err := s.createRescan(ctx, rescanRequest{network: network, from: from, to: to})
+	var answer *apiError
+	if errors.As(err, &answer) && answer.status == http.StatusBadRequest {
+		return "", payment.Invalid("%s", answer.message)
+	}
+	if err != nil {
+		return "", err
+	}
+	logging.From(ctx).Info().Str("rescan", job.ID).Str("network", network).
+		Uint64("from_block", from).Uint64("to_block", to).Msg("rescan scheduled")
+	return job.ID, nil
 }
 
 // adminRescanGet shows a rescan's (or backfill's) progress.
