@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -22,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/console"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
@@ -498,4 +500,90 @@ func countRows(t *testing.T, conn *pgx.Conn, query string) int {
 	var n int
 	require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
 	return n
+}
+
+// Every action refuses the read-only role, before reading its form.
+func TestReadOnlyCannotAct(t *testing.T) {
+	f := newFixture(t)
+	id := f.deadLetter("dep-readonly")
+	viewer := basic("viewer", readOnlyToken)
+	token := f.csrf("/admin/console/", viewer)
+	form := url.Values{"csrf": {token}, "reason": {"just looking"}, "id": {itoa(id)}, "confirm": {"yes"},
+		"network": {"ETH_MAINNET"}, "from_block": {"1"}, "to_block": {"2"}}
+	for _, path := range []string{"/admin/console/dlq/" + itoa(id) + "/replay", "/admin/console/dlq/" + itoa(id) + "/discard",
+		"/admin/console/dlq/bulk-replay", "/admin/console/event/recheck", "/admin/console/rescans"} {
+		a := f.post(path, viewer, form)
+		require.Equal(t, http.StatusForbidden, a.status, path)
+	}
+	require.Empty(t, f.entry(id).Resolution)
+	conn, err := pgx.Connect(context.Background(), f.dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	require.Zero(t, countRows(t, conn, `SELECT count(*) FROM rescan_jobs`))
+	require.Zero(t, countRows(t, conn, `SELECT count(*) FROM event_rechecks`))
+}
+
+// A recheck goes through the admin API's Rechecker and is recorded with
+// who asked and why; an event no recheck can reverse is not_applicable
+// without asking the chain (so the Rechecker needs no gate here).
+func TestRecheckIsRecorded(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	c, err := console.New(console.Options{Store: db, AdminToken: adminToken, Chain: finality.NewRechecker(nil, db)})
+	require.NoError(t, err)
+	f := &fixture{t: t, db: db, dsn: dsn}
+	f.deadLetter("dep-recheck")
+	ts := httptest.NewServer(c)
+	t.Cleanup(ts.Close)
+	f.url = ts.URL
+	f.client = &http.Client{Timeout: requestTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	admin := basic("alice", adminToken)
+	token := f.csrf("/admin/console/event?id=dep-recheck", admin)
+	a := f.post("/admin/console/event/recheck", admin, url.Values{"csrf": {token}, "id": {"dep-recheck"}, "reason": {"customer says it landed"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "/admin/console/event?done=recheck%3Anot_applicable&id=dep-recheck", a.header.Get("Location"))
+	rechecks, err := db.Rechecks(context.Background(), "dep-recheck")
+	require.NoError(t, err)
+	require.Len(t, rechecks, 1)
+	require.Regexp(t, `^alice \(console, admin\) @.*: customer says it landed$`, rechecks[0].RequestedBy)
+	story := f.do(http.MethodGet, "/admin/console/event?id=dep-recheck&done=recheck:not_applicable", admin, nil, nil)
+	require.Contains(t, story.body, "not a failed deposit a recheck can reverse")
+	require.Contains(t, story.body, "customer says it landed")
+}
+
+// The console is an admin route: with ADMIN_ADDR the public listener
+// answers it 404 without asking for credentials.
+func TestConsoleOnlyOnTheAdminListener(t *testing.T) {
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	c, err := console.New(console.Options{Store: db, AdminToken: adminToken})
+	require.NoError(t, err)
+	server, err := httpapi.New(httpapi.Options{Store: db, Redis: rdb, Log: zerolog.Nop(), WebhookSecret: webhookSecret,
+		APIToken: apiToken, AdminToken: adminToken, AdminMounts: []httpapi.Mount{c.Mount()}})
+	require.NoError(t, err)
+	public, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminListener, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- server.ServeSplit(ctx, public, adminListener, 5*time.Second) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-served) })
+	client := &http.Client{Timeout: requestTimeout}
+	get := func(base string) *http.Response {
+		req, err := http.NewRequest(http.MethodGet, "http://"+base+"/admin/console/", nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("alice", adminToken)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	resp := get(public.Addr().String())
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+	require.Empty(t, resp.Header.Values("WWW-Authenticate"))
+	require.Equal(t, http.StatusOK, get(adminListener.Addr().String()).StatusCode)
 }
