@@ -81,7 +81,9 @@ type Story struct {
 
 // notificationKinds are every kind notification_outbox holds: an event's
 // notifications are found by their delivery ids.
-var notificationKinds = []string{NotifyDepositCredited, NotifyWithdrawalConfirmed, NotifyInsufficientFunds, NotifyDepositReversed}
+// TestNotificationKindsListed keeps it complete.
+var notificationKinds = []string{NotifyDepositCredited, NotifyWithdrawalConfirmed, NotifyInsufficientFunds, NotifyDepositReversed,
+	NotifyWithdrawalPosted, NotifyHoldVoided}
 
 // EventStory reads an event's whole story; payment.ErrNotFound if there is
 // no such event.
