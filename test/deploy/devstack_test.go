@@ -147,7 +147,12 @@ func TestDevStackTwoNetworks(t *testing.T) {
 	metrics, _ := io.ReadAll(worker.Body)
 	worker.Body.Close()
 	for network := range wantChains {
-		require.Contains(t, string(metrics), `network="`+network+`"`, "the worker's chain metrics carry %s", network)
+		require.Contains(t, string(metrics), `settle_chain_breaker_state{network="`+network+`"}`, "the worker has a breaker for %s", network)
+	}
+	for _, line := range strings.Split(string(metrics), "\n") {
+		if strings.HasPrefix(line, "settle_chain_") {
+			require.Contains(t, line, `network="`, "every chain series of the worker names its network")
+		}
 	}
 
 	// The demo: deposits on both networks, one balance per asset; it
