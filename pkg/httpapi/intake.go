@@ -309,10 +309,6 @@ func (s *Server) providerOptions(opts Options, now func() time.Time) error {
 	if s.webhookMaxAge <= 0 {
 		s.webhookMaxAge = quicknode.MaxAgeDefault
 	}
-	s.chains = opts.Chains
-	if s.chains == nil {
-		s.chains = defaultChains
-	}
 	s.now = now
 	return nil
 }

@@ -114,9 +114,6 @@ type Options struct {
 	QuickNodeTokens []string
 	MoralisSecrets  []string
 	WebhookMaxAge   time.Duration
-	// Chains names the network of a Moralis chain id; nil: the chain ids
-	// of the networks settle ships with.
-	Chains Chains
 	// APIToken opens /v1; AdminToken opens /admin and /v1.
 	APIToken   string
 	AdminToken string
@@ -177,7 +174,6 @@ type Server struct {
 	quickNodeTokens [][]byte
 	moralisSecrets  [][]byte
 	webhookMaxAge   time.Duration
-	chains          Chains
 	now             func() time.Time
 	readers         []tokenDigest
 	admins          []tokenDigest

@@ -8,14 +8,12 @@ import (
 
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/moralis"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // HeaderMoralisSignature carries "0x" + the Keccak-256 of
 // JSON.stringify(body) + MORALIS_STREAM_SECRET.
 const HeaderMoralisSignature = "X-Signature"
-
-// Chains is what the Moralis route needs to name a chain id's network.
-type Chains = moralis.Chains
 
 // webhookMoralis turns a Streams delivery into deposit events. Moralis
 // sends each block unconfirmed and confirmed, in either order: both name
@@ -48,7 +46,7 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	if err != nil {
 		return storeError(err)
 	}
-	transfers, ignored := moralis.Transfers(payload, registry, s.chains)
+	transfers, ignored := moralis.Transfers(payload, registry, registryChains{registry})
 	for _, i := range ignored {
 		in.ignore(string(i.Reason))
 		switch i.Reason {
@@ -71,22 +69,11 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	return c.JSON(http.StatusOK, in.answer)
 }
 
-// staticChains names the chain ids of the networks settle ships with;
-// it stands in until Options.Chains is given (the networks table).
-type staticChains map[int64]string
+// registryChains names a chain id's network from the networks table, as
+// the registry read it (REGISTRY_REFRESH).
+type registryChains struct{ registry *payment.Registry }
 
-func (c staticChains) NetworkOf(id int64) (string, bool) {
-	n, ok := c[id]
-	return n, ok
-}
-
-// defaultChains are the chain ids of migration 0012's networks.
-var defaultChains = staticChains{
-	1:        "ETH_MAINNET",
-	8453:     "BASE_MAINNET",
-	42161:    "ARB_MAINNET",
-	10:       "OPT_MAINNET",
-	137:      "MATIC_MAINNET",
-	11155111: "ETH_SEPOLIA",
-	84532:    "BASE_SEPOLIA",
+func (c registryChains) NetworkOf(id int64) (string, bool) {
+	n, ok := c.registry.NetworkByChainID(id)
+	return n.Name, ok
 }
