@@ -147,8 +147,9 @@ func readServe(env *config.Env, s *settings) {
 	s.rateLimit = config.Parse(env, "WEBHOOK_RATE_LIMIT", defaultLimit, httpapi.ParseRateLimit)
 	s.verifiedRateLimit = config.Parse(env, "WEBHOOK_VERIFIED_RATE_LIMIT", nil, httpapi.ParseRateLimit)
 	// The budget must hold one body of the largest route, whose
-	// reservation may be its whole limit.
-	s.unverifiedBytesMax = env.Int("INGEST_UNVERIFIED_BYTES_MAX", httpapi.UnverifiedBytesMaxDefault, httpapi.AlchemyBodyMax, unverifiedBytesCeiling)
+	// reservation may be its whole limit, twice for a gzip body (the wire
+	// bytes and what they inflate to).
+	s.unverifiedBytesMax = env.Int("INGEST_UNVERIFIED_BYTES_MAX", httpapi.UnverifiedBytesMaxDefault, 2*httpapi.AlchemyBodyMax, unverifiedBytesCeiling)
 	s.unverifiedClientBytesMax = env.Int("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", min(httpapi.UnverifiedClientBytesMaxDefault, s.unverifiedBytesMax), httpapi.PaymentsBodyMax, unverifiedBytesCeiling)
 	if s.unverifiedClientBytesMax > s.unverifiedBytesMax {
 		env.Reject("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", fmt.Errorf("%d is more than INGEST_UNVERIFIED_BYTES_MAX (%d)", s.unverifiedClientBytesMax, s.unverifiedBytesMax))

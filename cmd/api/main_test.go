@@ -82,7 +82,7 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 		"bad rpc timeout":       {change: map[string]string{"ETH_RPC_TIMEOUT": "-1s"}, want: "ETH_RPC_TIMEOUT"},
 
 		"bad verified rate limit":     {change: map[string]string{"WEBHOOK_VERIFIED_RATE_LIMIT": "fast"}, want: "WEBHOOK_VERIFIED_RATE_LIMIT"},
-		"unverified budget too small": {change: map[string]string{"INGEST_UNVERIFIED_BYTES_MAX": "1048576"}, want: "INGEST_UNVERIFIED_BYTES_MAX"},
+		"unverified budget too small": {change: map[string]string{"INGEST_UNVERIFIED_BYTES_MAX": "6291456"}, want: "INGEST_UNVERIFIED_BYTES_MAX"},
 		"client share over budget":    {change: map[string]string{"INGEST_UNVERIFIED_BYTES_MAX": "8388608", "INGEST_UNVERIFIED_CLIENT_BYTES_MAX": "16777216"}, want: "INGEST_UNVERIFIED_CLIENT_BYTES_MAX"},
 	}
 	for name, tc := range cases {
