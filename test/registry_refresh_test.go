@@ -143,6 +143,19 @@ func TestAssetAddedToRunningProcessesIsCredited(t *testing.T) {
 	out, code = s.Settlectl("assets", "list", "--network", "DEVNET")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, strings.ToLower(token))
+	out, code = s.Settlectl("networks", "list")
+	require.Equal(t, 0, code, out)
+	require.Regexp(t, `DEVNET\s+31337\s+ETH`, out)
+	// Operator typos are usage errors (exit 2), named.
+	for _, args := range [][]string{
+		{"assets", "add", "--network", "DEVNET", "--asset", "newt", "--decimals", "6"},
+		{"assets", "add", "--network", "DEVNETT", "--asset", "NEWV", "--decimals", "6"},
+		{"assets", "add", "--network", "DEVNET", "--asset", "NEWV", "--contract", token},
+		{"networks", "add", "--name", "OTHER", "--chain-id", "0", "--native", "ETH", "--decimals", "18"},
+	} {
+		out, code = s.Settlectl(args...)
+		require.Equal(t, 2, code, "%v: %s", args, out)
+	}
 	out, code = s.Settlectl("check")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "NEWT on DEVNET")
