@@ -70,10 +70,11 @@ func validTraceID(s string) bool {
 // traceMiddleware runs first: it settles the trace id and echoes an id
 // on every response, and puts the trace id, the client address, a logger
 // stamped with it and the request's span into the request context. The
-// trace id is a valid traceparent's trace-id (the caller's trace goes
-// on), else the caller's X-Request-ID, else a new one: 32 hex digits, a
-// W3C trace id, so the id in the logs and rows is the tracing UI's too.
-// X-Request-ID echoes the caller's, else the trace id.
+// trace id is the caller's X-Request-ID, else a valid traceparent's
+// trace-id, else a new one: 32 hex digits, a W3C trace id, so the id in
+// the logs and rows is the tracing UI's too. A traceparent always
+// continues the caller's OpenTelemetry trace. X-Request-ID echoes the
+// trace id.
 func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
@@ -84,12 +85,17 @@ func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 				break
 			}
 		}
-		ctx, id := tracing.Continue(r.Context(), r.Header.Get(tracing.HeaderTraceparent))
+		ctx, parentID := tracing.Continue(r.Context(), r.Header.Get(tracing.HeaderTraceparent))
+		// The caller's X-Request-ID is the trace_id (the contract); the
+		// OpenTelemetry trace goes on under the traceparent regardless.
+		id := requestID
 		if id == "" {
-			id = requestID
-			if id == "" {
-				id = tracing.NewTraceID()
-			}
+			id = parentID
+		}
+		if id == "" {
+			id = tracing.NewTraceID()
+		}
+		if parentID == "" {
 			ctx = tracing.WithTraceID(ctx, id)
 		}
 		if requestID == "" {

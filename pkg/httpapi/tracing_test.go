@@ -91,14 +91,16 @@ func TestTraceparentOnWebhooks(t *testing.T) {
 	require.Equal(t, 200, h.do("GET", "/healthz", nil, nil).status)
 	require.Empty(t, recorder.Ended(), "a probe is no one's trace")
 
-	// The contract's X-Request-ID stays the trace_id when no traceparent
-	// names another; a traceparent's trace-id wins, the header is echoed.
+	// The contract's X-Request-ID is the trace_id, with or without a
+	// traceparent; a traceparent still continues the caller's trace.
 	r = h.postPayment(deposit("tp-request-id", 7, "1"), httpapi.HeaderRequestID, "order-42")
 	require.Equal(t, "order-42", r.body["trace_id"])
 	require.Equal(t, "order-42", r.header.Get(httpapi.HeaderRequestID))
+	recorder.Reset()
 	r = h.postPayment(deposit("tp-both", 7, "1"), httpapi.HeaderRequestID, "order-43", tracing.HeaderTraceparent, callerTP)
-	require.Equal(t, callerTrace, r.body["trace_id"])
+	require.Equal(t, "order-43", r.body["trace_id"])
 	require.Equal(t, "order-43", r.header.Get(httpapi.HeaderRequestID))
+	require.Equal(t, callerTrace, webhookSpans(recorder)[0].SpanContext().TraceID().String(), "the caller's trace goes on")
 	uuid := "9b2f4c1e-3a5d-4e6f-8a7b-0c1d2e3f4a5b"
 	recorder.Reset()
 	r = h.postPayment(deposit("tp-uuid", 7, "1"), httpapi.HeaderRequestID, uuid)
