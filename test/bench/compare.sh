@@ -6,7 +6,9 @@
 # Usage: test/bench/compare.sh [output-dir]   (from the repository root)
 # SEED_DIR points at the seed-celery reproduction (default ../shared/peers/seed-celery).
 # BACKLOG_EVENTS sizes the memory run (default 1000000: about half an hour);
-# SKIP_SEED=1 leaves out the seed's own runs; on a shared machine
+# ONLY="name name" runs only those steps into an existing output dir (the
+# summary then reads the others' earlier outputs); SKIP_SEED=1 leaves out
+# the seed's own runs; on a shared machine
 # WAIT_QUIET=0 SEED_MAX_OTHER=0 runs them at once (CPU ms/event is the
 # figure that load moves least).
 set -euo pipefail
@@ -18,7 +20,21 @@ quiet=${WAIT_QUIET:-600}      # the seed's runs wait up to this long for a quiet
 maxother=${SEED_MAX_OTHER:-10} # and repeat a run when others took more than this % (0: never)
 backlog=${BACKLOG_EVENTS:-1000000}
 
-step() { printf '\n=== %s\n$ %s\n' "$1" "${*:2}" | tee -a "$out/all.txt"; "${@:2}" 2>&1 | tee "$out/$1.txt" | tee -a "$out/all.txt"; }
+failed=()
+# step NAME COMMAND...: runs one measurement; a failed one is named in the
+# summary and the sitting goes on.
+step() {
+	if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return 0; fi
+	printf '\n=== %s\n$ %s\n' "$1" "${*:2}" | tee -a "$out/all.txt"
+	set +e
+	"${@:2}" 2>&1 | tee "$out/$1.txt" | tee -a "$out/all.txt"
+	local rc=${PIPESTATUS[0]}
+	set -e
+	if [ "$rc" -ne 0 ]; then
+		echo "=== $1 failed (exit $rc)" | tee -a "$out/all.txt"
+		failed+=("$1")
+	fi
+}
 e2e() { go test ./test/bench -run '^$' -bench EndToEnd -benchtime 1x -timeout 90m "$@"; }
 
 go test -c -o /dev/null ./test/bench # build once, outside every measured window
@@ -63,5 +79,7 @@ line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
 	printf '%-44s %-22s %s\n' "seed: Python/Celery deposits" "baseline" "$(line seed-deposits '^== ')"
 	printf '%-44s %-22s %s\n' "seed: Python/Celery withdrawals" "baseline" "$(line seed-withdrawals 'throughput')"
 	printf 'machine at the end: %s\n' "$(uptime)"
+	[ ${#failed[@]} -eq 0 ] || printf 'FAILED steps: %s\n' "${failed[*]}"
 } | tee -a "$out/all.txt"
 echo "results in $out"
+[ ${#failed[@]} -eq 0 ]
