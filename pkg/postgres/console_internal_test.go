@@ -10,13 +10,19 @@ import (
 
 // TestNotificationKindsListed: the console finds an event's notifications
 // by the delivery ids of every kind, so a kind declared anywhere in this
-// package and missing from notificationKinds would hide its rows.
+// package or in pkg/ledger (which writes them) and missing from
+// notificationKinds would hide its rows.
 func TestNotificationKindsListed(t *testing.T) {
 	declared := regexp.MustCompile(`(?m)^\s*Notify[A-Za-z]+\s*=\s*"([a-z_]+)"`)
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ledgerFiles, err := filepath.Glob("../ledger/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, ledgerFiles...)
 	found := 0
 	for _, file := range files {
 		src, err := os.ReadFile(file)

@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -13,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
-	"github.com/settle/settle/pkg/money"
+	"github.com/settle/settle/pkg/ledger"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -48,101 +46,22 @@ func (o LedgerOptions) withDefaults() LedgerOptions {
 	return o
 }
 
-// ChainEvidence is what the chain said about a credited deposit.
-type ChainEvidence struct {
-	BlockNumber int64
-	BlockHash   string
-	// Watch: credited before finality; the reorg watcher follows it until
-	// its block is finalized. False with a block means already final.
-	Watch bool
-	// Transfers are the indexes of the transfers in the transaction that
-	// match the deposit, in log order; the ledger claims the first that no
-	// other event holds.
-	Transfers []string
-	// FirstLogIndex is the block-wide index of the transaction's first
-	// log in BlockHash: claims made while the transaction sat in another
-	// block are recognised by their position in the transaction.
-	FirstLogIndex int64
-}
-
-// LedgerItem asks for one event to be applied. Event comes from the task:
-// its id and generation select the row; its other fields must match the
-// row, and the row's values are the ones that move money.
-type LedgerItem struct {
-	Event payment.Event
-	Chain *ChainEvidence
-}
-
-// LedgerResultKind says what a batch did for an item.
-type LedgerResultKind int
-
-const (
-	// Applied: this transaction made the event terminal with Outcome.
-	Applied LedgerResultKind = iota + 1
-	// AlreadyDone: the event was terminal before (a redelivery).
-	AlreadyDone
-	// Stale: the task belongs to an older generation, or the event is not
-	// in a state this task may touch; nothing to do.
-	Stale
-	// Rejected: the task cannot be applied (unknown event, payload that
-	// does not match the event); Err says why. The event is untouched.
-	Rejected
-	// Retry: this item could not be settled in this transaction; run it
-	// again later. Err says why.
-	Retry
+// The types of a batch live in pkg/ledger, which plans it; these names
+// keep the storage's callers as they were.
+type (
+	ChainEvidence    = ledger.ChainEvidence
+	LedgerItem       = ledger.Item
+	LedgerResultKind = ledger.ResultKind
+	LedgerResult     = ledger.Result
 )
 
-func (k LedgerResultKind) String() string {
-	switch k {
-	case Applied:
-		return "applied"
-	case AlreadyDone:
-		return "already_done"
-	case Stale:
-		return "stale"
-	case Rejected:
-		return "rejected"
-	case Retry:
-		return "retry"
-	}
-	return "unknown"
-}
-
-// LedgerResult is the fate of one item.
-type LedgerResult struct {
-	Kind    LedgerResultKind
-	Status  payment.Status
-	Outcome payment.Outcome
-	// Err explains Rejected, Retry and a dead_lettered outcome.
-	Err error
-	// DeadLetterID is set when the ledger wrote a DLQ row for the item.
-	DeadLetterID int64
-	// Alert is set when a human should hear of this outcome right away
-	// (a reorg compensation the balance cannot cover, a broken invariant).
-	Alert string
-	// CreatedAt is when the event was accepted, for latency metrics.
-	CreatedAt time.Time
-	// Event holds the authoritative values when the event was claimed.
-	Event payment.Event
-}
-
-// claimedEvent is a row the ledger claimed, with the values that count.
-type claimedEvent struct {
-	event     payment.Event
-	related   string
-	createdAt time.Time
-	key       string
-	item      int // index into the deduplicated items
-	// network and native describe the event's asset: where its transfer
-	// lives, and whether it is the network's own coin.
-	network string
-	native  bool
-	// holdID is the hold a post or void resolves; holdNetwork and
-	// toAddress say where a hold pays out.
-	holdID      string
-	holdNetwork string
-	toAddress   string
-}
+const (
+	Applied     = ledger.Applied
+	AlreadyDone = ledger.AlreadyDone
+	Stale       = ledger.Stale
+	Rejected    = ledger.Rejected
+	Retry       = ledger.Retry
+)
 
 // ApplyBatch applies events in one transaction: lock the balances rows in
 // order, lock the events, read their idempotency records, move money,
@@ -267,9 +186,9 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	var newUsers []int64
 	var newAssets []string
 	for i, p := range pairs {
-		users[i], assets[i] = p.user, p.asset
+		users[i], assets[i] = p.User, p.Asset
 		if _, known := db.knownBalances.Load(p); !known {
-			newUsers, newAssets = append(newUsers, p.user), append(newAssets, p.asset)
+			newUsers, newAssets = append(newUsers, p.User), append(newAssets, p.Asset)
 		}
 	}
 	claim := newClaim(items, live)
@@ -282,8 +201,8 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	}
 	batch.Queue(q("ledger_lock_balances").text, users, assets)
 	claim.queue(batch)
-	balances := map[balanceKey]decimal.Decimal{}
-	held := map[balanceKey]decimal.Decimal{}
+	balances := map[ledger.Account]decimal.Decimal{}
+	held := map[ledger.Account]decimal.Decimal{}
 	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
 		execs := 3 // BEGIN, ledger_settings, hot_path_plans
@@ -300,9 +219,9 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 			return err
 		}
 		for rows.Next() {
-			var k balanceKey
+			var k ledger.Account
 			var text, heldText string
-			if err := rows.Scan(&k.user, &k.asset, &text, &heldText); err != nil {
+			if err := rows.Scan(&k.User, &k.Asset, &text, &heldText); err != nil {
 				rows.Close()
 				return err
 			}
@@ -333,7 +252,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 		if _, ok := balances[p]; !ok {
 			if _, remembered := db.knownBalances.Load(p); remembered {
 				db.knownBalances.Delete(p)
-				return nil, nil, payment.Retryable("ledger lock", fmt.Errorf("balance row of user %d in %s vanished", p.user, p.asset))
+				return nil, nil, payment.Retryable("ledger lock", fmt.Errorf("balance row of user %d in %s vanished", p.User, p.Asset))
 			}
 		}
 	}
@@ -351,13 +270,16 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 
 	chain := map[int]*ChainEvidence{}
 	for _, c := range claimed {
-		chain[c.item] = items[c.item].Chain
+		chain[c.Item] = items[c.Item].Chain
 	}
-	plan := planBatch(claimed, chain, replays, balances, claim.claims, &holdBook{held: held, holds: claim.holds, events: claim.holdEvents})
-	if len(plan.retry) > 0 {
-		return nil, plan.retry, nil
+	plan := ledger.Plan(ledger.Snapshot{
+		Events: claimed, Chain: chain, Replays: replays, Balances: balances, Held: held,
+		Claims: claim.claims, Holds: claim.holds, HoldEvents: claim.holdEvents,
+	})
+	if len(plan.Retry) > 0 {
+		return nil, plan.Retry, nil
 	}
-	for idx, r := range plan.results {
+	for idx, r := range plan.Results {
 		results[idx] = r
 	}
 
@@ -366,11 +288,11 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	// go negative) raises an error that aborts the transaction, so the
 	// queued COMMIT becomes a rollback.
 	batch = &pgx.Batch{}
-	plan.queueWrites(batch, opts.Notify)
+	writeKinds := queueWrites(batch, plan, opts.Notify)
 	batch.Queue("COMMIT")
 	var dlqIDs []int64
 	err = readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
-		for _, kind := range plan.writeKinds {
+		for _, kind := range writeKinds {
 			if kind == writeDLQ {
 				rows, err := br.Query()
 				if err != nil {
@@ -409,7 +331,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	for k := range balances {
 		db.knownBalances.Store(k, struct{}{})
 	}
-	for i, idx := range plan.dlqItems {
+	for i, idx := range plan.DeadLetterItems {
 		if i < len(dlqIDs) {
 			results[idx].DeadLetterID = dlqIDs[i]
 		}
@@ -417,28 +339,29 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	return results, nil, nil
 }
 
-type balanceKey struct {
-	user  int64
-	asset string
-}
-
-func balancePairs(items []LedgerItem, live []int) []balanceKey {
-	seen := map[balanceKey]bool{}
-	var pairs []balanceKey
+func balancePairs(items []LedgerItem, live []int) []ledger.Account {
+	seen := map[ledger.Account]bool{}
+	var pairs []ledger.Account
 	for _, i := range live {
-		k := balanceKey{items[i].Event.UserID, items[i].Event.Asset}
+		k := ledger.Account{User: items[i].Event.UserID, Asset: items[i].Event.Asset}
 		if !seen[k] {
 			seen[k] = true
 			pairs = append(pairs, k)
 		}
 	}
-	sort.Slice(pairs, func(i, j int) bool {
-		if pairs[i].user != pairs[j].user {
-			return pairs[i].user < pairs[j].user
-		}
-		return pairs[i].asset < pairs[j].asset
-	})
+	sortAccounts(pairs)
 	return pairs
+}
+
+// sortAccounts puts accounts in the order every transaction locks and
+// updates balances rows, so that two batches never wait on each other.
+func sortAccounts(keys []ledger.Account) {
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].User != keys[j].User {
+			return keys[i].User < keys[j].User
+		}
+		return keys[i].Asset < keys[j].Asset
+	})
 }
 
 // claim gathers the events a batch locks: it queues the lock and the
@@ -449,16 +372,16 @@ type claim struct {
 	generations                            []int32
 	users                                  []int64
 	itemOf                                 map[identity]int
-	claimed                                []claimedEvent
+	claimed                                []ledger.Claimed
 	locked                                 map[string]bool
 	// txHashes of the deposits that claim a transfer, and the claims
 	// already held on those transactions.
 	txHashes []string
-	claims   map[txKey][]transferClaim
+	claims   map[ledger.Tx][]ledger.TransferClaim
 	// resolving are the ids of posts and voids; holds and holdEvents what
 	// the batch read of the holds they name.
 	resolving  []string
-	holds      map[string]*holdRow
+	holds      map[string]*ledger.Hold
 	holdEvents map[string]payment.Status
 }
 
@@ -521,25 +444,25 @@ func (c *claim) read(br pgx.BatchResults) error {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var e claimedEvent
+		var e ledger.Claimed
 		var eventType, amount string
 		var generation int32
-		if err := rows.Scan(&e.event.ID, &generation, &eventType, &e.event.UserID, &e.event.Asset, &amount,
-			&e.event.TraceID, &e.related, &e.createdAt, &e.event.TxHash, &e.event.TransferIndex, &e.network, &e.native,
-			&e.holdID, &e.holdNetwork, &e.toAddress); err != nil {
+		if err := rows.Scan(&e.Event.ID, &generation, &eventType, &e.Event.UserID, &e.Event.Asset, &amount,
+			&e.Event.TraceID, &e.Related, &e.CreatedAt, &e.Event.TxHash, &e.Event.TransferIndex, &e.Network, &e.Native,
+			&e.HoldID, &e.HoldNetwork, &e.ToAddress); err != nil {
 			return err
 		}
-		e.event.Type = payment.EventType(eventType)
-		e.event.Amount = decimal.RequireFromString(amount)
-		e.event.Generation = int(generation)
-		e.event.HoldID, e.event.ToAddress = e.holdID, e.toAddress
-		if e.event.Type == payment.WithdrawalHold {
-			e.event.Network = e.holdNetwork
+		e.Event.Type = payment.EventType(eventType)
+		e.Event.Amount = decimal.RequireFromString(amount)
+		e.Event.Generation = int(generation)
+		e.Event.HoldID, e.Event.ToAddress = e.HoldID, e.ToAddress
+		if e.Event.Type == payment.WithdrawalHold {
+			e.Event.Network = e.HoldNetwork
 		}
-		e.item = c.itemOf[identity{e.event.ID, e.event.Generation}]
-		e.key = payment.IdempotencyKey(e.event.ID, e.event.Type)
+		e.Item = c.itemOf[identity{e.Event.ID, e.Event.Generation}]
+		e.Key = payment.IdempotencyKey(e.Event.ID, e.Event.Type)
 		c.claimed = append(c.claimed, e)
-		c.locked[e.event.ID] = true
+		c.locked[e.Event.ID] = true
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -562,34 +485,17 @@ func (c *claim) read(br pgx.BatchResults) error {
 	return err
 }
 
-// txKey names a transaction on a network.
-type txKey struct {
-	network string
-	txHash  string
-}
-
-// transferClaim is a chain_transfers row.
-type transferClaim struct {
-	index   string
-	asset   string
-	eventID string
-	// blockHash and position (-1: not a log) say where the claimed log
-	// was when it was claimed.
-	blockHash string
-	position  int64
-}
-
-func readTransferClaims(br pgx.BatchResults) (map[txKey][]transferClaim, error) {
+func readTransferClaims(br pgx.BatchResults) (map[ledger.Tx][]ledger.TransferClaim, error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	claims := map[txKey][]transferClaim{}
+	claims := map[ledger.Tx][]ledger.TransferClaim{}
 	for rows.Next() {
-		var k txKey
-		var t transferClaim
-		if err := rows.Scan(&k.network, &k.txHash, &t.index, &t.asset, &t.eventID, &t.blockHash, &t.position); err != nil {
+		var k ledger.Tx
+		var t ledger.TransferClaim
+		if err := rows.Scan(&k.Network, &k.TxHash, &t.Index, &t.Asset, &t.EventID, &t.BlockHash, &t.Position); err != nil {
 			return nil, err
 		}
 		claims[k] = append(claims[k], t)
@@ -616,7 +522,7 @@ func readOutcomes(br pgx.BatchResults) (map[string]payment.Outcome, error) {
 
 // settle returns the locked events and classifies every task whose event
 // was not locked, from the event's actual state.
-func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, live []int, results []LedgerResult) ([]claimedEvent, error) {
+func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, live []int, results []LedgerResult) ([]ledger.Claimed, error) {
 	var missing []string
 	for _, id := range c.ids {
 		if !c.locked[id] {
@@ -632,7 +538,7 @@ func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerIt
 	}
 	claimedItem := map[int]bool{}
 	for _, e := range c.claimed {
-		claimedItem[e.item] = true
+		claimedItem[e.Item] = true
 	}
 	for _, i := range live {
 		if claimedItem[i] {
@@ -662,10 +568,12 @@ func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerIt
 
 // Notification kinds written to notification_outbox.
 const (
-	NotifyDepositCredited     = "deposit_credited"
-	NotifyWithdrawalConfirmed = "withdrawal_confirmed"
-	NotifyInsufficientFunds   = "insufficient_funds"
-	NotifyDepositReversed     = "deposit_reversed"
+	NotifyDepositCredited     = ledger.NotifyDepositCredited
+	NotifyWithdrawalConfirmed = ledger.NotifyWithdrawalConfirmed
+	NotifyInsufficientFunds   = ledger.NotifyInsufficientFunds
+	NotifyDepositReversed     = ledger.NotifyDepositReversed
+	NotifyWithdrawalPosted    = ledger.NotifyWithdrawalPosted
+	NotifyHoldVoided          = ledger.NotifyHoldVoided
 )
 
 type writeKind int
@@ -685,440 +593,105 @@ const (
 	writeResolveHolds
 )
 
-// batchPlan is everything one transaction will write, decided in Go from
-// the locked balances before a single write is sent.
-type batchPlan struct {
-	results map[int]LedgerResult
-	retry   map[int]error
-
-	deltas  map[balanceKey]decimal.Decimal
-	journal []journalRow
-	// claims on each transaction, held before and planned here; newClaims
-	// are the rows to write.
-	claims    map[txKey][]transferClaim
-	newClaims []plannedClaim
-	// movedClaims are held claims whose transaction is now mined in
-	// another block, with the log index their transfer has there.
-	movedClaims []plannedClaim
-	// outcomes to record, by idempotency key, with their event ids;
-	// reopened keys exist already (a dead-lettered attempt) and are updated
-	outcomes     map[string]payment.Outcome
-	keyEvents    map[string]string
-	reopened     map[string]bool
-	confirms     []confirmRow
-	fails        []failRow
-	deadLetters  []payment.DeadLetter
-	dlqItems     []int
-	notification []notificationRow
-
-	// balances are the running balances of the locked rows; book, the
-	// holds the batch knows, heldDeltas the changes of balances.held, and
-	// newHolds and resolutions the holds rows to write.
-	balances    map[balanceKey]decimal.Decimal
-	book        *holdBook
-	heldDeltas  map[balanceKey]decimal.Decimal
-	newHolds    []holdRow
-	resolutions []holdResolution
-
-	writeKinds []writeKind
-}
-
-type plannedClaim struct {
-	tx    txKey
-	claim transferClaim
-}
-
-type journalRow struct {
-	user      int64
-	asset     string
-	amount    decimal.Decimal
-	eventType payment.EventType
-	source    string
-	network   string
-}
-
-type confirmRow struct {
-	id      string
-	chain   *ChainEvidence
-	outcome payment.Outcome
-	// unwatched: the chain evidence is recorded, but nobody watches it
-	// for reorgs (a post's payment out, not a deposit).
-	unwatched bool
-}
-
-type failRow struct {
-	id      string
-	outcome payment.Outcome
-	err     string
-}
-
-type notificationRow struct {
-	deliveryID string
-	eventID    string
-	user       int64
-	kind       string
-	payload    string
-	traceID    string
-}
-
-// planBatch decides each claimed event's fate against the running
-// balances, in (user, asset, accepted-at) order so that a user's
-// withdrawals are served first come, first served.
-func planBatch(claimed []claimedEvent, chain map[int]*ChainEvidence, replays map[string]payment.Outcome, balances map[balanceKey]decimal.Decimal, claims map[txKey][]transferClaim, book *holdBook) *batchPlan {
-	if claims == nil {
-		claims = map[txKey][]transferClaim{}
-	}
-	p := &batchPlan{
-		balances:   balances,
-		book:       book.withDefaults(),
-		heldDeltas: map[balanceKey]decimal.Decimal{},
-		claims:     claims,
-		results:    map[int]LedgerResult{},
-		retry:      map[int]error{},
-		deltas:     map[balanceKey]decimal.Decimal{},
-		outcomes:   map[string]payment.Outcome{},
-		keyEvents:  map[string]string{},
-		reopened:   map[string]bool{},
-	}
-	for _, c := range claimed {
-		p.keyEvents[c.key] = c.event.ID
-	}
-	sort.SliceStable(claimed, func(i, j int) bool {
-		a, b := claimed[i], claimed[j]
-		if a.event.UserID != b.event.UserID {
-			return a.event.UserID < b.event.UserID
-		}
-		if a.event.Asset != b.event.Asset {
-			return a.event.Asset < b.event.Asset
-		}
-		if !a.createdAt.Equal(b.createdAt) {
-			return a.createdAt.Before(b.createdAt)
-		}
-		return a.event.ID < b.event.ID
-	})
-	for _, c := range claimed {
-		result := LedgerResult{Kind: Applied, CreatedAt: c.createdAt, Event: c.event}
-		prior, seen := replays[c.key]
-		if seen && prior.Reopenable() {
-			p.reopened[c.key] = true
-		}
-		if seen && !prior.Reopenable() {
-			// Replay path: the key was written before; bring the event to
-			// the status its recorded outcome implies, without moving money.
-			switch {
-			case prior.Confirms():
-				p.confirms = append(p.confirms, confirmRow{id: c.event.ID, outcome: prior})
-				result.Status, result.Outcome = payment.StatusConfirmed, prior
-			case prior == payment.OutcomePending:
-				// A pending key that committed belongs to no live
-				// transaction; retry later and let the zombie check report it.
-				p.retry[c.item] = payment.Retryable("ledger replay", fmt.Errorf("idempotency key of %s is still pending", c.event.ID))
-				continue
-			default:
-				p.fails = append(p.fails, failRow{id: c.event.ID, outcome: prior})
-				result.Status, result.Outcome = payment.StatusFailed, prior
-			}
-			p.results[c.item] = result
-			continue
-		}
-		if !p.apply(c, chain[c.item], balances, &result) {
-			continue
-		}
-		p.results[c.item] = result
-	}
-	p.order()
-	return p
-}
-
-// apply moves money for a first-time event (or one whose last attempt was
-// dead-lettered and a human replayed it). It reports false when the item
-// must wait for another transaction (its result says why).
-func (p *batchPlan) apply(c claimedEvent, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) bool {
-	e := c.event
-	k := balanceKey{e.UserID, e.Asset}
-	balance, exists := balances[k]
-	switch {
-	case !exists:
-		p.deadLetter(c, result, fmt.Sprintf("user %d or asset %s is unknown", e.UserID, e.Asset), "")
-	case e.Type == payment.WithdrawalHold:
-		p.reserve(c, k, balance, result)
-	case e.Type.ResolvesHold():
-		return p.resolve(c, k, balance, chain, result)
-	default:
-		p.move(c, k, balance, chain, balances, result)
-	}
-	return true
-}
-
-// move credits or debits the balance; a debit takes only from available.
-func (p *batchPlan) move(c claimedEvent, k balanceKey, balance decimal.Decimal, chain *ChainEvidence, balances map[balanceKey]decimal.Decimal, result *LedgerResult) {
-	e := c.event
-	if e.Type.Credit() {
-		next := balance.Add(e.Amount)
-		if !money.FitsBalance(next) {
-			p.deadLetter(c, result, fmt.Sprintf("crediting %s %s would take the balance of user %d past 10^20", e.Amount, e.Asset, e.UserID), "")
-			return
-		}
-		if e.TxHash != "" && !p.claimTransfer(c, chain) {
-			// Another event holds every transfer this deposit could be: the
-			// money arrived once and was credited once.
-			p.outcomes[c.key] = payment.OutcomeDuplicateTransfer
-			p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeDuplicateTransfer,
-				err: fmt.Sprintf("transfer of %s already credited to another event", e.TxHash)})
-			result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeDuplicateTransfer
-			return
-		}
-		p.post(c, e.Amount, next, balances)
-		p.confirms = append(p.confirms, confirmRow{id: e.ID, chain: chain, outcome: payment.OutcomeSuccess})
-		p.notify(c, NotifyDepositCredited, next)
-		result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
-		return
-	}
-	if held := p.book.held[k]; !canDebit(balance, held, e.Amount) {
-		if e.Type == payment.ReorgCompensation {
-			reason := fmt.Sprintf("reorg compensation of %s %s exceeds the available balance of user %d (%s, of which %s held): settle by hand",
-				e.Amount, e.Asset, e.UserID, balance, held)
-			p.deadLetter(c, result, reason, reason)
-			return
-		}
-		p.refuse(c, result, payment.OutcomeInsufficientFunds, "")
-		p.notify(c, NotifyInsufficientFunds, available(balance, held))
-		return
-	}
-	next := balance.Sub(e.Amount)
-	p.post(c, e.Amount.Neg(), next, balances)
-	p.confirms = append(p.confirms, confirmRow{id: e.ID, outcome: payment.OutcomeSuccess})
-	kind := NotifyWithdrawalConfirmed
-	if e.Type == payment.ReorgCompensation {
-		kind = NotifyDepositReversed
-	}
-	p.notify(c, kind, next)
-	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
-}
-
-// claimTransfer picks the transfer a crediting deposit claims: the first
-// of its candidates that no event holds. Candidates come from the chain
-// check; without one (no RPC) a deposit is what it names, the
-// transaction's own value for the native coin, or else an unresolved
-// claim on its transaction. Unresolved claims count against the
-// transaction's transfers of the same asset, so that no guess can credit
-// one transfer twice.
-func (p *batchPlan) claimTransfer(c claimedEvent, chain *ChainEvidence) bool {
-	e := c.event
-	k := txKey{c.network, e.TxHash}
-	held := p.claims[k]
-	var candidates []string
-	switch {
-	case chain != nil && len(chain.Transfers) > 0:
-		candidates = chain.Transfers
-	case e.TransferIndex != "":
-		candidates = []string{e.TransferIndex}
-	case c.native:
-		candidates = []string{payment.TransferNative}
-	default:
-		for _, h := range held {
-			if h.asset == e.Asset {
-				return false
-			}
-		}
-		p.addClaim(k, payment.UnresolvedTransfer(e.ID), e, nil)
-		return true
-	}
-	if chain != nil && chain.BlockHash != "" {
-		held = p.followMovedClaims(k, chain)
-	}
-	taken := map[string]bool{}
-	unresolved := 0
-	for _, h := range held {
-		switch {
-		case h.eventID == e.ID:
-			return true // its own claim (a credit replayed after a crash)
-		case payment.Unresolved(h.index) && h.asset == e.Asset:
-			unresolved++
-		default:
-			taken[h.index] = true
-		}
-	}
-	for _, index := range candidates {
-		if taken[index] {
-			continue
-		}
-		if unresolved > 0 {
-			unresolved--
-			continue
-		}
-		p.addClaim(k, index, e, chain)
-		return true
-	}
-	return false
-}
-
-// followMovedClaims gives the held log claims of a transaction that was
-// mined in another block when they were made the index their log has in
-// the block the chain shows now: the same transfer, so still taken.
-func (p *batchPlan) followMovedClaims(k txKey, chain *ChainEvidence) []transferClaim {
-	held := p.claims[k]
-	for i, h := range held {
-		if h.position < 0 || h.blockHash == "" || h.blockHash == chain.BlockHash {
-			continue
-		}
-		held[i].index = payment.LogIndexTransfer(uint64(chain.FirstLogIndex + h.position))
-		held[i].blockHash = chain.BlockHash
-		p.movedClaims = append(p.movedClaims, plannedClaim{tx: k, claim: held[i]})
-	}
-	return held
-}
-
-func (p *batchPlan) addClaim(k txKey, index string, e payment.Event, chain *ChainEvidence) {
-	claim := transferClaim{index: index, asset: e.Asset, eventID: e.ID, position: -1}
-	if n, ok := payment.LogIndex(index); ok && chain != nil && chain.BlockHash != "" {
-		claim.blockHash, claim.position = chain.BlockHash, int64(n)-chain.FirstLogIndex
-	}
-	p.claims[k] = append(p.claims[k], claim)
-	p.newClaims = append(p.newClaims, plannedClaim{tx: k, claim: claim})
-}
-
-func (p *batchPlan) post(c claimedEvent, signed, next decimal.Decimal, balances map[balanceKey]decimal.Decimal) {
-	e := c.event
-	k := balanceKey{e.UserID, e.Asset}
-	balances[k] = next
-	p.deltas[k] = p.deltas[k].Add(signed)
-	p.journal = append(p.journal, journalRow{user: e.UserID, asset: e.Asset, amount: signed, eventType: e.Type.JournalType(), source: e.ID, network: c.network})
-	p.outcomes[c.key] = payment.OutcomeSuccess
-}
-
-func (p *batchPlan) deadLetter(c claimedEvent, result *LedgerResult, reason, alert string) {
-	e := c.event
-	p.outcomes[c.key] = payment.OutcomeDeadLettered
-	p.fails = append(p.fails, failRow{id: e.ID, outcome: payment.OutcomeDeadLettered, err: reason})
-	p.deadLetters = append(p.deadLetters, payment.DeadLetter{
-		EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
-		Error: reason, Generation: e.Generation, Source: payment.SourceLedger, TraceID: e.TraceID,
-	})
-	p.dlqItems = append(p.dlqItems, c.item)
-	result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeDeadLettered
-	result.Err = errors.New(reason)
-	result.Alert = alert
-}
-
-func (p *batchPlan) notify(c claimedEvent, kind string, balance decimal.Decimal) {
-	e := c.event
-	payload, _ := json.Marshal(map[string]any{
-		"delivery_id": kind + ":" + e.ID,
-		"kind":        kind,
-		"event_id":    e.ID,
-		"event_type":  e.Type,
-		"user_id":     e.UserID,
-		"asset":       e.Asset,
-		"amount":      e.Amount.String(),
-		"balance":     balance.String(),
-	})
-	p.notification = append(p.notification, notificationRow{
-		deliveryID: kind + ":" + e.ID, eventID: e.ID, user: e.UserID, kind: kind, payload: string(payload), traceID: e.TraceID,
-	})
-}
-
-// order fixes which writes the transaction carries, in pipeline order.
-func (p *batchPlan) order() {
+// writeOrder fixes which writes the transaction carries, in pipeline order.
+func writeOrder(w *ledger.Writes) []writeKind {
+	var kinds []writeKind
 	add := func(ok bool, kind writeKind) {
 		if ok {
-			p.writeKinds = append(p.writeKinds, kind)
+			kinds = append(kinds, kind)
 		}
 	}
-	add(len(p.deltas) > 0 || len(p.heldDeltas) > 0, writeBalances)
-	add(len(p.journal) > 0, writeJournal)
-	add(len(p.newHolds) > 0, writeOpenHolds)
-	add(len(p.resolutions) > 0, writeResolveHolds)
-	add(len(p.movedClaims) > 0, writeMovedTransfers)
-	add(len(p.newClaims) > 0, writeTransfers)
-	add(len(p.outcomes) > len(p.reopened), writeOutcomes)
-	add(len(p.reopened) > 0, writeKeyUpdates)
-	add(len(p.confirms) > 0, writeConfirm)
-	add(len(p.fails) > 0, writeFail)
-	add(len(p.deadLetters) > 0, writeDLQ)
-	add(len(p.notification) > 0, writeNotifications)
+	add(len(w.Deltas) > 0 || len(w.HeldDeltas) > 0, writeBalances)
+	add(len(w.Journal) > 0, writeJournal)
+	add(len(w.OpenHolds) > 0, writeOpenHolds)
+	add(len(w.Resolutions) > 0, writeResolveHolds)
+	add(len(w.MovedClaims) > 0, writeMovedTransfers)
+	add(len(w.NewClaims) > 0, writeTransfers)
+	add(len(w.Outcomes) > len(w.Reopened), writeOutcomes)
+	add(len(w.Reopened) > 0, writeKeyUpdates)
+	add(len(w.Confirms) > 0, writeConfirm)
+	add(len(w.Fails) > 0, writeFail)
+	add(len(w.DeadLetters) > 0, writeDLQ)
+	add(len(w.Notifications) > 0, writeNotifications)
+	return kinds
 }
 
-// queueWrites adds the planned statements to batch, in writeKinds order.
-func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
+// queueWrites adds the planned statements to batch, in writeOrder's
+// order; it returns the kinds it queued, one result each.
+func queueWrites(batch *pgx.Batch, w *ledger.Writes, notify bool) []writeKind {
 	var kinds []writeKind
-	for _, kind := range p.writeKinds {
+	for _, kind := range writeOrder(w) {
 		switch kind {
 		case writeBalances:
-			keys := make([]balanceKey, 0, len(p.deltas)+len(p.heldDeltas))
-			for k := range p.deltas {
+			keys := make([]ledger.Account, 0, len(w.Deltas)+len(w.HeldDeltas))
+			for k := range w.Deltas {
 				keys = append(keys, k)
 			}
-			for k := range p.heldDeltas {
-				if _, both := p.deltas[k]; !both {
+			for k := range w.HeldDeltas {
+				if _, both := w.Deltas[k]; !both {
 					keys = append(keys, k)
 				}
 			}
-			sort.Slice(keys, func(i, j int) bool {
-				if keys[i].user != keys[j].user {
-					return keys[i].user < keys[j].user
-				}
-				return keys[i].asset < keys[j].asset
-			})
+			sortAccounts(keys)
 			users, assets, deltas, heldDeltas := make([]int64, len(keys)), make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
 			for i, k := range keys {
-				users[i], assets[i], deltas[i], heldDeltas[i] = k.user, k.asset, p.deltas[k].String(), p.heldDeltas[k].String()
+				users[i], assets[i], deltas[i], heldDeltas[i] = k.User, k.Asset, w.Deltas[k].String(), w.HeldDeltas[k].String()
 			}
 			batch.Queue(q("ledger_update_balances").text, users, assets, deltas, heldDeltas)
 		case writeOpenHolds:
-			p.queueOpenHolds(batch)
+			queueOpenHolds(batch, w.OpenHolds)
 		case writeResolveHolds:
-			p.queueResolveHolds(batch)
+			queueResolveHolds(batch, w.Resolutions)
 		case writeJournal:
-			n := len(p.journal)
+			n := len(w.Journal)
 			users, assets, amounts, types, sources := make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 			networks := make([]string, n)
-			for i, j := range p.journal {
-				users[i], assets[i], amounts[i], types[i], sources[i] = j.user, j.asset, j.amount.String(), string(j.eventType), j.source
-				networks[i] = j.network
+			for i, j := range w.Journal {
+				users[i], assets[i], amounts[i], types[i], sources[i] = j.User, j.Asset, j.Amount.String(), string(j.EventType), j.Source
+				networks[i] = j.Network
 			}
 			batch.Queue(q("ledger_insert_journal").text, users, assets, amounts, types, sources, networks)
 		case writeMovedTransfers:
-			n := len(p.movedClaims)
+			n := len(w.MovedClaims)
 			events, indexes, blocks := make([]string, n), make([]string, n), make([]string, n)
-			for i, c := range p.movedClaims {
-				events[i], indexes[i], blocks[i] = c.claim.eventID, c.claim.index, c.claim.blockHash
+			for i, c := range w.MovedClaims {
+				events[i], indexes[i], blocks[i] = c.Claim.EventID, c.Claim.Index, c.Claim.BlockHash
 			}
 			batch.Queue(q("ledger_move_claims").text, events, indexes, blocks)
 		case writeTransfers:
-			n := len(p.newClaims)
+			n := len(w.NewClaims)
 			networks, hashes, indexes, assets, events, blocks := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 			positions := make([]int32, n)
-			for i, c := range p.newClaims {
-				networks[i], hashes[i], indexes[i], assets[i], events[i] = c.tx.network, c.tx.txHash, c.claim.index, c.claim.asset, c.claim.eventID
-				blocks[i], positions[i] = c.claim.blockHash, int32(c.claim.position)
+			for i, c := range w.NewClaims {
+				networks[i], hashes[i], indexes[i], assets[i], events[i] = c.Tx.Network, c.Tx.TxHash, c.Claim.Index, c.Claim.Asset, c.Claim.EventID
+				blocks[i], positions[i] = c.Claim.BlockHash, int32(c.Claim.Position)
 			}
 			batch.Queue(q("ledger_claim_transfers").text, networks, hashes, indexes, assets, events, blocks, positions)
 		case writeOutcomes:
 			var keys, events, outcomes []string
-			for k, o := range p.outcomes {
-				if !p.reopened[k] {
-					keys, events, outcomes = append(keys, k), append(events, p.keyEvents[k]), append(outcomes, string(o))
+			for k, o := range w.Outcomes {
+				if !w.Reopened[k] {
+					keys, events, outcomes = append(keys, k), append(events, w.KeyEvents[k]), append(outcomes, string(o))
 				}
 			}
 			batch.Queue(q("ledger_record_keys").text, keys, events, outcomes)
 		case writeKeyUpdates:
 			var keys, outcomes []string
-			for k := range p.reopened {
-				keys, outcomes = append(keys, k), append(outcomes, string(p.outcomes[k]))
+			for k := range w.Reopened {
+				keys, outcomes = append(keys, k), append(outcomes, string(w.Outcomes[k]))
 			}
 			batch.Queue(q("ledger_update_keys").text, keys, outcomes)
 		case writeConfirm:
-			n := len(p.confirms)
+			n := len(w.Confirms)
 			ids, blocks, hashes, states, outcomes := make([]string, n), make([]*int64, n), make([]string, n), make([]string, n), make([]string, n)
-			for i, c := range p.confirms {
-				ids[i], outcomes[i] = c.id, string(c.outcome)
-				if c.chain != nil {
-					block := c.chain.BlockNumber
-					blocks[i], hashes[i] = &block, c.chain.BlockHash
+			for i, c := range w.Confirms {
+				ids[i], outcomes[i] = c.ID, string(c.Outcome)
+				if c.Chain != nil {
+					block := c.Chain.BlockNumber
+					blocks[i], hashes[i] = &block, c.Chain.BlockHash
 					switch {
-					case c.unwatched:
-					case c.chain.Watch:
+					case c.Unwatched:
+					case c.Chain.Watch:
 						states[i] = "watching"
 					default:
 						states[i] = "final"
@@ -1127,28 +700,28 @@ func (p *batchPlan) queueWrites(batch *pgx.Batch, notify bool) {
 			}
 			queueTransition(batch, q("ledger_confirm"), ids, blocks, hashes, states, outcomes)
 		case writeFail:
-			n := len(p.fails)
+			n := len(w.Fails)
 			ids, outcomes, reasons := make([]string, n), make([]string, n), make([]string, n)
-			for i, f := range p.fails {
-				ids[i], outcomes[i], reasons[i] = f.id, string(f.outcome), f.err
+			for i, f := range w.Fails {
+				ids[i], outcomes[i], reasons[i] = f.ID, string(f.Outcome), f.Err
 			}
 			queueTransition(batch, q("ledger_fail"), ids, outcomes, reasons)
 		case writeDLQ:
-			queueDeadLetters(batch, p.deadLetters)
+			queueDeadLetters(batch, w.DeadLetters)
 		case writeNotifications:
 			if !notify {
 				continue
 			}
-			n := len(p.notification)
+			n := len(w.Notifications)
 			deliveries, events, users, kinds, payloads, traces := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
-			for i, r := range p.notification {
-				deliveries[i], events[i], users[i], kinds[i], payloads[i], traces[i] = r.deliveryID, r.eventID, r.user, r.kind, r.payload, r.traceID
+			for i, r := range w.Notifications {
+				deliveries[i], events[i], users[i], kinds[i], payloads[i], traces[i] = r.DeliveryID, r.EventID, r.User, r.Kind, r.Payload, r.TraceID
 			}
 			batch.Queue(q("insert_notifications").text, deliveries, events, users, kinds, payloads, traces)
 		}
 		kinds = append(kinds, kind)
 	}
-	p.writeKinds = kinds
+	return kinds
 }
 
 // queueDeadLetters adds one insert of DLQ rows to batch; it returns ids.
