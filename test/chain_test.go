@@ -291,7 +291,9 @@ func TestRPCOutageDelaysNeverDrops(t *testing.T) {
 	for i, tx := range txs {
 		c.deposit(t, fmt.Sprintf("out-%d", i), 2, "ETH", "1", tx.Hash)
 	}
-	c.WaitFor("breaker open", time.Minute, func() bool { return metricValue(worker1.URL(), `settle_chain_breaker_state{network="ETH_MAINNET"}`) == 2 })
+	c.WaitFor("breaker open", time.Minute, func() bool {
+		return metricValue(worker1.URL(), `settle_chain_breaker_state{network="ETH_MAINNET"}`) == 2
+	})
 	proxy.mode.Store(proxyHang)
 	time.Sleep(2 * time.Second)
 	require.Equal(t, "0", c.balance(t, 2, "ETH"), "nothing is credited while the chain cannot be asked")
