@@ -2,6 +2,7 @@ package chain
 
 import (
 	"math/big"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,4 +76,27 @@ func TestScanCalls(t *testing.T) {
 	require.Error(t, err, "an inverted range")
 
 	require.ErrorIs(t, client.ProbeTraces(ctx), ErrTracesUnsupported)
+}
+
+// FuzzFullBlock: a node's eth_getBlockByNumber answer never panics the
+// parser, and what it accepts has well-formed hashes, recipients and
+// non-negative values.
+func FuzzFullBlock(f *testing.F) {
+	f.Add([]byte(`{"number":"0x2","hash":"0x` + strings.Repeat("ab", 32) + `","transactions":[{"hash":"0x` + strings.Repeat("cd", 32) + `","to":"0x` + strings.Repeat("11", 20) + `","value":"0x5"}]}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte(`{"number":"0x2","hash":"0x` + strings.Repeat("ab", 32) + `","transactions":["0x` + strings.Repeat("cd", 32) + `"]}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		b, err := parseFullBlock(raw)
+		if err != nil {
+			return
+		}
+		if len(b.Hash) != hashHexLength {
+			t.Fatalf("block hash %q", b.Hash)
+		}
+		for _, tx := range b.Transactions {
+			if len(tx.Hash) != hashHexLength || (tx.To != "" && len(tx.To) != addressHexLength) || tx.Value == nil || tx.Value.Sign() < 0 {
+				t.Fatalf("accepted %+v", tx)
+			}
+		}
+	})
 }
