@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -491,7 +492,11 @@ func (p *planner) followMovedClaims(k Tx, chain *ChainEvidence) []TransferClaim 
 		if h.Position < 0 || h.BlockHash == "" || h.BlockHash == chain.BlockHash {
 			continue
 		}
-		held[i].Index = payment.LogIndexTransfer(uint64(chain.FirstLogIndex + h.Position))
+		at := chain.FirstLogIndex + h.Position
+		if at < 0 {
+			continue // no log has a negative index: evidence from no receipt
+		}
+		held[i].Index = payment.LogIndexTransfer(uint64(at))
 		held[i].BlockHash = chain.BlockHash
 		p.w.MovedClaims = append(p.w.MovedClaims, PlannedClaim{Tx: k, Claim: held[i]})
 	}
@@ -500,7 +505,8 @@ func (p *planner) followMovedClaims(k Tx, chain *ChainEvidence) []TransferClaim 
 
 func (p *planner) addClaim(k Tx, index string, e payment.Event, chain *ChainEvidence) {
 	claim := TransferClaim{Index: index, Asset: e.Asset, EventID: e.ID, Position: -1}
-	if n, ok := payment.LogIndex(index); ok && chain != nil && chain.BlockHash != "" {
+	// A log index past int64 is no block's; such a claim keeps no position.
+	if n, ok := payment.LogIndex(index); ok && n <= math.MaxInt64 && chain != nil && chain.BlockHash != "" {
 		claim.BlockHash, claim.Position = chain.BlockHash, int64(n)-chain.FirstLogIndex
 	}
 	p.claims[k] = append(p.claims[k], claim)

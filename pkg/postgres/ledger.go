@@ -64,11 +64,12 @@ const (
 )
 
 // ApplyBatch applies events in one transaction: lock the balances rows in
-// order, lock the events, read their idempotency records, move money,
-// write the journal, the records and the notifications, and move each
-// event from enqueued to its terminal status, then commit. A returned
-// error means nothing was committed and every item may be retried; per-item
-// fates are in the results otherwise.
+// order, lock the events, read their idempotency records, decide what
+// moves (ledger.Plan, from what was read), write the journal, the records
+// and the notifications, and move each event from enqueued to its
+// terminal status, then commit. A returned error means nothing was
+// committed and every item may be retried; per-item fates are in the
+// results otherwise.
 func (db *DB) ApplyBatch(ctx context.Context, items []LedgerItem, opts LedgerOptions) ([]LedgerResult, error) {
 	if len(items) == 0 {
 		return nil, nil

@@ -11,6 +11,9 @@ import (
 	"github.com/settle/settle/pkg/payment"
 )
 
+// The holds rows ApplyBatch reads and writes; the hold rules are in
+// pkg/ledger.
+
 func queueOpenHolds(batch *pgx.Batch, holds []ledger.Hold) {
 	n := len(holds)
 	ids, users, assets, amounts, networks, tos := make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
