@@ -5,10 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/google/uuid"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -48,6 +50,7 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	}
 	env := config.FromOS()
 	blocksMax := env.Int("RESCAN_BLOCKS_MAX", rescanBlocksMaxDefault, 1, 10_000_000)
+	enabled := slices.Contains(finality.ReadNetworks(env), *network)
 	if err := env.Err(); err != nil {
 		return fmt.Errorf("%w: %w", config.ErrUsage, err)
 	}
@@ -74,8 +77,8 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	for _, a := range registry.All() {
 		known = known || a.Network == *network
 	}
-	if !known {
-		return fmt.Errorf("%w: network %s is not a network settle scans", config.ErrUsage, *network)
+	if !known || !enabled {
+		return fmt.Errorf("%w: network %s is not an enabled network (NETWORKS)", config.ErrUsage, *network)
 	}
 	job, err := db.CreateRescan(ctx, "rescan_"+uuid.NewString(), *network, uint64(*from), uint64(*to))
 	if err != nil {

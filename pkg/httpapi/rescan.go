@@ -160,7 +160,7 @@ func (s *Server) adminRescan(c echo.Context) error {
 	return c.JSON(http.StatusAccepted, rescanView(job, traceID))
 }
 
-// createRescan records a validated rescan of a network settle knows.
+// createRescan records a validated rescan of an enabled network.
 func (s *Server) createRescan(ctx context.Context, r rescanRequest) (postgres.RescanJob, error) {
 	rs, err := s.rescanStore()
 	if err != nil {
@@ -170,8 +170,8 @@ func (s *Server) createRescan(ctx context.Context, r rescanRequest) (postgres.Re
 	if err != nil {
 		return postgres.RescanJob{}, storeError(err)
 	}
-	if !knowsNetwork(registry, r.network) {
-		return postgres.RescanJob{}, newError(http.StatusBadRequest, "network "+r.network+" is not a network settle scans")
+	if !knowsNetwork(registry, r.network) || !s.networkEnabled(r.network) {
+		return postgres.RescanJob{}, newError(http.StatusBadRequest, "network "+r.network+" is not an enabled network (NETWORKS)")
 	}
 	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to)
 	if err != nil {

@@ -27,6 +27,7 @@ func TestRescanRequests(t *testing.T) {
 		"leading zero":      `{"network":"ETH_MAINNET","from_block":01,"to_block":2}`,
 		"no network":        `{"from_block":1,"to_block":2}`,
 		"unknown network":   `{"network":"ETH_MAINET","from_block":1,"to_block":2}`,
+		"disabled network":  `{"network":"BASE_MAINNET","from_block":1,"to_block":2}`,
 		"malformed network": `{"network":"eth","from_block":1,"to_block":2}`,
 		"missing to":        `{"network":"ETH_MAINNET","from_block":1}`,
 		"unknown field":     `{"network":"ETH_MAINNET","from_block":1,"to_block":2,"address":"0x1111111111111111111111111111111111111111"}`,
