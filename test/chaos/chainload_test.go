@@ -244,6 +244,10 @@ type chainLoad struct {
 	anomalous  int
 	undeliv    []string
 	deliveries int
+	forks      []devchain.Reorg
+
+	// faults, if set, is the provider-fault mode (providers_test.go).
+	faults *providerFaults
 }
 
 func newChainLoad(rig *chainRig, apiURL, runID string, seed uint64, rate float64) *chainLoad {
@@ -259,6 +263,9 @@ func newChainLoad(rig *chainRig, apiURL, runID string, seed uint64, rate float64
 // run makes transfers until stop, then waits for every report to get
 // its answer.
 func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
+	if l.faults != nil {
+		l.faults.begin()
+	}
 	var senders sync.WaitGroup
 	interval := time.Duration(float64(time.Second) * chainSenders / l.rate)
 	for s := range chainSenders {
@@ -275,6 +282,11 @@ func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
 				for _, tr := range l.transfer(ctx, rng, s, i) {
 					for _, rep := range tr.reports {
 						seed := rng.Uint64() // rng belongs to this goroutine
+						if l.faults != nil {
+							l.faults.shape(rep)
+							l.reports.Go(func() { l.faults.deliver(ctx, l, seed, rep) })
+							continue
+						}
 						l.reports.Go(func() { l.deliverReport(ctx, seed, rep) })
 					}
 				}
@@ -327,6 +339,7 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 	}
 	what := fmt.Sprintf("dropped %s (%s %s to user %d, block %d): forked at %d, head %d → %d", tr.hash, tr.amount, tr.asset, tr.user, tr.block, r.ForkedAt, r.OldHead, r.NewHead)
 	l.reorgs = append(l.reorgs, what)
+	l.forks = append(l.forks, r)
 	alchemyReported := false
 	for _, rep := range tr.reports {
 		alchemyReported = alchemyReported || rep.source == "alchemy"
@@ -518,6 +531,9 @@ func (l *chainLoad) deliver(ctx context.Context, rep *report, conflicting bool) 
 	deadline := time.Now().Add(deliveryMax)
 	backoff := backoffMin
 	for {
+		if l.faults.silenced(rep) {
+			return // the provider is paused: it sends nothing
+		}
 		status, answer, err := l.post(ctx, rep.source, body)
 		if err == nil && definitive(status) {
 			l.record(rep, conflicting, label, status, answer)
@@ -658,6 +674,9 @@ func (l *chainLoad) summary() string {
 		for _, k := range sortedKeys(l.sendErrors) {
 			fmt.Fprintf(&b, " [%s]=%d", k, l.sendErrors[k])
 		}
+	}
+	if l.faults != nil {
+		b.WriteString("\n" + l.faults.summary())
 	}
 	b.WriteString("\n")
 	return b.String()

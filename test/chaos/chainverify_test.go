@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/testenv"
 )
@@ -125,6 +126,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	l.mu.Lock()
 	transfers := append([]*transfer(nil), l.transfers...)
 	anomalies, anomalous, undelivered := append([]string(nil), l.anomalies...), l.anomalous, append([]string(nil), l.undeliv...)
+	forks := append([]devchain.Reorg(nil), l.forks...)
 	l.mu.Unlock()
 	for _, a := range anomalies {
 		v.fail("chain: provider answers the contract forbids", "%s", a)
@@ -164,6 +166,7 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	twins, twinCredits := 0, 0
 	credited, doubled, lost, reorged := 0, 0, 0, 0
 	remined, staleIndex := 0, 0
+	scannerOnly, scannerOnlyCredited, exempt := 0, 0, 0
 	// A transaction carries one transfer, or two identical ones (the
 	// doubler's): reports that name no index may claim either.
 	groups := map[string][]*transfer{}
@@ -280,6 +283,18 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				least = min(most, 1)
 			}
 		}
+		unreported := false
+		if l.faults != nil && canonical {
+			// Provider-fault mode: the scanner finds every final transfer,
+			// reported or not, so each is credited exactly once.
+			most = len(group)
+			if beyondPolicy(forks, group) {
+				exempt += len(group)
+			} else {
+				least = len(group)
+			}
+			unreported = l.faults.unreported(group)
+		}
 		switch {
 		case !canonical && len(credits) > len(group):
 			doubled++
@@ -299,6 +314,11 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			v.fail("chain: DOUBLE CREDIT (one transfer credited more than once)", "%s %s to user %d in %s (%d transfers): credited by %s", tr.amount, tr.asset, tr.user, hash, len(group), describe(credits))
 		case len(credits) > most:
 			v.fail("chain: CREDIT WITHOUT A TRUTHFUL, ACKNOWLEDGED REPORT", "%s: credited by %s", hash, describe(credits))
+		case l.faults != nil && len(credits) < least:
+			lost++
+			v.fail("chain: LOST (final transfer never credited)", "transfer %s %s to user %d in %s (%d transfers, %d credited) never credited; %s; events: %s",
+				tr.amount, tr.asset, tr.user, hash, len(group), len(credits), l.faults.fate(group), describe(events))
+			v.trace(hash)
 		case len(credits) < least:
 			lost++
 			v.fail("chain: LOST (canonical transfer, acknowledged report, never credited)", "%s %s to user %d in %s (%d transfers, %d named by index; events: %s)", tr.amount, tr.asset, tr.user, hash, len(group), len(indexed), describe(events))
@@ -308,6 +328,10 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				v.fail("chain: credit differs from the transfer", "%s: %s with %d journal rows summing %s for user %d %s; the chain moved %s %s to user %d",
 					e.ID, e.status, e.journalRows, e.journalSum, e.User, e.Asset, tr.amount, tr.asset, tr.user)
 			}
+		}
+		if unreported {
+			scannerOnly += len(group)
+			scannerOnlyCredited += len(credits)
 		}
 		if most == 0 {
 			continue
@@ -402,6 +426,9 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		len(transfers), credited, doubled, lost, reorged, twins, twinCredits, outcomes)
 	v.note("chain: %d token transfers re-mined at another log index by a fork; %d reports naming the old index ended mismatch", remined, staleIndex)
 	v.note("chain: rpc proxy %s", rig.rpc.Stats())
+	if l.faults != nil {
+		verifyProviders(v, l, l.faults.scans, scannerOnly, scannerOnlyCredited, exempt)
+	}
 }
 
 func indices(group []*transfer) string {

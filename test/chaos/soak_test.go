@@ -94,8 +94,8 @@ func TestChaosSoak(t *testing.T) {
 		seed = 1 + rand.Uint64N(1<<53) // prints and parses without surprises
 	}
 	duration := *flagDuration
-	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g -chaos.pgbouncer=%v",
-		seed, duration, *flagRate, *flagChain, *flagChainRate, *flagPgBouncer)
+	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g -chaos.pgbouncer=%v -chaos.providers=%v -chaos.scaninterval=%s",
+		seed, duration, *flagRate, *flagChain, *flagChainRate, *flagPgBouncer, *flagProviders, *flagScanInterval)
 	t.Logf("chaos seed %d (replay: %s)", seed, replay)
 	faults := planFaults(seed, duration, *flagChain)
 	t.Logf("%d faults planned over %s", len(faults), duration)
@@ -108,6 +108,9 @@ func TestChaosSoak(t *testing.T) {
 	if *flagChain {
 		rig = startChain(t, seed)
 		rig.settings(settings)
+		if *flagProviders {
+			providerSettings(settings)
+		}
 		prepare = rig.prepare
 	}
 	c := newCluster(t, seed, settings, prepare)
@@ -134,6 +137,11 @@ func TestChaosSoak(t *testing.T) {
 		rig.register(t, c.api().URL())
 		chainLoad = newChainLoad(rig, c.api().URL(), fmt.Sprintf("chaos%d", seed), seed, *flagChainRate)
 		c.reorg = chainLoad.reorg
+		if *flagProviders {
+			chainLoad.faults = newProviderFaults(seed, duration)
+			t.Log(chainLoad.faults)
+			waitScanCursor(t, pool)
+		}
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -144,6 +152,9 @@ func TestChaosSoak(t *testing.T) {
 	var breaker *breakerWatch
 	if rig != nil {
 		breaker = watchBreaker(watchCtx, c)
+		if chainLoad.faults != nil {
+			chainLoad.faults.scans = watchScan(watchCtx, c)
+		}
 	}
 	replays := newReplayer(c.api().URL())
 	replayCtx, stopReplaying := context.WithCancel(ctx)
@@ -214,6 +225,9 @@ func TestChaosSoak(t *testing.T) {
 	if rig != nil && !t.Failed() {
 		// Let the reorg watch finish with every credited deposit, then
 		// settle whatever it decided (a compensation is an event too).
+		if chainLoad.faults != nil {
+			waitScanned(ctx, t, c, rig, pool) // what no provider reported
+		}
 		waitFinal(ctx, t, c, rig, pool)
 		if err := waitSettled(ctx, t, c, pool, *flagSettle); err != nil {
 			c.timeline.add("not settled after finality: %v", err)
@@ -225,6 +239,9 @@ func TestChaosSoak(t *testing.T) {
 		if err := waitNotified(ctx, c, pool); err != nil {
 			t.Errorf("notifications: %v", err)
 		}
+	}
+	if chainLoad != nil && chainLoad.faults != nil {
+		chainLoad.faults.scans.sampleOnce(c)
 	}
 	stopSupervising()
 	<-supervised
