@@ -76,7 +76,7 @@ line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
 	printf '%-44s %-22s %s\n' "scanner, 100k addresses" ">= 500 blocks/s, <= 3 RPC/block" "$(grep -m1 -E '^Benchmark|not measured' "$out/scanner.txt" 2>/dev/null || echo -)"
 	printf '%-44s %-22s %s\n' "memory under a $backlog-event backlog" "flat" "$(line e2e-backlog '^peak RSS')"
 	printf '%-44s %-22s %s\n' "seed: pgbench of its per-event SQL" "baseline" "$(metric pgbench-seed-sql events/s) events/s"
-	printf '%-44s %-22s %s\n' "seed: Python/Celery deposits" "baseline" "$(line seed-deposits '^== ')"
+	printf '%-44s %-22s %s\n' "seed: Python/Celery deposits" "baseline" "$(line seed-deposits '^== [0-9]+ runs')"
 	printf '%-44s %-22s %s\n' "seed: Python/Celery withdrawals" "baseline" "$(line seed-withdrawals 'throughput')"
 	printf 'machine at the end: %s\n' "$(uptime)"
 	[ ${#failed[@]} -eq 0 ] || printf 'FAILED steps: %s\n' "${failed[*]}"
