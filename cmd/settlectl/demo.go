@@ -36,6 +36,8 @@ const (
 	demoHTTPTimeout = 10 * time.Second
 	// demoWithdrawal of ETH from alice once her deposits are in.
 	demoWithdrawal = "0.4"
+	// demoPrecise: seven decimals, too many for a 6-decimals listing.
+	demoPrecise = "0.0000001"
 )
 
 // The demo's deposits on the i-th network: decimal strings, turned into
@@ -142,6 +144,35 @@ func runDemo(ctx context.Context, args []string, out io.Writer) error {
 
 	fmt.Fprintln(out, "\nwaiting for each network's finalized tag to pass its blocks (the dev chains finalize every 32 blocks) ...")
 	if err := d.follow(ctx, ids...); err != nil {
+		return err
+	}
+
+	// Precision is each network's own: demoPrecise has more decimals than
+	// the dev token has on a 6-decimals network, and fewer than on 18.
+	precise := decimal.RequireFromString(demoPrecise)
+	fmt.Fprintf(out, "\na trusted deposit of %s %s to bob on each network (/webhook/payments with its network):\n", demoPrecise, st.TokenAsset)
+	var preciseIDs []string
+	for _, c := range chains {
+		id := fmt.Sprintf("demo-precise-%s-%d", strings.ToLower(c.st.Network), run)
+		body, _ := json.Marshal(map[string]any{"event_id": id, "event_type": "deposit", "user_id": bob.id,
+			"asset": st.TokenAsset, "amount": demoPrecise, "network": c.st.Network})
+		status, answer, err := d.postStatus(ctx, "/webhook/payments", body, "X-Signature", st.WebhookSecret)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "  %s (%d decimals): %d %s\n", c.st.Network, c.st.TokenDecimals, status, answer)
+		fits := -precise.Exponent() <= int32(c.st.TokenDecimals)
+		switch {
+		case fits && status == http.StatusOK:
+			tokenTotal = tokenTotal.Add(precise)
+			preciseIDs = append(preciseIDs, id)
+		case !fits && status == http.StatusBadRequest:
+		default:
+			return fmt.Errorf("%s: a deposit of %s %s answered %d, want %s", c.st.Network, demoPrecise, st.TokenAsset, status,
+				map[bool]string{true: "200 (it fits the network's decimals)", false: "400 (more decimals than the network's)"}[fits])
+		}
+	}
+	if err := d.follow(ctx, preciseIDs...); err != nil {
 		return err
 	}
 
@@ -278,6 +309,23 @@ func (d *demo) post(ctx context.Context, path string, body []byte, header, key s
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(header, sign(body, key))
 	return d.do(req)
+}
+
+// postStatus is post for an answer that may be a refusal.
+func (d *demo) postStatus(ctx context.Context, path string, body []byte, header, key string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.st.APIURL+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(header, sign(body, key))
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return resp.StatusCode, string(bytes.TrimSpace(answer)), nil
 }
 
 func (d *demo) admin(ctx context.Context, method, path string, body any) error {

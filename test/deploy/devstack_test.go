@@ -166,7 +166,11 @@ func TestDevStackTwoNetworks(t *testing.T) {
 	require.NoError(t, err)
 	text := string(demoOut)
 	require.Contains(t, text, "one ETH balance of 1.6 from the deposits on every network")
-	require.Contains(t, text, "one DUSD balance of 37.5 from the deposits on every network")
+	require.Contains(t, text, "one DUSD balance of 37.5000001 from the deposits on every network")
+	// Precision is the network's: seven decimals are a 400 where the dev
+	// token has 6, and credited where it has 18.
+	require.Regexp(t, `ETH_MAINNET \(6 decimals\): 400 .*"invalid_amount"`, text)
+	require.Contains(t, text, "BASE_MAINNET (18 decimals): 200 ")
 	// The journal rows it printed: each deposit on its own network.
 	for _, row := range [][]string{
 		{"ETH", "1.5", "deposit", "ETH_MAINNET"},
@@ -174,6 +178,7 @@ func TestDevStackTwoNetworks(t *testing.T) {
 		{"ETH", "-0.4", "withdrawal", "ETH_MAINNET"},
 		{"DUSD", "25", "deposit", "ETH_MAINNET"},
 		{"DUSD", "12.5", "deposit", "BASE_MAINNET"},
+		{"DUSD", "0.0000001", "deposit", "BASE_MAINNET"},
 	} {
 		require.True(t, hasRow(text, row), "the demo's journal shows %v:\n%s", row, text)
 	}
