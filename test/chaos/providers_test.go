@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,5 +408,47 @@ func verifyProviders(v *verdict, l *chainLoad, scans *scanWatch, scannerOnly, sc
 		if scannerOnly > 0 && scans.reads > 0 && got["scanner"] == 0 {
 			v.fail("chain: scanner metric", "%d transfers only the scanner can have found, and settle_scan_deposits_total{source=\"scanner\"} never counted one", scannerOnly)
 		}
+	}
+}
+
+// TestScanWatchAddsLives: a scheduler restart starts its counters at 0;
+// the watch keeps what the earlier life had counted.
+func TestScanWatchAddsLives(t *testing.T) {
+	w := &scanWatch{done: map[string]float64{}, last: map[string]float64{}}
+	w.record(map[string]float64{"scanner": 3, "reported": 1})
+	w.record(map[string]float64{"scanner": 5, "reported": 1})
+	w.record(map[string]float64{"scanner": 1}) // restarted
+	w.record(map[string]float64{"scanner": 2, "reported": 4})
+	got := w.totals()
+	if got["scanner"] != 7 || got["reported"] != 5 {
+		t.Fatalf("totals %v, want scanner 7 reported 5", got)
+	}
+}
+
+// TestBeyondPolicy: only a fork at least chainConfirmations deep, and
+// only the blocks it dropped.
+func TestBeyondPolicy(t *testing.T) {
+	forks := []devchain.Reorg{{ForkedAt: 10, OldHead: 10 + chainConfirmations}, {ForkedAt: 50, OldHead: 51}}
+	for _, c := range []struct {
+		block uint64
+		want  bool
+	}{{10, false}, {11, true}, {10 + chainConfirmations, true}, {11 + chainConfirmations, false}, {51, false}} {
+		if got := beyondPolicy(forks, []*transfer{{block: c.block}}); got != c.want {
+			t.Errorf("block %d: %v, want %v", c.block, got, c.want)
+		}
+	}
+}
+
+// TestScanDepositsParses reads the counter of the soak's network only.
+func TestScanDepositsParses(t *testing.T) {
+	page := "# HELP settle_scan_deposits_total x\n" +
+		`settle_scan_deposits_total{network="ETH_MAINNET",source="scanner"} 12` + "\n" +
+		`settle_scan_deposits_total{network="BASE_MAINNET",source="scanner"} 99` + "\n" +
+		`settle_scan_deposits_total{network="ETH_MAINNET",source="reported"} 3` + "\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, page) }))
+	defer srv.Close()
+	got, ok := scanDeposits(srv.URL)
+	if !ok || got["scanner"] != 12 || got["reported"] != 3 || len(got) != 2 {
+		t.Fatalf("got %v %v", got, ok)
 	}
 }
