@@ -35,3 +35,12 @@ func lag(next, head uint64) uint64 {
 	}
 	return head - next + 1
 }
+
+// nextPassBlocks is the size of a network's next pass: half after one
+// that ran out of time (at least one block), else twice, up to blocksMax.
+func nextPassBlocks(current, blocksMax uint64, timedOut bool) uint64 {
+	if timedOut {
+		return max(current/2, 1)
+	}
+	return min(max(current, 1)*2, blocksMax)
+}

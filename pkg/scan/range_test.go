@@ -46,3 +46,11 @@ func TestLag(t *testing.T) {
 	require.EqualValues(t, 1, lag(10, 10))
 	require.EqualValues(t, 91, lag(10, 100))
 }
+
+func TestNextPassBlocks(t *testing.T) {
+	require.EqualValues(t, 250, nextPassBlocks(500, 500, true))
+	require.EqualValues(t, 1, nextPassBlocks(1, 500, true), "never below one block")
+	require.EqualValues(t, 2, nextPassBlocks(1, 500, false))
+	require.EqualValues(t, 500, nextPassBlocks(300, 500, false), "never above SCAN_BLOCKS_MAX")
+	require.EqualValues(t, 500, nextPassBlocks(500, 500, false))
+}

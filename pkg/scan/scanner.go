@@ -108,6 +108,11 @@ type Scanner struct {
 	metrics  *metrics
 	networks map[string]Network
 	names    []string
+	// passBlocks is each network's current pass size: halved after a pass
+	// ran out of time, doubled back towards BlocksMax after one that did
+	// not, so a slow node still moves the cursor. Used by Run's goroutine
+	// only.
+	passBlocks map[string]uint64
 }
 
 // New builds a scanner.
@@ -124,9 +129,10 @@ func New(opts Options) *Scanner {
 	if opts.PassTimeout <= 0 {
 		opts.PassTimeout = PassTimeoutDefault
 	}
-	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}}
+	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}}
 	for _, n := range opts.Networks {
 		s.networks[n.Name] = n
+		s.passBlocks[n.Name] = opts.BlocksMax
 		s.names = append(s.names, n.Name)
 	}
 	sort.Strings(s.names)
@@ -219,7 +225,12 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 		s.succeeded(n.Name)
 		return false, nil
 	}
-	claim, ok, err := s.opts.Store.ClaimScanCursor(ctx, n.Name, s.opts.Owner, s.lease(), s.opts.BlocksMax, head)
+	defer func() {
+		// The pass's own deadline, not the caller's cancellation.
+		timedOut := err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
+		s.passBlocks[n.Name] = nextPassBlocks(s.passBlocks[n.Name], s.opts.BlocksMax, timedOut)
+	}()
+	claim, ok, err := s.opts.Store.ClaimScanCursor(ctx, n.Name, s.opts.Owner, s.lease(), max(s.passBlocks[n.Name], 1), head)
 	if err != nil {
 		return false, err
 	}
