@@ -216,6 +216,11 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 		}
 		n, err := db.CleanupNotifications(ctx, retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
 		log.Info().Int64("deleted", n).Msg("notification outbox cleanup")
+		if err != nil {
+			return err
+		}
+		n, err = db.DeleteOldReports(ctx, retention, postgres.CleanupBatchDefault)
+		log.Info().Int64("deleted", n).Msg("transfer reports cleanup")
 		return err
 	}
 }

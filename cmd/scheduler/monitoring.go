@@ -19,6 +19,11 @@ type monitorSettings struct {
 	HealthInterval  time.Duration
 	BacklogInterval time.Duration
 	BacklogTimeout  time.Duration
+	// ProviderMissInterval and ProviderMissGrace: how often each
+	// provider's miss count is read, and how long a provider has to report
+	// a transfer before it counts as missed.
+	ProviderMissInterval time.Duration
+	ProviderMissGrace    time.Duration
 }
 
 func readMonitorSettings(env *config.Env) monitorSettings {
@@ -28,6 +33,9 @@ func readMonitorSettings(env *config.Env) monitorSettings {
 		HealthInterval:  env.Duration("HEALTH_CHECK_INTERVAL", monitor.HealthIntervalDefault),
 		BacklogInterval: env.Duration("BACKLOG_INTERVAL", monitor.BacklogIntervalDefault),
 		BacklogTimeout:  env.Duration("BACKLOG_TIMEOUT", monitor.BacklogTimeoutDefault),
+
+		ProviderMissInterval: env.Duration("PROVIDER_MISS_INTERVAL", monitor.ProviderMissIntervalDefault),
+		ProviderMissGrace:    env.Duration("PROVIDER_MISS_GRACE", monitor.ProviderMissGraceDefault),
 	}
 }
 
@@ -36,7 +44,10 @@ func readMonitorSettings(env *config.Env) monitorSettings {
 func monitoringJobs(s monitorSettings, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) []queue.Job {
 	m := monitor.New(db, alerts, log, reg)
 	backlog := monitor.NewBacklog(db, s.BacklogTimeout, reg)
+	providers := monitor.NewProviders(db, s.ProviderMissGrace, reg)
 	return []queue.Job{
+		// Every replica too: a gauge, read whichever scheduler is scraped.
+		{Name: "provider_misses", Every: s.ProviderMissInterval, Local: true, Run: providers.Refresh},
 		// Every replica, so none exports a stale backlog (alerts take the max).
 		{Name: "backlog_gauges", Every: s.BacklogInterval, Timeout: s.BacklogTimeout + time.Second, Local: true, Run: backlog.Refresh},
 		{Name: "hot_path_check", Every: s.HotPathInterval, Run: m.HotPath(s.HotPathWindow)},

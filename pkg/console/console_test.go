@@ -345,6 +345,13 @@ func TestStoryAndSearch(t *testing.T) {
 	for _, want := range []string{`data-status="pending"`, "forced failure", "replayed by test: to see the story", "accepted from payments as pending", "hx-get="} {
 		require.Contains(t, a.body, want)
 	}
+	require.Contains(t, a.body, "no provider (the api's own webhook, or the scanner)")
+	// The providers that reported its transfer, first first.
+	require.NoError(t, f.db.RecordReports(ctx, "quicknode", []string{"dep-story"}))
+	require.NoError(t, f.db.RecordReports(ctx, "alchemy", []string{"dep-story"}))
+	a = f.do(http.MethodGet, "/admin/console/event?id=dep-story", admin, nil, nil)
+	require.Regexp(t, `quicknode \([^)]*\), alchemy \(`, a.body)
+	require.Contains(t, a.body, "reported by alchemy")
 	// A user id lists the user's events; an unknown id says so.
 	a = f.do(http.MethodGet, "/admin/console/events?q=1", admin, nil, nil)
 	require.Equal(t, http.StatusOK, a.status)

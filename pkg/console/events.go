@@ -209,6 +209,9 @@ func timeline(s postgres.Story) []step {
 	if c := s.Claim; c != nil {
 		add(&c.CreatedAt, "claimed on-chain transfer "+c.TransferIndex+" of "+c.TxHash)
 	}
+	for _, r := range s.Reports {
+		add(&r.FirstAt, "reported by "+r.Reporter)
+	}
 	for _, l := range s.DeadLetters {
 		add(&l.Letter.CreatedAt, "dead letter #"+strconv.FormatInt(l.ID, 10)+" ("+string(l.Letter.Source)+"): "+l.Letter.Error)
 		if l.Resolution != "" {

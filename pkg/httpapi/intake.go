@@ -99,6 +99,9 @@ type intakeRun struct {
 	p       provider
 	traceID string
 	answer  providerAnswer
+	// reported are the events whose transfer this delivery named (new or
+	// not): who saw which transfer, for the console and the miss rate.
+	reported []string
 }
 
 func (s *Server) newIntake(c echo.Context, p provider) *intakeRun {
@@ -173,6 +176,7 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 		case err != nil:
 			return storeError(err)
 		case inserted:
+			in.reported = append(in.reported, t.EventID)
 			in.answer.Accepted++
 			s.metrics.webhook(in.p.name, outcomeAccepted, "")
 			log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Int64(logging.FieldUserID, user).
@@ -183,12 +187,25 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 				return err
 			}
 		default:
+			in.reported = append(in.reported, t.EventID)
 			if err := in.again(ctx, t); err != nil {
 				return err
 			}
 		}
 	}
+	in.recordReports(ctx)
 	return nil
+}
+
+// recordReports notes this provider's reports. A failure is logged, not
+// answered: the events are stored, and the record is observability only.
+func (in *intakeRun) recordReports(ctx context.Context) {
+	if len(in.reported) == 0 {
+		return
+	}
+	if err := in.s.store.RecordReports(ctx, in.p.name, in.reported); err != nil {
+		logging.From(ctx).Warn().Err(err).Str("provider", in.p.name).Int("events", len(in.reported)).Msg("could not record which transfers the provider reported")
+	}
 }
 
 // storable tells whether a removed transfer is stored anyway: one sent

@@ -58,6 +58,8 @@ type Store interface {
 	AddAsset(ctx context.Context, a payment.Asset) (bool, error)
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
+	// RecordReports notes which provider reported which transfers.
+	RecordReports(ctx context.Context, reporter string, events []string) error
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
 	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)

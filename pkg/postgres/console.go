@@ -71,7 +71,10 @@ type Story struct {
 	DeadLetters   []DeadLetterView
 	Notifications []NotificationView
 	Claim         *Claim
-	Rechecks      []Recheck
+	// Reports are the providers that reported the event's transfer, the
+	// first first (the event's source is the one that stored it).
+	Reports  []Report
+	Rechecks []Recheck
 	// Compensation is the reorg compensation of a deposit, or the deposit
 	// a compensation reverses.
 	Related *EventView
@@ -103,6 +106,7 @@ func (db *DB) EventStory(ctx context.Context, eventID string) (Story, error) {
 		func() error { return storyDeadLetters(ctx, tx, &s) },
 		func() error { return storyNotifications(ctx, tx, &s) },
 		func() error { return storyClaim(ctx, tx, &s) },
+		func() error { return storyReports(ctx, tx, &s) },
 		func() error { return storyRechecks(ctx, tx, &s) },
 		func() error { return storyRelated(ctx, tx, &s) },
 		func() error { return storyHold(ctx, tx, &s) },
@@ -200,6 +204,19 @@ func storyClaim(ctx context.Context, tx pgx.Tx, s *Story) error {
 	}
 	s.Claim = &c
 	return nil
+}
+
+func storyReports(ctx context.Context, tx pgx.Tx, s *Story) error {
+	stmt := q("event_reports")
+	rows, err := tx.Query(ctx, stmt.text, s.Event.ID)
+	if err != nil {
+		return classify(stmt.name, err)
+	}
+	s.Reports, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Report, error) {
+		var r Report
+		return r, row.Scan(&r.Reporter, &r.FirstAt)
+	})
+	return classify(stmt.name, err)
 }
 
 func storyRechecks(ctx context.Context, tx pgx.Tx, s *Story) error {

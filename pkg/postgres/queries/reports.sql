@@ -1,0 +1,35 @@
+-- name: record_reports
+-- Rows in id order, so two deliveries of one block never deadlock.
+INSERT INTO transfer_reports (event_id, reporter)
+SELECT id, $1 FROM unnest($2::text[]) AS t(id) ORDER BY id
+ON CONFLICT DO NOTHING;
+
+-- name: event_reports
+SELECT reporter, first_at FROM transfer_reports WHERE event_id = $1 ORDER BY first_at, reporter;
+
+-- name: provider_misses
+-- Among the newest $1 events (read backwards off the paging index, so the
+-- read is bounded whatever the table holds), the transfer deposits older
+-- than the grace $2 (each provider had that long to report them): how
+-- many each provider that reported any of them never reported.
+WITH newest AS (
+    SELECT event_id, event_type, created_at FROM payment_events
+    ORDER BY insert_xid DESC, event_id DESC
+    LIMIT $1
+), recent AS (
+    SELECT event_id FROM newest
+    WHERE created_at < now() - $2::interval AND event_type = 'deposit' AND event_id LIKE 'chain:%'
+), reporters AS (
+    SELECT DISTINCT r.reporter FROM transfer_reports r JOIN recent e ON e.event_id = r.event_id
+)
+SELECT p.reporter, count(*) FILTER (WHERE r.event_id IS NULL), count(*)
+FROM reporters p CROSS JOIN recent e
+LEFT JOIN transfer_reports r ON r.event_id = e.event_id AND r.reporter = p.reporter
+GROUP BY p.reporter
+ORDER BY p.reporter;
+
+-- name: delete_old_reports
+-- One bounded batch off the first_at index; the caller repeats it.
+DELETE FROM transfer_reports
+WHERE (event_id, reporter) IN (SELECT event_id, reporter FROM transfer_reports
+                               WHERE first_at < now() - $1::interval ORDER BY first_at LIMIT $2);
