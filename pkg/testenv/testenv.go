@@ -55,6 +55,11 @@ var (
 // down afterwards. Use it from TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
+	atExitMu.Lock()
+	for _, f := range atExit {
+		f()
+	}
+	atExitMu.Unlock()
 	if env != nil {
 		if env.pg != nil {
 			env.pg.Close()
@@ -64,6 +69,19 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+var (
+	atExitMu sync.Mutex
+	atExit   []func()
+)
+
+// AtExit runs f when Main ends, after the package's tests: where test
+// helpers remove what lives for the whole package (built binaries).
+func AtExit(f func()) {
+	atExitMu.Lock()
+	defer atExitMu.Unlock()
+	atExit = append(atExit, f)
 }
 
 func shared(t testing.TB) *environment {

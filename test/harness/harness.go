@@ -58,6 +58,10 @@ func Binaries(t testing.TB) string {
 			buildErr = err
 			return
 		}
+		// Four binaries, ~100 MB with -race, for every test package run:
+		// gone when the package's tests are.
+		dir := binDir
+		testenv.AtExit(func() { _ = os.RemoveAll(dir) })
 		args := []string{"build", "-o", binDir + "/"}
 		if RaceBinaries() {
 			args = append(args, "-race")
