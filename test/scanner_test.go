@@ -183,8 +183,16 @@ func TestScannerKilledAndTwoReplicas(t *testing.T) {
 		}
 	}
 	require.NoError(t, c.chain.FinalizeThrough(ctx, last.BlockNumber))
-	c.WaitFor("every transfer credited", 2*time.Minute, func() bool {
-		return c.Count(`SELECT count(*) FROM payment_events WHERE status = 'confirmed'`) == transfers
+	// Generous: race-built binaries on a loaded machine restart slowly.
+	logged := time.Now()
+	c.WaitFor("every transfer credited", 4*time.Minute, func() bool {
+		confirmed := c.Count(`SELECT count(*) FROM payment_events WHERE status = 'confirmed'`)
+		if time.Since(logged) > 15*time.Second {
+			logged = time.Now()
+			t.Logf("waiting: cursor %d (last transfer in block %d), %d events, %d confirmed", c.cursor(t), last.BlockNumber,
+				c.Count(`SELECT count(*) FROM payment_events`), confirmed)
+		}
+		return confirmed == transfers
 	})
 	c.waitScanned(t, last.BlockNumber)
 	time.Sleep(500 * time.Millisecond) // passes after the last one find nothing new
