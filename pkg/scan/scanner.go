@@ -78,6 +78,7 @@ type Store interface {
 	ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
 	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	ReleaseRescan(ctx context.Context, id, owner string) error
+	FailRescan(ctx context.Context, id, owner, reason string) error
 	Assets(ctx context.Context) (*payment.Registry, error)
 }
 
@@ -290,6 +291,15 @@ func (s *Scanner) RescanPass(ctx context.Context) (did bool, err error) {
 		return false, nil
 	}
 	events, err := s.read(ctx, n, r, job.Address)
+	if errors.Is(err, payment.ErrInvalid) {
+		// A range the node or settle can never read (not an outage): the
+		// job ends failed, saying why, instead of retrying forever.
+		if failErr := s.opts.Store.FailRescan(ctx, job.ID, s.opts.Owner, err.Error()); failErr != nil {
+			release()
+			return false, failErr
+		}
+		return true, fmt.Errorf("rescan %s failed: %w", job.ID, err)
+	}
 	if err != nil {
 		release()
 		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
