@@ -232,6 +232,16 @@ func TestDepositsOnTwoNetworksCreditOneBalance(t *testing.T) {
 		require.Equal(t, network, onJournal, id)
 	}
 	require.Equal(t, 5, n.Count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	// The journal API says each row's network too.
+	status, page, err := n.client.Admin(http.MethodGet, "/v1/users/1/journal", nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, page)
+	byNetwork := map[string]string{}
+	for _, raw := range page["entries"].([]any) {
+		entry := raw.(map[string]any)
+		byNetwork[entry["source_event_id"].(string)] = fmt.Sprint(entry["network"])
+	}
+	require.Equal(t, want, byNetwork)
 
 	// Precision is the network's: 7 decimals of DUSD are too fine on
 	// ETH_MAINNET (6), fine on BASE_MAINNET (18).

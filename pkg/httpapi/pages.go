@@ -192,6 +192,8 @@ type journalEntryJSON struct {
 	EventType     string    `json:"event_type"`
 	SourceEventID string    `json:"source_event_id"`
 	CreatedAt     time.Time `json:"created_at"`
+	// Network is null for rows written before networks existed.
+	Network *string `json:"network"`
 }
 
 type journalPageJSON struct {
@@ -253,7 +255,7 @@ func (s *Server) journalPage(c echo.Context) error {
 	for _, e := range page.Rows {
 		out.Entries = append(out.Entries, journalEntryJSON{
 			ID: e.ID, Asset: e.Asset, Amount: money.Canonical(e.Amount), EventType: e.EventType,
-			SourceEventID: e.SourceEventID, CreatedAt: e.CreatedAt.UTC(),
+			SourceEventID: e.SourceEventID, CreatedAt: e.CreatedAt.UTC(), Network: optional(e.Network),
 		})
 	}
 	if page.Next != nil {
@@ -261,4 +263,12 @@ func (s *Server) journalPage(c echo.Context) error {
 		out.Next = &next
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// optional is a JSON null for "".
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }

@@ -59,6 +59,9 @@ type JournalEntry struct {
 	EventType     string
 	SourceEventID string
 	CreatedAt     time.Time
+	// Network is where the movement happened; "" for rows written before
+	// networks existed (theirs is their asset's).
+	Network string
 }
 
 // EventsPage reads up to size events after the cursor (nil: from the
@@ -136,7 +139,7 @@ func (db *DB) JournalPage(ctx context.Context, user int64, asset string, after *
 		var isTrailer bool
 		var xid, amount string
 		var e JournalEntry
-		if err := rows.Scan(&isTrailer, &xid, &e.ID, &e.Asset, &amount, &e.EventType, &e.SourceEventID, &e.CreatedAt, &scanned); err != nil {
+		if err := rows.Scan(&isTrailer, &xid, &e.ID, &e.Asset, &amount, &e.EventType, &e.SourceEventID, &e.CreatedAt, &scanned, &e.Network); err != nil {
 			return Page[JournalEntry, JournalKey]{}, classify(stmt.name, err)
 		}
 		key := JournalKey{ID: e.ID}

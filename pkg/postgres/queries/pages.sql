@@ -93,7 +93,7 @@ ORDER BY trailer, n;
 -- $1: user; $2, $3: cursor (insert_xid, id); $4: rows to scan at most;
 -- $5: asset or NULL; $6: page size + 1. On balance_events_user_page.
 WITH scanned AS MATERIALIZED (
-    SELECT id, insert_xid, user_id, asset, amount, event_type, source_event_id, created_at,
+    SELECT id, insert_xid, user_id, asset, amount, event_type, source_event_id, created_at, network,
            ($5::text IS NULL OR asset = $5) AS wanted
     FROM balance_events
     WHERE user_id = $1
@@ -111,10 +111,10 @@ WITH scanned AS MATERIALIZED (
 )
 SELECT * FROM (
     SELECT false AS trailer, p.insert_xid::text, p.id, p.asset, p.amount::text, p.event_type, p.source_event_id,
-           p.created_at, 0::bigint AS scanned_rows
+           p.created_at, 0::bigint AS scanned_rows, COALESCE(p.network, '') AS network
     FROM page p
     UNION ALL
-    SELECT true, t.insert_xid::text, t.id, '', '0', '', '', now(), t.scanned_rows
+    SELECT true, t.insert_xid::text, t.id, '', '0', '', '', now(), t.scanned_rows, ''
     FROM trailer t
 ) rows
 ORDER BY trailer, insert_xid::xid8, id;
