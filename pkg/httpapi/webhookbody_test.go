@@ -107,6 +107,7 @@ func TestUnverifiedBytesAreBounded(t *testing.T) {
 	// The same /64 from another address: its share is taken.
 	sameClient := startSlowBody(t, h.url, "/webhook/alchemy", "2001:db8:5:6:ffff::2", mib, nil)
 	resp := sameClient.answer(t, 5*time.Second)
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 
@@ -136,11 +137,14 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 	h := newHarness(t, harnessOptions{change: trustLoopback(t, "2/h", "off")})
 	h.createUser(7)
 	tooLarge := startSlowBody(t, h.url, "/webhook/payments", "198.51.100.8", httpapi.PaymentsBodyMax+1, nil)
-	require.Equal(t, http.StatusRequestEntityTooLarge, tooLarge.answer(t, 5*time.Second).StatusCode)
+	tooLargeAnswer := tooLarge.answer(t, 5*time.Second)
+	_ = tooLargeAnswer.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, tooLargeAnswer.StatusCode)
 	requireCode(t, h.postUnsigned(deposit("forged", 7, "1"), "X-Forwarded-For", "198.51.100.8"), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
 
 	over := startSlowBody(t, h.url, "/webhook/alchemy", "198.51.100.8", httpapi.AlchemyBodyMax, []byte(`{`))
 	resp := over.answer(t, 5*time.Second)
+	_ = resp.Body.Close()
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	require.Equal(t, "3355", resp.Header.Get("Retry-After"))
 }

@@ -146,7 +146,10 @@ type byteWriter interface{ Write([]byte) (int, error) }
 
 func writeField(w byteWriter, field string) {
 	var length [4]byte
-	binary.BigEndian.PutUint32(length[:], uint32(len(field)))
+	// Fields are bounded far below 4 GiB (ids of 256 characters, amounts,
+	// hashes, names): the prefix cannot wrap.
+	binary.BigEndian.PutUint32(length[:], uint32(len(field))) //nolint:gosec // G115: see above
+
 	_, _ = w.Write(length[:])
 	_, _ = w.Write([]byte(field))
 }

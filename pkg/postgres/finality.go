@@ -61,7 +61,7 @@ func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, er
 	var ageMicros int64
 	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex, &s.Network)
 	s.Age = time.Duration(ageMicros) * time.Microsecond
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
 	}
 	return s, classify(stmt.name, err)

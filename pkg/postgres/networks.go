@@ -77,6 +77,8 @@ func (db *DB) AddNetwork(ctx context.Context, n NewNetwork) (added bool, err err
 		if err != nil {
 			return classify(stmt.name, err)
 		}
+		// The name and the chain id may each match a row: every row must
+		// be this very network.
 		for _, e := range existing {
 			if e.Name != n.Name {
 				return fmt.Errorf("%w: chain id %d is network %s", payment.ErrConflict, n.ChainID, e.Name)
@@ -84,6 +86,8 @@ func (db *DB) AddNetwork(ctx context.Context, n NewNetwork) (added bool, err err
 			if e.ChainID != n.ChainID || e.Native != n.Native {
 				return fmt.Errorf("%w: network %s exists with chain id %d and native %q", payment.ErrConflict, e.Name, e.ChainID, e.Native)
 			}
+		}
+		if len(existing) > 0 {
 			// The same network again: make sure its native listing is there.
 			return db.addListing(ctx, tx, payment.Asset{Code: n.Native, Network: n.Name, Decimals: n.Decimals}, nil)
 		}
@@ -144,11 +148,15 @@ func (db *DB) addListing(ctx context.Context, tx pgx.Tx, a payment.Asset, added 
 	if err != nil {
 		return classify(stmt.name, err)
 	}
+	// The code and the contract may each match a row: every row must be
+	// this very listing.
 	for _, e := range existing {
 		if e != a {
 			return fmt.Errorf("%w: %s is listed on %s with contract %q and %d decimals", payment.ErrConflict,
 				e.Code, e.Network, e.Contract, e.Decimals)
 		}
+	}
+	if len(existing) > 0 {
 		return nil
 	}
 	if _, err := tx.Exec(ctx, q("insert_asset_code").text, a.Code, a.Network, a.Contract, a.Decimals); err != nil {

@@ -70,13 +70,13 @@ func FullJitter(base, ceiling time.Duration) asynq.RetryDelayFunc {
 	return func(attempt int, err error, _ *asynq.Task) time.Duration {
 		if err != nil && !IsFailure(err) {
 			limit := min(ceiling, base<<outageBackoffSteps)
-			return base + time.Duration(rand.Int64N(int64(max(limit-base, 0))+1))
+			return base + time.Duration(rand.Int64N(int64(max(limit-base, 0))+1)) //nolint:gosec // G404: retry jitter, not a secret
 		}
 		limit := ceiling
 		if attempt >= 0 && attempt < 32 && base<<attempt > 0 && base<<attempt < ceiling {
 			limit = base << attempt
 		}
-		return time.Duration(rand.Int64N(int64(limit) + 1))
+		return time.Duration(rand.Int64N(int64(limit) + 1)) //nolint:gosec // G404: retry jitter, not a secret
 	}
 }
 

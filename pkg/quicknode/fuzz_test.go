@@ -76,7 +76,7 @@ func FuzzQuickNodeVerify(f *testing.F) {
 		if quicknode.Verify(nonce, timestamp, body, string(flipped), key) {
 			t.Fatal("a changed signature verifies")
 		}
-		if quicknode.Verify(nonce, timestamp, append(body, byte(position)), sig, key) {
+		if quicknode.Verify(nonce, timestamp, append(body, position), sig, key) {
 			t.Fatal("a changed body verifies")
 		}
 	})

@@ -84,10 +84,11 @@ func TestDevStackTwoNetworks(t *testing.T) {
 	t.Cleanup(func() {
 		_ = dev.Process.Signal(syscall.SIGINT)
 		select {
-		case <-exited:
+		case err := <-exited:
+			t.Logf("settlectl dev stopped: %v", err)
 		case <-time.After(devStackStopMax):
 			_ = syscall.Kill(-dev.Process.Pid, syscall.SIGKILL)
-			<-exited
+			t.Logf("settlectl dev killed after %s: %v", devStackStopMax, <-exited)
 		}
 		if os.Geteuid() == 0 { // settlectl dev keeps root's cluster there
 			sum := sha256.Sum256([]byte(dir))

@@ -612,7 +612,7 @@ func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
 		return Reorg{}, fmt.Errorf("devchain: head: %w", err)
 	}
 	if _, err := c.client.TransactionReceipt(ctx, hash); !errors.Is(err, ethereum.NotFound) {
-		return Reorg{}, fmt.Errorf("devchain: %s survived the reorg (receipt error: %v)", txHash, err)
+		return Reorg{}, fmt.Errorf("devchain: %s survived the reorg (receipt error: %v)", txHash, err) //nolint:errorlint // err may be nil here: printed, not wrapped
 	}
 	return Reorg{ForkedAt: block - 1, OldHead: oldHead, NewHead: newHead, Replacement: strings.ToLower(replacement.Hex())}, nil
 }
