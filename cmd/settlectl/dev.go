@@ -418,7 +418,7 @@ func prepareDatabase(ctx context.Context, pg *devenv.Postgres) (string, error) {
 type devProc struct {
 	name    string
 	env     map[string]string
-	cmd     *exec.Cmd
+	proc    devenv.Process
 	logPath string
 }
 
@@ -437,14 +437,13 @@ func (p *devProc) start(root string, env map[string]string, exited chan<- *devPr
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := p.proc.Start(cmd); err != nil {
 		log.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
-	p.cmd = cmd
+	done := p.proc.Done()
 	go func() {
-		_ = cmd.Wait()
+		<-done
 		log.Close()
 		exited <- p
 	}()
@@ -454,17 +453,19 @@ func (p *devProc) start(root string, env map[string]string, exited chan<- *devPr
 // stopAll asks every service to stop and waits for them.
 func stopAll(procs []*devProc) {
 	for _, p := range procs {
-		if p.cmd != nil && p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		if p.proc.Running() {
+			_ = p.proc.Signal(syscall.SIGTERM)
 		}
 	}
 	deadline := time.Now().Add(devStopTimeout)
 	for _, p := range procs {
-		for p.cmd != nil && p.cmd.ProcessState == nil && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+		if !p.proc.Running() {
+			continue
 		}
-		if p.cmd != nil && p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
+		select {
+		case <-p.proc.Done():
+		case <-time.After(time.Until(deadline)):
+			p.proc.Kill()
 		}
 	}
 }

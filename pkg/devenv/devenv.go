@@ -254,3 +254,55 @@ func (p *process) pid() int {
 	}
 	return p.cmd.Process.Pid
 }
+
+// Process supervises one child in its own process group that dies with
+// its parent: the one supervisor of settle's dev and test tooling (the
+// servers here, settle's binaries under `settlectl dev` and the test
+// harness). Stopping, pausing or killing reaches everything it forked.
+type Process struct{ p process }
+
+// Start runs cmd under supervision; its SysProcAttr gains a process group
+// and the parent-death signal.
+func (x *Process) Start(cmd *exec.Cmd) error { return x.p.start(cmd) }
+
+// Running reports whether the child is alive.
+func (x *Process) Running() bool { return x.p.running() }
+
+// Signal sends sig to the child's group and every descendant.
+func (x *Process) Signal(sig syscall.Signal) error { return x.p.signalGroup(sig) }
+
+// Stop asks with sig, kills after grace, and returns the exit code (-1
+// when it was never started or died of a signal).
+func (x *Process) Stop(sig syscall.Signal, grace time.Duration) int {
+	x.p.stop(sig, grace)
+	return x.ExitCode()
+}
+
+// Kill ends the child and its group with SIGKILL and waits for it.
+func (x *Process) Kill() { x.p.stop(syscall.SIGKILL, time.Second) }
+
+// Pid is the child's process id (0 before Start).
+func (x *Process) Pid() int { return x.p.pid() }
+
+// Done is closed once the child has exited; nil before Start.
+func (x *Process) Done() <-chan struct{} {
+	x.p.mu.Lock()
+	defer x.p.mu.Unlock()
+	return x.p.done
+}
+
+// ExitCode is the exit code of a child that has exited, else -1.
+func (x *Process) ExitCode() int {
+	x.p.mu.Lock()
+	cmd, done := x.p.cmd, x.p.done
+	x.p.mu.Unlock()
+	if cmd == nil {
+		return -1
+	}
+	select {
+	case <-done: // Wait has set ProcessState
+		return cmd.ProcessState.ExitCode()
+	default:
+		return -1
+	}
+}

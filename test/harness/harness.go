@@ -146,9 +146,7 @@ type Proc struct {
 	Port int
 
 	t    testing.TB
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc devenv.Process
 	logs *lockedBuffer
 }
 
@@ -172,74 +170,25 @@ func (b *lockedBuffer) String() string {
 // Start runs the process (again).
 func (p *Proc) Start() {
 	p.t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Env = testenv.Env(p.Env)
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := p.proc.Start(cmd); err != nil {
 		p.t.Fatalf("start %s: %v", p.Name, err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	p.cmd, p.done = cmd, done
 }
 
 // Running reports whether the process is alive.
-func (p *Proc) Running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
+func (p *Proc) Running() bool { return p.proc.Running() }
 
 // Stop sends SIGTERM and waits up to grace, then kills.
-func (p *Proc) Stop(grace time.Duration) (exitCode int) {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return -1
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
-	return cmd.ProcessState.ExitCode()
-}
+func (p *Proc) Stop(grace time.Duration) (exitCode int) { return p.proc.Stop(syscall.SIGTERM, grace) }
 
 // Kill ends the process with SIGKILL, mid-whatever.
-func (p *Proc) Kill() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
-}
+func (p *Proc) Kill() { p.proc.Kill() }
 
 // Pid is the process id (0 if not started).
-func (p *Proc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil || p.cmd.Process == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
+func (p *Proc) Pid() int { return p.proc.Pid() }
 
 // Logs is everything the process wrote so far.
 func (p *Proc) Logs() string { return p.logs.String() }
