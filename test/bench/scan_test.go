@@ -74,7 +74,9 @@ func BenchmarkScan(b *testing.B) {
 	sc := buildScanChain(b, ctx)
 	b.Logf("chain: %d blocks, %d token + %d native transfers per block over %d tokens, %d deposits to registered addresses; built in %s; load average %s",
 		sc.head, *flagScanTokenTxs, *flagScanNative, scanTokens, sc.deposits, time.Since(start).Round(time.Second), loadAverage())
-	for _, n := range []int{scanRegisteredMin, scanRegisteredMax} {
+	// 100,000 first: compare.sh's summary shows the first benchmark line,
+	// and issue 19's target is at 100,000.
+	for _, n := range []int{scanRegisteredMax, scanRegisteredMin} {
 		b.Run(fmt.Sprintf("addresses=%d", n), func(b *testing.B) { benchScan(b, ctx, sc, n) })
 	}
 }
