@@ -2,7 +2,10 @@ package test
 
 import (
 	"context"
+	"fmt"
+	"math/big"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +103,123 @@ func TestProviderReportsAndMisses(t *testing.T) {
 			metricValue(scheduler, `settle_provider_missed_deposits{provider="alchemy"}`) == 1 &&
 			metricValue(scheduler, `settle_provider_sampled_deposits{provider="moralis"}`) == 3
 	})
+}
+
+// permutations lists every order of names.
+func permutations(names []string) [][]string {
+	if len(names) <= 1 {
+		return [][]string{append([]string(nil), names...)}
+	}
+	var out [][]string
+	for i, first := range names {
+		rest := append(append([]string(nil), names[:i]...), names[i+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]string{first}, p...))
+		}
+	}
+	return out
+}
+
+// TestOneTransferThreeProvidersAndTheScanner: one real transfer (ETH and a
+// token) reported by Alchemy, QuickNode and Moralis and found by the
+// scanner, in every one of the 24 orders: one payment_events row, one
+// credit; the first reporter stores it (the scanner's source is
+// "scanner"), every later one is a duplicate (the scanner counts it
+// "reported").
+func TestOneTransferThreeProvidersAndTheScanner(t *testing.T) {
+	// A transaction is final three blocks deep, so the webhooks ahead of
+	// the scanner can deliver before its block is final; the scanner finds
+	// it once two more blocks are sealed.
+	c := newChainStack(t, "confirmations:3", map[string]string{
+		"QUICKNODE_SECURITY_TOKEN": quickNodeToken,
+		"MORALIS_STREAM_SECRET":    moralisSecret,
+		"SCAN_INTERVAL":            "200ms",
+	})
+	ctx := context.Background()
+	scannedPast := func(block uint64) bool { return c.cursor(t) > int64(block) }
+	// The scanner starts at the finality head when it first runs (three
+	// blocks deep: there must be that many).
+	require.NoError(t, c.chain.CommitBlocks(ctx, 3))
+	c.WaitFor("the scanner's cursor", time.Minute, func() bool { return c.cursor(t) >= 0 })
+
+	deliver := map[string]func(tx devchain.Tx, token bool) map[string]any{
+		"alchemy": func(tx devchain.Tx, token bool) map[string]any {
+			payload := alchemyETHPayload(addrUser1, tx, "0xde0b6b3a7640000")
+			if token {
+				payload = alchemyTokenPayload(c.token, addrUser1, tx, "0xf4240", false)
+			}
+			status, answer := c.alchemy(t, payload)
+			require.Equal(t, http.StatusOK, status, answer)
+			return answer
+		},
+		"quicknode": func(tx devchain.Tx, _ bool) map[string]any {
+			status, answer := c.quickNode(t, c.quickNodeBlock(t, tx), time.Now(), quickNodeToken, false)
+			require.Equal(t, http.StatusOK, status, answer)
+			return answer
+		},
+		"moralis": func(tx devchain.Tx, token bool) map[string]any {
+			compact, spaced := moralisDelivery(tx, "", addrUser1, "1000000000000000000", true)
+			if token {
+				compact, spaced = moralisDelivery(tx, c.token, addrUser1, "1000000", true)
+			}
+			status, answer := c.moralisSigned(t, compact, spaced)
+			require.Equal(t, http.StatusOK, status, answer)
+			return answer
+		},
+	}
+	orders := permutations([]string{"alchemy", "quicknode", "moralis", "scanner"})
+	require.Len(t, orders, 24)
+	var ids []string
+	for _, order := range orders {
+		for _, token := range []bool{false, true} {
+			var tx devchain.Tx
+			var err error
+			id := ""
+			if token {
+				tx, err = c.chain.TransferToken(ctx, 0, c.token, addrUser1, big.NewInt(1_000_000))
+				id = "chain:ETH_MAINNET:" + tx.Hash + ":0"
+			} else {
+				tx, err = c.chain.SendETH(ctx, 0, addrUser1, wei(1))
+				id = "chain:ETH_MAINNET:" + tx.Hash + ":native"
+			}
+			require.NoError(t, err)
+			ids = append(ids, id)
+			for i, name := range order {
+				if name == "scanner" {
+					require.NoError(t, c.chain.CommitBlocks(ctx, 2))
+					c.WaitFor("the scanner past block "+fmt.Sprint(tx.BlockNumber), time.Minute, func() bool { return scannedPast(tx.BlockNumber) })
+					continue
+				}
+				answer := deliver[name](tx, token)
+				if i == 0 {
+					requireCounts(t, answer, 1, 0)
+				} else {
+					requireCounts(t, answer, 0, 1)
+				}
+			}
+			require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE tx_hash = $1`, tx.Hash), "%v token=%v", order, token)
+			var source string
+			require.NoError(t, c.DB.QueryRow(ctx, `SELECT source FROM payment_events WHERE event_id = $1`, id).Scan(&source))
+			require.Equal(t, order[0], source, "%v token=%v: the first reporter stored it", order, token)
+		}
+	}
+	for _, id := range ids {
+		c.waitStatus(t, id, "confirmed")
+	}
+	require.Equal(t, len(ids), c.Count(`SELECT count(*) FROM payment_events`))
+	require.Equal(t, len(ids), c.Count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
+	require.Equal(t, len(ids), c.Count(`SELECT count(*) FROM chain_transfers`))
+	require.Equal(t, strconv.Itoa(len(orders)), c.balance(t, 1, "ETH"))
+	require.Equal(t, strconv.Itoa(len(orders)), c.balance(t, 1, "TUSD"))
+	// The scanner stored the transfers it reached first and found the
+	// others already reported.
+	var scheduler string
+	for _, p := range c.Procs {
+		if strings.HasPrefix(p.Name, "scheduler") {
+			scheduler = p.URL()
+		}
+	}
+	require.Equal(t, float64(12), metricValue(scheduler, `settle_scan_deposits_total{network="ETH_MAINNET",source="scanner"}`))
+	require.Equal(t, float64(36), metricValue(scheduler, `settle_scan_deposits_total{network="ETH_MAINNET",source="reported"}`))
+	requireInvariants(t, c.Stack)
 }
