@@ -287,14 +287,14 @@ func TestRPCOutageDelaysNeverDrops(t *testing.T) {
 		require.NoError(t, err)
 		txs = append(txs, tx)
 	}
-	proxy.mode.Store(proxyRefuse)
+	proxy.set(proxyRefuse)
 	for i, tx := range txs {
 		c.deposit(t, fmt.Sprintf("out-%d", i), 2, "ETH", "1", tx.Hash)
 	}
 	c.WaitFor("breaker open", time.Minute, func() bool {
 		return metricValue(worker1.URL(), `settle_chain_breaker_state{network="ETH_MAINNET"}`) == 2
 	})
-	proxy.mode.Store(proxyHang)
+	proxy.set(proxyHang)
 	time.Sleep(2 * time.Second)
 	require.Equal(t, "0", c.balance(t, 2, "ETH"), "nothing is credited while the chain cannot be asked")
 	require.Zero(t, c.Count(`SELECT count(*) FROM payment_events WHERE status='failed'`), "nothing is dropped")
@@ -399,6 +399,19 @@ func newSwitchProxy(t *testing.T) *switchProxy {
 		}
 	}()
 	return p
+}
+
+// set switches the mode and cuts the connections open so far, as a node
+// going away does: a client's kept-alive connection (the worker asks for
+// the chain id at start) must not outlive the outage.
+func (p *switchProxy) set(mode int32) {
+	p.mode.Store(mode)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
 }
 
 func (p *switchProxy) serve(conn net.Conn) {
