@@ -156,7 +156,7 @@ func TestPgBouncerEndToEnd(t *testing.T) {
 	out, code := apiMigrate(t, s)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "0001_init.sql", "the migrations were applied")
-	require.Equal(t, 6, s.Count(`SELECT count(*) FROM assets`), "the seeded assets")
+	require.Equal(t, 7, s.Count(`SELECT count(*) FROM assets`), "the seeded assets (POL since 0012)")
 	out, code = apiMigrate(t, s)
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, `"applied":[]`, "a second run is a no-op")
