@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/ethclient"
 	"github.com/shopspring/decimal"
 
@@ -345,6 +348,9 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 		alchemyReported = alchemyReported || rep.source == "alchemy"
 	}
 	l.mu.Unlock()
+	if l.faults != nil {
+		l.reports.Go(func() { l.faults.rescanFork(ctx, l.apiURL, r) })
+	}
 	if alchemyReported {
 		removed := &report{source: "alchemy", removed: true, body: alchemyBody(tr, tr.base, rand.New(rand.NewPCG(rand.Uint64(), 1)), true)}
 		l.reports.Go(func() { l.deliver(ctx, removed, false) })
@@ -397,7 +403,7 @@ func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int)
 		other.index = strconv.FormatUint(uint64(twinLogs[1]), 10)
 		out = append(out, &other)
 	case tr.asset == chainToken:
-		receipt, err := l.rig.eth.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
+		receipt, err := l.rig.receipt(ctx, tx.Hash)
 		if err != nil || len(receipt.Logs) != 1 {
 			l.mu.Lock()
 			l.sendErrors[fmt.Sprintf("token receipt: %v", err)]++
@@ -455,6 +461,24 @@ func (l *chainLoad) plan(rng *rand.Rand, tr *transfer, tag string) {
 			rep.conflictBody = paymentsBody(rep.id, tr, decimal.NewFromBigInt(more, -decimals), rep.withIndex)
 		case alchemyReports == 1:
 			rep.conflictBody = alchemyBody(tr, more, rng, false)
+		}
+	}
+}
+
+// receipt reads a mined transaction's receipt from the node, waiting
+// (bounded) while a fork that re-mines it has it in the pool: a transfer
+// the load forgot would still be on the chain, and the scanner credits it.
+func (r *chainRig) receipt(ctx context.Context, hash string) (*types.Receipt, error) {
+	deadline := time.Now().Add(rawMinedWaitMax)
+	for {
+		receipt, err := r.eth.TransactionReceipt(ctx, common.HexToHash(hash))
+		if !errors.Is(err, ethereum.NotFound) || time.Now().After(deadline) {
+			return receipt, err
+		}
+		select {
+		case <-time.After(rawMinedPoll):
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
 	}
 }

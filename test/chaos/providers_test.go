@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/test/harness"
 )
 
 // Provider-fault mode (chain mode): the providers lose the reports, as
@@ -27,6 +29,7 @@ import (
 // transfer final on the chain is credited exactly once.
 var (
 	flagProviders    = flag.Bool("chaos.providers", true, "provider-fault mode (chain mode): reports dropped, duplicated, reordered, one provider paused; the scanner must find the rest")
+	flagForkRescan   = flag.Bool("chaos.forkrescan", true, "provider-fault mode: after a fork deeper than the confirmations, ask POST /admin/rescan for the blocks it rewrote (false: the scanner alone)")
 	flagScanInterval = flag.String("chaos.scaninterval", "1s", "the scheduler's SCAN_INTERVAL in provider-fault mode (off: no scanner, which the verifier must catch)")
 )
 
@@ -71,6 +74,10 @@ type providerFaults struct {
 	dropped map[*report]bool
 	tally   map[string]int // "<source> <fate>"
 	scans   *scanWatch
+	// rescans the soak asked for after forks deeper than the policy, and
+	// the requests never accepted.
+	rescans    []string
+	unaccepted []string
 }
 
 func newProviderFaults(seed uint64, duration time.Duration) *providerFaults {
@@ -219,14 +226,13 @@ func (f *providerFaults) fate(group []*transfer) string {
 }
 
 // beyondPolicy says whether a fork dropped the block the group was first
-// mined in while that block was already final under the soak's
-// confirmations:N (the fork deeper than N): the scanner had scanned it,
-// and a transaction mined again below its cursor is beyond the finality
-// policy. Those transfers are held to chain mode's rules, not this
-// mode's.
+// mined in while that block may have been final already under the soak's
+// confirmations:N (the fork deeper than N): the scanner may have scanned
+// it, and only the rescan the soak asks for finds the transaction mined
+// again below the cursor.
 func beyondPolicy(forks []devchain.Reorg, group []*transfer) bool {
 	for _, r := range forks {
-		if r.OldHead-r.ForkedAt < chainConfirmations {
+		if r.OldHead-r.ForkedAt <= chainConfirmations {
 			continue
 		}
 		for _, t := range group {
@@ -236,6 +242,39 @@ func beyondPolicy(forks []devchain.Reorg, group []*transfer) bool {
 		}
 	}
 	return false
+}
+
+// rescanFork asks for a rescan of the blocks a fork deeper than the
+// finality policy rewrote, as an operator would: the scanner had scanned
+// some of them already (its cursor follows head − N), and the
+// transactions the fork mined again there are below its cursor. A
+// shallower fork rewrote only blocks the cursor has not reached.
+func (f *providerFaults) rescanFork(ctx context.Context, apiURL string, r devchain.Reorg) {
+	if r.OldHead-r.ForkedAt <= chainConfirmations || !*flagForkRescan {
+		return
+	}
+	client := harness.NewClient(apiURL)
+	body := map[string]any{"network": chainNetwork, "from_block": r.ForkedAt + 1, "to_block": r.NewHead}
+	deadline := time.Now().Add(deliveryMax)
+	for {
+		status, answer, err := client.Admin(http.MethodPost, "/admin/rescan", body)
+		if err == nil && status == http.StatusAccepted {
+			f.mu.Lock()
+			f.rescans = append(f.rescans, fmt.Sprintf("%v (blocks %d..%d)", answer["id"], r.ForkedAt+1, r.NewHead))
+			f.mu.Unlock()
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil || (err == nil && status < 500) {
+			f.mu.Lock()
+			f.unaccepted = append(f.unaccepted, fmt.Sprintf("blocks %d..%d: %d %v %v", r.ForkedAt+1, r.NewHead, status, answer, err))
+			f.mu.Unlock()
+			return
+		}
+		select {
+		case <-time.After(backoffMax):
+		case <-ctx.Done():
+		}
+	}
 }
 
 // waitScanCursor waits for the scheduler's first pass to set the cursor
@@ -276,16 +315,20 @@ func waitScanned(ctx context.Context, t *testing.T, c *cluster, rig *chainRig, p
 	}
 	deadline := time.Now().Add(scanCatchUpMax)
 	var next int64
+	var running int
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err = pool.QueryRow(qctx, `SELECT next_block FROM chain_cursors WHERE network = $1`, chainNetwork).Scan(&next)
+		if err == nil {
+			err = pool.QueryRow(qctx, `SELECT count(*) FROM rescan_jobs WHERE status = 'running'`).Scan(&running)
+		}
 		cancel()
-		if err == nil && uint64(next) > head {
-			c.timeline.add("scan cursor at %d, past the load's last block %d", next, head)
+		if err == nil && uint64(next) > head && running == 0 {
+			c.timeline.add("scan cursor at %d, past the load's last block %d; no rescan running", next, head)
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("the scan cursor did not pass block %d within %s: at %d (err %v)", head, scanCatchUpMax, next, err)
+			t.Errorf("the scan cursor did not pass block %d within %s, or rescans still run: at %d, %d rescans running (err %v)", head, scanCatchUpMax, next, running, err)
 			return
 		}
 		time.Sleep(scanPoll)
@@ -397,11 +440,30 @@ func scanDeposits(base string) (map[string]float64, bool) {
 }
 
 // verifyProviders reports what the providers lost and the scanner found.
-func verifyProviders(v *verdict, l *chainLoad, scans *scanWatch, scannerOnly, scannerOnlyCredited, exempt int) {
+func verifyProviders(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLoad, scans *scanWatch, scannerOnly, scannerOnlyCredited, belowCursor int) {
 	v.note("chain: %s", l.faults)
 	v.note("chain: %s", l.faults.summary())
-	v.note("chain: %d transfers no provider reported at all, %d of them credited (found by the scanner only); %d transfers mined again by a fork deeper than the finality policy held to chain mode's rules",
-		scannerOnly, scannerOnlyCredited, exempt)
+	v.note("chain: %d transfers no provider reported at all, %d of them credited (found by the scanner only); %d transfers in blocks a fork deeper than the finality policy rewrote",
+		scannerOnly, scannerOnlyCredited, belowCursor)
+	l.faults.mu.Lock()
+	rescans, unaccepted := slices.Clone(l.faults.rescans), slices.Clone(l.faults.unaccepted)
+	l.faults.mu.Unlock()
+	v.note("chain: rescans asked for after forks deeper than the policy: %v", rescans)
+	for _, u := range unaccepted {
+		v.fail("chain: rescan not accepted", "%s", u)
+	}
+	rows, err := pool.Query(ctx, `SELECT id || ' ' || status || ' ' || COALESCE(error, '') FROM rescan_jobs WHERE status <> 'done'`)
+	if err != nil {
+		v.fail("books unreadable", "rescan_jobs: %v", err)
+	} else {
+		for rows.Next() {
+			var s string
+			if rows.Scan(&s) == nil {
+				v.fail("chain: rescan not done", "%s", s)
+			}
+		}
+		rows.Close()
+	}
 	if scans != nil {
 		got := scans.totals()
 		v.note("chain: scheduler's settle_scan_deposits_total{network=%q} over its lives (at least): %v (%d samples)", chainNetwork, got, scans.reads)
@@ -425,14 +487,14 @@ func TestScanWatchAddsLives(t *testing.T) {
 	}
 }
 
-// TestBeyondPolicy: only a fork at least chainConfirmations deep, and
+// TestBeyondPolicy: only a fork deeper than chainConfirmations, and
 // only the blocks it dropped.
 func TestBeyondPolicy(t *testing.T) {
-	forks := []devchain.Reorg{{ForkedAt: 10, OldHead: 10 + chainConfirmations}, {ForkedAt: 50, OldHead: 51}}
+	forks := []devchain.Reorg{{ForkedAt: 10, OldHead: 11 + chainConfirmations}, {ForkedAt: 50, OldHead: 50 + chainConfirmations}}
 	for _, c := range []struct {
 		block uint64
 		want  bool
-	}{{10, false}, {11, true}, {10 + chainConfirmations, true}, {11 + chainConfirmations, false}, {51, false}} {
+	}{{10, false}, {11, true}, {11 + chainConfirmations, true}, {12 + chainConfirmations, false}, {51, false}} {
 		if got := beyondPolicy(forks, []*transfer{{block: c.block}}); got != c.want {
 			t.Errorf("block %d: %v, want %v", c.block, got, c.want)
 		}

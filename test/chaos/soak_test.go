@@ -94,8 +94,8 @@ func TestChaosSoak(t *testing.T) {
 		seed = 1 + rand.Uint64N(1<<53) // prints and parses without surprises
 	}
 	duration := *flagDuration
-	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g -chaos.pgbouncer=%v -chaos.providers=%v -chaos.scaninterval=%s",
-		seed, duration, *flagRate, *flagChain, *flagChainRate, *flagPgBouncer, *flagProviders, *flagScanInterval)
+	replay := fmt.Sprintf("go test ./test/chaos -run TestChaosSoak -count=1 -v -chaos.seed=%d -chaos.duration=%s -chaos.rate=%g -chaos.chain=%v -chaos.chainrate=%g -chaos.pgbouncer=%v -chaos.providers=%v -chaos.scaninterval=%s -chaos.forkrescan=%v",
+		seed, duration, *flagRate, *flagChain, *flagChainRate, *flagPgBouncer, *flagProviders, *flagScanInterval, *flagForkRescan)
 	t.Logf("chaos seed %d (replay: %s)", seed, replay)
 	faults := planFaults(seed, duration, *flagChain)
 	t.Logf("%d faults planned over %s", len(faults), duration)
