@@ -541,6 +541,26 @@ func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerIt
 	for _, e := range c.claimed {
 		claimedItem[e.Item] = true
 	}
+	// A live task's event that was enqueued at its generation and still
+	// was not locked either describes another event (a bad payload), or
+	// moved under the claim and came back (a concurrent attempt of the
+	// same generation parked it, the enqueuer handed it out again): only
+	// the stored content tells which.
+	var suspects []int
+	for _, i := range live {
+		task := items[i].Event
+		if r := refused[task.ID]; !claimedItem[i] && !c.locked[task.ID] && r.Found &&
+			r.Status == payment.StatusEnqueued && r.Generation == task.Generation {
+			suspects = append(suspects, i)
+		}
+	}
+	same := map[string]bool{}
+	if len(suspects) > 0 {
+		var err error
+		if same, err = contentMatches(ctx, conn, items, suspects); err != nil {
+			return nil, err
+		}
+	}
 	for _, i := range live {
 		if claimedItem[i] {
 			continue
@@ -555,6 +575,9 @@ func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerIt
 			results[i] = LedgerResult{Kind: Rejected, Err: fmt.Errorf("event %s: %w", task.ID, payment.ErrNotFound)}
 		case r.Status.Terminal():
 			results[i] = LedgerResult{Kind: AlreadyDone, Status: r.Status}
+		case r.Status == payment.StatusEnqueued && r.Generation == task.Generation && same[task.ID]:
+			results[i] = LedgerResult{Kind: Retry, Status: r.Status,
+				Err: payment.Retryable("ledger claim", fmt.Errorf("event %s moved while the batch claimed it", task.ID))}
 		case r.Status == payment.StatusEnqueued && r.Generation == task.Generation:
 			// The live task of an enqueued event that it could not lock:
 			// its payload does not describe the stored event.
@@ -780,4 +803,30 @@ func rollback(conn *pgxpool.Conn) {
 	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
 		_ = conn.Conn().Close(ctx)
 	}
+}
+
+// contentMatches names the events of items[at] whose stored row has the
+// task's content (type, user, asset, amount, transaction).
+func contentMatches(ctx context.Context, conn *pgxpool.Conn, items []LedgerItem, at []int) (map[string]bool, error) {
+	n := len(at)
+	ids, types, assets, amounts, txs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	users := make([]int64, n)
+	for k, i := range at {
+		e := items[i].Event
+		ids[k], types[k], users[k], assets[k], amounts[k], txs[k] = e.ID, string(e.Type), e.UserID, e.Asset, e.Amount.String(), e.TxHash
+	}
+	stmt := q("ledger_content_matches")
+	rows, err := conn.Query(ctx, stmt.text, ids, types, users, assets, amounts, txs)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	matched, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out := make(map[string]bool, len(matched))
+	for _, id := range matched {
+		out[id] = true
+	}
+	return out, nil
 }

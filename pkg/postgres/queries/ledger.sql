@@ -212,3 +212,16 @@ SELECT t.delivery_id, t.event_id, t.user_id, t.kind, t.payload::jsonb, t.trace_i
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
      AS t(delivery_id, event_id, user_id, kind, payload, trace_id)
 ON CONFLICT (delivery_id) DO NOTHING;
+
+-- name: ledger_content_matches
+-- The events whose stored content is the task's: a task the claim did not
+-- lock although its event is enqueued at its generation either raced a
+-- concurrent attempt (same content: retry) or names another event.
+SELECT p.event_id
+FROM payment_events p
+JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[])
+     AS t(event_id, event_type, user_id, asset, amount, tx_hash)
+  ON p.event_id = t.event_id
+WHERE p.event_id = ANY($1::text[])
+  AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
+  AND COALESCE(p.tx_hash, '') = t.tx_hash;
