@@ -25,8 +25,9 @@ var (
 // (BENCHMARKS.md, "Chain scanner"). SCAN_INTERVAL bounds it from below:
 // a block finalized just after a pass waits for the next one. Deposits
 // come at a pace that is not a multiple of the interval, so they land at
-// every phase of the scanner's ticker. It fails if a deposit is stored
-// before its block is final, is not credited, or is credited twice.
+// every phase of the scanner's ticker; each waits a pace mined but not
+// final first. It fails if a deposit is stored before its block is final,
+// is not credited, or is credited twice.
 func TestScannerFinalityToCredit(t *testing.T) {
 	interval := *flagLatencyInterval
 	c := newChainStack(t, "finalized", map[string]string{"SCAN_INTERVAL": interval.String(), "SCAN_PASS_TIMEOUT": "10s"})
@@ -41,7 +42,6 @@ func TestScannerFinalityToCredit(t *testing.T) {
 	var deposits []deposit
 	next := time.Now()
 	for i := range *flagLatencyDeposits {
-		time.Sleep(time.Until(next))
 		next = next.Add(pace)
 		var id string
 		var block uint64
@@ -54,6 +54,9 @@ func TestScannerFinalityToCredit(t *testing.T) {
 			require.NoError(t, err)
 			id, block = nativeID(tx), tx.BlockNumber
 		}
+		// Mined, not final, for a pace (a pass or more): nothing is stored.
+		time.Sleep(time.Until(next))
+		require.Zero(t, c.Count(`SELECT count(*) FROM payment_events WHERE event_id = $1`, id), "%s stored before its block was final", id)
 		require.NoError(t, c.chain.FinalizeThrough(ctx, block))
 		deposits = append(deposits, deposit{id, time.Now()})
 	}
