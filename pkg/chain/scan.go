@@ -170,10 +170,10 @@ func (c *Client) Blocks(ctx context.Context, numbers []uint64) ([]Block, error) 
 		return nil, err
 	}
 	out := make([]Block, len(numbers))
-	for i, raw := range raws {
-		b, err := parseFullBlock(raw)
-		if err == nil && b.Number != numbers[i] {
-			err = fmt.Errorf("asked for block %d, the node answered block %d", numbers[i], b.Number)
+	for i, number := range numbers {
+		b, err := parseFullBlock(raws[i])
+		if err == nil && b.Number != number {
+			err = fmt.Errorf("asked for block %d, the node answered block %d", number, b.Number)
 		}
 		if err != nil {
 			return nil, payment.Unavailable("chain "+MethodBlock, err)
