@@ -267,9 +267,9 @@ func TestReorgAfterCreditCompensatesOnce(t *testing.T) {
 // hangs); the breaker opens, deposits wait and nothing is credited; when
 // the node is back everything completes, once.
 func TestRPCOutageDelaysNeverDrops(t *testing.T) {
-	proxy := newSwitchProxy(t)
 	c := newChainStack(t, "confirmations:1", map[string]string{"ETH_RPC_TIMEOUT": "1s", "ETH_RPC_BREAKER_OPEN_FOR": "5s"})
-	proxy.target = strings.TrimPrefix(c.chain.URL(), "http://")
+	// The target is set before the proxy accepts anything: serve reads it.
+	proxy := newSwitchProxy(t, strings.TrimPrefix(c.chain.URL(), "http://"))
 	// Restart the workers through the proxy (two of them: the breaker is
 	// shared through Redis).
 	for _, p := range c.Procs {
@@ -373,11 +373,11 @@ type switchProxy struct {
 	conns  []net.Conn
 }
 
-func newSwitchProxy(t *testing.T) *switchProxy {
+func newSwitchProxy(t *testing.T, target string) *switchProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &switchProxy{addr: l.Addr().String()}
+	p := &switchProxy{addr: l.Addr().String(), target: target}
 	t.Cleanup(func() {
 		_ = l.Close()
 		p.mu.Lock()

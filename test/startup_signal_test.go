@@ -54,18 +54,23 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 				fmt.Sprintf("METRICS_ADDR=127.0.0.1:%d", metrics),
 				"DEPOSIT_FINALITY=none",
 			}
+			// Read only after Wait: the command's copier writes it until then.
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
 			require.NoError(t, cmd.Start())
-			time.Sleep(1500 * time.Millisecond)
-			require.Nil(t, cmd.ProcessState, "still waiting, not exited:\n%s", out.String())
-			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
 			select {
 			case err = <-done:
+				t.Fatalf("%s exited before the signal (%v):\n%s", bin, err, out.String())
+			case <-time.After(1500 * time.Millisecond): // still waiting to connect
+			}
+			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+			select {
+			case err = <-done:
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
+				<-done
 				t.Fatalf("%s did not stop on SIGTERM:\n%s", bin, out.String())
 			}
 			var exit *exec.ExitError
