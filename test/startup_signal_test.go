@@ -70,8 +70,7 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 			case err = <-done:
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
-				<-done
-				t.Fatalf("%s did not stop on SIGTERM:\n%s", bin, out.String())
+				t.Fatalf("%s did not stop on SIGTERM (then killed: %v):\n%s", bin, <-done, out.String())
 			}
 			var exit *exec.ExitError
 			if errors.As(err, &exit) {
