@@ -86,6 +86,6 @@ func (b breakerStates) BreakerStates(ctx context.Context) ([]console.Breaker, er
 // before anything is served.
 type serverRescans struct{ server *httpapi.Server }
 
-func (r *serverRescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
-	return r.server.StartRescan(ctx, network, from, to)
+func (r *serverRescans) StartRescan(ctx context.Context, network string, from, to uint64, operator string) (string, error) {
+	return r.server.StartRescan(ctx, network, from, to, operator)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -19,7 +20,7 @@ import (
 const rescanBlocksMaxDefault = 100_000
 
 func init() {
-	register("rescan", "rescan --network N --from B --to B | rescan status ID", runRescan)
+	register("rescan", "rescan --network N --from B --to B [--operator NAME] [--reason WHY] | rescan status ID", runRescan)
 }
 
 // runRescan schedules a rescan the way POST /admin/rescan does, or shows
@@ -45,6 +46,8 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	network := fs.String("network", "", "network name, e.g. ETH_MAINNET")
 	from := fs.Int64("from", -1, "first block")
 	to := fs.Int64("to", -1, "last block")
+	who := fs.String("operator", "", "who asks (default: your login name)")
+	reason := fs.String("reason", "", "why, recorded with the job")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -80,7 +83,11 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	if !known || !enabled {
 		return fmt.Errorf("%w: network %s is not an enabled network (NETWORKS)", config.ErrUsage, *network)
 	}
-	job, err := db.CreateRescan(ctx, "rescan_"+uuid.NewString(), *network, uint64(*from), uint64(*to))
+	asker := operator(*who)
+	if r := strings.TrimSpace(*reason); r != "" {
+		asker += ": " + r
+	}
+	job, err := db.CreateRescan(ctx, "rescan_"+uuid.NewString(), *network, uint64(*from), uint64(*to), asker)
 	if err != nil {
 		return err
 	}
@@ -91,7 +98,7 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 func rescanOutput(j postgres.RescanJob) map[string]any {
 	out := map[string]any{
 		"id": j.ID, "network": j.Network, "from_block": j.FromBlock, "to_block": j.ToBlock, "next_block": j.NextBlock,
-		"blocks_done": j.NextBlock - j.FromBlock, "status": j.Status, "found": j.Found, "requested_by": j.RequestedBy,
+		"blocks_done": j.NextBlock - j.FromBlock, "status": j.Status, "found": j.Found, "requested_by": j.RequestedBy, "operator": j.Operator,
 		"created_at": j.CreatedAt, "updated_at": j.UpdatedAt,
 	}
 	if j.Address != "" {

@@ -87,7 +87,7 @@ type Chain interface {
 // Rescans starts a rescan job (POST /admin/rescan's operation). Nil: the
 // console lists jobs but cannot start one.
 type Rescans interface {
-	StartRescan(ctx context.Context, network string, from, to uint64) (id string, err error)
+	StartRescan(ctx context.Context, network string, from, to uint64, operator string) (id string, err error)
 }
 
 // Breaker is one circuit breaker's shared state ("closed", "open",

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -390,8 +391,8 @@ func itoa(n int64) string { return decimal.NewFromInt(n).String() }
 // as cmd/api wires it (the server exists only after the console).
 type rescans struct{ server *httpapi.Server }
 
-func (r *rescans) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
-	return r.server.StartRescan(ctx, network, from, to)
+func (r *rescans) StartRescan(ctx context.Context, network string, from, to uint64, operator string) (string, error) {
+	return r.server.StartRescan(ctx, network, from, to, operator)
 }
 
 // rescanBlocksMax is the fixture's RESCAN_BLOCKS_MAX.
@@ -433,9 +434,14 @@ func TestHoldsAndRescans(t *testing.T) {
 	job, err := f.db.Rescan(ctx, jobID)
 	require.NoError(t, err)
 	require.Equal(t, "running", job.Status)
+	// Who asked and why is stored with the job, not only logged.
+	require.Equal(t, "admin", job.RequestedBy)
+	require.Contains(t, job.Operator, "(console, admin)")
+	require.True(t, strings.HasSuffix(job.Operator, ": an outage of the provider's webhooks"), job.Operator)
 	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
 	require.Contains(t, a.body, jobID)
 	require.Contains(t, a.body, "0/100")
+	require.Contains(t, a.body, html.EscapeString(job.Operator))
 	// The admin API's own rules refuse, and say why.
 	for name, change := range map[string]url.Values{
 		"to before from":         {"to_block": {"99"}},

@@ -70,7 +70,7 @@ func (c *Console) startRescan(w http.ResponseWriter, r *http.Request, a actor) {
 	}
 	ctx, cancel := storeContext(r)
 	defer cancel()
-	id, err := c.o.Rescans.StartRescan(ctx, network, from, to)
+	id, err := c.o.Rescans.StartRescan(ctx, network, from, to, a.who+": "+a.reason)
 	if errors.Is(err, payment.ErrInvalid) {
 		// The operation's refusals are written for the operator.
 		c.fail(w, r, http.StatusBadRequest, "Refused: "+err.Error()+".")

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
@@ -32,7 +34,7 @@ const (
 
 // RescanStore is what the rescan routes need; *postgres.DB implements it.
 type RescanStore interface {
-	CreateRescan(ctx context.Context, id, network string, from, to uint64) (postgres.RescanJob, error)
+	CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (postgres.RescanJob, error)
 	Rescan(ctx context.Context, id string) (postgres.RescanJob, error)
 	AddBackfill(ctx context.Context, id, network, address string, from uint64) error
 }
@@ -52,6 +54,7 @@ type rescanJSON struct {
 	Error       string    `json:"error,omitempty"`
 	Found       int       `json:"found"`
 	RequestedBy string    `json:"requested_by"`
+	Operator    string    `json:"operator,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	UpdatedAt   time.Time `json:"updated_at"`
 	TraceID     string    `json:"trace_id"`
@@ -59,7 +62,7 @@ type rescanJSON struct {
 
 func rescanView(j postgres.RescanJob, traceID string) rescanJSON {
 	v := rescanJSON{ID: j.ID, Network: j.Network, Address: j.Address, FromBlock: j.FromBlock, ToBlock: j.ToBlock,
-		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, Found: j.Found, RequestedBy: j.RequestedBy,
+		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, Found: j.Found, RequestedBy: j.RequestedBy, Operator: j.Operator,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, TraceID: traceID}
 	if j.NextBlock > j.FromBlock {
 		v.BlocksDone = j.NextBlock - j.FromBlock
@@ -75,22 +78,37 @@ func rescanView(j postgres.RescanJob, traceID string) rescanJSON {
 type rescanRequest struct {
 	network  string
 	from, to uint64
+	// operator is who asks and why: the body's "operator" (as a recheck's)
+	// or operatorDefault, then " @" and the client's address.
+	operator string
 }
 
 // parseRescan validates a rescan body: a network name, two block numbers
-// (JSON integers from 0), from ≤ to, at most blocksMax blocks.
+// (JSON integers from 0), from ≤ to, at most blocksMax blocks, and an
+// optional "operator" (a name, and why, as a recheck's).
 func parseRescan(body []byte, blocksMax uint64) (rescanRequest, error) {
 	fields, err := decodeObject(body)
 	if err != nil {
 		return rescanRequest{}, fmt.Errorf("malformed JSON: %w", err)
 	}
 	for k := range fields {
-		if k != "network" && k != "from_block" && k != "to_block" {
+		if k != "network" && k != "from_block" && k != "to_block" && k != "operator" {
 			return rescanRequest{}, fmt.Errorf("unknown field %q", truncate(k))
 		}
 	}
 	var r rescanRequest
 	var ok bool
+	r.operator = operatorDefault
+	if raw, given := fields["operator"]; given {
+		name, ok := jsonString(raw)
+		name = strings.TrimSpace(name)
+		if !ok || !printable(name) || utf8.RuneCountInString(name) > operatorLengthMax {
+			return rescanRequest{}, fmt.Errorf("operator must be a printable string of at most %d characters", operatorLengthMax)
+		}
+		if name != "" {
+			r.operator = name
+		}
+	}
 	if r.network, ok = jsonString(fields["network"]); !ok || !alchemy.ValidNetwork(r.network) {
 		return rescanRequest{}, errors.New("network must be a name like ETH_MAINNET")
 	}
@@ -148,6 +166,7 @@ func (s *Server) adminRescan(c echo.Context) error {
 	if err != nil {
 		return newError(http.StatusBadRequest, err.Error())
 	}
+	r.operator += " @" + ClientIP(c.Request().Context()).String()
 	ctx, cancel := storeContext(c)
 	defer cancel()
 	job, err := s.createRescan(ctx, r)
@@ -156,7 +175,7 @@ func (s *Server) adminRescan(c echo.Context) error {
 	}
 	traceID := TraceID(c.Request().Context())
 	logging.From(c.Request().Context()).Info().Str("rescan", job.ID).Str("network", r.network).
-		Uint64("from_block", r.from).Uint64("to_block", r.to).Msg("rescan scheduled")
+		Uint64("from_block", r.from).Uint64("to_block", r.to).Str("requested_by", r.operator).Msg("rescan scheduled")
 	return c.JSON(http.StatusAccepted, rescanView(job, traceID))
 }
 
@@ -173,7 +192,7 @@ func (s *Server) createRescan(ctx context.Context, r rescanRequest) (postgres.Re
 	if !knowsNetwork(registry, r.network) || !s.networkEnabled(r.network) {
 		return postgres.RescanJob{}, newError(http.StatusBadRequest, "network "+r.network+" is not an enabled network (NETWORKS)")
 	}
-	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to)
+	job, err := rs.CreateRescan(ctx, "rescan_"+uuid.NewString(), r.network, r.from, r.to, r.operator)
 	if err != nil {
 		return postgres.RescanJob{}, storeError(err)
 	}
@@ -181,13 +200,13 @@ func (s *Server) createRescan(ctx context.Context, r rescanRequest) (postgres.Re
 }
 
 // StartRescan is POST /admin/rescan's operation for the console's form:
-// the same range rules (RESCAN_BLOCKS_MAX) and network check; a refusal
-// is payment.ErrInvalid.
-func (s *Server) StartRescan(ctx context.Context, network string, from, to uint64) (string, error) {
+// the same range rules (RESCAN_BLOCKS_MAX) and network check, recorded as
+// asked for by operator; a refusal is payment.ErrInvalid.
+func (s *Server) StartRescan(ctx context.Context, network string, from, to uint64, operator string) (string, error) {
 	if err := rescanRange(from, to, uint64(s.rescanBlocksMax())); err != nil {
 		return "", payment.Invalid("%v", err)
 	}
-	job, err := s.createRescan(ctx, rescanRequest{network: network, from: from, to: to})
+	job, err := s.createRescan(ctx, rescanRequest{network: network, from: from, to: to, operator: operator})
 	var answer *apiError
 	if errors.As(err, &answer) && answer.status == http.StatusBadRequest {
 		return "", payment.Invalid("%s", answer.message)

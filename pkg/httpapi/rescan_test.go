@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -34,6 +35,9 @@ func TestRescanRequests(t *testing.T) {
 		"not an object":     `[1,2]`,
 		"duplicate field":   `{"network":"ETH_MAINNET","from_block":1,"from_block":2,"to_block":3}`,
 		"trailing data":     `{"network":"ETH_MAINNET","from_block":1,"to_block":2} x`,
+		"operator a number": `{"network":"ETH_MAINNET","from_block":1,"to_block":2,"operator":7}`,
+		"operator too long": `{"network":"ETH_MAINNET","from_block":1,"to_block":2,"operator":"` + strings.Repeat("a", 201) + `"}`,
+		"operator control":  `{"network":"ETH_MAINNET","from_block":1,"to_block":2,"operator":"a\nb"}`,
 	} {
 		r := h.do(http.MethodPost, "/admin/rescan", []byte(body), admin)
 		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", name, r.raw)
@@ -54,9 +58,17 @@ func TestRescanRequests(t *testing.T) {
 	require.Equal(t, http.StatusOK, got.status, "%s", got.raw)
 	require.Equal(t, id, got.body["id"])
 	require.EqualValues(t, 99999, got.body["to_block"])
+	require.Equal(t, "admin", got.body["requested_by"])
+	require.Regexp(t, `^admin-api @`, got.body["operator"], "who asked is stored with the job")
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/nope", nil, admin), http.StatusNotFound)
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/"+id, nil, nil), http.StatusUnauthorized)
 	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs"))
+
+	// A named operator, and why, as a recheck takes it.
+	r = h.do(http.MethodPost, "/admin/rescan", []byte(`{"network":"ETH_MAINNET","from_block":5,"to_block":6,"operator":"ana: provider outage"}`), admin)
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r.raw)
+	require.Regexp(t, `^ana: provider outage @`, r.body["operator"])
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs WHERE operator LIKE 'ana: provider outage @%'"))
 }
 
 // TestDepositAddressFromBlock: from_block on a registration schedules a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,6 +27,9 @@ const (
 	RescanByAdmin    = "admin"
 	RescanByBackfill = "backfill"
 )
+
+// RescanOperatorMax bounds rescan_jobs.operator (its CHECK, migration 0016).
+const RescanOperatorMax = 1500
 
 // ScanClaim is a claimed cursor range, From through To.
 type ScanClaim struct {
@@ -185,21 +189,27 @@ type RescanJob struct {
 	Status      string
 	Error       string
 	Found       int
-	RequestedBy string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	RequestedBy string // the kind: RescanByAdmin or RescanByBackfill
+	// Operator is who asked and why ("name @ip", the console's "name
+	// (console, role) @ip: reason"); empty for backfills and older rows.
+	Operator  string
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // CreateRescan records a rescan of network's blocks from through to for
-// every registered address.
-func (db *DB) CreateRescan(ctx context.Context, id, network string, from, to uint64) (RescanJob, error) {
+// every registered address, asked for by operator (who, and why).
+func (db *DB) CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (RescanJob, error) {
+	if operator == "" || utf8.RuneCountInString(operator) > RescanOperatorMax {
+		return RescanJob{}, payment.Invalid("a rescan names who asked for it, in at most %d characters", RescanOperatorMax)
+	}
 	stmt := q("rescan_insert")
 	var created time.Time
-	if err := db.pool.QueryRow(ctx, stmt.text, id, network, nil, int64(from), int64(to), RescanByAdmin).Scan(&created); err != nil {
+	if err := db.pool.QueryRow(ctx, stmt.text, id, network, nil, int64(from), int64(to), RescanByAdmin, operator).Scan(&created); err != nil {
 		return RescanJob{}, classify(stmt.name, err)
 	}
 	return RescanJob{ID: id, Network: network, FromBlock: from, ToBlock: &to, NextBlock: from, Status: "running",
-		RequestedBy: RescanByAdmin, CreatedAt: created, UpdatedAt: created}, nil
+		RequestedBy: RescanByAdmin, Operator: operator, CreatedAt: created, UpdatedAt: created}, nil
 }
 
 // AddBackfill records that address (registered on network) received
@@ -216,7 +226,7 @@ func (db *DB) AddBackfill(ctx context.Context, id, network, address string, from
 	}
 	stmt = q("rescan_insert")
 	var created time.Time
-	if err := tx.QueryRow(ctx, stmt.text, id, network, address, int64(from), int64(from), RescanByBackfill).Scan(&created); err != nil {
+	if err := tx.QueryRow(ctx, stmt.text, id, network, address, int64(from), int64(from), RescanByBackfill, nil).Scan(&created); err != nil {
 		return classify(stmt.name, err)
 	}
 	return classify("backfill commit", tx.Commit(ctx))
@@ -229,7 +239,7 @@ func (db *DB) Rescan(ctx context.Context, id string) (RescanJob, error) {
 	var from, to, next int64
 	var pending bool
 	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&j.ID, &j.Network, &j.Address, &from, &to, &pending, &next, &j.Status, &j.Error,
-		&j.Found, &j.RequestedBy, &j.CreatedAt, &j.UpdatedAt)
+		&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RescanJob{}, fmt.Errorf("rescan %s: %w", id, payment.ErrNotFound)
 	}

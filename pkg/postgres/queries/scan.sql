@@ -56,13 +56,13 @@ WHERE network = $1 AND address = $2;
 
 -- name: rescan_insert
 -- A backfill ($6 = 'backfill') is inserted with its end pending.
-INSERT INTO rescan_jobs (id, network, address, from_block, to_block, next_block, requested_by, end_pending)
-VALUES ($1, $2, $3, $4, $5, $4, $6, $6 = 'backfill')
+INSERT INTO rescan_jobs (id, network, address, from_block, to_block, next_block, requested_by, end_pending, operator)
+VALUES ($1, $2, $3, $4, $5, $4, $6, $6 = 'backfill', $7)
 RETURNING created_at;
 
 -- name: rescan_get
 SELECT id, network, COALESCE(address, ''), from_block, to_block, end_pending, next_block, status, COALESCE(error, ''),
-       found, requested_by, created_at, updated_at
+       found, requested_by, COALESCE(operator, ''), created_at, updated_at
 FROM rescan_jobs
 WHERE id = $1;
 
