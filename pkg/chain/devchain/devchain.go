@@ -1,6 +1,6 @@
 // Package devchain runs a local Ethereum chain for development and tests:
-// go-ethereum's simulated backend served over real HTTP JSON-RPC, with
-// blocks on a timer, a finalized tag that lags the head, prefunded
+// go-ethereum's simulated backend served over real HTTP JSON-RPC (with
+// debug_traceBlockByNumber and the call tracer), with blocks on a timer, a finalized tag that lags the head, prefunded
 // accounts with known keys, a minimal ERC-20-like token, and real reorgs.
 //
 // Finality: the simulated beacon marks a block finalized only at
@@ -29,7 +29,6 @@ import (
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/eth/ethconfig"
 	"github.com/ethereum/go-ethereum/ethclient"
-	"github.com/ethereum/go-ethereum/ethclient/simulated"
 	"github.com/ethereum/go-ethereum/node"
 	"github.com/ethereum/go-ethereum/params"
 	"github.com/ethereum/go-ethereum/rpc"
@@ -89,6 +88,10 @@ type Options struct {
 	// ChainID is what eth_chainId answers; zero: ChainID (1). A second
 	// network's dev chain takes that network's id (BASE_MAINNET: 8453).
 	ChainID int64
+	// NoTraces leaves the debug API (debug_traceBlockByNumber) off, as on
+	// most hosted endpoints' basic plans. It is on by default: a dev
+	// chain is local and throwaway, and SCAN_TRACES=on needs it.
+	NoTraces bool
 }
 
 // Account is a prefunded dev account. Its key is derived from its index,
@@ -131,7 +134,7 @@ type nodeClient interface {
 
 // Chain is a running dev chain.
 type Chain struct {
-	backend  *simulated.Backend
+	backend  *backend
 	client   nodeClient
 	url      string
 	accounts []Account
@@ -197,7 +200,7 @@ func Serve(ctx context.Context, opts Options) (*Chain, error) {
 	return c, nil
 }
 
-func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*simulated.Backend, string, error) {
+func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*backend, string, error) {
 	var lastErr error
 	for range listenAttemptsMax {
 		if err := ctx.Err(); err != nil {
@@ -219,6 +222,9 @@ func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*simul
 			nodeConf.HTTPHost = opts.Host
 			nodeConf.HTTPPort = port
 			nodeConf.HTTPModules = []string{"eth", "net", "web3"}
+			if !opts.NoTraces {
+				nodeConf.HTTPModules = append(nodeConf.HTTPModules, "debug")
+			}
 			// A dev chain is reached under whatever name docker or the
 			// host gives it; IP literals always pass geth's check.
 			nodeConf.HTTPVirtualHosts = []string{"*"}
@@ -232,17 +238,6 @@ func listen(ctx context.Context, opts Options, alloc types.GenesisAlloc) (*simul
 		}
 	}
 	return nil, "", fmt.Errorf("devchain: %w", lastErr)
-}
-
-// newBackend turns the simulated backend's panic on a failed start (a
-// port in use) into an error.
-func newBackend(alloc types.GenesisAlloc, option func(*node.Config, *ethconfig.Config)) (backend *simulated.Backend, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("start simulated backend: %v", r)
-		}
-	}()
-	return simulated.NewBackend(alloc, option), nil
 }
 
 func freePort(host string) (int, error) {

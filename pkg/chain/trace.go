@@ -1,0 +1,230 @@
+package chain
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"strconv"
+	"strings"
+
+	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/settle/settle/pkg/payment"
+)
+
+// Bounds of the trace scan. A node's trace answer is outside input: it is
+// refused, not trusted, past these.
+const (
+	// TraceBatchMax bounds the blocks traced in one batch (one HTTP
+	// request): tracing is the node's slowest call and one call timeout
+	// covers the whole batch.
+	TraceBatchMax = 4
+	// traceBlockBytesMax bounds one block's trace answer; a full mainnet
+	// block's call traces are a few MiB.
+	traceBlockBytesMax = 64 << 20
+	// traceFramesMax bounds the call frames of one block: a 36M-gas block
+	// of 100-gas warm calls has 360,000.
+	traceFramesMax = 1_000_000
+	// traceDepthMax: the EVM's call depth limit (1024) below the
+	// transaction's own frame.
+	traceDepthMax = 1025
+	// traceValueHexMax: 0x and 64 hex digits, a 256-bit word.
+	traceValueHexMax = 2 + 64
+)
+
+// InternalTransfer is ETH moved by a contract call: a nested CALL frame
+// with value, in a transaction that succeeded, under no frame that failed.
+type InternalTransfer struct {
+	TxHash      string
+	BlockNumber uint64
+	To          string // lowercase 0x
+	Value       *big.Int
+	// TraceAddress is the frame as Alchemy's typeTraceAddress names it:
+	// the call type, then the Parity trace address ("CALL_0_1": the
+	// second call of the first call of the transaction).
+	TraceAddress string
+}
+
+// Index is the transfer index every reporter derives for it.
+func (t InternalTransfer) Index() string { return payment.TraceTransfer(t.TraceAddress) }
+
+// callFrame is the part of a callTracer frame the scan reads.
+type callFrame struct {
+	Type  string      `json:"type"`
+	To    *string     `json:"to"`
+	Value *string     `json:"value"`
+	Error string      `json:"error"`
+	Calls []callFrame `json:"calls"`
+}
+
+// txTrace is one transaction of debug_traceBlockByNumber's answer.
+type txTrace struct {
+	TxHash *string    `json:"txHash"`
+	Result *callFrame `json:"result"`
+	Error  string     `json:"error"`
+}
+
+// precompiles: Parity traces, and so Alchemy's trace addresses (and geth's
+// flatCallTracer, built to match them), leave out a CALL or STATICCALL to
+// a precompile, so it takes no index. 0x01..0x11 through Prague's BLS
+// ones, 0x100 P256VERIFY (Osaka; RIP-7212 on the L2s).
+func precompile(to string) bool {
+	digits, ok := strings.CutPrefix(to, "0x")
+	if !ok || len(digits) != 40 {
+		return false
+	}
+	n, err := strconv.ParseUint(strings.TrimLeft(digits, "0"), 16, 64)
+	if err != nil {
+		return false // more than 64 bits: no precompile
+	}
+	return (n >= 0x01 && n <= 0x11) || n == 0x100
+}
+
+// InternalTransfers traces blocks (at most TraceBatchMax) in one batch of
+// debug_traceBlockByNumber with the call tracer and returns the internal
+// transfers in them, in block and trace order.
+func (c *Client) InternalTransfers(ctx context.Context, numbers []uint64) ([]InternalTransfer, error) {
+	if len(numbers) > TraceBatchMax {
+		return nil, payment.Invalid("%d blocks traced in one batch, at most %d", len(numbers), TraceBatchMax)
+	}
+	raws := make([]json.RawMessage, len(numbers))
+	elems := make([]rpc.BatchElem, len(numbers))
+	for i, n := range numbers {
+		elems[i] = rpc.BatchElem{Method: MethodTraceBlock, Args: []any{hexutil.EncodeUint64(n), map[string]any{"tracer": "callTracer"}}, Result: &raws[i]}
+	}
+	err := c.batch(ctx, MethodTraceBlock, elems)
+	var rpcErr rpc.Error
+	if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == rpcMethodNotFound {
+		return nil, ErrTracesUnsupported
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []InternalTransfer
+	for i, number := range numbers {
+		found, err := ParseBlockTraces(raws[i], number)
+		if err != nil {
+			return nil, payment.Unavailable("chain "+MethodTraceBlock, fmt.Errorf("block %d: %w", number, err))
+		}
+		out = append(out, found...)
+	}
+	return out, nil
+}
+
+// ParseBlockTraces reads a callTracer answer of debug_traceBlockByNumber
+// for block number: the internal transfers in it. A transaction whose own
+// frame failed moved nothing; neither did a frame that failed or lies
+// under one (its state was rolled back).
+func ParseBlockTraces(raw json.RawMessage, number uint64) ([]InternalTransfer, error) {
+	if len(raw) > traceBlockBytesMax {
+		return nil, fmt.Errorf("trace answer of %d bytes, at most %d", len(raw), traceBlockBytesMax)
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, ErrBlockNotFound
+	}
+	var txs []txTrace
+	if err := json.Unmarshal(raw, &txs); err != nil {
+		return nil, fmt.Errorf("decode traces: %w", err)
+	}
+	w := traceWalk{number: number}
+	for i, tx := range txs {
+		if tx.TxHash == nil {
+			return nil, fmt.Errorf("trace %d lacks txHash", i)
+		}
+		hash, err := parseHex(*tx.TxHash, hashHexLength, "traced transaction hash")
+		if err != nil {
+			return nil, err
+		}
+		if tx.Error != "" || tx.Result == nil {
+			// The node could not trace it: the block is not read whole.
+			return nil, fmt.Errorf("transaction %s not traced: %.200q", hash, tx.Error)
+		}
+		w.tx = hash
+		if err := w.frame(tx.Result, nil, 0, false); err != nil {
+			return nil, fmt.Errorf("transaction %s: %w", hash, err)
+		}
+	}
+	return w.out, nil
+}
+
+type traceWalk struct {
+	number uint64
+	tx     string
+	frames int
+	out    []InternalTransfer
+}
+
+// frame visits f at path (nil: the transaction's own frame) and its
+// children; failed says a frame above it failed.
+func (w *traceWalk) frame(f *callFrame, path []int, depth int, failed bool) error {
+	w.frames++
+	if w.frames > traceFramesMax {
+		return fmt.Errorf("more than %d call frames in block %d", traceFramesMax, w.number)
+	}
+	if depth > traceDepthMax {
+		return fmt.Errorf("call frames deeper than %d", traceDepthMax)
+	}
+	typ := strings.ToUpper(f.Type)
+	if typ == "" || len(typ) > len("DELEGATECALL") {
+		return fmt.Errorf("call frame type %.40q", f.Type)
+	}
+	failed = failed || f.Error != ""
+	if path != nil && !failed && typ == "CALL" {
+		if err := w.transfer(f, typ, path); err != nil {
+			return err
+		}
+	}
+	index := 0
+	for i := range f.Calls {
+		child := &f.Calls[i]
+		childType := strings.ToUpper(child.Type)
+		if (childType == "CALL" || childType == "STATICCALL") && child.To != nil && precompile(strings.ToLower(*child.To)) {
+			continue // no trace address, and a precompile has no subcalls
+		}
+		childPath := make([]int, len(path), len(path)+1)
+		copy(childPath, path)
+		if err := w.frame(child, append(childPath, index), depth+1, failed); err != nil {
+			return err
+		}
+		index++
+	}
+	return nil
+}
+
+func (w *traceWalk) transfer(f *callFrame, typ string, path []int) error {
+	if f.Value == nil || f.To == nil {
+		return nil // no value field: zero
+	}
+	if len(*f.Value) > traceValueHexMax {
+		return fmt.Errorf("call value %.80q is longer than a 256-bit word", *f.Value)
+	}
+	value, err := hexutil.DecodeBig(*f.Value)
+	if err != nil {
+		return fmt.Errorf("call value %q: %w", *f.Value, err)
+	}
+	if value.Sign() <= 0 {
+		return nil
+	}
+	to, err := parseHex(*f.To, addressHexLength, "call recipient")
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString(typ)
+	for _, i := range path {
+		b.WriteByte('_')
+		b.WriteString(strconv.Itoa(i))
+	}
+	address := b.String()
+	if !payment.ValidTraceAddress(address) {
+		// Deeper than a transfer index can name (about 45 levels): no
+		// reporter's event can name it either (Alchemy's is refused as
+		// malformed). Failing the block would stop the scan for good.
+		return nil
+	}
+	w.out = append(w.out, InternalTransfer{TxHash: w.tx, BlockNumber: w.number, To: to, Value: value, TraceAddress: address})
+	return nil
+}
