@@ -36,6 +36,12 @@ const (
 	MethodTraceBlock = "debug_traceBlockByNumber"
 )
 
+// ErrLogsLimit: the node refused an eth_getLogs as too large (too many
+// results, too wide a range, too slow) or answered more logs than the
+// caller's cap. Not an outage: the same question over fewer blocks is
+// answered.
+var ErrLogsLimit = errors.New("eth_getLogs answer over a limit")
+
 // ErrTracesUnsupported: the endpoint does not serve debug_traceBlockByNumber.
 var ErrTracesUnsupported = errors.New("the endpoint does not serve debug_traceBlockByNumber (SCAN_TRACES=on needs a node with the debug API)")
 
@@ -95,6 +101,8 @@ func (c *Client) FinalityHead(ctx context.Context, p Policy) (head uint64, ok bo
 // TransferLogs asks eth_getLogs for the Transfer logs of contracts to
 // recipients in blocks from through to (both lowercase 0x addresses;
 // at most ScanContractsMax and ScanTopicsMax). Removed logs are left out.
+// ErrLogsLimit: the node refused the range as too large; ask for fewer
+// blocks.
 func (c *Client) TransferLogs(ctx context.Context, from, to uint64, contracts, recipients []string) ([]TransferLog, error) {
 	if len(contracts) == 0 || len(recipients) == 0 {
 		return nil, nil
@@ -102,22 +110,61 @@ func (c *Client) TransferLogs(ctx context.Context, from, to uint64, contracts, r
 	if len(contracts) > ScanContractsMax || len(recipients) > ScanTopicsMax || from > to {
 		return nil, payment.Invalid("eth_getLogs over %d contracts and %d recipients in blocks %d..%d is out of bounds", len(contracts), len(recipients), from, to)
 	}
+	q := transferQuery(from, to, contracts)
+	q.Topics = append(q.Topics, nil, make([]common.Hash, len(recipients)))
+	for i, r := range recipients {
+		q.Topics[2][i] = common.BytesToHash(common.HexToAddress(r).Bytes())
+	}
+	return c.filterTransfers(ctx, q, 0)
+}
+
+// ContractTransferLogs asks eth_getLogs for every Transfer log of
+// contracts in blocks from through to, whoever received it: one call
+// whatever the number of registered addresses, the recipients matched by
+// the caller. An answer of more than logsMax logs is ErrLogsLimit, as is a
+// node's refusal of the range as too large: ask for fewer blocks.
+func (c *Client) ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]TransferLog, error) {
+	if len(contracts) == 0 {
+		return nil, nil
+	}
+	if len(contracts) > ScanContractsMax || from > to || logsMax <= 0 {
+		return nil, payment.Invalid("eth_getLogs over %d contracts in blocks %d..%d with at most %d logs is out of bounds", len(contracts), from, to, logsMax)
+	}
+	return c.filterTransfers(ctx, transferQuery(from, to, contracts), logsMax)
+}
+
+// transferQuery asks for the Transfer logs of contracts in from..to.
+func transferQuery(from, to uint64, contracts []string) ethereum.FilterQuery {
 	q := ethereum.FilterQuery{
 		FromBlock: new(big.Int).SetUint64(from),
 		ToBlock:   new(big.Int).SetUint64(to),
-		Topics:    [][]common.Hash{{transferTopic}, nil, make([]common.Hash, len(recipients))},
+		Topics:    [][]common.Hash{{transferTopic}},
 	}
 	for _, a := range contracts {
 		q.Addresses = append(q.Addresses, common.HexToAddress(a))
 	}
-	for i, r := range recipients {
-		q.Topics[2][i] = common.BytesToHash(common.HexToAddress(r).Bytes())
-	}
+	return q
+}
+
+// filterTransfers runs q and keeps its well-formed ERC-20 Transfers;
+// logsMax > 0 caps the answer. A limit refusal is an answer (the node is
+// up and said what it serves), so the breaker counts it as a success:
+// shrinking windows must never open the breaker the worker shares.
+func (c *Client) filterTransfers(ctx context.Context, q ethereum.FilterQuery, logsMax int) ([]TransferLog, error) {
 	var out []TransferLog
+	var limit error
 	err := c.call(ctx, MethodLogs, func(ctx context.Context) error {
 		logs, err := c.eth.FilterLogs(ctx, q)
+		if reason, ok := logsLimitError(err); ok {
+			limit = fmt.Errorf("%w: %s", ErrLogsLimit, reason)
+			return nil
+		}
 		if err != nil {
 			return err
+		}
+		if logsMax > 0 && len(logs) > logsMax {
+			limit = fmt.Errorf("%w: %d logs, more than SCAN_LOGS_MAX=%d", ErrLogsLimit, len(logs), logsMax)
+			return nil
 		}
 		out = out[:0]
 		for _, l := range logs {
@@ -139,6 +186,9 @@ func (c *Client) TransferLogs(ctx context.Context, from, to uint64, contracts, r
 	})
 	if err != nil {
 		return nil, err
+	}
+	if limit != nil {
+		return nil, limit
 	}
 	return out, nil
 }
