@@ -32,8 +32,32 @@ const (
 // other events are waiting. One commit (and one fsync, one NOTIFY) then
 // serves many webhooks, and nothing is answered before it is durable.
 type Ingest struct {
-	db     *DB
-	engine *groupcommit.Engine[ingestItem, ingestResponse]
+	db      *DB
+	engine  *groupcommit.Engine[ingestItem, ingestResponse]
+	handoff Handoff
+}
+
+// Handoff lets the api hand a trickle's events to the queue itself: at a
+// trickle every event otherwise costs a second durable transaction (the
+// scheduler's claim) and the scheduler's wake-ups, only to say
+// 'enqueued' before its task exists.
+type Handoff interface {
+	// Take is asked before a batch of n events commits. A taskMax above
+	// zero moves the events the batch inserts to 'enqueued' in the ingest
+	// transaction itself, in tasks of at most taskMax events, without
+	// waking the scheduler; zero leaves them 'pending' for it.
+	Take(n int) (taskMax int)
+	// Give gets the events so claimed after COMMIT, to enqueue them; an
+	// event it cannot enqueue stays 'enqueued' for stale recovery unless
+	// Give sends it back (DB.ReleaseHanded).
+	Give(claimed []Claimed)
+}
+
+// IngestOptions configure an Ingest; zero values are the defaults.
+type IngestOptions struct {
+	BatchMax, InFlightMax int
+	// Handoff, when set, is asked about every batch.
+	Handoff Handoff
 }
 
 type ingestItem struct {
@@ -57,15 +81,20 @@ type ingestResponse struct {
 // NewIngest starts the group-commit loop; Close stops it after the
 // batches under way.
 func NewIngest(db *DB, batchMax, inFlightMax int) *Ingest {
-	if batchMax <= 0 {
-		batchMax = IngestBatchMaxDefault
+	return NewIngestWith(db, IngestOptions{BatchMax: batchMax, InFlightMax: inFlightMax})
+}
+
+// NewIngestWith is NewIngest with every option.
+func NewIngestWith(db *DB, o IngestOptions) *Ingest {
+	if o.BatchMax <= 0 {
+		o.BatchMax = IngestBatchMaxDefault
 	}
-	if inFlightMax <= 0 {
-		inFlightMax = IngestInFlightMaxDefault
+	if o.InFlightMax <= 0 {
+		o.InFlightMax = IngestInFlightMaxDefault
 	}
-	g := &Ingest{db: db}
+	g := &Ingest{db: db, handoff: o.Handoff}
 	g.engine = groupcommit.Start(context.Background(), groupcommit.Options{
-		BatchMax: batchMax, InFlight: inFlightMax, QueueMax: ingestQueueMax,
+		BatchMax: o.BatchMax, InFlight: o.InFlightMax, QueueMax: ingestQueueMax,
 		Refuse: func(stage groupcommit.Stage, err error) error {
 			switch {
 			case errors.Is(err, groupcommit.ErrStopped):
@@ -120,9 +149,20 @@ func (g *Ingest) run(batch []*ingestRequest) {
 	if len(live) == 0 {
 		return
 	}
+	taskMax := 0
+	if g.handoff != nil {
+		taskMax = min(g.handoff.Take(len(live)), TaskEventsMax)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), ingestStatementTimeout)
 	defer cancel()
-	results, err := g.db.insertEvents(ctx, live)
+	results, claimed, err := g.db.insertEvents(ctx, live, taskMax)
+	// The webhooks are answered first: their events are durable, and the
+	// enqueue below is the queue's business.
+	defer func() {
+		if len(claimed) > 0 {
+			g.handoff.Give(claimed)
+		}
+	}()
 	for i, r := range live {
 		var resp ingestResponse
 		if err != nil {
@@ -145,14 +185,17 @@ func (g *Ingest) run(batch []*ingestRequest) {
 }
 
 // insertEvents runs insert_events for distinct event ids, retrying the
-// rows that raced a concurrent insert outside the batch.
-func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]ingestResponse, error) {
+// rows that raced a concurrent insert outside the batch. With a taskMax
+// above zero the rows it inserts are claimed in the same transaction
+// (claim_ingested) and returned, committed 'enqueued'.
+func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest, taskMax int) ([]ingestResponse, []Claimed, error) {
 	out := make([]ingestResponse, len(batch))
 	pending := make([]int, len(batch))
 	for i := range batch {
 		pending[i] = i
 	}
-	stmt := q("insert_events")
+	stmt, claim := q("insert_events"), q("claim_ingested")
+	var claimed []Claimed
 	for attempt := 0; attempt < insertRaceRetries && len(pending) > 0; attempt++ {
 		n := len(pending)
 		ids, types, assets, amounts, txs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -172,35 +215,99 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest) ([]inges
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(q("hot_path_plans").text)
-		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks, traceparents)
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks, traceparents, taskMax == 0)
+		if taskMax > 0 {
+			b.Queue(claim.text, ids, taskMax)
+		}
 		b.Queue("COMMIT")
 		br := db.pool.SendBatch(ctx, b)
-		raced, err := readInserted(br, stmt, batch, pending, out)
+		raced, handed, err := readInserted(br, stmt, batch, pending, out, taskMax > 0)
 		if closeErr := br.Close(); err == nil && closeErr != nil {
 			err = classify(stmt.name, closeErr)
 		}
 		if err != nil {
-			return nil, err
+			// Rows an earlier attempt committed and claimed still go to
+			// the queue.
+			return nil, claimed, err
 		}
+		claimed = append(claimed, handed...)
 		pending = raced
 	}
 	for _, i := range pending {
 		out[i] = ingestResponse{err: payment.Retryable(stmt.name, errors.New("concurrent delivery of the same event kept racing"))}
 	}
-	return out, nil
+	return out, claimed, nil
 }
 
-// readInserted reads insert_events' answer into out and returns the rows
-// that raced a concurrent insert; the transaction must have committed.
-func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pending []int, out []ingestResponse) (raced []int, err error) {
+// readClaimedIngest reads claim_ingested's rows.
+func readClaimedIngest(br pgx.BatchResults) ([]Claimed, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, classify("claim_ingested", err)
+	}
+	defer rows.Close()
+	var claimed []Claimed
+	for rows.Next() {
+		c, err := scanClaimed(rows)
+		if err != nil {
+			return nil, classify("claim_ingested", err)
+		}
+		claimed = append(claimed, c)
+	}
+	return claimed, classify("claim_ingested", rows.Err())
+}
+
+// ReleaseHanded sends events the api claimed at ingest, and could not
+// enqueue, back to the outbox under a new generation and wakes the
+// enqueuer; events no longer 'enqueued' under that task stay as they are.
+func (db *DB) ReleaseHanded(ctx context.Context, claimed []Claimed) (released int, err error) {
+	for _, group := range groupByTask(claimed) {
+		ids := make([]string, len(group))
+		for i, c := range group {
+			ids[i] = c.Event.ID
+		}
+		moved, _, err := transition(ctx, db.pool, q("release_handed"), nil, func(rows pgx.Rows) (string, error) {
+			var id string
+			var woken int64
+			err := rows.Scan(&id, &woken)
+			return id, err
+		}, ids, group[0].TaskID)
+		if err != nil {
+			return released, err
+		}
+		released += len(moved)
+	}
+	return released, nil
+}
+
+// groupByTask groups claimed events by task id, in order.
+func groupByTask(claimed []Claimed) [][]Claimed {
+	var groups [][]Claimed
+	index := map[string]int{}
+	for _, c := range claimed {
+		i, ok := index[c.TaskID]
+		if !ok {
+			i = len(groups)
+			index[c.TaskID] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], c)
+	}
+	return groups
+}
+
+// readInserted reads insert_events' answer into out (and the rows
+// claim_ingested claimed, if it ran) and returns the rows that raced a
+// concurrent insert; the transaction must have committed.
+func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pending []int, out []ingestResponse, claims bool) (raced []int, claimed []Claimed, err error) {
 	for range 2 { // BEGIN, hot_path_plans
 		if _, err := br.Exec(); err != nil {
-			return nil, classify(stmt.name, err)
+			return nil, nil, classify(stmt.name, err)
 		}
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, classify(stmt.name, err)
+		return nil, nil, classify(stmt.name, err)
 	}
 	for rows.Next() {
 		var pos int64
@@ -209,7 +316,7 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		var woken int64
 		if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken); err != nil {
 			rows.Close()
-			return nil, classify(stmt.name, err)
+			return nil, nil, classify(stmt.name, err)
 		}
 		i := pending[pos-1]
 		e := batch[i].Item.event.Event
@@ -229,16 +336,21 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, classify(stmt.name, err)
+		return nil, nil, classify(stmt.name, err)
+	}
+	if claims {
+		if claimed, err = readClaimedIngest(br); err != nil {
+			return nil, nil, err
+		}
 	}
 	tag, err := br.Exec()
 	if err != nil {
-		return nil, classify(stmt.name+" commit", err)
+		return nil, nil, classify(stmt.name+" commit", err)
 	}
 	if tag.String() != "COMMIT" {
-		return nil, classify(stmt.name+" commit", fmt.Errorf("transaction ended with %s", tag))
+		return nil, nil, classify(stmt.name+" commit", fmt.Errorf("transaction ended with %s", tag))
 	}
-	return raced, nil
+	return raced, claimed, nil
 }
 
 // startIngestSpan starts the span of one event's way into the outbox:

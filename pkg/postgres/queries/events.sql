@@ -42,7 +42,9 @@ WHERE event_id = ANY($1::text[]);
 -- The batched insert_event: many webhooks' events in one statement and
 -- one commit (group commit). Rows come with their position n; ids are
 -- distinct within a batch (the batcher folds duplicates). One pg_notify
--- wakes the enqueuer for the whole batch.
+-- wakes the enqueuer for the whole batch, unless $16 is false: the api
+-- hands the batch to the queue itself (claim_ingested), and the
+-- scheduler has nothing to claim.
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[], $7::bytea[],
@@ -64,7 +66,7 @@ WITH input AS (
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id
 ), wake AS (
-    SELECT pg_notify('settle_outbox', '') WHERE EXISTS (SELECT 1 FROM ins)
+    SELECT pg_notify('settle_outbox', '') WHERE $16::boolean AND EXISTS (SELECT 1 FROM ins)
 )
 -- Joins, not EXISTS in the select list: a generic plan may turn such an
 -- EXISTS into a hashed subplan that reads every user.
