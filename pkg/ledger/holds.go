@@ -85,6 +85,11 @@ func (p *planner) reserve(c Claimed, k Account, balance decimal.Decimal, result 
 // and nothing planned for the others depends on it).
 func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *ChainEvidence, result *Result) bool {
 	e := c.Event
+	if _, waiting := p.pulled[c.HoldID]; waiting && p.holds[c.HoldID] == nil {
+		// Its hold sorted after it (accepted in the same instant): apply
+		// the hold first, as its own task would have.
+		p.pull(c.HoldID)
+	}
 	h := p.holds[c.HoldID]
 	if e.Amount.IsZero() {
 		// Accepted while its hold id named no hold: unknown for good, even
@@ -122,6 +127,30 @@ func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *
 	p.notify(c, kind, after)
 	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 	return true
+}
+
+// pull applies a pulled hold event once, as its task would: it reserves
+// or is refused for insufficient funds, and its posts then see it
+// settled. One that the batch cannot apply here (its account not locked,
+// an idempotency record already written, not a hold) is left to its own
+// task, untouched, and its posts wait for it as before.
+func (p *planner) pull(id string) {
+	c, ok := p.pulled[id]
+	if !ok {
+		return
+	}
+	delete(p.pulled, id)
+	e := c.Event
+	k := Account{e.UserID, e.Asset}
+	balance, locked := p.balances[k]
+	if _, recorded := p.replays[c.Key]; !locked || recorded || e.Type != payment.WithdrawalHold {
+		return
+	}
+	result := Result{Kind: Applied, CreatedAt: c.CreatedAt, Event: e}
+	p.w.KeyEvents[c.Key] = e.ID
+	p.reserve(c, k, balance, &result)
+	p.holdEvents[id] = result.Status
+	p.w.PulledResults[id] = result
 }
 
 // refuse ends an event failed with a business outcome; no money moves.

@@ -137,6 +137,9 @@ type Claimed struct {
 	HoldID      string
 	HoldNetwork string
 	ToAddress   string
+	// Pulled: a hold event no task of the batch carries, locked because a
+	// post or void of the batch names it (Snapshot.Pulled); Item is -1.
+	Pulled bool
 }
 
 // Tx names a transaction on a network.
@@ -218,6 +221,12 @@ type Snapshot struct {
 	// and HoldEvents the statuses of those holds' events.
 	Holds      map[string]*Hold
 	HoldEvents map[string]payment.Status
+	// Pulled are hold events, enqueued at their first generation and
+	// unapplied, that the batch's posts and voids name and the storage
+	// locked with their accounts: Plan applies them in turn as if their
+	// tasks were here, so a post that overtook its hold in the queue does
+	// not wait for it. Their tasks later find them terminal.
+	Pulled []Claimed
 }
 
 // Writes is everything one transaction will write, decided from the
@@ -254,6 +263,9 @@ type Writes struct {
 	// post or void.
 	OpenHolds   []Hold
 	Resolutions []HoldResolution
+	// PulledResults are the fates of the pulled hold events Plan applied,
+	// by event id (they have no item).
+	PulledResults map[string]Result
 
 	// Balances and Held are the accounts as the batch leaves them.
 	Balances map[Account]decimal.Decimal
@@ -267,6 +279,9 @@ type planner struct {
 	held       map[Account]decimal.Decimal
 	holds      map[string]*Hold
 	holdEvents map[string]payment.Status
+	// pulled are the pulled hold events not yet applied, by id.
+	pulled  map[string]Claimed
+	replays map[string]payment.Outcome
 	// claims on each transaction, held before and planned here.
 	claims map[Tx][]TransferClaim
 }
@@ -283,13 +298,17 @@ func Plan(s Snapshot) *Writes {
 		Outcomes:   map[string]payment.Outcome{},
 		KeyEvents:  map[string]string{},
 		Reopened:   map[string]bool{},
+
+		PulledResults: map[string]Result{},
 	}
 	p := &planner{
 		w:          w,
 		balances:   copyMap(s.Balances),
 		held:       copyMap(s.Held),
 		holds:      map[string]*Hold{},
-		holdEvents: s.HoldEvents,
+		holdEvents: copyMap(s.HoldEvents),
+		pulled:     map[string]Claimed{},
+		replays:    s.Replays,
 		claims:     map[Tx][]TransferClaim{},
 	}
 	w.Balances, w.Held = p.balances, p.held
@@ -306,6 +325,11 @@ func Plan(s Snapshot) *Writes {
 	for _, c := range claimed {
 		w.KeyEvents[c.Key] = c.Event.ID
 	}
+	for _, c := range s.Pulled {
+		c.Pulled, c.Item = true, -1
+		p.pulled[c.Event.ID] = c
+		claimed = append(claimed, c)
+	}
 	sort.SliceStable(claimed, func(i, j int) bool {
 		a, b := claimed[i], claimed[j]
 		if a.Event.UserID != b.Event.UserID {
@@ -320,6 +344,10 @@ func Plan(s Snapshot) *Writes {
 		return a.Event.ID < b.Event.ID
 	})
 	for _, c := range claimed {
+		if c.Pulled {
+			p.pull(c.Event.ID)
+			continue
+		}
 		result := Result{Kind: Applied, CreatedAt: c.CreatedAt, Event: c.Event}
 		prior, seen := s.Replays[c.Key]
 		if seen && prior.Reopenable() {

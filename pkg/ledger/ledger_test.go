@@ -110,6 +110,8 @@ type want struct {
 	alerts        []string // events whose result asks a human now
 	rollback      []string // events the transaction rolls back for
 	reopened      []string // events whose dead-lettered key is updated
+	// pulled are the outcomes of the pulled hold events Plan applied.
+	pulled map[string]payment.Outcome
 }
 
 type row struct {
@@ -122,7 +124,10 @@ type row struct {
 	claims     map[ledger.Tx][]ledger.TransferClaim
 	holds      map[string]*ledger.Hold
 	holdEvents map[string]payment.Status
-	want       want
+	// pulled are hold events the storage locked for the row's posts and
+	// voids; their at orders them among the events.
+	pulled []ev
+	want   want
 }
 
 func chainOf(block string, first int64, transfers ...string) *ledger.ChainEvidence {
@@ -584,6 +589,116 @@ var rows = []row{
 		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeInsufficientFunds, "p1": ""},
 			balances: map[string]string{"1/ETH": "100"}, notifications: []string{"insufficient_funds:h1:100"}},
 	},
+
+	// Holds pulled in: a post or void whose hold event waits unapplied in
+	// the queue applies it first instead of waiting for it.
+	{
+		name:     "a post that overtook its hold applies the pulled hold first",
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess}, pulled: map[string]payment.Outcome{"h1": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "75"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-25"}, notifications: []string{"withdrawal_posted:p1:75"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
+		name:     "a void that overtook its hold applies the pulled hold, then releases it",
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events:   []ev{{id: "v1", typ: payment.WithdrawalVoid, user: 1, amount: "25", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"v1": payment.OutcomeSuccess}, pulled: map[string]payment.Outcome{"h1": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "0"},
+			notifications: []string{"hold_voided:v1:100"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldVoided, By: "v1"}}},
+	},
+	{
+		name:     "a pulled hold refused for insufficient funds leaves its post unknown_hold",
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "200", at: 1}},
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "200", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeUnknownHold}, pulled: map[string]payment.Outcome{"h1": payment.OutcomeInsufficientFunds},
+			balances: map[string]string{"1/ETH": "100"}, notifications: []string{"insufficient_funds:h1:100"}},
+	},
+	{
+		name: "a pulled hold takes its turn: an earlier withdrawal is served first",
+		events: []ev{{id: "w", typ: payment.Withdrawal, user: 1, amount: "80", at: 1},
+			{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", at: 3}},
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "30", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"w": payment.OutcomeSuccess, "p1": payment.OutcomeUnknownHold},
+			pulled:   map[string]payment.Outcome{"h1": payment.OutcomeInsufficientFunds},
+			balances: map[string]string{"1/ETH": "20"}, journal: []string{"w:withdrawal:-80"},
+			notifications: []string{"withdrawal_confirmed:w:20", "insufficient_funds:h1:20"}},
+	},
+	{
+		name: "a pulled hold takes its turn: a later withdrawal meets it",
+		events: []ev{{id: "w", typ: payment.Withdrawal, user: 1, amount: "80", at: 2},
+			{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", at: 3}},
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "30", at: 1}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"w": payment.OutcomeInsufficientFunds, "p1": payment.OutcomeSuccess},
+			pulled:   map[string]payment.Outcome{"h1": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "0"}, journal: []string{"p1:withdrawal:-30"},
+			notifications: []string{"insufficient_funds:w:70", "withdrawal_posted:p1:70"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
+		name:     "a pulled hold accepted in the same instant as its post, sorting after it, is still applied first",
+		pulled:   []ev{{id: "z-hold", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events:   []ev{{id: "a-post", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "z-hold", at: 1}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"z-hold": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"a-post": payment.OutcomeSuccess}, pulled: map[string]payment.Outcome{"z-hold": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "75"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"a-post:withdrawal:-25"}, notifications: []string{"withdrawal_posted:a-post:75"}, opened: []string{"z-hold"},
+			resolved: []ledger.HoldResolution{{HoldID: "z-hold", Status: payment.HoldPosted, By: "a-post"}}},
+	},
+	{
+		name:   "a post and a void of one pulled hold: the later finds it closed",
+		pulled: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events: []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2},
+			{id: "v1", typ: payment.WithdrawalVoid, user: 1, amount: "25", hold: "h1", at: 3}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "v1": payment.OutcomeHoldClosed},
+			pulled:   map[string]payment.Outcome{"h1": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "75"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-25"}, notifications: []string{"withdrawal_posted:p1:75"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
+		name:   "another user's post of a pulled hold is unknown_hold; the owner's posts it",
+		pulled: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events: []ev{{id: "p-other", typ: payment.WithdrawalPost, user: 2, amount: "25", hold: "h1", at: 2},
+			{id: "p-owner", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 3}},
+		balances: map[string]string{"1/ETH": "100", "2/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p-other": payment.OutcomeUnknownHold, "p-owner": payment.OutcomeSuccess},
+			pulled:   map[string]payment.Outcome{"h1": payment.OutcomeHeld},
+			balances: map[string]string{"1/ETH": "75"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p-owner:withdrawal:-25"}, notifications: []string{"withdrawal_posted:p-owner:75"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p-owner"}}},
+	},
+	{
+		name:     "a pulled hold of an account the batch did not lock is left to its task; the post waits",
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 2, amount: "25", at: 1}},
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": ""}, balances: map[string]string{"1/ETH": "100"}},
+	},
+	{
+		name:     "a pulled hold whose idempotency record exists is left to its task; the post waits",
+		pulled:   []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
+		replays:  map[string]payment.Outcome{"h1": payment.OutcomeDeadLettered},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": ""}, balances: map[string]string{"1/ETH": "100"}},
+	},
+	{
+		name:     "a pulled event that is not a hold is never applied",
+		pulled:   []ev{{id: "h1", typ: payment.Withdrawal, user: 1, amount: "25", at: 1}},
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"p1": ""}, balances: map[string]string{"1/ETH": "100"}},
+	},
 }
 
 func TestPlan(t *testing.T) {
@@ -593,9 +708,15 @@ func TestPlan(t *testing.T) {
 			s := ledger.Snapshot{
 				Events: events, Chain: map[int]*ledger.ChainEvidence{}, Replays: map[string]payment.Outcome{},
 				Balances: accounts(r.balances), Held: accounts(r.held), Claims: r.claims, Holds: r.holds, HoldEvents: r.holdEvents,
+				Pulled: pulledOf(r.pulled),
 			}
 			for _, c := range events {
 				s.Chain[c.Item] = r.chain[c.Event.ID]
+				if o, ok := r.replays[c.Event.ID]; ok {
+					s.Replays[c.Key] = o
+				}
+			}
+			for _, c := range s.Pulled {
 				if o, ok := r.replays[c.Event.ID]; ok {
 					s.Replays[c.Key] = o
 				}
@@ -617,8 +738,19 @@ func TestPlan(t *testing.T) {
 			require.Equal(t, r.want.alerts, got.alerts, "alerts")
 			require.Equal(t, r.want.rollback, got.rollback, "rolled back for")
 			require.Equal(t, r.want.reopened, got.reopened, "reopened keys")
+			require.Equal(t, r.want.pulled, got.pulled, "pulled holds applied")
 		})
 	}
+}
+
+// pulledOf is a row's pulled hold events as the storage hands them over:
+// no item of the batch asked for them.
+func pulledOf(events []ev) []ledger.Claimed {
+	out := claimed(events)
+	for i := range out {
+		out[i].Item = -1
+	}
+	return out
 }
 
 // filled is the want of every account of the row: those not named did
@@ -639,6 +771,7 @@ type observed struct {
 	balances, held                                map[string]string
 	journal, notifications, claims, moved, opened []string
 	deadLetters, alerts, rollback, reopened       []string
+	pulled                                        map[string]payment.Outcome
 }
 
 // observe reads w back into a row's terms, and checks what holds of every
@@ -725,6 +858,38 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 			o.alerts = append(o.alerts, id)
 		}
 	}
+	for id, res := range w.PulledResults {
+		var c ledger.Claimed
+		for _, p := range s.Pulled {
+			if p.Event.ID == id {
+				c = p
+			}
+		}
+		require.Equal(t, id, c.Event.ID, "a pulled result is of a pulled event")
+		require.Equal(t, ledger.Applied, res.Kind, id)
+		require.Equal(t, c.Event, res.Event, id)
+		switch res.Status {
+		case payment.StatusConfirmed:
+			require.Equal(t, res.Outcome, confirms[id].Outcome, id)
+		case payment.StatusFailed:
+			require.Equal(t, res.Outcome, fails[id].Outcome, id)
+		default:
+			t.Fatalf("%s: status %s", id, res.Status)
+		}
+		require.Equal(t, res.Outcome, w.Outcomes[c.Key], "recorded outcome of %s", id)
+		require.Equal(t, id, w.KeyEvents[c.Key])
+		if o.pulled == nil {
+			o.pulled = map[string]payment.Outcome{}
+		}
+		o.pulled[id] = res.Outcome
+	}
+	for _, p := range s.Pulled {
+		if _, applied := w.PulledResults[p.Event.ID]; !applied {
+			require.NotContains(t, w.Outcomes, p.Key, "a pulled event left to its task records nothing")
+			require.NotContains(t, confirms, p.Event.ID)
+			require.NotContains(t, fails, p.Event.ID)
+		}
+	}
 	require.Len(t, w.Outcomes, len(w.Confirms)+len(w.Fails)-replayedCount(events, s, w), "an outcome per decided event")
 
 	for _, n := range w.Notifications {
@@ -796,6 +961,10 @@ func snapshotText(s ledger.Snapshot) string {
 	for _, c := range s.Events {
 		fmt.Fprintf(&b, "%s %d|", c.Event.ID, c.Item)
 	}
+	for _, c := range s.Pulled {
+		fmt.Fprintf(&b, "pulled %s %d %v|", c.Event.ID, c.Item, c.Pulled)
+	}
+	fmt.Fprintf(&b, "%v|", s.HoldEvents)
 	txs := slices.SortedFunc(maps.Keys(s.Claims), func(a, b ledger.Tx) int { return strings.Compare(a.Network+a.TxHash, b.Network+b.TxHash) })
 	for _, k := range txs {
 		fmt.Fprintf(&b, "%v=%v|", k, s.Claims[k])

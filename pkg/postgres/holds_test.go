@@ -194,28 +194,55 @@ func TestPostOfAnotherUsersHoldIsUnknown(t *testing.T) {
 	f.requireInvariants()
 }
 
+// TestPostWaitsForItsHoldToSettle: a post whose hold's event is still
+// pending (not yet handed to the queue, so no ledger may apply it) waits
+// for it, spending no retry budget, and the rest of its batch commits.
 func TestPostWaitsForItsHoldToSettle(t *testing.T) {
 	f := newFixture(t)
 	f.user(1, map[string]string{"ETH": "100"})
-	hold := f.holdTask("h1", 1, "10")
+	ctx := context.Background()
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "h1", Type: payment.WithdrawalHold, UserID: 1, Asset: "ETH",
+		Amount: dec("10"), Network: "ETH_MAINNET", TraceID: "trace-h1"}, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	// The enqueuer passes the hold by (another scheduler holds its row).
+	tx, err := f.sql.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = 'h1' FOR UPDATE`)
+	require.NoError(t, err)
 	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "10")
-	// The post comes to the ledger before its hold: it is retried, not
-	// failed, and nothing moves.
-	// The rest of its batch commits without it.
 	dep := f.enqueue("d1", payment.Deposit, 1, "ETH", "5")
+	require.NoError(t, tx.Rollback(ctx))
+	st, _ := f.status("h1")
+	require.Equal(t, payment.StatusPending, st)
+
 	results := f.apply(post, dep)
 	r := results[0]
 	require.Equal(t, postgres.Retry, r.Kind)
 	require.ErrorIs(t, r.Err, payment.ErrUnavailable, "waiting spends no retry budget")
-	st, _ := f.status("p1")
+	st, _ = f.status("p1")
 	require.Equal(t, payment.StatusEnqueued, st)
 	requireOutcome(t, results[1], payment.StatusConfirmed, payment.OutcomeSuccess)
 	require.Equal(t, "105", f.balance(1, "ETH").String())
-	f.apply(hold)
+	f.apply(f.enqueueClaimed("h1"))
 	requireOutcome(t, f.apply(post)[0], payment.StatusConfirmed, payment.OutcomeSuccess)
 	require.Equal(t, "95", f.balance(1, "ETH").String())
 	require.Equal(t, []string{"withdrawal -10"}, f.journal("p1"))
 	f.requireInvariants()
+}
+
+// enqueueClaimed claims the pending event id as the enqueuer does.
+func (f *fixture) enqueueClaimed(id string) payment.Event {
+	f.t.Helper()
+	claimed, err := f.db.ClaimOutbox(context.Background(), 1000, 0, postgres.TaskEventsMax)
+	require.NoError(f.t, err)
+	for _, c := range claimed {
+		if c.Event.ID == id {
+			return c.Event
+		}
+	}
+	f.t.Fatalf("event %s was not claimed", id)
+	return payment.Event{}
 }
 
 func TestDebitsTakeOnlyFromAvailable(t *testing.T) {

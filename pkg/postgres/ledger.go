@@ -275,7 +275,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	}
 	plan := ledger.Plan(ledger.Snapshot{
 		Events: claimed, Chain: chain, Replays: replays, Balances: balances, Held: held,
-		Claims: claim.claims, Holds: claim.holds, HoldEvents: claim.holdEvents,
+		Claims: claim.claims, Holds: claim.holds, HoldEvents: claim.holdEvents, Pulled: claim.pulled,
 	})
 	if len(plan.Retry) > 0 {
 		return nil, plan.Retry, nil
@@ -379,11 +379,15 @@ type claim struct {
 	// already held on those transactions.
 	txHashes []string
 	claims   map[ledger.Tx][]ledger.TransferClaim
-	// resolving are the ids of posts and voids; holds and holdEvents what
-	// the batch read of the holds they name.
-	resolving  []string
-	holds      map[string]*ledger.Hold
-	holdEvents map[string]payment.Status
+	// resolving are the ids of posts and voids, with their tasks' users
+	// and assets; holds and holdEvents what the batch read of the holds
+	// they name, pulled the hold events it locked to apply first.
+	resolving       []string
+	resolvingUsers  []int64
+	resolvingAssets []string
+	holds           map[string]*ledger.Hold
+	holdEvents      map[string]payment.Status
+	pulled          []ledger.Claimed
 }
 
 type identity struct {
@@ -418,6 +422,7 @@ func newClaim(items []LedgerItem, live []int) *claim {
 		}
 		if e.Type.ResolvesHold() {
 			c.resolving = append(c.resolving, e.ID)
+			c.resolvingUsers, c.resolvingAssets = append(c.resolvingUsers, e.UserID), append(c.resolvingAssets, e.Asset)
 		}
 	}
 	return c
@@ -425,6 +430,9 @@ func newClaim(items []LedgerItem, live []int) *claim {
 
 func (c *claim) queue(batch *pgx.Batch) {
 	batch.Queue(q("ledger_claim").text, c.ids, c.generations, c.types, c.users, c.assets, c.amounts, c.txs)
+	if len(c.resolving) > 0 {
+		batch.Queue(q("ledger_pull_holds").text, c.resolving, c.resolvingUsers, c.resolvingAssets, c.ids)
+	}
 	if len(c.txHashes) > 0 {
 		batch.Queue(q("ledger_lock_transfers").text, c.txHashes)
 		batch.Queue(q("ledger_transfer_claims").text, c.txHashes)
@@ -439,36 +447,23 @@ func (c *claim) queue(batch *pgx.Batch) {
 }
 
 func (c *claim) read(br pgx.BatchResults) error {
-	rows, err := br.Query()
+	claimed, err := readClaimed(br)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var e ledger.Claimed
-		var eventType, amount string
-		var generation int32
-		if err := rows.Scan(&e.Event.ID, &generation, &eventType, &e.Event.UserID, &e.Event.Asset, &amount,
-			&e.Event.TraceID, &e.Related, &e.CreatedAt, &e.Event.TxHash, &e.Event.TransferIndex, &e.Network, &e.Native,
-			&e.HoldID, &e.HoldNetwork, &e.ToAddress); err != nil {
-			return err
-		}
-		e.Event.Type = payment.EventType(eventType)
-		e.Event.Amount = decimal.RequireFromString(amount)
-		e.Event.Generation = int(generation)
-		e.Event.HoldID, e.Event.ToAddress = e.HoldID, e.ToAddress
-		if e.Event.Type == payment.WithdrawalHold {
-			e.Event.Network = e.HoldNetwork
-		}
+	for _, e := range claimed {
 		e.Item = c.itemOf[identity{e.Event.ID, e.Event.Generation}]
-		e.Key = payment.IdempotencyKey(e.Event.ID, e.Event.Type)
 		c.claimed = append(c.claimed, e)
 		c.locked[e.Event.ID] = true
 	}
-	if err := rows.Err(); err != nil {
-		return err
+	if len(c.resolving) > 0 {
+		if c.pulled, err = readClaimed(br); err != nil {
+			return err
+		}
+		for i := range c.pulled {
+			c.pulled[i].Item, c.pulled[i].Pulled = -1, true
+		}
 	}
-	rows.Close()
 	if len(c.txHashes) > 0 {
 		if _, err := br.Exec(); err != nil { // ledger_lock_transfers
 			return err
@@ -484,6 +479,37 @@ func (c *claim) read(br pgx.BatchResults) error {
 		c.holds, err = readHolds(br)
 	}
 	return err
+}
+
+// readClaimed reads event rows as ledger_claim and ledger_pull_holds
+// answer them.
+func readClaimed(br pgx.BatchResults) ([]ledger.Claimed, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ledger.Claimed
+	for rows.Next() {
+		var e ledger.Claimed
+		var eventType, amount string
+		var generation int32
+		if err := rows.Scan(&e.Event.ID, &generation, &eventType, &e.Event.UserID, &e.Event.Asset, &amount,
+			&e.Event.TraceID, &e.Related, &e.CreatedAt, &e.Event.TxHash, &e.Event.TransferIndex, &e.Network, &e.Native,
+			&e.HoldID, &e.HoldNetwork, &e.ToAddress); err != nil {
+			return nil, err
+		}
+		e.Event.Type = payment.EventType(eventType)
+		e.Event.Amount = decimal.RequireFromString(amount)
+		e.Event.Generation = int(generation)
+		e.Event.HoldID, e.Event.ToAddress = e.HoldID, e.ToAddress
+		if e.Event.Type == payment.WithdrawalHold {
+			e.Event.Network = e.HoldNetwork
+		}
+		e.Key = payment.IdempotencyKey(e.Event.ID, e.Event.Type)
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }
 
 func readTransferClaims(br pgx.BatchResults) (map[ledger.Tx][]ledger.TransferClaim, error) {

@@ -1,6 +1,7 @@
 -- The ledger transaction, step by step (ledger.go runs them in order).
 -- Locks are always taken in the same global order: balances rows sorted by
--- (user_id, asset) first, then event rows, then the transfer locks of
+-- (user_id, asset) first, then event rows (the hold events pulled in for
+-- posts after them, never waiting: SKIP LOCKED), then the transfer locks of
 -- their transactions (hash order), then the holds rows that posts and
 -- voids resolve (hold_id order), then idempotency keys sorted. Two batches
 -- touching the same users therefore queue behind each other instead of
@@ -57,6 +58,33 @@ WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' COLLATE "C" AND p.g
   AND COALESCE(p.tx_hash, '') = t.tx_hash
 ORDER BY p.event_id
 FOR UPDATE OF p;
+
+-- name: ledger_pull_holds
+-- The withdrawal_hold events that this batch's posts and voids name and
+-- that wait unapplied in the queue (enqueued at their first generation,
+-- so no idempotency record exists) with no task in this batch: the batch
+-- applies them before their posts instead of the posts waiting for them
+-- (ledger.Snapshot.Pulled); their own tasks later find them terminal.
+-- Only holds of an account of the posts' tasks, whose balance row this
+-- batch holds: everyone who applies a hold locks that row first. Locked
+-- after the batch's own events, out of event order: SKIP LOCKED never
+-- waits, and a hold someone else holds is left to them (its post waits
+-- for it as before).
+SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
+       COALESCE(p.related_event_id, ''), p.created_at,
+       COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), COALESCE(p.network, a.network),
+       COALESCE(na.contract_address IS NULL, a.contract_address IS NULL),
+       COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
+FROM payment_events p
+JOIN assets a ON a.code = p.asset
+LEFT JOIN network_assets na ON na.network = COALESCE(p.network, a.network) AND na.asset = p.asset
+WHERE p.event_id = ANY (ARRAY(SELECT r.hold_id FROM payment_events r
+                              WHERE r.event_id = ANY($1::text[]) AND r.hold_id IS NOT NULL))
+  AND p.event_type = 'withdrawal_hold' AND p.status = 'enqueued' COLLATE "C" AND p.generation = 0
+  AND p.event_id <> ALL ($4::text[])
+  AND (p.user_id, p.asset) IN (SELECT t.user_id, t.asset FROM unnest($2::bigint[], $3::text[]) AS t(user_id, asset))
+ORDER BY p.event_id
+FOR UPDATE OF p SKIP LOCKED;
 
 -- name: ledger_lock_transfers
 -- Deposits with a transaction claim a transfer in chain_transfers. The
