@@ -14,8 +14,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/settle/settle/pkg/queue"
 	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/task"
 )
 
 func flushRedis(t *testing.T, url string) {
@@ -32,7 +32,7 @@ func queuedTasks(t *testing.T, url string) int {
 	rdb, err := redisconn.Open(url)
 	require.NoError(t, err)
 	defer rdb.Close()
-	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(queue.QueuePayments)
+	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(task.QueuePayments)
 	if err != nil {
 		return 0
 	}

@@ -27,11 +27,12 @@ import (
 	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/notify"
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/pkg/tracing"
+	"github.com/settle/settle/pkg/worker"
 	"github.com/settle/settle/test/harness"
 )
 
@@ -120,17 +121,17 @@ func newTracedPipeline(t *testing.T) *tracedPipeline {
 	require.NoError(t, err)
 	p.deliver = notify.New(p.db, receiver.URL, []byte("notify-key-0123456789abcdefghijklmnop"), log, quietAlerts{}, nil).Deliver
 
-	enqueuer := queue.NewEnqueuer(queue.EnqueuerOptions{
+	enqueuer := outbox.NewEnqueuer(outbox.EnqueuerOptions{
 		Outbox: p.db, Client: asynq.NewClientFromRedisClient(rdb), Redis: rdb, Log: log, PollInterval: 50 * time.Millisecond,
 	})
-	batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{Notify: true}, 32, 2, prometheus.NewRegistry())
-	worker := queue.NewWorker(queue.WorkerOptions{
+	batcher := worker.NewBatcher(p.db, postgres.LedgerOptions{Notify: true}, 32, 2, prometheus.NewRegistry())
+	handler := worker.NewWorker(worker.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: dlq.NewSink(p.db, rdb, log, nil), Alerts: quietAlerts{}, Gate: gate,
 	})
 	asynqServer := asynq.NewServerFromRedisClient(rdb, asynq.Config{
-		Concurrency: 4, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
-		DelayedTaskCheckInterval: 50 * time.Millisecond, RetryDelayFunc: queue.FullJitter(20*time.Millisecond, 40*time.Millisecond),
-		IsFailure: queue.IsFailure, ShutdownTimeout: 2 * time.Second, Logger: queue.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
+		Concurrency: 4, Queues: worker.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
+		DelayedTaskCheckInterval: 50 * time.Millisecond, RetryDelayFunc: worker.FullJitter(20*time.Millisecond, 40*time.Millisecond),
+		IsFailure: worker.IsFailure, ShutdownTimeout: 2 * time.Second, Logger: worker.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
 	})
 	var wg sync.WaitGroup
 	started := false
@@ -139,7 +140,7 @@ func newTracedPipeline(t *testing.T) *tracedPipeline {
 		wg.Add(2)
 		go func() { defer wg.Done(); enqueuer.Run(ctx) }()
 		go func() { defer wg.Done(); batcher.Run(ctx) }()
-		require.NoError(t, asynqServer.Start(worker))
+		require.NoError(t, asynqServer.Start(handler))
 		enqueuer.Wake()
 	}
 	t.Cleanup(func() {

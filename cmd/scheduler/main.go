@@ -20,10 +20,12 @@ import (
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/opsserver"
+	"github.com/settle/settle/pkg/outbox"
+	"github.com/settle/settle/pkg/periodic"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/service"
+	"github.com/settle/settle/pkg/task"
 )
 
 type settings struct {
@@ -55,12 +57,12 @@ func readSettings(env *config.Env) settings {
 		Common:             service.ReadCommon(env),
 		MetricsAddr:        env.String("METRICS_ADDR", ":9092"),
 		PollInterval:       env.Duration("POLL_INTERVAL", 5*time.Second),
-		EnqueueBatch:       env.Int("ENQUEUE_BATCH", queue.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
-		TaskEvents:         env.Int("TASK_EVENTS_MAX", queue.TaskEventsDefault, 1, postgres.TaskEventsMax),
-		QueueDepthMax:      env.Int("QUEUE_DEPTH_MAX", queue.QueueDepthMaxDefault, 1, 10_000_000),
-		StaleEnqueuedAfter: env.Duration("STALE_ENQUEUED_AFTER", queue.StaleEnqueuedAfterDefault),
-		RecoverInterval:    env.Duration("RECOVER_INTERVAL", queue.RecoverIntervalDefault),
-		MaxRecoveries:      env.Int("MAX_RECOVERY_ATTEMPTS", queue.MaxRecoveryAttemptsDefault, 0, 1000),
+		EnqueueBatch:       env.Int("ENQUEUE_BATCH", outbox.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
+		TaskEvents:         env.Int("TASK_EVENTS_MAX", outbox.TaskEventsDefault, 1, postgres.TaskEventsMax),
+		QueueDepthMax:      env.Int("QUEUE_DEPTH_MAX", outbox.QueueDepthMaxDefault, 1, 10_000_000),
+		StaleEnqueuedAfter: env.Duration("STALE_ENQUEUED_AFTER", outbox.StaleEnqueuedAfterDefault),
+		RecoverInterval:    env.Duration("RECOVER_INTERVAL", outbox.RecoverIntervalDefault),
+		MaxRecoveries:      env.Int("MAX_RECOVERY_ATTEMPTS", outbox.MaxRecoveryAttemptsDefault, 0, 1000),
 		DrainInterval:      env.Duration("DLQ_DRAIN_INTERVAL", time.Minute),
 		ReorgWatchInterval: env.Duration("REORG_WATCH_INTERVAL", 30*time.Second),
 		NotifyInterval:     env.Duration("NOTIFY_INTERVAL", 2*time.Second),
@@ -114,24 +116,24 @@ func run(s settings, log zerolog.Logger) error {
 	reg := service.Registry()
 	// asynq's own queue gauges (asynq_*), which asynqmon's Metrics tab
 	// reads back from Prometheus. Collected at each scrape.
-	reg.MustRegister(db.Collector(), queue.QueueMetricsCollector(inspector))
+	reg.MustRegister(db.Collector(), outbox.QueueMetricsCollector(inspector))
 	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)
 
-	enqueuer := queue.NewEnqueuer(queue.EnqueuerOptions{
+	enqueuer := outbox.NewEnqueuer(outbox.EnqueuerOptions{
 		Outbox: db, Client: client, Redis: rdb, Log: log, PollInterval: s.PollInterval,
 		BatchMax: s.EnqueueBatch, TaskEvents: s.TaskEvents, DepthMax: s.QueueDepthMax, Registerer: reg,
 	})
-	recovery := &queue.Recovery{
+	recovery := &outbox.Recovery{
 		Store: db, Inspector: inspector, Alerts: alerts, Log: log,
-		StaleAfter: s.StaleEnqueuedAfter, MaxAttempts: s.MaxRecoveries, BatchMax: queue.RecoveryBatchDefault,
+		StaleAfter: s.StaleEnqueuedAfter, MaxAttempts: s.MaxRecoveries, BatchMax: outbox.RecoveryBatchDefault,
 	}
 	recovery.RegisterMetrics(reg)
 	hostname, _ := os.Hostname()
-	runner := &queue.Runner{Periods: db, Owner: hostname + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8], Log: log}
+	runner := &periodic.Runner{Periods: db, Owner: hostname + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8], Log: log}
 	runner.RegisterMetrics(reg)
-	jobs := []queue.Job{
+	jobs := []periodic.Job{
 		{Name: "recover_stale", Every: s.RecoverInterval, Run: recovery.Run},
 		{Name: "drain_dlq", Every: s.DrainInterval, Run: func(ctx context.Context) error {
 			report, err := sink.Drain(ctx)
@@ -142,8 +144,8 @@ func run(s settings, log zerolog.Logger) error {
 			return err
 		}},
 		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Retention, s.PartitionLockTimeout)},
-		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, queue.QueueMaintenance, queue.TypeWatchReorgs, s.ReorgWatchInterval)},
-		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, queue.QueueNotifications, queue.TypeNotify, s.NotifyInterval)},
+		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
+		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, task.QueueNotifications, task.TypeNotify, s.NotifyInterval)},
 	}
 	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
 

@@ -9,8 +9,8 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/monitor"
+	"github.com/settle/settle/pkg/periodic"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
 )
 
 type monitorSettings struct {
@@ -41,11 +41,11 @@ func readMonitorSettings(env *config.Env) monitorSettings {
 
 // monitoringJobs are the reconciliation and health checks and the
 // backlog gauges.
-func monitoringJobs(s monitorSettings, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) []queue.Job {
+func monitoringJobs(s monitorSettings, db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer) []periodic.Job {
 	m := monitor.New(db, alerts, log, reg)
 	backlog := monitor.NewBacklog(db, s.BacklogTimeout, reg)
 	providers := monitor.NewProviders(db, s.ProviderMissGrace, reg)
-	return []queue.Job{
+	return []periodic.Job{
 		// Every replica too: a gauge, read whichever scheduler is scraped.
 		{Name: "provider_misses", Every: s.ProviderMissInterval, Local: true, Run: providers.Refresh},
 		// Every replica, so none exports a stale backlog (alerts take the max).

@@ -13,7 +13,7 @@ import (
 	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/worker"
 )
 
 // chainIDRecheckEvery is how often an RPC endpoint that could not be asked
@@ -26,7 +26,7 @@ const chainIDRecheckEvery = 30 * time.Second
 // gate. wrongChain receives a mismatch found after start, on an endpoint
 // that was down then.
 func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, registry *payment.Registry, rdb redis.UniversalClient,
-	alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, wrongChain func(error)) (queue.Gate, func(), error) {
+	alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, wrongChain func(error)) (worker.Gate, func(), error) {
 	if !s.HasRPC() {
 		return nil, func() {}, nil
 	}

@@ -20,9 +20,9 @@ import (
 	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/service"
+	"github.com/settle/settle/pkg/worker"
 )
 
 type settings struct {
@@ -49,13 +49,13 @@ func readSettings(env *config.Env) settings {
 		MetricsAddr:     env.String("METRICS_ADDR", ":9091"),
 		Concurrency:     env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
 		PollInterval:    env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
-		WakeWait:        env.Duration("WORKER_WAKE_WAIT", queue.WakeWaitDefault),
-		BatchMax:        env.Int("LEDGER_BATCH_MAX", queue.BatchMaxDefault, 1, postgres.LedgerBatchMax),
-		InFlightMax:     env.Int("LEDGER_IN_FLIGHT", queue.InFlightMaxDefault, 1, 64),
+		WakeWait:        env.Duration("WORKER_WAKE_WAIT", worker.WakeWaitDefault),
+		BatchMax:        env.Int("LEDGER_BATCH_MAX", worker.BatchMaxDefault, 1, postgres.LedgerBatchMax),
+		InFlightMax:     env.Int("LEDGER_IN_FLIGHT", worker.InFlightMaxDefault, 1, 64),
 		LockTimeout:     env.Duration("LEDGER_LOCK_TIMEOUT", postgres.LedgerLockTimeoutDefault),
 		StatementTimout: env.Duration("LEDGER_STATEMENT_TIMEOUT", postgres.LedgerStatementTimeoutDefault),
-		RetryBaseDelay:  env.Duration("RETRY_BASE_DELAY", queue.RetryBaseDelay),
-		RetryMaxDelay:   env.Duration("RETRY_MAX_DELAY", queue.RetryMaxDelay),
+		RetryBaseDelay:  env.Duration("RETRY_BASE_DELAY", worker.RetryBaseDelay),
+		RetryMaxDelay:   env.Duration("RETRY_MAX_DELAY", worker.RetryMaxDelay),
 		AlertWebhookURL: env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 		NotifyURL:       env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
 	}
@@ -65,8 +65,8 @@ func readSettings(env *config.Env) settings {
 			env.Reject("NOTIFY_WEBHOOK_SECRET", errors.New("required when NOTIFY_WEBHOOK_URL is set: notifications are always signed"))
 		}
 	}
-	if s.WakeWait > queue.WakeWaitMax {
-		env.Reject("WORKER_WAKE_WAIT", fmt.Errorf("at most %s: asynq's shutdown waits for it", queue.WakeWaitMax))
+	if s.WakeWait > worker.WakeWaitMax {
+		env.Reject("WORKER_WAKE_WAIT", fmt.Errorf("at most %s: asynq's shutdown waits for it", worker.WakeWaitMax))
 	}
 	s.Chain = finality.ReadSettings(env, true)
 	return s
@@ -109,7 +109,7 @@ func run(s settings, log zerolog.Logger) error {
 	alerts := alert.New(log, alert.Options{Service: "worker", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)
-	batcher := queue.NewBatcher(db, postgres.LedgerOptions{
+	batcher := worker.NewBatcher(db, postgres.LedgerOptions{
 		LockTimeout: s.LockTimeout, StatementTimeout: s.StatementTimout, Notify: s.NotifyURL != "",
 	}, s.BatchMax, s.InFlightMax, reg)
 	registry, err := db.Assets(openCtx)
@@ -131,7 +131,7 @@ func run(s settings, log zerolog.Logger) error {
 	}
 	defer closeGate()
 	notify := newNotifier(s.NotifyURL, s.NotifyKey, db, alerts, log, reg)
-	worker := queue.NewWorker(queue.WorkerOptions{
+	handler := worker.NewWorker(worker.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
 	})
 
@@ -144,16 +144,16 @@ func run(s settings, log zerolog.Logger) error {
 	}()
 
 	// An idle worker waits for the enqueuer's wake-up instead of asking
-	// Redis every WORKER_POLL_INTERVAL (see queue.Waker).
-	waker := queue.NewWaker(rdb, s.WakeWait)
+	// Redis every WORKER_POLL_INTERVAL (see worker.Waker).
+	waker := worker.NewWaker(rdb, s.WakeWait)
 	rdb.AddHook(waker.Hook())
 	go waker.Run(batchCtx)
 
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:       s.Concurrency,
-		Queues:            queue.QueueWeights,
-		RetryDelayFunc:    queue.FullJitter(s.RetryBaseDelay, s.RetryMaxDelay),
-		IsFailure:         queue.IsFailure,
+		Queues:            worker.QueueWeights,
+		RetryDelayFunc:    worker.FullJitter(s.RetryBaseDelay, s.RetryMaxDelay),
+		IsFailure:         worker.IsFailure,
 		TaskCheckInterval: s.PollInterval,
 		// Retries become due on this tick; asynq's 5s default would add up
 		// to five seconds to every retry's backoff.
@@ -161,14 +161,14 @@ func run(s settings, log zerolog.Logger) error {
 		// asynq hands unfinished tasks back to the queue when this runs
 		// out; the margin leaves time for the rest of the shutdown.
 		ShutdownTimeout: max(s.ShutdownTimeout-5*time.Second, time.Second),
-		Logger:          queue.AsynqLogger{Log: log},
+		Logger:          worker.AsynqLogger{Log: log},
 		LogLevel:        asynq.WarnLevel,
 	})
 	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
 	if err := ops.Start(); err != nil {
 		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
 	}
-	if err := srv.Start(worker); err != nil {
+	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	log.Info().Str("metrics_addr", s.MetricsAddr).Int("concurrency", s.Concurrency).Int("cpus", runtime.NumCPU()).

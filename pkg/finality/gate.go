@@ -97,7 +97,7 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Gate implements queue.Gate.
+// Gate implements worker.Gate.
 type Gate struct {
 	o        Options
 	verdicts *prometheus.CounterVec

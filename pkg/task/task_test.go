@@ -1,4 +1,4 @@
-package queue_test
+package task_test
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/task"
 )
 
 func TestPaymentBatchRoundTrip(t *testing.T) {
@@ -19,9 +19,9 @@ func TestPaymentBatchRoundTrip(t *testing.T) {
 		{TaskID: "c7-0", CreatedAt: at, Event: payment.Event{ID: "a", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("0.000000000000000001"), TraceID: "t1"}},
 		{TaskID: "c7-0", CreatedAt: at, Event: payment.Event{ID: "b", Type: payment.Withdrawal, UserID: 2, Asset: "USDT", Amount: decimal.RequireFromString("12.5"), Generation: 3, TxHash: "0xab"}},
 	}
-	task, _, err := queue.NewPaymentBatch(claimed)
+	built, _, err := task.NewPaymentBatch(claimed)
 	require.NoError(t, err)
-	tasks, events, err := queue.DecodePaymentTask(task.Payload())
+	tasks, events, err := task.DecodePaymentTask(built.Payload())
 	require.NoError(t, err)
 	require.Len(t, events, 2)
 	for i, c := range claimed {
@@ -31,11 +31,11 @@ func TestPaymentBatchRoundTrip(t *testing.T) {
 		require.Equal(t, at, tasks[i].AcceptedAt.UTC())
 	}
 
-	_, _, err = queue.NewPaymentBatch([]postgres.Claimed{claimed[0], {TaskID: "c8-0", Event: claimed[1].Event}})
+	_, _, err = task.NewPaymentBatch([]postgres.Claimed{claimed[0], {TaskID: "c8-0", Event: claimed[1].Event}})
 	require.Error(t, err, "events of two tasks")
-	_, _, err = queue.NewPaymentBatch([]postgres.Claimed{{Event: claimed[0].Event}, {Event: claimed[1].Event}})
+	_, _, err = task.NewPaymentBatch([]postgres.Claimed{{Event: claimed[0].Event}, {Event: claimed[1].Event}})
 	require.Error(t, err, "several events need a task id")
-	_, _, err = queue.NewPaymentBatch(nil)
+	_, _, err = task.NewPaymentBatch(nil)
 	require.Error(t, err)
 }
 
@@ -47,11 +47,11 @@ func TestDecodePaymentTaskRefusesMalformedPayloads(t *testing.T) {
 		"bad amount":        `{"events":[{"event_id":"x","event_type":"deposit","amount":"1e"}]}`,
 		"single without id": `{"event_type":"deposit","amount":"1"}`,
 	} {
-		_, _, err := queue.DecodePaymentTask([]byte(body))
+		_, _, err := task.DecodePaymentTask([]byte(body))
 		require.ErrorIs(t, err, payment.ErrInvalid, name)
 	}
 	// A task enqueued before batches existed is one event.
-	_, events, err := queue.DecodePaymentTask([]byte(`{"event_id":"old","event_type":"deposit","user_id":1,"asset":"ETH","amount":"1","generation":0}`))
+	_, events, err := task.DecodePaymentTask([]byte(`{"event_id":"old","event_type":"deposit","user_id":1,"asset":"ETH","amount":"1","generation":0}`))
 	require.NoError(t, err)
 	require.Len(t, events, 1)
 	require.Equal(t, "old", events[0].ID)
@@ -66,7 +66,7 @@ func FuzzDecodePaymentTask(f *testing.F) {
 	f.Add([]byte(`{"events":null}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		tasks, events, err := queue.DecodePaymentTask(body)
+		tasks, events, err := task.DecodePaymentTask(body)
 		if err != nil {
 			require.ErrorIs(t, err, payment.ErrInvalid)
 			return
@@ -77,9 +77,9 @@ func FuzzDecodePaymentTask(f *testing.F) {
 			require.NotEmpty(t, e.ID)
 			require.Equal(t, tasks[i].EventID, e.ID)
 		}
-		again, err := json.Marshal(queue.PaymentBatch{Events: tasks})
+		again, err := json.Marshal(task.PaymentBatch{Events: tasks})
 		require.NoError(t, err)
-		tasks2, events2, err := queue.DecodePaymentTask(again)
+		tasks2, events2, err := task.DecodePaymentTask(again)
 		require.NoError(t, err, "re-encoded %s", again)
 		require.Len(t, tasks2, len(tasks))
 		for i := range tasks {

@@ -1,15 +1,14 @@
-// Package queue is the path between the outbox and the ledger on asynq:
-// the enqueuer that moves committed events into the queue, the worker
-// that applies them, stale recovery, and the scheduler's periodic jobs.
-// asynq is at-least-once and its TaskID dedups only while a task exists;
-// the database, not the queue, decides what happened to an event.
-package queue
+// Package task is what both sides of asynq agree on: queue names, task
+// types, the payment task's payload and options, and the Redis names the
+// enqueuer and the worker both read (the pending list, the wake-up
+// channel). asynq is at-least-once and its TaskID dedups only while a task
+// exists; the database, not the queue, decides what happened to an event.
+package task
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -27,9 +26,6 @@ const (
 	QueueMaintenance   = "maintenance"
 )
 
-// QueueWeights are asynq's weighted priorities for the worker.
-var QueueWeights = map[string]int{QueuePayments: 6, QueueNotifications: 3, QueueMaintenance: 1}
-
 // Task types.
 const (
 	TypePayment     = "payment:apply"
@@ -37,48 +33,13 @@ const (
 	TypeNotify      = "notifications:deliver"
 )
 
-// Retry policy of the seed: at most five retries, full-jitter exponential
-// backoff from one second, capped at a minute.
-const (
-	RetryMax       = 5
-	RetryBaseDelay = time.Second
-	RetryMaxDelay  = 60 * time.Second
-	// TaskTimeout bounds one run of a payment task (chain check, batch
-	// wait, transaction); a task past it is retried.
-	TaskTimeout = 60 * time.Second
-)
+// RetryMax is the seed's retry budget of a payment task (asynq's
+// MaxRetry); the worker's backoff is worker.FullJitter.
+const RetryMax = 5
 
-// RetryDelay is the production backoff: uniform(0, min(60s, 1s·2^n)).
-var RetryDelay = FullJitter(RetryBaseDelay, RetryMaxDelay)
-
-// outageBackoffSteps fixes the retry delay while a dependency is down:
-// IsFailure keeps such retries off the budget, so the attempt count does
-// not grow and cannot space them out.
-const outageBackoffSteps = 3
-
-// IsFailure tells asynq which errors spend a task's retry budget. A
-// dependency outage (PostgreSQL unreachable, restarting, failing over) is
-// not the event's fault: its task retries for as long as the outage lasts
-// and stays within budget, instead of dead-lettering every event in flight
-// during a failover.
-func IsFailure(err error) bool { return !errors.Is(err, payment.ErrUnavailable) }
-
-// FullJitter returns asynq's retry delay function for
-// uniform(0, min(ceiling, base·2^attempt)); during an outage (which does
-// not count as an attempt) uniform(base, min(ceiling, base·2^3)).
-func FullJitter(base, ceiling time.Duration) asynq.RetryDelayFunc {
-	return func(attempt int, err error, _ *asynq.Task) time.Duration {
-		if err != nil && !IsFailure(err) {
-			limit := min(ceiling, base<<outageBackoffSteps)
-			return base + time.Duration(rand.Int64N(int64(max(limit-base, 0))+1)) //nolint:gosec // G404: retry jitter, not a secret
-		}
-		limit := ceiling
-		if attempt >= 0 && attempt < 32 && base<<attempt > 0 && base<<attempt < ceiling {
-			limit = base << attempt
-		}
-		return time.Duration(rand.Int64N(int64(limit) + 1)) //nolint:gosec // G404: retry jitter, not a secret
-	}
-}
+// TaskTimeout bounds one run of a payment task (chain check, batch wait,
+// transaction); a task past it is retried.
+const TaskTimeout = 60 * time.Second
 
 // PaymentTask is the payload of a payment task. The amount travels as a
 // decimal string; the ledger takes every value from the stored row and
@@ -200,7 +161,12 @@ func DecodePaymentTask(body []byte) ([]PaymentTask, []payment.Event, error) {
 	return batch.Events, events, nil
 }
 
-// pendingListKey is where asynq keeps a queue's waiting tasks; the
-// enqueuer reads its length for backpressure. It is asynq's internal
-// layout (v0.26), checked by a test against a real asynq.
-func pendingListKey(queue string) string { return "asynq:{" + queue + "}:pending" }
+// PendingListKey is where asynq keeps a queue's waiting tasks: the
+// enqueuer reads its length for backpressure, the worker's waker
+// recognises dequeues of it. It is asynq's internal layout (v0.26),
+// checked by a test against a real asynq.
+func PendingListKey(queue string) string { return "asynq:{" + queue + "}:pending" }
+
+// WakeChannel is the Redis pub/sub channel on which the enqueuer tells
+// idle workers that tasks were enqueued.
+const WakeChannel = "settle:wake"

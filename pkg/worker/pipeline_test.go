@@ -1,4 +1,4 @@
-package queue_test
+package worker_test
 
 import (
 	"context"
@@ -20,11 +20,13 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
 	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/testenv"
+	"github.com/settle/settle/pkg/worker"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -63,8 +65,8 @@ type pipeline struct {
 	rdb      redis.UniversalClient
 	sink     *dlq.Sink
 	alerts   *alerts
-	enqueuer *queue.Enqueuer
-	recovery *queue.Recovery
+	enqueuer *outbox.Enqueuer
+	recovery *outbox.Recovery
 	server   *asynq.Server
 	stop     func()
 }
@@ -99,11 +101,11 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		log = zerolog.New(zerolog.NewTestWriter(t))
 	}
 	p.sink = dlq.NewSink(p.db, p.rdb, log, nil)
-	p.enqueuer = queue.NewEnqueuer(queue.EnqueuerOptions{
+	p.enqueuer = outbox.NewEnqueuer(outbox.EnqueuerOptions{
 		Outbox: p.db, Client: asynq.NewClientFromRedisClient(p.rdb), Redis: p.rdb, Log: log,
 		PollInterval: 50 * time.Millisecond,
 	})
-	p.recovery = &queue.Recovery{
+	p.recovery = &outbox.Recovery{
 		Store: p.db, Inspector: asynq.NewInspectorFromRedisClient(p.rdb), Alerts: p.alerts, Log: log,
 		StaleAfter: time.Second, MaxAttempts: 3, BatchMax: 100,
 	}
@@ -116,17 +118,17 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		if o.retryDelay == 0 {
 			o.retryDelay = 20 * time.Millisecond
 		}
-		batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
-		worker := queue.NewWorker(queue.WorkerOptions{Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
+		batcher := worker.NewBatcher(p.db, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
+		handler := worker.NewWorker(worker.WorkerOptions{Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
 		wg.Add(1)
 		go func() { defer wg.Done(); batcher.Run(ctx) }()
 		p.server = asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
-			Concurrency: 16, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
+			Concurrency: 16, Queues: worker.QueueWeights, TaskCheckInterval: 10 * time.Millisecond,
 			DelayedTaskCheckInterval: 50 * time.Millisecond,
-			RetryDelayFunc:           queue.FullJitter(o.retryDelay, 2*o.retryDelay), IsFailure: queue.IsFailure, ShutdownTimeout: 2 * time.Second,
-			Logger: queue.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
+			RetryDelayFunc:           worker.FullJitter(o.retryDelay, 2*o.retryDelay), IsFailure: worker.IsFailure, ShutdownTimeout: 2 * time.Second,
+			Logger: worker.AsynqLogger{Log: log}, LogLevel: asynq.FatalLevel,
 		})
-		require.NoError(t, p.server.Start(worker))
+		require.NoError(t, p.server.Start(handler))
 	}
 	p.stop = func() {
 		if p.server != nil {
@@ -214,15 +216,15 @@ func TestPipelineCreditsEveryDepositOnce(t *testing.T) {
 	p.waitFor("all confirmed", 60*time.Second, p.allTerminal)
 	for i := 0; i < n; i += 7 {
 		e := payment.Event{ID: fmt.Sprintf("dep-%d", i), Type: payment.Deposit, UserID: int64(i%5 + 1), Asset: "ETH", Amount: decimal.RequireFromString("0.1")}
-		task, opts, err := queue.NewPaymentTask(postgres.Claimed{Event: e})
+		queued, opts, err := task.NewPaymentTask(postgres.Claimed{Event: e})
 		require.NoError(t, err)
 		opts = append(opts, asynq.TaskID(fmt.Sprintf("dup-%d", i)))
-		_, err = client.Enqueue(task, opts...)
+		_, err = client.Enqueue(queued, opts...)
 		require.NoError(t, err)
 	}
 	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
 	p.waitFor("duplicates drained", 30*time.Second, func() bool {
-		info, err := inspector.GetQueueInfo(queue.QueuePayments)
+		info, err := inspector.GetQueueInfo(task.QueuePayments)
 		return err == nil && info.Pending == 0 && info.Active == 0
 	})
 	var failures []string
@@ -263,7 +265,7 @@ func TestExhaustedRetriesEndInTheDLQ(t *testing.T) {
 	})
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND outcome='dead_lettered'`))
-	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='w-locked' AND source='worker' AND attempt = $1`, queue.RetryMax+1))
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='w-locked' AND source='worker' AND attempt = $1`, task.RetryMax+1))
 	require.Equal(t, 1, p.alerts.count("dead_letter:retries_exhausted"))
 	require.Zero(t, p.count(`SELECT count(*) FROM balance_events`))
 	p.requireInvariants()
@@ -303,12 +305,12 @@ func TestRecoveryBringsBackTasksTheQueueLost(t *testing.T) {
 	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE retry_count=1 AND generation=1`))
 
 	// A worker now finds the re-enqueued tasks under their new ids.
-	batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 2, nil)
+	batcher := worker.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 2, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go batcher.Run(ctx)
-	server := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{Concurrency: 8, Queues: queue.QueueWeights, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
-	require.NoError(t, server.Start(queue.NewWorker(queue.WorkerOptions{Log: zerolog.Nop(), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})))
+	server := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{Concurrency: 8, Queues: worker.QueueWeights, TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel})
+	require.NoError(t, server.Start(worker.NewWorker(worker.WorkerOptions{Log: zerolog.Nop(), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})))
 	defer server.Shutdown()
 	p.waitFor("all confirmed", 30*time.Second, p.allTerminal)
 	require.Equal(t, 20, p.count(`SELECT count(*) FROM payment_events WHERE status='confirmed'`))
@@ -348,14 +350,14 @@ func TestRecoveryDeadLettersWhenTheQueueStaysDown(t *testing.T) {
 func TestUnknownTaskTypeIsDeadLetteredWithoutRetry(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{})
 	client := asynq.NewClientFromRedisClient(p.rdb)
-	_, err := client.Enqueue(asynq.NewTask("payment:refund", []byte(`{"event_id":"x"}`)), asynq.Queue(queue.QueuePayments), asynq.MaxRetry(5))
+	_, err := client.Enqueue(asynq.NewTask("payment:refund", []byte(`{"event_id":"x"}`)), asynq.Queue(task.QueuePayments), asynq.MaxRetry(5))
 	require.NoError(t, err)
 	p.waitFor("dead letter", 20*time.Second, func() bool {
 		return p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_type='payment:refund'`) == 1
 	})
 	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
 	p.waitFor("archived", 10*time.Second, func() bool {
-		info, err := inspector.GetQueueInfo(queue.QueuePayments)
+		info, err := inspector.GetQueueInfo(task.QueuePayments)
 		return err == nil && info.Archived == 1 && info.Retry == 0
 	})
 }
@@ -450,13 +452,13 @@ func TestOneTaskManyEventsEachSettledOnItsOwn(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM balances WHERE user_id = 3 FOR UPDATE`)
 	require.NoError(t, err)
 
-	task, opts, err := queue.NewPaymentBatch(claimed)
+	queued, opts, err := task.NewPaymentBatch(claimed)
 	require.NoError(t, err)
-	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(task, opts...)
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(queued, opts...)
 	require.NoError(t, err)
 	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
 	p.waitFor("the task retrying", 20*time.Second, func() bool {
-		info, err := inspector.GetTaskInfo(queue.QueuePayments, claimed[0].TaskID)
+		info, err := inspector.GetTaskInfo(task.QueuePayments, claimed[0].TaskID)
 		return err == nil && info.Retried >= 2
 	})
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-deposit' AND status = 'confirmed'`))
@@ -468,7 +470,7 @@ func TestOneTaskManyEventsEachSettledOnItsOwn(t *testing.T) {
 		return p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'b-held' AND status = 'confirmed'`) == 1
 	})
 	p.waitFor("the task archived for its rejected event", 20*time.Second, func() bool {
-		info, err := inspector.GetTaskInfo(queue.QueuePayments, claimed[0].TaskID)
+		info, err := inspector.GetTaskInfo(task.QueuePayments, claimed[0].TaskID)
 		return err == nil && info.State == asynq.TaskStateArchived
 	})
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM balance_events WHERE source_event_id = 'b-deposit'`))
@@ -505,13 +507,13 @@ func TestRecoveryAsksAboutATaskOnceForAllItsEvents(t *testing.T) {
 				events = append(events, c)
 			}
 		}
-		task, opts, err := queue.NewPaymentBatch(events)
+		queued, opts, err := task.NewPaymentBatch(events)
 		require.NoError(t, err)
-		_, err = client.Enqueue(task, opts...)
+		_, err = client.Enqueue(queued, opts...)
 		require.NoError(t, err)
 		lost = id
 	}
-	require.NoError(t, asynq.NewInspectorFromRedisClient(p.rdb).DeleteTask(queue.QueuePayments, lost))
+	require.NoError(t, asynq.NewInspectorFromRedisClient(p.rdb).DeleteTask(task.QueuePayments, lost))
 	questions := &countingInspector{TaskInspector: p.recovery.Inspector}
 	p.recovery.Inspector = questions
 	time.Sleep(1100 * time.Millisecond) // past StaleAfter
@@ -523,7 +525,7 @@ func TestRecoveryAsksAboutATaskOnceForAllItsEvents(t *testing.T) {
 
 // countingInspector counts the questions recovery asks the real asynq.
 type countingInspector struct {
-	queue.TaskInspector
+	outbox.TaskInspector
 	calls atomic.Int64
 }
 
@@ -548,15 +550,15 @@ func TestPoisonEventReachesTheDLQ(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.sql.Exec(ctx, `UPDATE payment_events SET trace_id = NULL WHERE event_id = 'poison'`)
 	require.NoError(t, err)
-	task, opts, err := queue.NewPaymentTask(claimed[0])
+	queued, opts, err := task.NewPaymentTask(claimed[0])
 	require.NoError(t, err)
-	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(task, opts...)
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(queued, opts...)
 	require.NoError(t, err)
 
 	p.waitFor("dead-lettered", 60*time.Second, func() bool {
 		return p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'poison'`) > 0
 	})
-	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'poison' AND attempt = $1`, queue.RetryMax+1),
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'poison' AND attempt = $1`, task.RetryMax+1),
 		"every retry was spent, then one dead letter")
 	require.Zero(t, p.count(`SELECT count(*) FROM balance_events`))
 }

@@ -1,4 +1,4 @@
-package queue_test
+package outbox_test
 
 import (
 	"testing"
@@ -7,10 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/testenv"
 )
+
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestAsynqQueueMetrics: asynq's queue collector (x/metrics, pinned beside
 // asynq v0.26.0) reads this asynq's queues through the scheduler's client.
@@ -25,7 +27,7 @@ func TestAsynqQueueMetrics(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(queue.QueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)))
+	reg.MustRegister(outbox.QueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)))
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	byName := map[string]float64{}

@@ -1,4 +1,8 @@
-package queue
+// Package outbox moves committed events from PostgreSQL's outbox into
+// asynq: the enqueuer (claim and commit, then enqueue, then wake the
+// workers), and stale recovery, which asks asynq about old 'enqueued'
+// events outside any transaction and sends the lost ones back.
+package outbox
 
 import (
 	"context"
@@ -15,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/tracing"
 )
 
@@ -150,7 +155,7 @@ func (e *Enqueuer) Run(ctx context.Context) {
 // whole batch, so there is probably more.
 func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	pendingMax, dueMax := e.o.BatchMax, e.o.DueMax
-	depth, depthErr := e.o.Redis.LLen(ctx, pendingListKey(QueuePayments)).Result()
+	depth, depthErr := e.o.Redis.LLen(ctx, task.PendingListKey(task.QueuePayments)).Result()
 	switch {
 	case depthErr != nil || e.failing.Load():
 		// Redis is in trouble: probe with one event. Claimed events that
@@ -195,15 +200,15 @@ func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, c
 	var failures atomic.Int64
 	slots := make(chan struct{}, EnqueueConcurrency)
 	var wg sync.WaitGroup
-	for _, task := range tasksOf(claimed) {
+	for _, events := range tasksOf(claimed) {
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			if err := e.enqueue(ctx, task, claim); err != nil {
-				failures.Add(int64(len(task)))
-				for _, c := range task {
+			if err := e.enqueue(ctx, events, claim); err != nil {
+				failures.Add(int64(len(events)))
+				for _, c := range events {
 					e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
 						Msg("enqueue failed; stale recovery will bring the event back")
 				}
@@ -242,14 +247,14 @@ func (e *Enqueuer) enqueue(ctx context.Context, events []postgres.Claimed, claim
 			tracing.End(span, err)
 		}
 	}()
-	task, opts, err := NewPaymentBatch(events)
+	t, opts, err := task.NewPaymentBatch(events)
 	if err != nil {
 		e.enqueued.WithLabelValues("error").Inc()
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, enqueueTimeout)
 	defer cancel()
-	_, err = e.o.Client.EnqueueContext(ctx, task, opts...)
+	_, err = e.o.Client.EnqueueContext(ctx, t, opts...)
 	switch {
 	case err == nil:
 		e.enqueued.WithLabelValues("ok").Inc()

@@ -1,4 +1,4 @@
-package queue
+package worker
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/settle/settle/pkg/task"
 )
 
 // asynq's processor finds new tasks by polling: it runs its dequeue script
@@ -22,9 +24,6 @@ import (
 // asynq's forwarder move it). Tasks that come without one (recovered
 // tasks, maintenance and notification tasks) wait at most the wait.
 
-// WakeChannel is the Redis pub/sub channel of the wake-ups.
-const WakeChannel = "settle:wake"
-
 // Waker bounds.
 const (
 	// WakeWaitDefault is how long an empty dequeue waits for a wake-up:
@@ -36,14 +35,13 @@ const (
 	// wakeHealthCheck is how often the subscription is pinged; a lost one
 	// costs latency (the wait), never a task.
 	wakeHealthCheck = 30 * time.Second
-	publishTimeout  = time.Second
 )
 
 // asynq v0.26.0's dequeue script runs with these four keys, the first
 // being the queue's pending list (asynq's internal/base.PendingKey).
 const dequeueKeys = 4
 
-// Waker turns wake-ups published on WakeChannel into the end of an idle
+// Waker turns wake-ups published on task.WakeChannel into the end of an idle
 // dequeue's wait. Its Hook goes on the asynq server's Redis client; Run
 // must be running for wake-ups to arrive (without it, dequeues wait the
 // whole wait: slower, never wrong).
@@ -67,7 +65,7 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 	if wait <= 0 {
 		wait = WakeWaitDefault
 	}
-	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: pendingListKey(QueuePayments),
+	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: task.PendingListKey(task.QueuePayments),
 		woken: make(chan struct{}), stop: make(chan struct{})}
 }
 
@@ -77,7 +75,7 @@ func (w *Waker) Stop() { w.stopOnce.Do(func() { close(w.stop) }) }
 
 // Run listens for wake-ups until ctx ends.
 func (w *Waker) Run(ctx context.Context) {
-	sub := w.rdb.Subscribe(ctx, WakeChannel)
+	sub := w.rdb.Subscribe(ctx, task.WakeChannel)
 	defer sub.Close()
 	ch := sub.Channel(redis.WithChannelHealthCheckInterval(wakeHealthCheck))
 	for {
@@ -205,11 +203,4 @@ func (w *Waker) isForward(cmd redis.Cmder) bool {
 	to, _ := args[4].(string)
 	// asynq's enqueue script has two keys too (the task's, then pending).
 	return ok && n == 2 && to == w.pending && (strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled"))
-}
-
-// PublishWake tells every waiting worker that tasks were enqueued.
-func PublishWake(ctx context.Context, rdb redis.UniversalClient) error {
-	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
-	defer cancel()
-	return rdb.Publish(ctx, WakeChannel, "").Err()
 }

@@ -1,4 +1,8 @@
-package queue
+// Package worker is the asynq side of the worker process: the handlers
+// that take a task through the finality gate to the ledger, the batcher
+// that turns concurrent tasks into group commits, the waker that ends an
+// idle dequeue's wait, and the asynq server's retry policy.
+package worker
 
 import (
 	"context"
@@ -20,6 +24,7 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/tracing"
 )
 
@@ -77,14 +82,14 @@ func NewWorker(o WorkerOptions) *Worker {
 // ProcessTask implements asynq.Handler.
 func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	switch t.Type() {
-	case TypePayment:
+	case task.TypePayment:
 		return w.payment(ctx, t)
-	case TypeWatchReorgs:
+	case task.TypeWatchReorgs:
 		if w.gate == nil {
 			return nil
 		}
 		return w.maintenance(ctx, t.Type(), w.gate.WatchReorgs)
-	case TypeNotify:
+	case task.TypeNotify:
 		if w.notify == nil {
 			return nil
 		}
@@ -119,15 +124,15 @@ const gateConcurrency = 8
 // any still needs a retry the task is retried whole, its settled events
 // then finding themselves already done.
 func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
-	tasks, events, err := DecodePaymentTask(t.Payload())
+	tasks, events, err := task.DecodePaymentTask(t.Payload())
 	if err != nil {
-		var first PaymentTask
+		var first task.PaymentTask
 		if len(tasks) > 0 {
 			first = tasks[0]
 		}
-		w.metrics.tasks.WithLabelValues(TypePayment, "malformed").Inc()
+		w.metrics.tasks.WithLabelValues(task.TypePayment, "malformed").Inc()
 		out := w.dlq.Record(ctx, payment.DeadLetter{
-			EventID: orDefault(first.EventID, taskID(ctx)), EventType: TypePayment, Error: err.Error(),
+			EventID: orDefault(first.EventID, taskID(ctx)), EventType: task.TypePayment, Error: err.Error(),
 			Source: payment.SourceWorker, TraceID: first.TraceID, Payload: jsonOrNil(t.Payload()),
 		})
 		w.log.Error().Err(err).Str("task_id", taskID(ctx)).Str("sink", out.Sink).Msg("malformed payment task dead-lettered")
@@ -152,7 +157,7 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 			r.err = w.fail(r.ctx, r.event, fmt.Errorf("unknown event type %q", r.event.Type), "unknown_event_type")
 			r.failed = true
 		case r.item == nil:
-			w.metrics.tasks.WithLabelValues(TypePayment, "chain_decided").Inc()
+			w.metrics.tasks.WithLabelValues(task.TypePayment, "chain_decided").Inc()
 		default:
 			items = append(items, *r.item)
 			submitted = append(submitted, r)
@@ -254,7 +259,7 @@ func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool
 	e, log := r.event, r.log
 	switch result.Kind {
 	case postgres.Applied:
-		w.metrics.tasks.WithLabelValues(TypePayment, string(result.Outcome)).Inc()
+		w.metrics.tasks.WithLabelValues(task.TypePayment, string(result.Outcome)).Inc()
 		if !r.acceptedAt.IsZero() {
 			path := "trusted"
 			if r.item.Chain != nil {
@@ -273,14 +278,14 @@ func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool
 		}
 		return false, nil
 	case postgres.AlreadyDone, postgres.Stale:
-		w.metrics.tasks.WithLabelValues(TypePayment, result.Kind.String()).Inc()
+		w.metrics.tasks.WithLabelValues(task.TypePayment, result.Kind.String()).Inc()
 		log.Debug().Str("result", result.Kind.String()).Str("status", string(result.Status)).Msg("nothing to do")
 		return false, nil
 	case postgres.Rejected:
 		// The task names no stored event, or describes it wrongly: it can
 		// never apply. The event itself (if any) is untouched; stale
 		// recovery re-enqueues it from the database if it needs it.
-		w.metrics.tasks.WithLabelValues(TypePayment, "rejected").Inc()
+		w.metrics.tasks.WithLabelValues(task.TypePayment, "rejected").Inc()
 		letter := letterFor(e, result.Err, retryCount(r.ctx)+1)
 		// The task's retries (for its other events) meet this again.
 		letter.FallbackID = "rejected:" + taskID(r.ctx) + ":" + e.ID + ":g" + strconv.Itoa(e.Generation)
@@ -341,10 +346,10 @@ func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (f
 	retried := retryCount(ctx)
 	maxRetry, ok := asynq.GetMaxRetry(ctx)
 	if !ok {
-		maxRetry = RetryMax
+		maxRetry = task.RetryMax
 	}
 	if !errors.Is(err, payment.ErrInvalid) && retried < maxRetry {
-		w.metrics.tasks.WithLabelValues(TypePayment, "retry").Inc()
+		w.metrics.tasks.WithLabelValues(task.TypePayment, "retry").Inc()
 		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment event will be retried")
 		return false, err
 	}
@@ -360,7 +365,7 @@ func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (f
 // or logs it) and alerts.
 func (w *Worker) fail(ctx context.Context, e payment.Event, cause error, reason string) error {
 	out := w.dlq.FailEvent(ctx, letterFor(e, cause, retryCount(ctx)+1))
-	w.metrics.tasks.WithLabelValues(TypePayment, reason).Inc()
+	w.metrics.tasks.WithLabelValues(task.TypePayment, reason).Inc()
 	logging.From(ctx).Error().Err(cause).Str("sink", out.Sink).Bool("event_failed", out.Failed).Msg("payment event dead-lettered")
 	w.alerts.Raise("dead_letter:"+reason, alert.Critical, "payment event dead-lettered", map[string]any{
 		"event_id": e.ID, "trace_id": e.TraceID, "reason": reason, "error": cause.Error(), "sink": out.Sink,

@@ -1,4 +1,4 @@
-package queue_test
+package worker_test
 
 import (
 	"context"
@@ -13,9 +13,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/task"
+	"github.com/settle/settle/pkg/worker"
 )
 
 // wakeWait is long, so a test that passes did not wait it out.
@@ -23,17 +25,17 @@ const wakeWait = 5 * time.Second
 
 // wakingServer is an asynq server as the worker runs it: a short
 // TaskCheckInterval and the Waker's hook on its Redis client.
-func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *queue.Waker {
+func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *worker.Waker {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	waker := queue.NewWaker(p.rdb, wakeWait)
+	waker := worker.NewWaker(p.rdb, wakeWait)
 	p.rdb.AddHook(waker.Hook())
 	go waker.Run(ctx)
 	srv := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
-		Concurrency: 4, Queues: queue.QueueWeights, TaskCheckInterval: 20 * time.Millisecond,
+		Concurrency: 4, Queues: worker.QueueWeights, TaskCheckInterval: 20 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
 		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
-		ShutdownTimeout:          2 * time.Second, Logger: queue.AsynqLogger{Log: zerolog.New(io.Discard)}, LogLevel: asynq.FatalLevel,
+		ShutdownTimeout:          2 * time.Second, Logger: worker.AsynqLogger{Log: zerolog.New(io.Discard)}, LogLevel: asynq.FatalLevel,
 	})
 	require.NoError(t, srv.Start(handler))
 	// Registered after newPipeline's cleanup, so it runs before it.
@@ -46,12 +48,12 @@ func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *queue.Waker
 // the enqueuer hands over is still settled at once, not a wait later.
 func TestIdleWorkerWaitsForTheEnqueuersWakeUp(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true})
-	batcher := queue.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 1, prometheus.NewRegistry())
+	batcher := worker.NewBatcher(p.db, postgres.LedgerOptions{}, 32, 1, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go batcher.Run(ctx)
-	worker := queue.NewWorker(queue.WorkerOptions{Log: zerolog.New(io.Discard), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
-	waker := wakingServer(t, p, worker)
+	handler := worker.NewWorker(worker.WorkerOptions{Log: zerolog.New(io.Discard), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
+	waker := wakingServer(t, p, handler)
 	p.user(1, nil)
 
 	time.Sleep(300 * time.Millisecond) // the processor is now waiting
@@ -92,9 +94,9 @@ func TestForwardedRetryWakesTheWorker(t *testing.T) {
 	}))
 	time.Sleep(300 * time.Millisecond)
 	client := asynq.NewClientFromRedisClient(p.rdb)
-	_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(queue.QueuePayments), asynq.MaxRetry(3))
+	_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(task.QueuePayments), asynq.MaxRetry(3))
 	require.NoError(t, err)
-	require.NoError(t, queue.PublishWake(context.Background(), p.rdb))
+	require.NoError(t, outbox.PublishWake(context.Background(), p.rdb))
 	var failed time.Time
 	select {
 	case failed = <-failedAt:

@@ -1,4 +1,4 @@
-package queue
+package outbox
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/task"
 )
 
 // Recovery bounds.
@@ -27,6 +28,11 @@ const (
 // TaskInspector is the part of asynq's Inspector recovery needs.
 type TaskInspector interface {
 	GetTaskInfo(queue, id string) (*asynq.TaskInfo, error)
+}
+
+// Alerter tells a human.
+type Alerter interface {
+	Raise(key string, severity alert.Severity, summary string, fields map[string]any)
 }
 
 // Stale is the database side of recovery.
@@ -108,7 +114,7 @@ func (r *Recovery) count(report postgres.RecoveryReport) {
 func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[string]taskState) (postgres.RecoveryAction, string) {
 	id := s.TaskID
 	if id == "" {
-		id = TaskID(s.Event)
+		id = task.TaskID(s.Event)
 	}
 	state, ok := seen[id]
 	if !ok {
@@ -151,7 +157,7 @@ func (r *Recovery) inspect(ctx context.Context, id string) (*asynq.TaskInfo, err
 	}
 	ch := make(chan answer, 1)
 	go func() {
-		info, err := r.Inspector.GetTaskInfo(QueuePayments, id)
+		info, err := r.Inspector.GetTaskInfo(task.QueuePayments, id)
 		ch <- answer{info, err}
 	}()
 	select {

@@ -1,4 +1,6 @@
-package queue
+// Package periodic runs the scheduler's periodic jobs, each period of a
+// job once across every replica (the period is claimed in PostgreSQL).
+package periodic
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package queue_test
+package periodic_test
 
 import (
 	"context"
@@ -9,9 +9,11 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/settle/settle/pkg/queue"
+	"github.com/settle/settle/pkg/periodic"
 	"github.com/settle/settle/pkg/testenv"
 )
+
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // TestTwoRunnersNeverFireOnePeriodTwice races two runners (as two
 // scheduler replicas would) on one database.
@@ -20,11 +22,11 @@ func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
 	const every = 200 * time.Millisecond
 	var mu sync.Mutex
 	runs := map[int64][]string{}
-	job := func(owner string) queue.Job {
-		return queue.Job{Name: "tick", Every: every, Run: func(ctx context.Context) error {
+	job := func(owner string) periodic.Job {
+		return periodic.Job{Name: "tick", Every: every, Run: func(ctx context.Context) error {
 			// The claimed period, not the clock at run time: a run late in
 			// its period may start in the next one.
-			period, ok := queue.JobPeriod(ctx)
+			period, ok := periodic.JobPeriod(ctx)
 			require.True(t, ok)
 			mu.Lock()
 			runs[period] = append(runs[period], owner)
@@ -36,9 +38,9 @@ func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, owner := range []string{"a", "b"} {
-		r := &queue.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
+		r := &periodic.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
 		wg.Add(1)
-		go func() { defer wg.Done(); r.Run(ctx, []queue.Job{job(owner)}) }()
+		go func() { defer wg.Done(); r.Run(ctx, []periodic.Job{job(owner)}) }()
 	}
 	wg.Wait()
 	mu.Lock()
@@ -60,15 +62,15 @@ func TestLocalJobRunsOnEveryReplica(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, owner := range []string{"a", "b"} {
-		job := queue.Job{Name: "gauges", Every: every, Local: true, Run: func(context.Context) error {
+		job := periodic.Job{Name: "gauges", Every: every, Local: true, Run: func(context.Context) error {
 			mu.Lock()
 			runs[owner]++
 			mu.Unlock()
 			return nil
 		}}
-		r := &queue.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
+		r := &periodic.Runner{Periods: db, Owner: owner, Log: zerolog.Nop()}
 		wg.Add(1)
-		go func() { defer wg.Done(); r.Run(ctx, []queue.Job{job}) }()
+		go func() { defer wg.Done(); r.Run(ctx, []periodic.Job{job}) }()
 	}
 	wg.Wait()
 	mu.Lock()
@@ -85,10 +87,10 @@ func TestDailyJobWaitsForItsTimeOfDay(t *testing.T) {
 	now := time.Now().UTC()
 	sinceMidnight := now.Sub(now.Truncate(24 * time.Hour))
 	ran := make(chan struct{}, 2)
-	later := queue.Job{Name: "later", Every: 24 * time.Hour, At: sinceMidnight + time.Hour, Run: func(context.Context) error { ran <- struct{}{}; return nil }}
-	earlier := queue.Job{Name: "earlier", Every: 24 * time.Hour, At: max(sinceMidnight-time.Minute, time.Nanosecond), Run: func(context.Context) error { ran <- struct{}{}; return nil }}
+	later := periodic.Job{Name: "later", Every: 24 * time.Hour, At: sinceMidnight + time.Hour, Run: func(context.Context) error { ran <- struct{}{}; return nil }}
+	earlier := periodic.Job{Name: "earlier", Every: 24 * time.Hour, At: max(sinceMidnight-time.Minute, time.Nanosecond), Run: func(context.Context) error { ran <- struct{}{}; return nil }}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	(&queue.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []queue.Job{later, earlier})
+	(&periodic.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []periodic.Job{later, earlier})
 	require.Len(t, ran, 1, "only the job whose time has come ran")
 }

@@ -1,4 +1,4 @@
-package queue
+package outbox
 
 import (
 	"github.com/hibiken/asynq"
