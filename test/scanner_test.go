@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain/devchain"
-	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/test/harness"
 )
 
@@ -301,23 +298,4 @@ func TestScannerBackfillAndRescan(t *testing.T) {
 	require.Equal(t, 2, c.Count(`SELECT count(*) FROM payment_events`))
 	require.Equal(t, 2, c.Count(`SELECT count(*) FROM chain_transfers`))
 	requireInvariants(t, c.Stack)
-}
-
-// TestScannerRefusesTracesWithoutDebugAPI: SCAN_TRACES=on against a node
-// that does not serve debug_traceBlockByNumber (the simulated backend):
-// the scheduler refuses to start and names the setting, rather than scan
-// without the internal transfers it was asked for.
-func TestScannerRefusesTracesWithoutDebugAPI(t *testing.T) {
-	c := newChainStack(t, "finalized", nil)
-	env := withEnv(c.Env, map[string]string{"SCAN_INTERVAL": "1s", "SCAN_TRACES": "on", "METRICS_ADDR": "127.0.0.1:0"})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(harness.Binaries(t), "scheduler"))
-	cmd.Env = testenv.Env(env)
-	out, err := cmd.CombinedOutput()
-	var exitErr *exec.ExitError
-	require.ErrorAs(t, err, &exitErr, "%s", out)
-	require.NotEqual(t, 0, exitErr.ExitCode())
-	require.Contains(t, string(out), "SCAN_TRACES=on")
-	require.Contains(t, string(out), "debug_traceBlockByNumber")
 }

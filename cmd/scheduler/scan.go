@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,7 +91,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		}
 	}
 	if s.Traces {
-		if err := probeTraces(ctx, clients); err != nil {
+		if err := probeTraces(ctx, clients, unreachable, log); err != nil {
 			clients.Close()
 			return nil, err
 		}
@@ -103,6 +104,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		Interval:         s.Interval,
 		AddressesPerCall: s.AddressesPerCall,
 		PassTimeout:      s.PassTimeout,
+		Traces:           s.Traces,
 		Log:              log.With().Str("component", "scanner").Logger(),
 		Registerer:       reg,
 	})
@@ -123,12 +125,17 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 	}, nil
 }
 
-// probeTraces refuses SCAN_TRACES=on unless every network's endpoint
-// serves debug_traceBlockByNumber; even then it refuses, since this build
-// finds no internal transfers with traces yet (a flag that silently did
-// nothing would be worse).
-func probeTraces(ctx context.Context, clients finality.Clients) error {
+// probeTraces refuses SCAN_TRACES=on unless every reachable network's
+// endpoint serves debug_traceBlockByNumber: a flag that silently found
+// nothing would be worse. An endpoint unreachable at start is not held
+// against the scheduler (it does more than scan); its passes fail, naming
+// SCAN_TRACES, if it turns out to lack the debug API.
+func probeTraces(ctx context.Context, clients finality.Clients, unreachable []string, log zerolog.Logger) error {
 	for name, client := range clients {
+		if slices.Contains(unreachable, name) {
+			log.Warn().Str("network", name).Msg("SCAN_TRACES=on: endpoint unreachable at start; whether it serves traces is learnt at its first pass")
+			continue
+		}
 		probeCtx, cancel := context.WithTimeout(ctx, scanStartTimeout)
 		err := client.ProbeTraces(probeCtx)
 		cancel()
@@ -139,5 +146,5 @@ func probeTraces(ctx context.Context, clients finality.Clients) error {
 			return fmt.Errorf("SCAN_TRACES=on: %s: the endpoint could not be asked whether it serves traces: %w", name, err)
 		}
 	}
-	return errors.New("SCAN_TRACES=on: scanning internal transfers is not built yet; set SCAN_TRACES=off")
+	return nil
 }

@@ -101,6 +101,8 @@ type Options struct {
 	PassTimeout      time.Duration
 	Log              zerolog.Logger
 	Registerer       prometheus.Registerer
+	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
+	Traces bool
 }
 
 // Scanner runs the passes of its networks.
@@ -340,7 +342,7 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address string) (
 			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")
 		},
 	}
-	return f.find(ctx, r, addrs)
+	return s.findAll(ctx, f, r, addrs)
 }
 
 // addresses loads the network's registered addresses in bounded pages, or
