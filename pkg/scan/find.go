@@ -16,14 +16,29 @@ import (
 type RPC interface {
 	FinalityHead(ctx context.Context, p chain.Policy) (uint64, bool, error)
 	TransferLogs(ctx context.Context, from, to uint64, contracts, recipients []string) ([]chain.TransferLog, error)
+	ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error)
 	Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error)
 	ReceiptStatuses(ctx context.Context, txHashes []string) (map[string]uint64, error)
 }
 
-// addressSet is a network's registered addresses, sorted, with owners.
+// addressSet is a network's registered addresses, sorted, with owners,
+// when they are few (or a backfill's one): complete. Otherwise it is
+// empty and the recipients a window finds are looked up in the store.
 type addressSet struct {
-	sorted []string
-	owner  map[string]int64
+	sorted   []string
+	owner    map[string]int64
+	complete bool
+}
+
+// ownersLookupMax bounds the addresses of one owners query (= ANY($2)).
+const ownersLookupMax = 10_000
+
+// logWindows are a network's two eth_getLogs windows: the
+// recipient-filtered query's (up to SCAN_BLOCKS_MAX: its answer holds
+// only deposits) and the contracts-only query's (SCAN_LOG_WINDOW: its
+// answer holds every transfer of the listed tokens).
+type logWindows struct {
+	filtered, contracts *window
 }
 
 // finder reads one range of one network for one address set.
@@ -32,22 +47,40 @@ type finder struct {
 	rpc              RPC
 	registry         *payment.Registry
 	addressesPerCall int
-	traceID          string
-	count            func(method string, n int)
+	// filteredMax: a complete set of at most this many addresses is asked
+	// for by recipient; more, or an incomplete set, by contract only.
+	filteredMax int
+	// logsMax caps a contracts-only answer (SCAN_LOGS_MAX).
+	logsMax int
+	windows logWindows
+	// owners looks recipients up in the store; all loads the complete set
+	// (a block too busy for the contracts-only query reads it filtered).
+	owners  func(ctx context.Context, addresses []string) (map[string]int64, error)
+	all     func(ctx context.Context) (addressSet, error)
+	refused func()
+	traceID string
+	count   func(method string, n int)
 	// skipped reports a transfer that cannot become a deposit (an amount
 	// out of range): a human must look.
 	skipped func(eventID, why string)
 }
 
 // find returns the deposit events of the range, in block order: token
-// transfers from eth_getLogs (by contract, recipients chunked), native
-// value from the blocks' own transactions with a successful receipt.
+// transfers from eth_getLogs (by contract, and by recipient when the set
+// is complete), native value from the blocks' own transactions with a
+// successful receipt.
 func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
-	if len(addrs.sorted) == 0 {
+	if addrs.complete && len(addrs.sorted) == 0 {
 		return nil, nil
 	}
 	var out []postgres.NewEvent
-	tokens, err := f.tokenEvents(ctx, r, addrs)
+	var tokens []postgres.NewEvent
+	var err error
+	if addrs.complete && len(addrs.sorted) <= f.filteredMax {
+		tokens, err = f.filteredTokenEvents(ctx, r, addrs)
+	} else {
+		tokens, err = f.contractTokenEvents(ctx, r, addrs)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +101,22 @@ func (f finder) tokens() []string {
 	return out
 }
 
-func (f finder) tokenEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+// filteredTokenEvents asks for the transfers to the set's addresses,
+// recipients chunked, in windows of up to the pass.
+func (f finder) filteredTokenEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+	var out []postgres.NewEvent
+	err := windowed(ctx, r, f.windows.filtered, f.refused, func(ctx context.Context, w span) error {
+		events, err := f.filteredWindow(ctx, w, addrs)
+		out = append(out, events...)
+		return err
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (f finder) filteredWindow(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
 	contracts := f.tokens()
 	var out []postgres.NewEvent
 	for _, cc := range chunks(len(contracts), chain.ScanContractsMax) {
@@ -78,16 +126,104 @@ func (f finder) tokenEvents(ctx context.Context, r span, addrs addressSet) ([]po
 			if err != nil {
 				return nil, err
 			}
+			out = append(out, f.tokenDeposits(r, logs, addrs.owner)...)
+		}
+	}
+	return out, nil
+}
+
+// contractTokenEvents asks for every transfer of the listed contracts in
+// windows of SCAN_LOG_WINDOW blocks and keeps those to registered
+// addresses: one call per window whatever the number of addresses, and
+// one owners query of the window's distinct recipients.
+func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+	contracts := f.tokens()
+	var out []postgres.NewEvent
+	for _, cc := range chunks(len(contracts), chain.ScanContractsMax) {
+		read := func(ctx context.Context, w span) error {
+			logs, err := f.rpc.ContractTransferLogs(ctx, w.from, w.to, contracts[cc[0]:cc[1]], f.logsMax)
+			f.count(chain.MethodLogs, 1)
+			if err != nil {
+				return err
+			}
+			recipients := make([]string, 0, len(logs))
 			for _, l := range logs {
-				user, ok := addrs.owner[l.To]
-				asset, listed := f.registry.ByContract(f.network, l.Contract)
-				if !ok || !listed || l.BlockNumber < r.from || l.BlockNumber > r.to {
-					continue // not asked for: a node that ignores part of the filter
-				}
-				if e, ok := f.event(user, asset, l.TxHash, payment.LogIndexTransfer(uint64(l.LogIndex)), l.To, l.Value); ok {
-					out = append(out, e)
+				recipients = append(recipients, l.To)
+			}
+			owners, err := f.ownersOf(ctx, addrs, recipients)
+			if err != nil {
+				return err
+			}
+			out = append(out, f.tokenDeposits(w, logs, owners)...)
+			return nil
+		}
+		// A block whose transfers alone pass the cap: its deposits, asked
+		// by recipient (rare, and costs a call per SCAN_ADDRESSES_PER_CALL
+		// addresses).
+		single := func(ctx context.Context, w span) error {
+			all := addrs
+			if !all.complete {
+				var err error
+				if all, err = f.all(ctx); err != nil {
+					return err
 				}
 			}
+			events, err := f.filteredWindow(ctx, w, all)
+			out = append(out, events...)
+			return err
+		}
+		if err := windowed(ctx, r, f.windows.contracts, f.refused, read, single); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// tokenDeposits are the logs' deposits: to an owned address, of a listed
+// token, inside the range asked (a node may ignore part of a filter).
+func (f finder) tokenDeposits(r span, logs []chain.TransferLog, owners map[string]int64) []postgres.NewEvent {
+	var out []postgres.NewEvent
+	for _, l := range logs {
+		user, ok := owners[l.To]
+		asset, listed := f.registry.ByContract(f.network, l.Contract)
+		if !ok || !listed || l.BlockNumber < r.from || l.BlockNumber > r.to {
+			continue
+		}
+		if e, ok := f.event(user, asset, l.TxHash, payment.LogIndexTransfer(uint64(l.LogIndex)), l.To, l.Value); ok {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// ownersOf maps recipients to owners: from the set when it is complete,
+// else from the store.
+func (f finder) ownersOf(ctx context.Context, addrs addressSet, recipients []string) (map[string]int64, error) {
+	if addrs.complete {
+		return addrs.owner, nil
+	}
+	return f.lookup(ctx, recipients)
+}
+
+// lookup maps the distinct addresses among these to their owners, in
+// bounded queries.
+func (f finder) lookup(ctx context.Context, addresses []string) (map[string]int64, error) {
+	seen := make(map[string]bool, len(addresses))
+	distinct := make([]string, 0, len(addresses))
+	for _, a := range addresses {
+		if a != "" && !seen[a] {
+			seen[a] = true
+			distinct = append(distinct, a)
+		}
+	}
+	out := map[string]int64{}
+	for _, c := range chunks(len(distinct), ownersLookupMax) {
+		owners, err := f.owners(ctx, distinct[c[0]:c[1]])
+		if err != nil {
+			return nil, err
+		}
+		for a, u := range owners {
+			out[a] = u
 		}
 	}
 	return out, nil
@@ -114,9 +250,21 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		if err != nil {
 			return nil, err
 		}
+		var recipients []string
 		for _, b := range blocks {
 			for _, tx := range b.Transactions {
-				if user, ok := addrs.owner[tx.To]; ok && tx.To != "" && tx.Value.Sign() > 0 {
+				if tx.Value.Sign() > 0 {
+					recipients = append(recipients, tx.To)
+				}
+			}
+		}
+		owners, err := f.ownersOf(ctx, addrs, recipients)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range blocks {
+			for _, tx := range b.Transactions {
+				if user, ok := owners[tx.To]; ok && tx.To != "" && tx.Value.Sign() > 0 {
 					candidates = append(candidates, candidate{tx, user})
 				}
 			}

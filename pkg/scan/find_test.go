@@ -22,6 +22,10 @@ type countingRPC struct {
 	statuses  map[string]uint64
 	calls     map[string]int
 	recipient int // most recipients one eth_getLogs carried
+	// refuseAbove: a contracts-only eth_getLogs over more blocks, or with
+	// more logs than its cap, is refused (0: none refused).
+	refuseAbove uint64
+	windows     []span // the contracts-only windows answered
 }
 
 func (r *countingRPC) FinalityHead(context.Context, chain.Policy) (uint64, bool, error) {
@@ -37,6 +41,24 @@ func (r *countingRPC) TransferLogs(_ context.Context, from, to uint64, contracts
 			out = append(out, l)
 		}
 	}
+	return out, nil
+}
+
+func (r *countingRPC) ContractTransferLogs(_ context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error) {
+	r.calls[chain.MethodLogs]++
+	if r.refuseAbove > 0 && to-from+1 > r.refuseAbove {
+		return nil, fmt.Errorf("%w: query returned more than 10000 results", chain.ErrLogsLimit)
+	}
+	var out []chain.TransferLog
+	for _, l := range r.logs {
+		if l.BlockNumber >= from && l.BlockNumber <= to && slices.Contains(contracts, l.Contract) {
+			out = append(out, l)
+		}
+	}
+	if len(out) > logsMax {
+		return nil, fmt.Errorf("%w: %d logs", chain.ErrLogsLimit, len(out))
+	}
+	r.windows = append(r.windows, span{from, to})
 	return out, nil
 }
 
@@ -61,7 +83,7 @@ func (r *countingRPC) ReceiptStatuses(_ context.Context, hashes []string) (map[s
 func hash(n int) string { return fmt.Sprintf("0x%064x", n) }
 func addr(n int) string { return fmt.Sprintf("0x%040x", n) }
 
-// TestFindWith100000Addresses: 500 blocks and 100,000 registered
+// TestFindWith100000Addresses (SCAN_LOG_WINDOW=off): 500 blocks and 100,000 registered
 // addresses cost 100 eth_getLogs, 500 block reads and one receipt per
 // native candidate: ≤ 3 calls per block (the target). Every deposit to a
 // registered address is found once, with the webhooks' id and amount;
@@ -74,7 +96,7 @@ func TestFindWith100000Addresses(t *testing.T) {
 		{Code: "USDC", Network: network, Contract: token, Decimals: 6},
 	})
 	const addresses = 100_000
-	set := addressSet{owner: map[string]int64{}}
+	set := addressSet{owner: map[string]int64{}, complete: true}
 	for i := range addresses {
 		a := addr(1_000_000 + i)
 		set.sorted = append(set.sorted, a)
@@ -95,8 +117,9 @@ func TestFindWith100000Addresses(t *testing.T) {
 		{Hash: hash(14), To: "", Value: big.NewInt(5)},              // a creation
 	}
 	rpc.statuses[hash(10)], rpc.statuses[hash(11)] = 1, 0
-	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault,
-		count: func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
+	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault, filteredMax: addressesMax,
+		windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
+		count:   func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
 
 	events, err := f.find(context.Background(), span{101, 600}, set)
 	require.NoError(t, err)
@@ -118,4 +141,138 @@ func TestFindWith100000Addresses(t *testing.T) {
 	perBlock := float64(rpc.calls[chain.MethodLogs]+rpc.calls[chain.MethodBlock]+rpc.calls[chain.MethodReceipt]+1) / 500
 	require.LessOrEqual(t, perBlock, 3.0)
 	t.Logf("%.3f RPC calls per block with %d addresses", perBlock, addresses)
+}
+
+// TestFindContractWindows: above AddressesPerCall addresses a range is
+// read by contract only, in windows, matched by one owners query per
+// window of the recipients it found. A window the node refuses is asked
+// again at half the size, each block still read once (every deposit
+// found once); the window grows back after windowGrowAfter answers; a
+// single block over the cap is read by recipient; a transfer to an
+// unregistered address among many is ignored.
+func TestFindContractWindows(t *testing.T) {
+	const network, token = "ETH_MAINNET", "0x00000000000000000000000000000000000000aa"
+	registry := payment.NewRegistry([]payment.Asset{
+		{Code: "ETH", Network: network, Decimals: 18},
+		{Code: "USDC", Network: network, Contract: token, Decimals: 6},
+	})
+	const first, last = 1, 500
+	registered := map[string]int64{}
+	for i := range 100_000 {
+		registered[addr(1_000_000+i)] = int64(i + 1)
+	}
+	rpc := &countingRPC{blocks: map[uint64][]chain.BlockTx{}, statuses: map[string]uint64{}, calls: map[string]int{}}
+	var want []string
+	for b := uint64(first); b <= last; b++ {
+		// Ten transfers a block, one to a registered address.
+		for k := range 10 {
+			to := addr(int(b)*100 + k) // nobody's
+			if k == 3 {
+				to = addr(1_000_000 + int(b))
+				want = append(want, fmt.Sprintf("chain:%s:%s:%d", network, hash(int(b)), k))
+			}
+			rpc.logs = append(rpc.logs, chain.TransferLog{
+				Transfer: chain.Transfer{Contract: token, To: to, Value: big.NewInt(1_000_000), LogIndex: uint(k)}, TxHash: hash(int(b)), BlockNumber: b,
+			})
+		}
+	}
+	// Block 300 is a token airdrop: 500 transfers, more than the cap.
+	for k := 10; k < 510; k++ {
+		to := addr(900_000 + k)
+		if k == 509 {
+			to = addr(1_000_000 + 300_000)
+			want = append(want, fmt.Sprintf("chain:%s:%s:%d", network, hash(300), k))
+		}
+		rpc.logs = append(rpc.logs, chain.TransferLog{
+			Transfer: chain.Transfer{Contract: token, To: to, Value: big.NewInt(1_000_000), LogIndex: uint(k)}, TxHash: hash(300), BlockNumber: 300,
+		})
+	}
+	registered[addr(1_000_000+300_000)] = 300_001
+	rpc.refuseAbove = 30 // the provider's range limit, under SCAN_LOG_WINDOW
+	var lookups, looked int
+	all := 0
+	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault, filteredMax: AddressesPerCallDefault,
+		logsMax: 400, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
+		owners: func(_ context.Context, addresses []string) (map[string]int64, error) {
+			lookups++
+			looked = max(looked, len(addresses))
+			out := map[string]int64{}
+			for _, a := range addresses {
+				if u, ok := registered[a]; ok {
+					out[a] = u
+				}
+			}
+			return out, nil
+		},
+		all: func(context.Context) (addressSet, error) {
+			all++
+			set := addressSet{owner: registered, complete: true}
+			for a := range registered {
+				set.sorted = append(set.sorted, a)
+			}
+			slices.Sort(set.sorted)
+			return set, nil
+		},
+		refused: func() {},
+		count:   func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
+
+	events, err := f.find(context.Background(), span{first, last}, addressSet{})
+	require.NoError(t, err)
+	var got []string
+	for _, e := range events {
+		got = append(got, e.Event.ID)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	require.Equal(t, want, got, "every deposit once, nothing for the others")
+
+	// The windows answered cover first..last once each, in order.
+	next := uint64(first)
+	for _, w := range rpc.windows {
+		if next == 300 {
+			next = 301 // the block over the cap, read by recipient
+		}
+		require.Equal(t, next, w.from, "windows %v", rpc.windows)
+		next = w.to + 1
+	}
+	require.Equal(t, uint64(last+1), next)
+	require.Equal(t, 1, all, "one block over the cap loads the set once")
+	require.LessOrEqual(t, looked, 400, "an owners query holds one window's recipients")
+	sizes := map[uint64]bool{}
+	for _, w := range rpc.windows {
+		sizes[w.to-w.from+1] = true
+	}
+	require.True(t, sizes[25], "shrunk from 100 under the range limit of 30: %v", rpc.windows)
+	grown := rpc.windows[len(rpc.windows)-2] // the last is the range's rest
+	require.GreaterOrEqual(t, grown.to-grown.from+1, uint64(16), "the window grows back after the airdrop block: %v", rpc.windows)
+	logsCalls := rpc.calls[chain.MethodLogs]
+	perBlock := float64(logsCalls+rpc.calls[chain.MethodBlock]+rpc.calls[chain.MethodReceipt]+1) / last
+	t.Logf("%d eth_getLogs (%d windows answered, %d owners queries), %.3f RPC calls per block", logsCalls, len(rpc.windows), lookups, perBlock)
+	require.LessOrEqual(t, perBlock, 3.0)
+}
+
+// TestWindow: halved on a refusal down to one block, doubled back after
+// windowGrowAfter answers of its full size, never past its maximum.
+func TestWindow(t *testing.T) {
+	w := newWindow(100)
+	w.refused(100)
+	require.Equal(t, uint64(50), w.size())
+	w.refused(7) // a short window refused: half of it
+	require.Equal(t, uint64(3), w.size())
+	for range 10 {
+		w.refused(w.size())
+	}
+	require.Equal(t, uint64(1), w.size())
+	for range windowGrowAfter - 1 {
+		w.answered(1)
+	}
+	require.Equal(t, uint64(1), w.size())
+	w.answered(1)
+	require.Equal(t, uint64(2), w.size())
+	w.answered(1) // shorter than the window: says nothing
+	for range 10 * windowGrowAfter {
+		w.answered(w.size())
+	}
+	require.Equal(t, uint64(100), w.size())
+	require.Equal(t, uint64(1), newWindow(0).size())
 }

@@ -34,6 +34,7 @@ type metrics struct {
 	calls       *prometheus.CounterVec
 	blocks      *prometheus.CounterVec
 	lastSuccess *prometheus.GaugeVec
+	logsRefused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -56,9 +57,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "settle_scan_last_success_timestamp_seconds", Help: "Unix time of this process's last cursor pass that succeeded (ok or idle).",
 		}, []string{"network"}),
+		logsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_logs_refused_total", Help: "eth_getLogs answers refused as too large (the provider's result or range limit, or SCAN_LOGS_MAX), each asked again over half the blocks.",
+		}, []string{"network"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess)
+		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused)
 	}
 	return m
 }

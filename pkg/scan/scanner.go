@@ -50,6 +50,18 @@ const (
 	IntervalDefault         = 15 * time.Second
 	AddressesPerCallDefault = 1000
 	PassTimeoutDefault      = time.Minute
+	// LogWindowDefault: blocks of one contracts-only eth_getLogs
+	// (SCAN_LOG_WINDOW). Its answer holds every transfer of the listed
+	// tokens: 100 mainnet blocks of USDT and USDC is a few thousand logs,
+	// under the providers' 10,000-log caps; Alchemy serves any range up
+	// to 2,000 blocks.
+	LogWindowDefault = 100
+	LogWindowLimit   = 10_000
+	// LogsMaxDefault caps one contracts-only answer (SCAN_LOGS_MAX), as
+	// Infura and Alchemy cap theirs: a larger one is asked again over
+	// half the blocks, so what a pass holds stays bounded.
+	LogsMaxDefault = 10_000
+	LogsMaxLimit   = 100_000
 	// leaseMarginDivisor: a lease outlasts the pass's timeout by a quarter
 	// of it, so the COMMIT after the reads still belongs to the lease.
 	leaseMarginDivisor = 4
@@ -74,6 +86,7 @@ type Store interface {
 	ReleaseScanCursor(ctx context.Context, network, owner string) error
 	ScanAddresses(ctx context.Context, network, after string, limit int) ([]postgres.DepositAddress, error)
 	ScanAddressOwner(ctx context.Context, network, address string) (int64, bool, error)
+	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	ResolveBackfills(ctx context.Context, networks []string) error
 	ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
 	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
@@ -98,11 +111,16 @@ type Options struct {
 	BlocksMax        uint64
 	Interval         time.Duration
 	AddressesPerCall int
-	PassTimeout      time.Duration
-	Log              zerolog.Logger
-	Registerer       prometheus.Registerer
-	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
-	Traces bool
+	// LogWindow: blocks of one contracts-only eth_getLogs, used when more
+	// than AddressesPerCall addresses are registered (fewer: one
+	// recipient-filtered call per pass answers only deposits, cheaper).
+	LogWindow uint64
+	// FilteredLogs: always ask by recipient (SCAN_LOG_WINDOW=off).
+	FilteredLogs bool
+	LogsMax      int
+	PassTimeout  time.Duration
+	Log          zerolog.Logger
+	Registerer   prometheus.Registerer
 }
 
 // Scanner runs the passes of its networks.
@@ -116,6 +134,8 @@ type Scanner struct {
 	// not, so a slow node still moves the cursor. Used by Run's goroutine
 	// only.
 	passBlocks map[string]uint64
+	// windows are each network's eth_getLogs windows (read-only map).
+	windows map[string]logWindows
 }
 
 // New builds a scanner.
@@ -132,9 +152,16 @@ func New(opts Options) *Scanner {
 	if opts.PassTimeout <= 0 {
 		opts.PassTimeout = PassTimeoutDefault
 	}
-	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}}
+	if opts.LogWindow == 0 {
+		opts.LogWindow = LogWindowDefault
+	}
+	if opts.LogsMax <= 0 {
+		opts.LogsMax = LogsMaxDefault
+	}
+	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}, windows: map[string]logWindows{}}
 	for _, n := range opts.Networks {
 		s.networks[n.Name] = n
+		s.windows[n.Name] = logWindows{filtered: newWindow(opts.BlocksMax), contracts: newWindow(opts.LogWindow)}
 		s.passBlocks[n.Name] = opts.BlocksMax
 		s.names = append(s.names, n.Name)
 	}
@@ -334,21 +361,34 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address string) (
 	if err != nil {
 		return nil, err
 	}
+	filteredMax := s.opts.AddressesPerCall
+	if s.opts.FilteredLogs {
+		filteredMax = addressesMax
+	}
 	f := finder{
 		network: n.Name, rpc: n.RPC, registry: registry, addressesPerCall: s.opts.AddressesPerCall,
+		filteredMax: filteredMax, logsMax: s.opts.LogsMax, windows: s.windows[n.Name],
+		owners: func(ctx context.Context, addresses []string) (map[string]int64, error) {
+			return s.opts.Store.DepositAddressOwners(ctx, n.Name, addresses)
+		},
+		all:     func(ctx context.Context) (addressSet, error) { return s.allAddresses(ctx, n.Name) },
+		refused: func() { s.metrics.logsRefused.WithLabelValues(n.Name).Inc() },
 		traceID: "scan:" + n.Name + ":" + strconv.FormatUint(r.from, 10) + "-" + strconv.FormatUint(r.to, 10),
 		count:   func(method string, k int) { s.count(n.Name, method, k) },
 		skipped: func(id, why string) {
 			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")
 		},
 	}
-	return s.findAll(ctx, f, r, addrs)
+	return f.find(ctx, r, addrs)
 }
 
-// addresses loads the network's registered addresses in bounded pages, or
-// the one address of a backfill.
+// addresses is the set a pass matches: the one address of a backfill, a
+// few (at most AddressesPerCall, asked for by recipient), or, above that,
+// none loaded: the recipients each window finds are looked up instead,
+// so a pass costs the same at 100,000 addresses as at 2,000.
+// SCAN_LOG_WINDOW=off matches against the complete set.
 func (s *Scanner) addresses(ctx context.Context, network, only string) (addressSet, error) {
-	set := addressSet{owner: map[string]int64{}}
+	set := addressSet{owner: map[string]int64{}, complete: true}
 	if only != "" {
 		user, ok, err := s.opts.Store.ScanAddressOwner(ctx, network, only)
 		if err != nil || !ok {
@@ -357,6 +397,26 @@ func (s *Scanner) addresses(ctx context.Context, network, only string) (addressS
 		set.sorted, set.owner[only] = []string{only}, user
 		return set, nil
 	}
+	if s.opts.FilteredLogs {
+		return s.allAddresses(ctx, network)
+	}
+	page, err := s.opts.Store.ScanAddresses(ctx, network, "", s.opts.AddressesPerCall+1)
+	if err != nil {
+		return set, err
+	}
+	if len(page) > s.opts.AddressesPerCall {
+		return addressSet{}, nil
+	}
+	for _, a := range page {
+		set.sorted = append(set.sorted, a.Address)
+		set.owner[a.Address] = a.UserID
+	}
+	return set, nil
+}
+
+// allAddresses loads the network's registered addresses in bounded pages.
+func (s *Scanner) allAddresses(ctx context.Context, network string) (addressSet, error) {
+	set := addressSet{owner: map[string]int64{}, complete: true}
 	after := ""
 	for len(set.sorted) < addressesMax {
 		page, err := s.opts.Store.ScanAddresses(ctx, network, after, postgres.ScanAddressesPageMax)

@@ -1,0 +1,155 @@
+package scan
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// TestCursorPassContractWindows: cursor passes over a real dev chain
+// (HTTP JSON-RPC) into real PostgreSQL with more addresses registered
+// than one recipient filter holds, so tokens are read by contract in
+// windows and matched by owners queries. Behind a provider that refuses
+// ranges wider than 4 blocks with "query returned more than 10000
+// results", and with settle's own cap of one log per answer, every
+// transfer to a registered address is stored exactly once and the
+// transfers to unregistered addresses among them are not.
+func TestCursorPassContractWindows(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ch, err := devchain.Serve(ctx, devchain.Options{Manual: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	token, _, err := ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	const network, registeredCount = "ETH_MAINNET", 50
+	registered := make([]string, registeredCount)
+	for i := range registered {
+		registered[i] = fmt.Sprintf("0x%040x", 0xa000+i)
+	}
+	start, err := ch.Head(ctx)
+	require.NoError(t, err)
+	var want []string
+	for i := range 30 {
+		to := fmt.Sprintf("0x%040x", 0xf000+i) // nobody's
+		if i%3 != 0 {
+			to = registered[i]
+		}
+		tx, err := ch.TransferToken(ctx, 0, token, to, big.NewInt(int64(1_000_000*(i+1))))
+		require.NoError(t, err)
+		if i%3 != 0 {
+			want = append(want, payment.Transfer{Network: network, TxHash: tx.Hash, Index: payment.LogIndexTransfer(0)}.EventID())
+		}
+		if i%10 == 5 {
+			eth, err := ch.SendETH(ctx, 0, registered[i], big.NewInt(1e15))
+			require.NoError(t, err)
+			want = append(want, payment.Transfer{Network: network, TxHash: eth.Hash, Index: payment.TransferNative}.EventID())
+		}
+	}
+	head, err := ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ch.FinalizeThrough(ctx, head))
+	slices.Sort(want)
+
+	for _, c := range []struct {
+		name    string
+		limit   *devchain.LogsLimit
+		logsMax int
+	}{
+		{"provider refuses ranges over 4 blocks", &devchain.InfuraTooManyResults, 0},
+		{"answers over the log cap", nil, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := ch.URL()
+			var proxy *devchain.LogsLimitProxy
+			if c.limit != nil {
+				limit := *c.limit
+				limit.BlocksMax = 4
+				proxy, err = devchain.NewLogsLimitProxy(ch.URL(), limit)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = proxy.Close() })
+				url = proxy.URL()
+			}
+			client, err := chain.Dial(ctx, url, chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+			require.NoError(t, err)
+			t.Cleanup(client.Close)
+
+			dsn := testenv.DatabaseURL(t)
+			db := testenv.OpenDB(t, dsn)
+			conn, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close(context.Background()) })
+			_, err = conn.Exec(ctx, `INSERT INTO assets (code, network, contract_address, decimals) VALUES ('TOK', $1, $2, 6)`, network, token)
+			require.NoError(t, err)
+			_, err = conn.Exec(ctx, `INSERT INTO users (id) SELECT generate_series(1, $1::bigint)`, registeredCount)
+			require.NoError(t, err)
+			for i, a := range registered {
+				_, err = conn.Exec(ctx, `INSERT INTO deposit_addresses (network, address, user_id) VALUES ($1, $2, $3)`, network, a, i+1)
+				require.NoError(t, err)
+			}
+			require.NoError(t, db.InitScanCursor(ctx, network, start+1))
+
+			reg := prometheus.NewRegistry()
+			n := Network{Name: network, RPC: client, Policy: chain.FinalizedPolicy()}
+			// 10 addresses per call: 50 registered is "many", read by contract.
+			s := New(Options{Store: db, Owner: "test", Networks: []Network{n}, AddressesPerCall: 10, LogWindow: 16,
+				LogsMax: c.logsMax, Registerer: reg, Log: zerolog.Nop()})
+			for more, passes := true, 0; more; passes++ {
+				require.Less(t, passes, 100)
+				more, err = s.CursorPass(ctx, n)
+				require.NoError(t, err)
+			}
+
+			rows, err := conn.Query(ctx, `SELECT event_id FROM payment_events WHERE source = 'scanner' ORDER BY event_id`)
+			require.NoError(t, err)
+			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			require.Equal(t, want, got, "every deposit, nothing for the unregistered")
+			require.Equal(t, float64(len(want)), counterValue(t, reg, "settle_scan_deposits_total", SourceScanner))
+			require.Zero(t, counterValue(t, reg, "settle_scan_deposits_total", SourceReported), "no transfer found twice")
+			require.Positive(t, counterValue(t, reg, "settle_scan_logs_refused_total", ""), "windows were refused and shrunk")
+			if proxy != nil {
+				require.Positive(t, proxy.Refused())
+			}
+		})
+	}
+}
+
+// counterValue sums a counter's series whose labels include the value
+// (any series when value is empty).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := value == ""
+			for _, l := range m.GetLabel() {
+				match = match || l.GetValue() == value
+			}
+			if match {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
