@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -110,7 +111,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		}
 	}
 	if s.Traces {
-		if err := probeTraces(ctx, clients); err != nil {
+		if err := probeTraces(ctx, clients, unreachable, log); err != nil {
 			clients.Close()
 			return nil, err
 		}
@@ -126,6 +127,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		FilteredLogs:     s.LogWindow == 0,
 		LogsMax:          s.LogsMax,
 		PassTimeout:      s.PassTimeout,
+		Traces:           s.Traces,
 		Log:              log.With().Str("component", "scanner").Logger(),
 		Registerer:       reg,
 	})
@@ -146,12 +148,17 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 	}, nil
 }
 
-// probeTraces refuses SCAN_TRACES=on unless every network's endpoint
-// serves debug_traceBlockByNumber; even then it refuses, since this build
-// finds no internal transfers with traces yet (a flag that silently did
-// nothing would be worse).
-func probeTraces(ctx context.Context, clients finality.Clients) error {
+// probeTraces refuses SCAN_TRACES=on unless every reachable network's
+// endpoint serves debug_traceBlockByNumber: a flag that silently found
+// nothing would be worse. An endpoint unreachable at start is not held
+// against the scheduler (it does more than scan); its passes fail, naming
+// SCAN_TRACES, if it turns out to lack the debug API.
+func probeTraces(ctx context.Context, clients finality.Clients, unreachable []string, log zerolog.Logger) error {
 	for name, client := range clients {
+		if slices.Contains(unreachable, name) {
+			log.Warn().Str("network", name).Msg("SCAN_TRACES=on: endpoint unreachable at start; whether it serves traces is learnt at its first pass")
+			continue
+		}
 		probeCtx, cancel := context.WithTimeout(ctx, scanStartTimeout)
 		err := client.ProbeTraces(probeCtx)
 		cancel()
@@ -162,5 +169,5 @@ func probeTraces(ctx context.Context, clients finality.Clients) error {
 			return fmt.Errorf("SCAN_TRACES=on: %s: the endpoint could not be asked whether it serves traces: %w", name, err)
 		}
 	}
-	return errors.New("SCAN_TRACES=on: scanning internal transfers is not built yet; set SCAN_TRACES=off")
+	return nil
 }

@@ -121,6 +121,8 @@ type Options struct {
 	PassTimeout  time.Duration
 	Log          zerolog.Logger
 	Registerer   prometheus.Registerer
+	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
+	Traces bool
 }
 
 // Scanner runs the passes of its networks.
@@ -379,14 +381,14 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address string) (
 			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")
 		},
 	}
-	return f.find(ctx, r, addrs)
+	return s.findAll(ctx, f, r, addrs)
 }
 
 // addresses is the set a pass matches: the one address of a backfill, a
 // few (at most AddressesPerCall, asked for by recipient), or, above that,
 // none loaded: the recipients each window finds are looked up instead,
-// so a pass costs the same at 100,000 addresses as at 2,000.
-// SCAN_LOG_WINDOW=off matches against the complete set.
+// so a pass costs the same at 100,000 addresses as at 2,000. Traces and
+// SCAN_LOG_WINDOW=off match against the complete set.
 func (s *Scanner) addresses(ctx context.Context, network, only string) (addressSet, error) {
 	set := addressSet{owner: map[string]int64{}, complete: true}
 	if only != "" {
@@ -397,7 +399,7 @@ func (s *Scanner) addresses(ctx context.Context, network, only string) (addressS
 		set.sorted, set.owner[only] = []string{only}, user
 		return set, nil
 	}
-	if s.opts.FilteredLogs {
+	if s.opts.FilteredLogs || s.opts.Traces {
 		return s.allAddresses(ctx, network)
 	}
 	page, err := s.opts.Store.ScanAddresses(ctx, network, "", s.opts.AddressesPerCall+1)
