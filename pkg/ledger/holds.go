@@ -67,6 +67,9 @@ func (p *planner) reserve(c Claimed, k Account, balance decimal.Decimal, result 
 	if !canDebit(balance, held, e.Amount) {
 		p.refuse(c, result, payment.OutcomeInsufficientFunds, "")
 		p.notify(c, NotifyInsufficientFunds, available(balance, held))
+		// Its posts later in the batch know it failed: unknown_hold now,
+		// not a wait for what this transaction decides.
+		p.holdEvents[e.ID] = payment.StatusFailed
 		return
 	}
 	p.holdDelta(k, e.Amount)
@@ -149,7 +152,6 @@ func (p *planner) pull(id string) {
 	result := Result{Kind: Applied, CreatedAt: c.CreatedAt, Event: e}
 	p.w.KeyEvents[c.Key] = e.ID
 	p.reserve(c, k, balance, &result)
-	p.holdEvents[id] = result.Status
 	p.w.PulledResults[id] = result
 }
 

@@ -582,11 +582,11 @@ var rows = []row{
 			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
 	},
 	{
-		name: "a hold refused leaves nothing for its post in the same batch",
+		name: "a hold refused leaves its post in the same batch unknown_hold, without waiting",
 		events: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "200"},
 			{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "200", hold: "h1"}},
 		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
-		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeInsufficientFunds, "p1": ""},
+		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeInsufficientFunds, "p1": payment.OutcomeUnknownHold},
 			balances: map[string]string{"1/ETH": "100"}, notifications: []string{"insufficient_funds:h1:100"}},
 	},
 

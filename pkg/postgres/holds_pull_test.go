@@ -286,3 +286,19 @@ func TestPullHoldsFindsRowsByKey(t *testing.T) {
 	require.NotContains(t, text, "Seq Scan on payment_events", text)
 	require.Contains(t, text, "Index Scan using payment_events_pkey on payment_events p", text)
 }
+
+// TestRefusedHoldAndItsPostInOneBatch: a hold refused for insufficient
+// funds and its post in one task end together; the post does not wait
+// for what its own transaction decided.
+func TestRefusedHoldAndItsPostInOneBatch(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	hold := f.holdTask("h1", 1, "150")
+	post := f.resolveTask("p1", payment.WithdrawalPost, 1, "h1", "150")
+	results := f.apply(hold, post)
+	requireOutcome(t, results[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
+	requireOutcome(t, results[1], payment.StatusFailed, payment.OutcomeUnknownHold)
+	require.Zero(t, f.count(`SELECT count(*) FROM holds`))
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	f.requireInvariants()
+}
