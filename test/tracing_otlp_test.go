@@ -118,8 +118,16 @@ func (o *otlpReceiver) trace(traceID string) map[string][]otlpSpan {
 
 // TestTraceAcrossProcesses: the real api, scheduler and worker binaries,
 // each exporting OTLP/HTTP to a collector in the test, put one event's
-// spans in one trace, the caller's, each under the previous process's.
+// spans in one trace, the caller's, each under the previous process's:
+// the claim and enqueue are the api's when it hands a trickle's event to
+// the queue itself (INGEST_HANDOFF_MAX), the scheduler's when it does not.
 func TestTraceAcrossProcesses(t *testing.T) {
+	for _, enqueuer := range []string{"api", "scheduler"} {
+		t.Run("enqueued by "+enqueuer, func(t *testing.T) { traceAcrossProcesses(t, enqueuer) })
+	}
+}
+
+func traceAcrossProcesses(t *testing.T, enqueuer string) {
 	receiver := &otlpReceiver{}
 	collector := httptest.NewServer(receiver)
 	defer collector.Close()
@@ -127,6 +135,9 @@ func TestTraceAcrossProcesses(t *testing.T) {
 	s := harness.NewStack(t)
 	s.Env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.URL
 	s.Env["OTEL_BSP_SCHEDULE_DELAY"] = "100" // milliseconds: export soon, not every 5s
+	if enqueuer == "scheduler" {
+		s.Env["INGEST_HANDOFF_MAX"] = "0"
+	}
 	api := s.StartAPI(nil)
 	s.StartWorker(nil)
 	s.StartScheduler(nil)
@@ -150,7 +161,7 @@ func TestTraceAcrossProcesses(t *testing.T) {
 
 	want := map[string]string{
 		"POST /webhook/payments": "api", "ingest.insert": "api",
-		"outbox.claim": "scheduler", "queue.enqueue": "scheduler",
+		"outbox.claim": enqueuer, "queue.enqueue": enqueuer,
 		"payment.process": "worker", "ledger.commit": "worker",
 	}
 	s.WaitFor("the event's spans from all three processes", 30*time.Second, func() bool {
@@ -176,7 +187,7 @@ func TestTraceAcrossProcesses(t *testing.T) {
 	request, ingest, enqueue, process := one("POST /webhook/payments"), one("ingest.insert"), one("queue.enqueue"), one("payment.process")
 	require.Equal(t, callerSpan, request.parent, "the api continues the caller's span")
 	require.Equal(t, request.spanID, ingest.parent)
-	require.Equal(t, ingest.spanID, one("outbox.claim").parent, "the scheduler continues the row's span")
+	require.Equal(t, ingest.spanID, one("outbox.claim").parent, "the %s continues the row's span", enqueuer)
 	require.Equal(t, ingest.spanID, enqueue.parent)
 	require.Equal(t, enqueue.spanID, process.parent, "the worker continues the task's span")
 	require.Equal(t, process.spanID, one("ledger.commit").parent)

@@ -78,6 +78,7 @@ type settings struct {
 	trustedProxies  httpapi.TrustedProxies
 	ingestBatchMax  int
 	ingestInFlight  int
+	handoff         handoffSettings
 	// dashboardReadOnly hides asynqmon's delete/archive buttons.
 	dashboardReadOnly bool
 	// dashboardPrometheus feeds asynqmon's Metrics tab.
@@ -156,6 +157,7 @@ func readServe(env *config.Env, s *settings) {
 	}
 	s.ingestBatchMax = env.Int("INGEST_BATCH_MAX", postgres.IngestBatchMaxDefault, 1, postgres.LedgerBatchMax)
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
+	s.handoff = readHandoff(env)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
 	s.dashboardPrometheus = readDashboardPrometheus(env)
 	s.rescanBlocksMax = env.Int("RESCAN_BLOCKS_MAX", httpapi.RescanBlocksMaxDefault, 1, 10_000_000)
@@ -257,12 +259,14 @@ func serve(log zerolog.Logger, s settings) error {
 		return fmt.Errorf("REDIS_URL: %w", err)
 	}
 	defer func() { _ = rdb.Close() }()
+	registry := service.Registry()
 	// Webhooks commit in groups: one multi-row insert, one commit, one
-	// fsync for every webhook waiting at that moment.
-	ingest := postgres.NewIngest(db, s.ingestBatchMax, s.ingestInFlight)
+	// fsync for every webhook waiting at that moment; a trickle's commit
+	// also hands its events to the queue.
+	ingest := postgres.NewIngestWith(db, postgres.IngestOptions{BatchMax: s.ingestBatchMax, InFlightMax: s.ingestInFlight,
+		Handoff: s.handoff.open(db, rdb, log, registry)})
 	defer ingest.Close()
 
-	registry := service.Registry()
 	registry.MustRegister(db.Collector())
 	chain, closeChain, err := openChain(ctx, openCtx, s, db, rdb, log, registry)
 	if err != nil {

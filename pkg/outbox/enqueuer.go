@@ -182,7 +182,7 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	}
 	claim.end = time.Now()
 	e.claimed.Add(float64(len(claimed)))
-	failures := e.enqueueAll(ctx, claimed, claim)
+	failures := len(e.enqueueAll(ctx, claimed, claim))
 	e.failing.Store(failures > 0 && failures == len(claimed))
 	if failures < len(claimed) {
 		// Workers waiting on an empty queue look now, not at their next poll.
@@ -194,29 +194,41 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 }
 
 // enqueueAll hands the claimed events to asynq, one task per task id,
-// with bounded concurrency, and returns how many events could not be
+// with bounded concurrency, and returns the events that could not be
 // enqueued.
-func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, claim claimWindow) int {
-	var failures atomic.Int64
+func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, claim claimWindow) []postgres.Claimed {
+	var mu sync.Mutex
+	var failed []postgres.Claimed
+	one := func(events []postgres.Claimed) {
+		if err := e.enqueue(ctx, events, claim); err != nil {
+			mu.Lock()
+			failed = append(failed, events...)
+			mu.Unlock()
+			for _, c := range events {
+				e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
+					Msg("enqueue failed; the event goes back to the outbox")
+			}
+		}
+	}
+	tasks := tasksOf(claimed)
+	if len(tasks) == 1 {
+		// A trickle's one task: no goroutine to hand it to and wait for.
+		one(tasks[0])
+		return failed
+	}
 	slots := make(chan struct{}, EnqueueConcurrency)
 	var wg sync.WaitGroup
-	for _, events := range tasksOf(claimed) {
+	for _, events := range tasks {
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			if err := e.enqueue(ctx, events, claim); err != nil {
-				failures.Add(int64(len(events)))
-				for _, c := range events {
-					e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
-						Msg("enqueue failed; stale recovery will bring the event back")
-				}
-			}
+			one(events)
 		}()
 	}
 	wg.Wait()
-	return int(failures.Load())
+	return failed
 }
 
 // tasksOf groups claimed events by task id, in claim order; events with
