@@ -45,14 +45,14 @@ func TestTransfersOfTheAcceptancePayload(t *testing.T) {
 	require.Len(t, p.Activities, 5)
 
 	transfers, ignored := alchemy.Transfers(p, registry())
-	require.Equal(t, []alchemy.Ignored{
-		{Index: 2, Reason: alchemy.ReasonNFT},
-		{Index: 3, Reason: alchemy.ReasonUnknownAsset}, // "USDC" by symbol, at a foreign contract
+	require.Equal(t, []payment.Ignored{
+		{Index: 2, Reason: payment.IgnoreNFT},
+		{Index: 3, Reason: payment.IgnoreUnknownAsset}, // "USDC" by symbol, at a foreign contract
 	}, ignored)
 	require.Len(t, transfers, 3)
 
 	eth := transfers[0]
-	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", eth.EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", eth.EventID())
 	require.Equal(t, "native", eth.Index)
 	require.Equal(t, tx1, eth.TxHash, "stored lowercase")
 	require.Equal(t, recipient, eth.ToAddress, "stored lowercase")
@@ -62,11 +62,11 @@ func TestTransfersOfTheAcceptancePayload(t *testing.T) {
 	require.False(t, eth.Removed)
 
 	token := transfers[1]
-	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":110", token.EventID, "log index 0x6e")
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":110", token.EventID(), "log index 0x6e")
 	require.Equal(t, "110", token.Index)
 	require.Equal(t, "USDC", token.Asset.Code)
 	require.Equal(t, "293.092129", token.Amount.String())
-	require.NotEqual(t, eth.EventID, token.EventID, "an ETH and a token transfer in one transaction are two deposits")
+	require.NotEqual(t, eth.EventID(), token.EventID(), "an ETH and a token transfer in one transaction are two deposits")
 
 	// The address lookup is the caller's job: this one is simply a transfer.
 	require.Equal(t, "0x7a250d5630b4cf539739df2c5dacb4c659f2488d", transfers[2].ToAddress)
@@ -106,13 +106,13 @@ func activityJSON(t *testing.T, changes map[string]any) json.RawMessage {
 	return raw
 }
 
-func judge(t *testing.T, activity json.RawMessage) (alchemy.Transfer, alchemy.Reason) {
+func judge(t *testing.T, activity json.RawMessage) (payment.ReportedTransfer, payment.IgnoreReason) {
 	t.Helper()
 	p := alchemy.Payload{Type: alchemy.TypeAddressActivity, Network: "ETH_MAINNET", Activities: []json.RawMessage{activity}}
 	transfers, ignored := alchemy.Transfers(p, registry())
 	require.Equal(t, 1, len(transfers)+len(ignored))
 	if len(ignored) == 1 {
-		return alchemy.Transfer{}, ignored[0].Reason
+		return payment.ReportedTransfer{}, ignored[0].Reason
 	}
 	return transfers[0], ""
 }
@@ -121,35 +121,35 @@ func TestActivityRules(t *testing.T) {
 	cases := []struct {
 		name    string
 		changes map[string]any
-		reason  alchemy.Reason
+		reason  payment.IgnoreReason
 	}{
 		{"token transfer", map[string]any{}, ""},
 		{"erc20 category is a token", map[string]any{"category": "erc20"}, ""},
-		{"erc721 token id", map[string]any{"erc721TokenId": "0x1"}, alchemy.ReasonNFT},
-		{"erc1155 metadata", map[string]any{"erc1155Metadata": []any{map[string]any{"tokenId": "0x1", "value": "0x1"}}}, alchemy.ReasonNFT},
-		{"erc1155 category", map[string]any{"category": "erc1155"}, alchemy.ReasonNFT},
-		{"empty raw value", map[string]any{"rawContract": map[string]any{"rawValue": "0x", "address": usdc}}, alchemy.ReasonNFT},
-		{"zero raw value", map[string]any{"rawContract": map[string]any{"rawValue": "0x0", "address": usdc}}, alchemy.ReasonZeroAmount},
-		{"raw value at 10^20", map[string]any{"rawContract": map[string]any{"rawValue": fmt.Sprintf("0x%x", mustBig("100000000000000000000000000")), "address": usdc}}, alchemy.ReasonAmountOutOfRange},
-		{"raw value not hex", map[string]any{"rawContract": map[string]any{"rawValue": "0xzz", "address": usdc}}, alchemy.ReasonMalformed},
-		{"raw value missing", map[string]any{"rawContract": map[string]any{"address": usdc}}, alchemy.ReasonMalformed},
-		{"no raw contract", map[string]any{"rawContract": nil}, alchemy.ReasonMalformed},
-		{"foreign contract", map[string]any{"rawContract": map[string]any{"rawValue": "0x1", "address": "0x1111111111111111111111111111111111111111"}, "log": map[string]any{"logIndex": "0x1"}}, alchemy.ReasonUnknownAsset},
-		{"log from another contract", map[string]any{"log": map[string]any{"address": "0x1111111111111111111111111111111111111111", "logIndex": "0x1"}}, alchemy.ReasonContractMismatch},
-		{"token without log", map[string]any{"log": nil}, alchemy.ReasonMalformed},
-		{"token without log index", map[string]any{"log": map[string]any{"address": usdc}}, alchemy.ReasonMalformed},
-		{"bad log index", map[string]any{"log": map[string]any{"logIndex": "110"}}, alchemy.ReasonMalformed},
-		{"log of another transaction", map[string]any{"log": map[string]any{"logIndex": "0x1", "transactionHash": "0x" + strings.Repeat("1", 64)}}, alchemy.ReasonMalformed},
-		{"bad recipient", map[string]any{"toAddress": "0x1234"}, alchemy.ReasonMalformed},
-		{"no recipient", map[string]any{"toAddress": nil}, alchemy.ReasonMalformed},
-		{"bad hash", map[string]any{"hash": "0x12"}, alchemy.ReasonMalformed},
+		{"erc721 token id", map[string]any{"erc721TokenId": "0x1"}, payment.IgnoreNFT},
+		{"erc1155 metadata", map[string]any{"erc1155Metadata": []any{map[string]any{"tokenId": "0x1", "value": "0x1"}}}, payment.IgnoreNFT},
+		{"erc1155 category", map[string]any{"category": "erc1155"}, payment.IgnoreNFT},
+		{"empty raw value", map[string]any{"rawContract": map[string]any{"rawValue": "0x", "address": usdc}}, payment.IgnoreNFT},
+		{"zero raw value", map[string]any{"rawContract": map[string]any{"rawValue": "0x0", "address": usdc}}, payment.IgnoreZeroAmount},
+		{"raw value at 10^20", map[string]any{"rawContract": map[string]any{"rawValue": fmt.Sprintf("0x%x", mustBig("100000000000000000000000000")), "address": usdc}}, payment.IgnoreAmountOutOfRange},
+		{"raw value not hex", map[string]any{"rawContract": map[string]any{"rawValue": "0xzz", "address": usdc}}, payment.IgnoreMalformed},
+		{"raw value missing", map[string]any{"rawContract": map[string]any{"address": usdc}}, payment.IgnoreMalformed},
+		{"no raw contract", map[string]any{"rawContract": nil}, payment.IgnoreMalformed},
+		{"foreign contract", map[string]any{"rawContract": map[string]any{"rawValue": "0x1", "address": "0x1111111111111111111111111111111111111111"}, "log": map[string]any{"logIndex": "0x1"}}, payment.IgnoreUnknownAsset},
+		{"log from another contract", map[string]any{"log": map[string]any{"address": "0x1111111111111111111111111111111111111111", "logIndex": "0x1"}}, alchemy.IgnoreContractMismatch},
+		{"token without log", map[string]any{"log": nil}, payment.IgnoreMalformed},
+		{"token without log index", map[string]any{"log": map[string]any{"address": usdc}}, payment.IgnoreMalformed},
+		{"bad log index", map[string]any{"log": map[string]any{"logIndex": "110"}}, payment.IgnoreMalformed},
+		{"log of another transaction", map[string]any{"log": map[string]any{"logIndex": "0x1", "transactionHash": "0x" + strings.Repeat("1", 64)}}, payment.IgnoreMalformed},
+		{"bad recipient", map[string]any{"toAddress": "0x1234"}, payment.IgnoreMalformed},
+		{"no recipient", map[string]any{"toAddress": nil}, payment.IgnoreMalformed},
+		{"bad hash", map[string]any{"hash": "0x12"}, payment.IgnoreMalformed},
 		{"hash only in the log", map[string]any{"hash": nil}, ""},
-		{"field of the wrong type", map[string]any{"toAddress": 7}, alchemy.ReasonMalformed},
-		{"unknown category", map[string]any{"category": "staking"}, alchemy.ReasonUnsupportedCategory},
-		{"external with a contract", map[string]any{"category": "external", "log": nil}, alchemy.ReasonContractMismatch},
+		{"field of the wrong type", map[string]any{"toAddress": 7}, payment.IgnoreMalformed},
+		{"unknown category", map[string]any{"category": "staking"}, alchemy.IgnoreUnsupportedCategory},
+		{"external with a contract", map[string]any{"category": "external", "log": nil}, alchemy.IgnoreContractMismatch},
 		{"external", map[string]any{"category": "external", "log": nil, "rawContract": map[string]any{"rawValue": "0x1", "decimals": 18}}, ""},
-		{"internal without trace address", map[string]any{"category": "internal", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}, alchemy.ReasonMalformed},
-		{"internal with a bad trace address", map[string]any{"category": "internal", "typeTraceAddress": "CALL 0", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}, alchemy.ReasonMalformed},
+		{"internal without trace address", map[string]any{"category": "internal", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}, payment.IgnoreMalformed},
+		{"internal with a bad trace address", map[string]any{"category": "internal", "typeTraceAddress": "CALL 0", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}, payment.IgnoreMalformed},
 		{"internal", map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_1", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}, ""},
 		{"unknown fields", map[string]any{"brandNew": map[string]any{"x": []any{1, "y"}}}, ""},
 	}
@@ -172,24 +172,24 @@ func mustBig(decimal string) fmt.Formatter {
 func TestEventIDs(t *testing.T) {
 	internal, reason := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_1", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
 	require.Empty(t, reason)
-	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":trace:CALL_0_1", internal.EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":trace:CALL_0_1", internal.EventID())
 	require.Equal(t, "0.000000000000000001", internal.Amount.String())
 
 	other, _ := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_2", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
-	require.NotEqual(t, internal.EventID, other.EventID)
+	require.NotEqual(t, internal.EventID(), other.EventID())
 	require.True(t, payment.InternalTransfer(internal.Index), "the chain check cannot see its recipient and value")
 	external, _ := judge(t, activityJSON(t, map[string]any{"category": "external", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
-	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", external.EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":native", external.EventID())
 	require.False(t, payment.InternalTransfer(external.Index))
 	// The id is the transfer identity's, whoever reports the transfer.
-	require.Equal(t, payment.Transfer{Network: "ETH_MAINNET", TxHash: tx1, Index: "native"}.EventID(), external.EventID)
+	require.Equal(t, payment.Transfer{Network: "ETH_MAINNET", TxHash: tx1, Index: "native"}.EventID(), external.EventID())
 
 	// The same log written with other hex spellings is the same transfer.
 	a, _ := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x6e"}}))
-	b, _ := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x006E"}, "hash": strings.ToUpper(tx1[2:])}))
-	require.Empty(t, b.EventID, "a hash without 0x is refused")
-	b, _ = judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x006E"}, "hash": "0x" + strings.ToUpper(tx1[2:])}))
-	require.Equal(t, a.EventID, b.EventID)
+	_, refused := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x006E"}, "hash": strings.ToUpper(tx1[2:])}))
+	require.Equal(t, payment.IgnoreMalformed, refused, "a hash without 0x is refused")
+	b, _ := judge(t, activityJSON(t, map[string]any{"log": map[string]any{"logIndex": "0x006E"}, "hash": "0x" + strings.ToUpper(tx1[2:])}))
+	require.Equal(t, a.EventID(), b.EventID())
 
 	// The longest possible id still leaves room for "reorg:".
 	network := "E" + strings.Repeat("X", 63)
@@ -197,8 +197,8 @@ func TestEventIDs(t *testing.T) {
 	long := activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": strings.Repeat("C", 96), "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}})
 	transfers, ignored := alchemy.Transfers(alchemy.Payload{Type: alchemy.TypeAddressActivity, Network: network, Activities: []json.RawMessage{long}}, reg)
 	require.Empty(t, ignored)
-	require.LessOrEqual(t, len(transfers[0].EventID), alchemy.EventIDLengthMax)
-	require.LessOrEqual(t, len(payment.CompensationEventID(transfers[0].EventID)), 256)
+	require.LessOrEqual(t, len(transfers[0].EventID()), alchemy.EventIDLengthMax)
+	require.LessOrEqual(t, len(payment.CompensationEventID(transfers[0].EventID())), 256)
 }
 
 func TestRemovedLog(t *testing.T) {
@@ -206,7 +206,7 @@ func TestRemovedLog(t *testing.T) {
 	require.Empty(t, reason)
 	require.True(t, removed.Removed)
 	credited, _ := judge(t, activityJSON(t, map[string]any{}))
-	require.Equal(t, credited.EventID, removed.EventID, "a removal names the deposit it reverses")
+	require.Equal(t, credited.EventID(), removed.EventID(), "a removal names the deposit it reverses")
 }
 
 func TestDecodeEnvelope(t *testing.T) {
@@ -238,7 +238,7 @@ func TestDecodeEnvelope(t *testing.T) {
 	require.NoError(t, err)
 	transfers, ignored := alchemy.Transfers(p, registry())
 	require.Empty(t, transfers)
-	require.Equal(t, []alchemy.Ignored{{0, alchemy.ReasonNotAddressActivity}, {1, alchemy.ReasonNotAddressActivity}}, ignored)
+	require.Equal(t, []payment.Ignored{{Index: 0, Reason: alchemy.IgnoreNotAddressActivity}, {Index: 1, Reason: alchemy.IgnoreNotAddressActivity}}, ignored)
 }
 
 func TestSignature(t *testing.T) {

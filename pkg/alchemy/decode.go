@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/shopspring/decimal"
-
 	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
 )
@@ -96,52 +94,19 @@ func Decode(body []byte) (Payload, error) {
 	return p, nil
 }
 
-// Reason says why an activity was not turned into a transfer. The set is
-// fixed, so it can label a metric.
-type Reason string
-
+// Reasons only Alchemy gives (the others are payment's).
 const (
-	ReasonNotAddressActivity  Reason = "not_address_activity"
-	ReasonMalformed           Reason = "malformed"
-	ReasonNFT                 Reason = "nft"
-	ReasonUnsupportedCategory Reason = "unsupported_category"
-	ReasonUnknownAsset        Reason = "unknown_asset"
-	ReasonContractMismatch    Reason = "contract_mismatch"
-	ReasonZeroAmount          Reason = "zero_amount"
-	ReasonAmountOutOfRange    Reason = "amount_out_of_range"
+	IgnoreNotAddressActivity  payment.IgnoreReason = "not_address_activity"
+	IgnoreUnsupportedCategory payment.IgnoreReason = "unsupported_category"
+	IgnoreContractMismatch    payment.IgnoreReason = "contract_mismatch"
 )
 
-// Reasons lists every Reason, for metrics.
-var Reasons = []Reason{
-	ReasonNotAddressActivity, ReasonMalformed, ReasonNFT, ReasonUnsupportedCategory,
-	ReasonUnknownAsset, ReasonContractMismatch, ReasonZeroAmount, ReasonAmountOutOfRange,
-}
-
-// Transfer is a fungible transfer that could be a deposit: the caller
-// still has to find the recipient among the deposit addresses.
-type Transfer struct {
-	// EventID is stable across redeliveries and across reporters: it is
-	// the transfer identity's (payment.Transfer.EventID), never derived
-	// from the delivery or the provider.
-	EventID string
-	// Index names the transfer in its transaction (payment.Transfer).
-	Index     string
-	Network   string
-	TxHash    string // lowercase
-	ToAddress string // lowercase
-	Asset     payment.Asset
-	// Amount is rawContract.rawValue / 10^decimals, exactly; the float
-	// "value" field is never read.
-	Amount decimal.Decimal
-	// Removed: the log was removed by a reorg; the deposit must be
-	// reversed rather than credited.
-	Removed bool
-}
-
-// Ignored is an activity that is not a transfer we credit.
-type Ignored struct {
-	Index  int
-	Reason Reason
+// Reasons lists every reason Transfers gives, for metrics and tests.
+var Reasons = []payment.IgnoreReason{
+	IgnoreNotAddressActivity, payment.IgnoreMalformed, payment.IgnoreNFT,
+	IgnoreUnsupportedCategory, payment.IgnoreUnknownAsset,
+	IgnoreContractMismatch, payment.IgnoreZeroAmount,
+	payment.IgnoreAmountOutOfRange,
 }
 
 // Assets is what Transfers needs from the asset registry.
@@ -151,18 +116,21 @@ type Assets interface {
 }
 
 // Transfers judges every activity of p: a fungible transfer of a known
-// asset becomes a Transfer; anything else is Ignored with its reason.
-func Transfers(p Payload, assets Assets) ([]Transfer, []Ignored) {
-	var transfers []Transfer
-	var ignored []Ignored
+// asset becomes a reported transfer (its amount rawContract.rawValue /
+// 10^decimals exactly, the float "value" never read; Removed from the
+// log's removed flag); anything else is ignored with its reason. The
+// caller still has to find the recipient among the deposit addresses.
+func Transfers(p Payload, assets Assets) ([]payment.ReportedTransfer, []payment.Ignored) {
+	var transfers []payment.ReportedTransfer
+	var ignored []payment.Ignored
 	for i, raw := range p.Activities {
 		if p.Type != TypeAddressActivity {
-			ignored = append(ignored, Ignored{Index: i, Reason: ReasonNotAddressActivity})
+			ignored = append(ignored, payment.Ignored{Index: i, Reason: IgnoreNotAddressActivity})
 			continue
 		}
 		t, reason := transfer(p.Network, raw, assets)
 		if reason != "" {
-			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			ignored = append(ignored, payment.Ignored{Index: i, Reason: reason})
 			continue
 		}
 		transfers = append(transfers, t)
@@ -200,31 +168,31 @@ const (
 	kindToken    = "token"
 )
 
-func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+func transfer(network string, raw json.RawMessage, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason) {
 	var a activity
 	if err := json.Unmarshal(raw, &a); err != nil {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	category := strings.ToLower(a.Category)
 	// NFTs are never credited, whatever else the activity says.
 	if !isNull(a.ERC721TokenID) || !isNull(a.ERC1155Metadata) ||
 		category == "erc721" || category == "erc1155" || category == "specialnft" ||
 		(a.RawContract != nil && a.RawContract.RawValue != nil && strings.EqualFold(*a.RawContract.RawValue, "0x")) {
-		return Transfer{}, ReasonNFT
+		return payment.ReportedTransfer{}, payment.IgnoreNFT
 	}
 	txHash, ok := normalizeTxHash(a.Hash)
 	if !ok && a.Hash == "" && a.Log != nil && a.Log.TransactionHash != nil {
 		txHash, ok = normalizeTxHash(*a.Log.TransactionHash)
 	}
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	if a.Log != nil && a.Log.TransactionHash != nil && !strings.EqualFold(*a.Log.TransactionHash, txHash) {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	to, ok := normalizeAddress(a.ToAddress)
 	if !ok || a.RawContract == nil || a.RawContract.RawValue == nil {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	contract := ""
 	if a.RawContract.Address != nil {
@@ -238,59 +206,56 @@ func transfer(network string, raw json.RawMessage, assets Assets) (Transfer, Rea
 		// The native coin carries no contract; one that names a contract
 		// is not what its category claims.
 		if contract != "" {
-			return Transfer{}, ReasonContractMismatch
+			return payment.ReportedTransfer{}, IgnoreContractMismatch
 		}
 		index = payment.TransferNative
 		if category == kindInternal {
 			if a.TypeTraceAddress == nil || !payment.ValidTraceAddress(*a.TypeTraceAddress) {
-				return Transfer{}, ReasonMalformed
+				return payment.ReportedTransfer{}, payment.IgnoreMalformed
 			}
 			index = payment.TraceTransfer(*a.TypeTraceAddress)
 		}
 		if asset, ok = assets.Native(network); !ok {
-			return Transfer{}, ReasonUnknownAsset
+			return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset
 		}
 	case kindToken, "erc20":
 		if a.Log == nil || a.Log.LogIndex == nil {
-			return Transfer{}, ReasonMalformed
+			return payment.ReportedTransfer{}, payment.IgnoreMalformed
 		}
 		logIndex, ok := parseQuantity(*a.Log.LogIndex)
 		if !ok {
-			return Transfer{}, ReasonMalformed
+			return payment.ReportedTransfer{}, payment.IgnoreMalformed
 		}
 		index = payment.LogIndexTransfer(logIndex)
 		normalized, ok := normalizeAddress(contract)
 		if !ok {
-			return Transfer{}, ReasonMalformed
+			return payment.ReportedTransfer{}, payment.IgnoreMalformed
 		}
 		// The log is what the chain emitted; a payload whose contract
 		// and log disagree is not trusted.
 		if a.Log.Address != nil && !strings.EqualFold(*a.Log.Address, normalized) {
-			return Transfer{}, ReasonContractMismatch
+			return payment.ReportedTransfer{}, IgnoreContractMismatch
 		}
 		// A token is recognised by its contract, never by its symbol.
 		if asset, ok = assets.ByContract(network, normalized); !ok {
-			return Transfer{}, ReasonUnknownAsset
+			return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset
 		}
 	default:
-		return Transfer{}, ReasonUnsupportedCategory
+		return payment.ReportedTransfer{}, IgnoreUnsupportedCategory
 	}
 
 	amount, err := money.FromBaseUnits(*a.RawContract.RawValue, asset.Decimals)
 	switch {
 	case errors.Is(err, money.ErrNotPositive):
-		return Transfer{}, ReasonZeroAmount
+		return payment.ReportedTransfer{}, payment.IgnoreZeroAmount
 	case errors.Is(err, money.ErrTooLarge):
-		return Transfer{}, ReasonAmountOutOfRange
+		return payment.ReportedTransfer{}, payment.IgnoreAmountOutOfRange
 	case err != nil:
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	removed := a.Log != nil && a.Log.Removed
-	return Transfer{
-		EventID:   payment.Transfer{Network: network, TxHash: txHash, Index: index}.EventID(),
-		Index:     index,
-		Network:   network,
-		TxHash:    txHash,
+	return payment.ReportedTransfer{
+		Transfer:  payment.Transfer{Network: network, TxHash: txHash, Index: index},
 		ToAddress: to,
 		Asset:     asset,
 		Amount:    amount,

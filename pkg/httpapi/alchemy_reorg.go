@@ -1,5 +1,7 @@
 package httpapi
 
+import "github.com/settle/settle/pkg/payment"
+
 // Outcomes and reasons of provider reorg reports (handled by the intake:
 // intakeRun.removed and intakeRun.again).
 const (
@@ -9,9 +11,9 @@ const (
 	outcomeReopened = "reopened"
 	// reasonRemovedFinal: a removed transfer whose deposit is credited
 	// and final; the chain outranks the report.
-	reasonRemovedFinal = "removed_final"
+	reasonRemovedFinal payment.IgnoreReason = "removed_final"
 	// reasonRemovedFailed: a removed transfer whose deposit failed already.
-	reasonRemovedFailed = "removed_failed"
+	reasonRemovedFailed payment.IgnoreReason = "removed_failed"
 )
 
 // hasRPC tells whether the chain of a network can be asked: then a

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
@@ -26,14 +25,14 @@ import (
 const providerStoreTimeout = 20 * time.Second
 
 // Reasons a transfer is ignored by the intake (the decoders' own reasons
-// come from their packages).
+// come from payment and their packages).
 const (
-	reasonUnknownAddress    = "unknown_address"
-	reasonNetworkDisabled   = "network_disabled"
-	reasonConflict          = "conflict"
-	reasonRemovedUnknown    = "removed_unknown"
-	reasonRemovedNotDeposit = "removed_not_deposit"
-	reasonRefused           = "refused_by_storage"
+	reasonUnknownAddress    payment.IgnoreReason = "unknown_address"
+	reasonNetworkDisabled   payment.IgnoreReason = "network_disabled"
+	reasonConflict          payment.IgnoreReason = "conflict"
+	reasonRemovedUnknown    payment.IgnoreReason = "removed_unknown"
+	reasonRemovedNotDeposit payment.IgnoreReason = "removed_not_deposit"
+	reasonRefused           payment.IgnoreReason = "refused_by_storage"
 )
 
 // provider names a reporter of transfers: the label of its metrics and
@@ -55,26 +54,6 @@ const (
 	sourceQuickNodeEvents postgres.Source = "quicknode"
 	sourceMoralisEvents   postgres.Source = "moralis"
 )
-
-// intakeTransfer is a decoded transfer, whichever provider reported it.
-type intakeTransfer struct {
-	// EventID is payment.Transfer{Network, TxHash, Index}.EventID().
-	EventID   string
-	Index     string
-	Network   string
-	TxHash    string
-	ToAddress string
-	Asset     payment.Asset
-	Amount    decimal.Decimal
-	// Removed: the provider says a reorg took the transfer away.
-	Removed bool
-	// Reorged (with Removed): the provider sent the transfer again after a
-	// reorg, on the new branch (QuickNode's blocks_reorged). Where the
-	// chain can be asked, a new one is stored like any other (the finality
-	// gate asks the chain before any credit) and a known one re-checked at
-	// once; where it cannot, it is a removal like Alchemy's.
-	Reorged bool
-}
 
 // providerAnswer is every provider route's 200. Accepted counts events
 // newly stored by this delivery; a transfer already an event counts
@@ -110,14 +89,14 @@ func (s *Server) newIntake(c echo.Context, p provider) *intakeRun {
 }
 
 // ignore counts a candidate that is no deposit, with its reason.
-func (in *intakeRun) ignore(reason string) {
+func (in *intakeRun) ignore(reason payment.IgnoreReason) {
 	in.answer.Ignored++
-	in.s.metrics.webhook(in.p.name, outcomeIgnored, reason)
+	in.s.metrics.webhook(in.p.name, outcomeIgnored, string(reason))
 }
 
 // store turns transfers into deposit events. Only an outage is an error
 // (the provider retries, which is safe: every id comes from the transfer).
-func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) error {
+func (in *intakeRun) store(ctx context.Context, transfers []payment.ReportedTransfer) error {
 	s := in.s
 	log := logging.From(ctx)
 	byNetwork := map[string][]string{}
@@ -158,7 +137,7 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 		}
 		inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
 			Event: payment.Event{
-				ID: t.EventID, Type: payment.Deposit, UserID: user, Asset: t.Asset.Code,
+				ID: t.EventID(), Type: payment.Deposit, UserID: user, Asset: t.Asset.Code,
 				Amount: t.Amount, TxHash: t.TxHash, TransferIndex: t.Index, TraceID: in.traceID, Network: t.Network,
 			},
 			Source:    in.p.source,
@@ -169,17 +148,17 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 			// The same transfer reported with other content: never
 			// overwrite a stored deposit; a human must look.
 			in.ignore(reasonConflict)
-			log.Error().Err(err).Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Msg("provider transfer conflicts with the stored deposit")
+			log.Error().Err(err).Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Msg("provider transfer conflicts with the stored deposit")
 		case errors.Is(err, payment.ErrInvalid):
 			in.ignore(reasonRefused)
-			log.Error().Err(err).Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Msg("provider deposit refused by storage")
+			log.Error().Err(err).Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Msg("provider deposit refused by storage")
 		case err != nil:
 			return storeError(err)
 		case inserted:
-			in.reported = append(in.reported, t.EventID)
+			in.reported = append(in.reported, t.EventID())
 			in.answer.Accepted++
 			s.metrics.webhook(in.p.name, outcomeAccepted, "")
-			log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Int64(logging.FieldUserID, user).
+			log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Int64(logging.FieldUserID, user).
 				Str("asset", t.Asset.Code).Msg("provider deposit")
 		case t.Removed:
 			// A reorged transfer settle already holds: the chain decides.
@@ -187,7 +166,7 @@ func (in *intakeRun) store(ctx context.Context, transfers []intakeTransfer) erro
 				return err
 			}
 		default:
-			in.reported = append(in.reported, t.EventID)
+			in.reported = append(in.reported, t.EventID())
 			if err := in.again(ctx, t); err != nil {
 				return err
 			}
@@ -210,7 +189,7 @@ func (in *intakeRun) recordReports(ctx context.Context) {
 
 // storable tells whether a removed transfer is stored anyway: one sent
 // again on a reorg's new branch, where the chain can be asked.
-func (in *intakeRun) storable(t intakeTransfer) bool {
+func (in *intakeRun) storable(t payment.ReportedTransfer) bool {
 	return t.Removed && t.Reorged && in.s.hasRPC(t.Network)
 }
 
@@ -220,11 +199,11 @@ func (in *intakeRun) storable(t intakeTransfer) bool {
 // credited one under watch is left to the reorg watcher, and a final one
 // stays credited (the report is logged). Where it cannot, the report
 // itself is the evidence and the deposit is reversed.
-func (in *intakeRun) removed(ctx context.Context, t intakeTransfer) error {
+func (in *intakeRun) removed(ctx context.Context, t payment.ReportedTransfer) error {
 	s := in.s
 	log := logging.From(ctx)
 	if !s.hasRPC(t.Network) {
-		reversal, err := s.store.ReverseDeposit(ctx, t.EventID, in.p.name+" reported the transfer as removed by a reorg", in.traceID)
+		reversal, err := s.store.ReverseDeposit(ctx, t.EventID(), in.p.name+" reported the transfer as removed by a reorg", in.traceID)
 		switch {
 		case errors.Is(err, payment.ErrNotFound):
 			in.ignore(reasonRemovedUnknown)
@@ -235,11 +214,11 @@ func (in *intakeRun) removed(ctx context.Context, t intakeTransfer) error {
 		default:
 			in.answer.Reversed++
 			s.metrics.webhook(in.p.name, outcomeReversed, "")
-			log.Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Str("reversal", reversal.String()).Msg("provider deposit reversed")
+			log.Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Str("reversal", reversal.String()).Msg("provider deposit reversed")
 		}
 		return nil
 	}
-	h, err := s.store.HurryFinalityCheck(ctx, t.EventID)
+	h, err := s.store.HurryFinalityCheck(ctx, t.EventID())
 	switch {
 	case errors.Is(err, payment.ErrNotFound):
 		in.ignore(reasonRemovedUnknown)
@@ -256,13 +235,13 @@ func (in *intakeRun) removed(ctx context.Context, t intakeTransfer) error {
 		// Credited and final (or credited with nothing to watch): a
 		// provider's report does not outrank a finalized block.
 		in.ignore(reasonRemovedFinal)
-		log.Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Str("chain_state", h.ChainState).
+		log.Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Str("chain_state", h.ChainState).
 			Msg("a provider reports a credited, final deposit removed; the chain says otherwise, nothing reversed")
 		return nil
 	}
 	in.answer.Rechecked++
 	s.metrics.webhook(in.p.name, outcomeRechecked, "")
-	log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Str("status", string(h.Status)).Bool("hurried", h.Hurried).
+	log.Info().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Str("status", string(h.Status)).Bool("hurried", h.Hurried).
 		Msg("a provider reports the deposit removed; the chain decides")
 	return nil
 }
@@ -271,18 +250,18 @@ func (in *intakeRun) removed(ctx context.Context, t intakeTransfer) error {
 // failed/reorged is seen again, so it is reopened, and the finality gate
 // credits it once the chain's policy holds (or at once without an RPC,
 // where the provider's word is the evidence either way).
-func (in *intakeRun) again(ctx context.Context, t intakeTransfer) error {
+func (in *intakeRun) again(ctx context.Context, t payment.ReportedTransfer) error {
 	s := in.s
 	in.answer.Duplicates++
 	s.metrics.webhook(in.p.name, outcomeDuplicate, "")
-	reopened, err := s.store.ReopenDeposit(ctx, t.EventID, []payment.Outcome{payment.OutcomeReorged}, in.p.name+" reported the transfer again")
+	reopened, err := s.store.ReopenDeposit(ctx, t.EventID(), []payment.Outcome{payment.OutcomeReorged}, in.p.name+" reported the transfer again")
 	if err != nil {
 		return storeError(err)
 	}
 	if reopened {
 		in.answer.Reopened++
 		s.metrics.webhook(in.p.name, outcomeReopened, "")
-		logging.From(ctx).Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID).Msg("a provider reports a reorged deposit again; reopened")
+		logging.From(ctx).Warn().Str("provider", in.p.name).Str(logging.FieldEventID, t.EventID()).Msg("a provider reports a reorged deposit again; reopened")
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // AlchemyBodyMax bounds an Alchemy delivery. One payload carries every
@@ -45,20 +46,13 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	in := s.newIntake(c, providerAlchemy)
 	transfers, ignored := alchemy.Transfers(payload, registry)
 	for _, i := range ignored {
-		in.ignore(string(i.Reason))
-		if i.Reason == alchemy.ReasonAmountOutOfRange {
+		in.ignore(i.Reason)
+		if i.Reason == payment.IgnoreAmountOutOfRange {
 			// A real transfer we cannot represent: a human must look.
 			logging.From(ctx).Error().Str("webhook_event", payload.ID).Int("activity", i.Index).Msg("alchemy transfer amount is out of range; not credited")
 		}
 	}
-	decoded := make([]intakeTransfer, 0, len(transfers))
-	for _, t := range transfers {
-		decoded = append(decoded, intakeTransfer{
-			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
-			Asset: t.Asset, Amount: t.Amount, Removed: t.Removed,
-		})
-	}
-	if err := in.store(ctx, decoded); err != nil {
+	if err := in.store(ctx, transfers); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, in.answer)

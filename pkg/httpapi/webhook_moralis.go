@@ -48,22 +48,15 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	}
 	transfers, ignored := moralis.Transfers(payload, registry, registryChains{registry})
 	for _, i := range ignored {
-		in.ignore(string(i.Reason))
+		in.ignore(i.Reason)
 		switch i.Reason {
-		case moralis.ReasonAmountOutOfRange:
+		case payment.IgnoreAmountOutOfRange:
 			logging.From(ctx).Error().Int("candidate", i.Index).Msg("moralis transfer amount is out of range; not credited")
-		case moralis.ReasonUnknownNetwork:
+		case payment.IgnoreUnknownNetwork:
 			logging.From(ctx).Warn().Int64("chain_id", payload.ChainID).Msg("moralis stream on a chain settle does not map; not credited")
 		}
 	}
-	decoded := make([]intakeTransfer, 0, len(transfers))
-	for _, t := range transfers {
-		decoded = append(decoded, intakeTransfer{
-			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
-			Asset: t.Asset, Amount: t.Amount,
-		})
-	}
-	if err := in.store(ctx, decoded); err != nil {
+	if err := in.store(ctx, transfers); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, in.answer)

@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/quicknode"
 )
 
@@ -65,22 +66,15 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 	in := s.newIntake(c, providerQuickNode)
 	transfers, ignored := quicknode.Transfers(payload, registry)
 	for _, i := range ignored {
-		in.ignore(string(i.Reason))
+		in.ignore(i.Reason)
 		switch i.Reason {
-		case quicknode.ReasonAmountOutOfRange:
+		case payment.IgnoreAmountOutOfRange:
 			logging.From(ctx).Error().Int("candidate", i.Index).Msg("quicknode transfer amount is out of range; not credited")
-		case quicknode.ReasonUnknownNetwork:
+		case payment.IgnoreUnknownNetwork:
 			logging.From(ctx).Warn().Str("stream_network", payload.StreamNetwork).Msg("quicknode stream on a network settle does not map; not credited")
 		}
 	}
-	decoded := make([]intakeTransfer, 0, len(transfers))
-	for _, t := range transfers {
-		decoded = append(decoded, intakeTransfer{
-			EventID: t.EventID, Index: t.Index, Network: t.Network, TxHash: t.TxHash, ToAddress: t.ToAddress,
-			Asset: t.Asset, Amount: t.Amount, Removed: t.Removed, Reorged: t.Reorged,
-		})
-	}
-	if err := in.store(ctx, decoded); err != nil {
+	if err := in.store(ctx, transfers); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, in.answer)

@@ -95,55 +95,20 @@ func Decode(body []byte) (Payload, error) {
 	return p, nil
 }
 
-// Reason says why a candidate was not turned into a transfer. The set is
-// fixed, so it can label a metric.
-type Reason string
-
+// Reasons only Moralis gives (the others are payment's).
 const (
-	ReasonMalformed        Reason = "malformed"
-	ReasonUnknownNetwork   Reason = "unknown_network"
-	ReasonUnknownAsset     Reason = "unknown_asset"
-	ReasonZeroAmount       Reason = "zero_amount"
-	ReasonAmountOutOfRange Reason = "amount_out_of_range"
-	// ReasonNoReceipt: a transaction without receiptStatus; its value is
-	// not proven moved.
-	ReasonNoReceipt Reason = "no_receipt"
-	// ReasonFailed: receiptStatus says the transaction reverted.
-	ReasonFailed Reason = "failed_transaction"
-	// ReasonInternal: ETH moved by a contract call. Moralis gives no trace
+	// IgnoreInternal: ETH moved by a contract call. Moralis gives no trace
 	// address, so the transfer cannot be named as the others name it;
 	// the scanner or Alchemy report those.
-	ReasonInternal Reason = "internal_unsupported"
+	IgnoreInternal payment.IgnoreReason = "internal_unsupported"
 )
 
-// Reasons lists every Reason, for metrics.
-var Reasons = []Reason{
-	ReasonMalformed, ReasonUnknownNetwork, ReasonUnknownAsset, ReasonZeroAmount,
-	ReasonAmountOutOfRange, ReasonNoReceipt, ReasonFailed, ReasonInternal,
-}
-
-// Transfer is a fungible transfer that could be a deposit: the caller
-// still has to find the recipient among the deposit addresses.
-type Transfer struct {
-	// EventID is the transfer identity's (payment.Transfer.EventID): the
-	// unconfirmed and the confirmed delivery of one transfer, and any
-	// other reporter of it, make one event.
-	EventID   string
-	Index     string
-	Network   string
-	TxHash    string // lowercase
-	ToAddress string // lowercase
-	Asset     payment.Asset
-	// Amount is the raw integer value over 10^decimals of the registered
-	// asset, exactly; Moralis's valueWithDecimals and tokenDecimals are
-	// never read.
-	Amount decimal.Decimal
-}
-
-// Ignored is a candidate that is not a transfer settle credits.
-type Ignored struct {
-	Index  int
-	Reason Reason
+// Reasons lists every reason Transfers gives, for metrics and tests.
+var Reasons = []payment.IgnoreReason{
+	payment.IgnoreMalformed, payment.IgnoreUnknownNetwork,
+	payment.IgnoreUnknownAsset, payment.IgnoreZeroAmount,
+	payment.IgnoreAmountOutOfRange, payment.IgnoreNoReceipt,
+	payment.IgnoreFailed, IgnoreInternal,
 }
 
 // Assets is what Transfers needs from the asset registry.
@@ -158,20 +123,23 @@ type Chains interface {
 }
 
 // Transfers judges every candidate of p: ERC-20 transfers first, then
-// native transactions, then internal ones (always ignored).
-func Transfers(p Payload, assets Assets, chains Chains) ([]Transfer, []Ignored) {
-	var transfers []Transfer
-	var ignored []Ignored
+// native transactions, then internal ones (always ignored). An amount is
+// the raw integer value over 10^decimals of the registered asset,
+// exactly (valueWithDecimals and tokenDecimals are never read); the
+// unconfirmed and the confirmed delivery name the same transfers.
+func Transfers(p Payload, assets Assets, chains Chains) ([]payment.ReportedTransfer, []payment.Ignored) {
+	var transfers []payment.ReportedTransfer
+	var ignored []payment.Ignored
 	network, known := "", false
 	if !p.Test {
 		network, known = chains.NetworkOf(p.ChainID)
 	}
-	judge := func(i int, t Transfer, reason Reason) {
+	judge := func(i int, t payment.ReportedTransfer, reason payment.IgnoreReason) {
 		if reason == "" && !known {
-			reason = ReasonUnknownNetwork
+			reason = payment.IgnoreUnknownNetwork
 		}
 		if reason != "" {
-			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			ignored = append(ignored, payment.Ignored{Index: i, Reason: reason})
 			return
 		}
 		transfers = append(transfers, t)
@@ -187,13 +155,13 @@ func Transfers(p Payload, assets Assets, chains Chains) ([]Transfer, []Ignored) 
 		if skip {
 			// A transaction moving no value: no transfer at all, but it
 			// is one of the candidates, so it is counted.
-			reason = ReasonZeroAmount
+			reason = payment.IgnoreZeroAmount
 		}
 		judge(i, t, reason)
 		i++
 	}
 	for range p.internal {
-		judge(i, Transfer{}, ReasonInternal)
+		judge(i, payment.ReportedTransfer{}, IgnoreInternal)
 		i++
 	}
 	return transfers, ignored
@@ -207,43 +175,43 @@ type erc20View struct {
 	Value           *string         `json:"value"`
 }
 
-func tokenTransfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+func tokenTransfer(network string, raw json.RawMessage, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason) {
 	var v erc20View
 	if err := json.Unmarshal(raw, &v); err != nil || v.TransactionHash == nil || v.Contract == nil || v.To == nil || v.Value == nil {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	txHash, ok := normalizeHex(*v.TransactionHash, 64)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	contract, ok := normalizeHex(*v.Contract, 40)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	to, ok := normalizeHex(*v.To, 40)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	logIndex, ok := parseLogIndex(v.LogIndex)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	if network == "" {
-		return Transfer{}, ReasonUnknownNetwork
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownNetwork
 	}
 	// A token is recognised by its contract, never by its symbol.
 	asset, ok := assets.ByContract(network, contract)
 	if !ok {
-		return Transfer{}, ReasonUnknownAsset
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset
 	}
 	amount, reason := amountOf(*v.Value, asset)
 	if reason != "" {
-		return Transfer{}, reason
+		return payment.ReportedTransfer{}, reason
 	}
 	index := payment.LogIndexTransfer(logIndex)
-	return Transfer{
-		EventID: payment.Transfer{Network: network, TxHash: txHash, Index: index}.EventID(),
-		Index:   index, Network: network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	return payment.ReportedTransfer{
+		Transfer:  payment.Transfer{Network: network, TxHash: txHash, Index: index},
+		ToAddress: to, Asset: asset, Amount: amount,
 	}, ""
 }
 
@@ -257,59 +225,59 @@ type txView struct {
 // nativeTransfer judges a transaction's own value; skip reports a
 // transaction that moves none (a contract call, an outgoing transfer's
 // zero value): it is no transfer.
-func nativeTransfer(network string, raw json.RawMessage, assets Assets) (Transfer, Reason, bool) {
+func nativeTransfer(network string, raw json.RawMessage, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason, bool) {
 	var v txView
 	if err := json.Unmarshal(raw, &v); err != nil || v.Hash == nil || v.Value == nil {
-		return Transfer{}, ReasonMalformed, false
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed, false
 	}
 	if strings.Trim(*v.Value, "0") == "" && *v.Value != "" {
-		return Transfer{}, "", true
+		return payment.ReportedTransfer{}, "", true
 	}
 	txHash, ok := normalizeHex(*v.Hash, 64)
 	if !ok || v.ToAddress == nil {
-		return Transfer{}, ReasonMalformed, false
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed, false
 	}
 	to, ok := normalizeHex(*v.ToAddress, 40)
 	if !ok {
-		return Transfer{}, ReasonMalformed, false
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed, false
 	}
 	switch {
 	case v.ReceiptStatus == nil || *v.ReceiptStatus == "":
-		return Transfer{}, ReasonNoReceipt, false
+		return payment.ReportedTransfer{}, payment.IgnoreNoReceipt, false
 	case *v.ReceiptStatus != "1":
-		return Transfer{}, ReasonFailed, false
+		return payment.ReportedTransfer{}, payment.IgnoreFailed, false
 	case network == "":
-		return Transfer{}, ReasonUnknownNetwork, false
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownNetwork, false
 	}
 	asset, ok := assets.Native(network)
 	if !ok {
-		return Transfer{}, ReasonUnknownAsset, false
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset, false
 	}
 	amount, reason := amountOf(*v.Value, asset)
 	if reason != "" {
-		return Transfer{}, reason, false
+		return payment.ReportedTransfer{}, reason, false
 	}
-	return Transfer{
-		EventID: payment.Transfer{Network: network, TxHash: txHash, Index: payment.TransferNative}.EventID(),
-		Index:   payment.TransferNative, Network: network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	return payment.ReportedTransfer{
+		Transfer:  payment.Transfer{Network: network, TxHash: txHash, Index: payment.TransferNative},
+		ToAddress: to, Asset: asset, Amount: amount,
 	}, "", false
 }
 
 // amountOf reads a decimal integer string (Moralis's value) as base
 // units of asset.
-func amountOf(value string, asset payment.Asset) (decimal.Decimal, Reason) {
+func amountOf(value string, asset payment.Asset) (decimal.Decimal, payment.IgnoreReason) {
 	if value == "" || len(value) > valueDigitsMax || !digitsOnly(value) {
-		return decimal.Decimal{}, ReasonMalformed
+		return decimal.Decimal{}, payment.IgnoreMalformed
 	}
 	units, _ := new(big.Int).SetString(value, 10)
 	amount, err := money.FromBaseUnits("0x"+units.Text(16), asset.Decimals)
 	switch {
 	case errors.Is(err, money.ErrNotPositive):
-		return decimal.Decimal{}, ReasonZeroAmount
+		return decimal.Decimal{}, payment.IgnoreZeroAmount
 	case errors.Is(err, money.ErrTooLarge):
-		return decimal.Decimal{}, ReasonAmountOutOfRange
+		return decimal.Decimal{}, payment.IgnoreAmountOutOfRange
 	case err != nil:
-		return decimal.Decimal{}, ReasonMalformed
+		return decimal.Decimal{}, payment.IgnoreMalformed
 	}
 	return amount, ""
 }

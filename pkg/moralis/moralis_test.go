@@ -135,18 +135,18 @@ func TestDecodeTransfers(t *testing.T) {
 	require.False(t, p.Test)
 	transfers, ignored := moralis.Transfers(p, registry(), networks)
 	require.Len(t, transfers, 2)
-	require.Equal(t, "chain:ETH_MAINNET:0x7a4a39da2a3fa1fc2ef88fd1eaea070286ed2aba21e0419dcfb6d5c5d9f02a72:12", transfers[0].EventID)
+	require.Equal(t, "chain:ETH_MAINNET:0x7a4a39da2a3fa1fc2ef88fd1eaea070286ed2aba21e0419dcfb6d5c5d9f02a72:12", transfers[0].EventID())
 	require.Equal(t, "USDC", transfers[0].Asset.Code)
 	require.Equal(t, "7", transfers[0].Amount.String(), "value over the registry's decimals, not tokenDecimals")
-	require.Equal(t, "chain:ETH_MAINNET:0x0a20777dadad23b885daf4cd95a955293f230de3abd64705db324f45ae0f664e:native", transfers[1].EventID)
+	require.Equal(t, "chain:ETH_MAINNET:0x0a20777dadad23b885daf4cd95a955293f230de3abd64705db324f45ae0f664e:native", transfers[1].EventID())
 	require.Equal(t, "2", transfers[1].Amount.String())
-	reasons := map[moralis.Reason]int{}
+	reasons := map[payment.IgnoreReason]int{}
 	for _, i := range ignored {
 		reasons[i.Reason]++
 	}
-	require.Equal(t, map[moralis.Reason]int{
-		moralis.ReasonUnknownAsset: 1, moralis.ReasonMalformed: 1, moralis.ReasonFailed: 1,
-		moralis.ReasonZeroAmount: 1, moralis.ReasonInternal: 1,
+	require.Equal(t, map[payment.IgnoreReason]int{
+		payment.IgnoreUnknownAsset: 1, payment.IgnoreMalformed: 1, payment.IgnoreFailed: 1,
+		payment.IgnoreZeroAmount: 1, moralis.IgnoreInternal: 1,
 	}, reasons)
 	require.Equal(t, p.Candidates(), len(transfers)+len(ignored))
 

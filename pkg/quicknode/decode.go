@@ -340,58 +340,12 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 	return nil
 }
 
-// Reason says why a candidate was not turned into a transfer. The set is
-// fixed, so it can label a metric.
-type Reason string
-
-const (
-	ReasonMalformed        Reason = "malformed"
-	ReasonNFT              Reason = "nft"
-	ReasonUnknownNetwork   Reason = "unknown_network"
-	ReasonUnknownAsset     Reason = "unknown_asset"
-	ReasonZeroAmount       Reason = "zero_amount"
-	ReasonAmountOutOfRange Reason = "amount_out_of_range"
-	// ReasonNoReceipt: a transaction whose receipt is not in the
-	// delivery; without its status, its value is not proven moved.
-	ReasonNoReceipt Reason = "no_receipt"
-	// ReasonFailed: the receipt says the transaction reverted.
-	ReasonFailed Reason = "failed_transaction"
-)
-
-// Reasons lists every Reason, for metrics.
-var Reasons = []Reason{
-	ReasonMalformed, ReasonNFT, ReasonUnknownNetwork, ReasonUnknownAsset,
-	ReasonZeroAmount, ReasonAmountOutOfRange, ReasonNoReceipt, ReasonFailed,
-}
-
-// Transfer is a fungible transfer that could be a deposit: the caller
-// still has to find the recipient among the deposit addresses.
-type Transfer struct {
-	// EventID is the transfer identity's (payment.Transfer.EventID), so
-	// QuickNode, Alchemy, Moralis and the scanner store one event.
-	EventID   string
-	Index     string
-	Network   string
-	TxHash    string // lowercase
-	ToAddress string // lowercase
-	Asset     payment.Asset
-	// Amount is the raw integer (the log's data, the transaction's value)
-	// over 10^decimals of the registered asset, exactly.
-	Amount decimal.Decimal
-	// Removed: the log says removed, or the transfer is in a block
-	// QuickNode lists in blocks_reorged; handled like Alchemy's removed.
-	Removed bool
-	// Reorged: the transfer came in a block QuickNode sends again because
-	// of a reorg, so it is on the new branch: where the chain can be
-	// asked, it is stored if new (the finality gate asks before any
-	// credit) and re-checked at once if known.
-	Reorged bool
-}
-
-// Ignored is a candidate that is not a transfer settle credits.
-type Ignored struct {
-	Index  int
-	Reason Reason
+// Reasons lists every reason Transfers gives, for metrics and tests.
+var Reasons = []payment.IgnoreReason{
+	payment.IgnoreMalformed, payment.IgnoreNFT, payment.IgnoreUnknownNetwork,
+	payment.IgnoreUnknownAsset, payment.IgnoreZeroAmount,
+	payment.IgnoreAmountOutOfRange, payment.IgnoreNoReceipt,
+	payment.IgnoreFailed,
 }
 
 // Assets is what Transfers needs from the asset registry.
@@ -401,25 +355,29 @@ type Assets interface {
 }
 
 // Transfers judges every candidate of p: a fungible transfer of a known
-// asset becomes a Transfer; anything else is Ignored with its reason.
-func Transfers(p Payload, assets Assets) ([]Transfer, []Ignored) {
-	var transfers []Transfer
-	var ignored []Ignored
+// asset becomes a reported transfer (its amount the log's data or the
+// transaction's value over 10^decimals, exactly; Removed when the log
+// says removed or its block is in blocks_reorged, Reorged when QuickNode
+// sends it again on the new branch); anything else is ignored with its
+// reason.
+func Transfers(p Payload, assets Assets) ([]payment.ReportedTransfer, []payment.Ignored) {
+	var transfers []payment.ReportedTransfer
+	var ignored []payment.Ignored
 	for i, c := range p.candidates {
-		var t Transfer
-		var reason Reason
+		var t payment.ReportedTransfer
+		var reason payment.IgnoreReason
 		switch {
 		case c.kind == kindBroken:
-			reason = ReasonMalformed
+			reason = payment.IgnoreMalformed
 		case p.Network == "":
-			reason = ReasonUnknownNetwork
+			reason = payment.IgnoreUnknownNetwork
 		case c.kind == kindLog:
 			t, reason = logTransfer(p, c.raw, assets)
 		default:
 			t, reason = nativeTransfer(p, c, assets)
 		}
 		if reason != "" {
-			ignored = append(ignored, Ignored{Index: i, Reason: reason})
+			ignored = append(ignored, payment.Ignored{Index: i, Reason: reason})
 			continue
 		}
 		transfers = append(transfers, t)
@@ -445,98 +403,98 @@ const (
 	wordHexDigits = 64
 )
 
-func logTransfer(p Payload, raw json.RawMessage, assets Assets) (Transfer, Reason) {
+func logTransfer(p Payload, raw json.RawMessage, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason) {
 	var l logView
 	if err := json.Unmarshal(raw, &l); err != nil {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	switch {
 	case len(l.Topics) == erc721Topics:
 		// ERC-721's Transfer indexes the token id too: never credited.
-		return Transfer{}, ReasonNFT
+		return payment.ReportedTransfer{}, payment.IgnoreNFT
 	case len(l.Topics) != erc20Topics || l.Address == nil || l.Data == nil ||
 		l.TransactionHash == nil || l.LogIndex == nil || l.BlockNumber == nil:
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	contract, ok := normalizeHex(*l.Address, 40)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	txHash, ok := normalizeHex(*l.TransactionHash, 64)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	logIndex, ok := parseQuantity(*l.LogIndex)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	block, ok := parseQuantity(*l.BlockNumber)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	to, ok := topicAddress(l.Topics[2])
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	word, ok := normalizeHex(*l.Data, wordHexDigits)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	// A token is recognised by its contract, never by its symbol.
 	asset, ok := assets.ByContract(p.Network, contract)
 	if !ok {
-		return Transfer{}, ReasonUnknownAsset
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset
 	}
 	amount, reason := amountOf(word, asset)
 	if reason != "" {
-		return Transfer{}, reason
+		return payment.ReportedTransfer{}, reason
 	}
 	index := payment.LogIndexTransfer(logIndex)
-	return Transfer{
-		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: index}.EventID(),
-		Index:   index, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	return payment.ReportedTransfer{
+		Transfer:  payment.Transfer{Network: p.Network, TxHash: txHash, Index: index},
+		ToAddress: to, Asset: asset, Amount: amount,
 		Removed: l.Removed || p.Reorged[block], Reorged: !l.Removed && p.Reorged[block],
 	}, ""
 }
 
-func nativeTransfer(p Payload, c candidate, assets Assets) (Transfer, Reason) {
+func nativeTransfer(p Payload, c candidate, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason) {
 	var tx txView
 	if err := json.Unmarshal(c.raw, &tx); err != nil || tx.Hash == nil {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	txHash, ok := normalizeHex(*tx.Hash, 64)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	to, ok := normalizeHex(*tx.To, 40)
 	if !ok {
-		return Transfer{}, ReasonMalformed
+		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
 	switch {
 	case c.status == nil:
-		return Transfer{}, ReasonNoReceipt
+		return payment.ReportedTransfer{}, payment.IgnoreNoReceipt
 	case !strings.EqualFold(*c.status, "0x1"):
-		return Transfer{}, ReasonFailed
+		return payment.ReportedTransfer{}, payment.IgnoreFailed
 	}
 	asset, ok := assets.Native(p.Network)
 	if !ok {
-		return Transfer{}, ReasonUnknownAsset
+		return payment.ReportedTransfer{}, payment.IgnoreUnknownAsset
 	}
 	amount, reason := amountOf(*tx.Value, asset)
 	if reason != "" {
-		return Transfer{}, reason
+		return payment.ReportedTransfer{}, reason
 	}
-	return Transfer{
-		EventID: payment.Transfer{Network: p.Network, TxHash: txHash, Index: payment.TransferNative}.EventID(),
-		Index:   payment.TransferNative, Network: p.Network, TxHash: txHash, ToAddress: to, Asset: asset, Amount: amount,
+	return payment.ReportedTransfer{
+		Transfer:  payment.Transfer{Network: p.Network, TxHash: txHash, Index: payment.TransferNative},
+		ToAddress: to, Asset: asset, Amount: amount,
 		Removed: p.Reorged[c.block], Reorged: p.Reorged[c.block],
 	}, ""
 }
 
 // amountOf reads a hex quantity or a 32-byte word as base units of asset.
-func amountOf(hex string, asset payment.Asset) (decimal.Decimal, Reason) {
+func amountOf(hex string, asset payment.Asset) (decimal.Decimal, payment.IgnoreReason) {
 	if len(hex) < 3 || (hex[:2] != "0x" && hex[:2] != "0X") {
-		return decimal.Decimal{}, ReasonMalformed
+		return decimal.Decimal{}, payment.IgnoreMalformed
 	}
 	// Leading zeros (a 32-byte word has many) are not digits of the value.
 	digits := strings.TrimLeft(hex[2:], "0")
@@ -546,11 +504,11 @@ func amountOf(hex string, asset payment.Asset) (decimal.Decimal, Reason) {
 	amount, err := money.FromBaseUnits("0x"+digits, asset.Decimals)
 	switch {
 	case errors.Is(err, money.ErrNotPositive):
-		return decimal.Decimal{}, ReasonZeroAmount
+		return decimal.Decimal{}, payment.IgnoreZeroAmount
 	case errors.Is(err, money.ErrTooLarge):
-		return decimal.Decimal{}, ReasonAmountOutOfRange
+		return decimal.Decimal{}, payment.IgnoreAmountOutOfRange
 	case err != nil:
-		return decimal.Decimal{}, ReasonMalformed
+		return decimal.Decimal{}, payment.IgnoreMalformed
 	}
 	return amount, ""
 }

@@ -101,17 +101,17 @@ func TestBlockWithReceipts(t *testing.T) {
 	require.Equal(t, "ETH_MAINNET", p.Network)
 	transfers, ignored := quicknode.Transfers(p, registry())
 	require.Len(t, transfers, 2, "%+v", ignored)
-	require.Equal(t, "chain:ETH_MAINNET:"+txToken+":0", transfers[0].EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+txToken+":0", transfers[0].EventID())
 	require.Equal(t, "7", transfers[0].Amount.String())
 	require.Equal(t, to, transfers[0].ToAddress)
-	require.Equal(t, "chain:ETH_MAINNET:"+txNative+":native", transfers[1].EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+txNative+":native", transfers[1].EventID())
 	require.Equal(t, "2", transfers[1].Amount.String())
 	require.False(t, transfers[0].Removed || transfers[1].Removed)
-	reasons := map[quicknode.Reason]int{}
+	reasons := map[payment.IgnoreReason]int{}
 	for _, i := range ignored {
 		reasons[i.Reason]++
 	}
-	require.Equal(t, map[quicknode.Reason]int{quicknode.ReasonFailed: 1, quicknode.ReasonNoReceipt: 1, quicknode.ReasonNFT: 1}, reasons)
+	require.Equal(t, map[payment.IgnoreReason]int{payment.IgnoreFailed: 1, payment.IgnoreNoReceipt: 1, payment.IgnoreNFT: 1}, reasons)
 	require.Equal(t, p.Candidates(), len(transfers)+len(ignored))
 }
 
@@ -123,7 +123,7 @@ func TestReceiptsAndLogsDatasets(t *testing.T) {
 	transfers, ignored := quicknode.Transfers(p, registry())
 	require.Empty(t, ignored)
 	require.Len(t, transfers, 1)
-	require.Equal(t, "chain:ETH_MAINNET:"+txToken+":3", transfers[0].EventID)
+	require.Equal(t, "chain:ETH_MAINNET:"+txToken+":3", transfers[0].EventID())
 	require.Equal(t, "1", transfers[0].Amount.String())
 	require.True(t, transfers[0].Removed, "block 17 (0x11) is in blocks_reorged")
 	require.True(t, transfers[0].Reorged, "sent again on the new branch")
@@ -140,7 +140,7 @@ func TestReceiptsAndLogsDatasets(t *testing.T) {
 	p, err = quicknode.Decode([]byte(strings.Replace(logs, "base-mainnet", "bnbchain-mainnet", 1)))
 	require.NoError(t, err)
 	_, ignored = quicknode.Transfers(p, registry())
-	require.Equal(t, []quicknode.Ignored{{Index: 0, Reason: quicknode.ReasonUnknownNetwork}, {Index: 1, Reason: quicknode.ReasonUnknownNetwork}}, ignored)
+	require.Equal(t, []payment.Ignored{{Index: 0, Reason: payment.IgnoreUnknownNetwork}, {Index: 1, Reason: payment.IgnoreUnknownNetwork}}, ignored)
 
 	for _, bad := range []string{`{"data":[]}`, `{"data":{},"metadata":{"dataset":"logs"}}`, `{"metadata":{"blocks_reorged":["x"]}}`, `[`} {
 		_, err := quicknode.Decode([]byte(bad))
