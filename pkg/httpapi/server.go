@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/intake"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -169,6 +170,7 @@ type Server struct {
 	networks map[string]bool
 	proxies  TrustedProxies
 	chain    Chain
+	intake   *intake.Intake
 
 	webhookSecret []byte
 	alchemyKeys   [][]byte

@@ -43,17 +43,14 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	if err != nil {
 		return storeError(err)
 	}
-	in := s.newIntake(c, providerAlchemy)
+	run := s.startIntake(c, providerAlchemy)
 	transfers, ignored := alchemy.Transfers(payload, registry)
 	for _, i := range ignored {
-		in.ignore(i.Reason)
+		run.Ignore(i.Reason)
 		if i.Reason == payment.IgnoreAmountOutOfRange {
 			// A real transfer we cannot represent: a human must look.
 			logging.From(ctx).Error().Str("webhook_event", payload.ID).Int("activity", i.Index).Msg("alchemy transfer amount is out of range; not credited")
 		}
 	}
-	if err := in.store(ctx, transfers); err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, in.answer)
+	return storeTransfers(ctx, c, run, transfers)
 }

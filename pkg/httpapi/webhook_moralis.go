@@ -35,10 +35,10 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 		s.metrics.webhook(sourceMoralis, outcomeRejected, "malformed_json")
 		return &apiError{status: http.StatusBadRequest, message: "not a Moralis Streams delivery", cause: err}
 	}
-	in := s.newIntake(c, providerMoralis)
+	run := s.startIntake(c, providerMoralis)
 	if payload.Test {
 		logging.From(c.Request().Context()).Info().Str("stream", payload.StreamID).Msg("moralis test delivery")
-		return c.JSON(http.StatusOK, in.answer)
+		return c.JSON(http.StatusOK, run.Answer())
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
 	defer cancel()
@@ -48,7 +48,7 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	}
 	transfers, ignored := moralis.Transfers(payload, registry, registryChains{registry})
 	for _, i := range ignored {
-		in.ignore(i.Reason)
+		run.Ignore(i.Reason)
 		switch i.Reason {
 		case payment.IgnoreAmountOutOfRange:
 			logging.From(ctx).Error().Int("candidate", i.Index).Msg("moralis transfer amount is out of range; not credited")
@@ -56,10 +56,7 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 			logging.From(ctx).Warn().Int64("chain_id", payload.ChainID).Msg("moralis stream on a chain settle does not map; not credited")
 		}
 	}
-	if err := in.store(ctx, transfers); err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, in.answer)
+	return storeTransfers(ctx, c, run, transfers)
 }
 
 // registryChains names a chain id's network from the networks table, as

@@ -63,10 +63,10 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 	if err != nil {
 		return storeError(err)
 	}
-	in := s.newIntake(c, providerQuickNode)
+	run := s.startIntake(c, providerQuickNode)
 	transfers, ignored := quicknode.Transfers(payload, registry)
 	for _, i := range ignored {
-		in.ignore(i.Reason)
+		run.Ignore(i.Reason)
 		switch i.Reason {
 		case payment.IgnoreAmountOutOfRange:
 			logging.From(ctx).Error().Int("candidate", i.Index).Msg("quicknode transfer amount is out of range; not credited")
@@ -74,10 +74,7 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 			logging.From(ctx).Warn().Str("stream_network", payload.StreamNetwork).Msg("quicknode stream on a network settle does not map; not credited")
 		}
 	}
-	if err := in.store(ctx, transfers); err != nil {
-		return err
-	}
-	return c.JSON(http.StatusOK, in.answer)
+	return storeTransfers(ctx, c, run, transfers)
 }
 
 // gunzip decodes a gzip body (QuickNode signs the uncompressed bytes).
