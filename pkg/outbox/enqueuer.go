@@ -182,11 +182,12 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	}
 	claim.end = time.Now()
 	e.claimed.Add(float64(len(claimed)))
-	failures := len(e.enqueueAll(ctx, claimed, claim))
+	tasks, failed := e.enqueueAll(ctx, claimed, claim)
+	failures := len(failed)
 	e.failing.Store(failures > 0 && failures == len(claimed))
 	if failures < len(claimed) {
 		// Workers waiting on an empty queue look now, not at their next poll.
-		if err := PublishWake(ctx, e.o.Redis); err != nil {
+		if err := PublishWakeFor(ctx, e.o.Redis, tasks); err != nil {
 			e.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
 		}
 	}
@@ -194,31 +195,35 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 }
 
 // enqueueAll hands the claimed events to asynq, one task per task id,
-// with bounded concurrency, and returns the events that could not be
-// enqueued.
-func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, claim claimWindow) []postgres.Claimed {
+// with bounded concurrency, and returns how many tasks it enqueued and
+// the events it could not.
+func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, claim claimWindow) (tasks int, failed []postgres.Claimed) {
 	var mu sync.Mutex
-	var failed []postgres.Claimed
 	one := func(events []postgres.Claimed) {
-		if err := e.enqueue(ctx, events, claim); err != nil {
-			mu.Lock()
+		err := e.enqueue(ctx, events, claim)
+		mu.Lock()
+		if err == nil {
+			tasks++
+		} else {
 			failed = append(failed, events...)
-			mu.Unlock()
+		}
+		mu.Unlock()
+		if err != nil {
 			for _, c := range events {
 				e.o.Log.Warn().Err(err).Str("event_id", c.Event.ID).Str("trace_id", c.Event.TraceID).
 					Msg("enqueue failed; the event goes back to the outbox")
 			}
 		}
 	}
-	tasks := tasksOf(claimed)
-	if len(tasks) == 1 {
+	all := tasksOf(claimed)
+	if len(all) == 1 {
 		// A trickle's one task: no goroutine to hand it to and wait for.
-		one(tasks[0])
-		return failed
+		one(all[0])
+		return tasks, failed
 	}
 	slots := make(chan struct{}, EnqueueConcurrency)
 	var wg sync.WaitGroup
-	for _, events := range tasks {
+	for _, events := range all {
 		slots <- struct{}{}
 		wg.Add(1)
 		go func() {
@@ -228,7 +233,7 @@ func (e *Enqueuer) enqueueAll(ctx context.Context, claimed []postgres.Claimed, c
 		}()
 	}
 	wg.Wait()
-	return failed
+	return tasks, failed
 }
 
 // tasksOf groups claimed events by task id, in claim order; events with

@@ -137,10 +137,10 @@ func (h *Handoff) Give(claimed []postgres.Claimed) {
 	ctx, cancel := context.WithTimeout(context.Background(), enqueueTimeout)
 	defer cancel()
 	// The claim ran in the ingest transaction, which began at created_at.
-	failed := h.enqueuer.enqueueAll(ctx, claimed, claimWindow{start: claimed[0].CreatedAt, end: time.Now()})
+	tasks, failed := h.enqueuer.enqueueAll(ctx, claimed, claimWindow{start: claimed[0].CreatedAt, end: time.Now()})
 	if len(failed) < len(claimed) {
 		h.events.WithLabelValues("handed").Add(float64(len(claimed) - len(failed)))
-		if err := PublishWake(ctx, h.o.Redis); err != nil {
+		if err := PublishWakeFor(ctx, h.o.Redis, tasks); err != nil {
 			h.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
 		}
 	}

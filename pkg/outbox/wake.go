@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,9 +14,21 @@ import (
 // (worker.WakeWaitDefault), never a task.
 const publishTimeout = time.Second
 
-// PublishWake tells every waiting worker that tasks were enqueued.
+// PublishWake tells every waiting worker that tasks were enqueued, how
+// many unsaid: they look until the queue is empty.
 func PublishWake(ctx context.Context, rdb redis.UniversalClient) error {
+	return publish(ctx, rdb, "")
+}
+
+// PublishWakeFor tells every waiting worker that this many tasks were
+// enqueued: a worker that has taken as many looks only once more, after
+// the next wake-up or its wait.
+func PublishWakeFor(ctx context.Context, rdb redis.UniversalClient, tasks int) error {
+	return publish(ctx, rdb, strconv.Itoa(tasks))
+}
+
+func publish(ctx context.Context, rdb redis.UniversalClient, payload string) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	return rdb.Publish(ctx, task.WakeChannel, "").Err()
+	return rdb.Publish(ctx, task.WakeChannel, payload).Err()
 }

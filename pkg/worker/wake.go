@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,14 @@ import (
 // a wake-up is picked up at once, and so is a due retry (the hook sees
 // asynq's forwarder move it). Tasks that come without one (recovered
 // tasks, maintenance and notification tasks) wait at most the wait.
+//
+// A wake-up says how many tasks it announces. A look that takes the last
+// task announced leaves the queue known empty, so the next dequeue waits
+// before it looks instead of after: one look per task at a trickle, not
+// two (the empty look after each task cost a Redis round trip and a
+// wake-up of both sides). An announcement that falls short costs a task
+// at most the wait, never the task; one without a count ("") makes the
+// worker look until a look comes back empty, as before.
 
 // Waker bounds.
 const (
@@ -35,6 +44,9 @@ const (
 	// wakeHealthCheck is how often the subscription is pinged; a lost one
 	// costs latency (the wait), never a task.
 	wakeHealthCheck = 30 * time.Second
+	// unknownTasks is what a wake-up without a count announces: look
+	// until the queue is empty.
+	unknownTasks = 1 << 20
 )
 
 // asynq v0.26.0's dequeue script runs with these four keys, the first
@@ -55,6 +67,11 @@ type Waker struct {
 
 	mu    sync.Mutex
 	woken chan struct{} // closed and replaced at every wake-up
+	// announced counts the tasks wake-ups announced that no look of this
+	// worker has taken yet; drained is the woken channel of the moment a
+	// look found the queue empty or took the last of them (nil: unknown).
+	announced int
+	drained   chan struct{}
 	// waits counts dequeues that waited (for tests and metrics).
 	waits int64
 }
@@ -82,27 +99,76 @@ func (w *Waker) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-ch:
+		case msg, ok := <-ch:
 			if !ok {
 				return
 			}
-			w.wake()
+			w.wake(announcedTasks(msg.Payload))
 		}
 	}
 }
 
-func (w *Waker) wake() {
+// announcedTasks reads a wake-up's count: a positive decimal, else
+// unknownTasks.
+func announcedTasks(payload string) int {
+	n, err := strconv.Atoi(payload)
+	if err != nil || n <= 0 {
+		return unknownTasks
+	}
+	return min(n, unknownTasks)
+}
+
+func (w *Waker) wake(tasks int) {
 	w.mu.Lock()
+	w.announced = min(w.announced+tasks, unknownTasks)
 	close(w.woken)
 	w.woken = make(chan struct{})
 	w.mu.Unlock()
 }
 
-// current is the channel the next wake-up closes.
-func (w *Waker) current() chan struct{} {
+// beforeLook is the channel the next wake-up closes and whether the
+// queue is known empty since the last one.
+func (w *Waker) beforeLook() (woken chan struct{}, drained bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.woken
+	return w.woken, w.drained == w.woken && w.announced <= 0
+}
+
+// looked books a look begun when woken was current.
+func (w *Waker) looked(woken chan struct{}, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil && w.announced > 0:
+		w.announced--
+		if w.announced == 0 {
+			w.drained = woken
+		}
+	case err == nil:
+		// A task nobody announced (its wake-up fell short or was lost):
+		// there may be more, so look again at once.
+		w.drained = nil
+	case errors.Is(err, redis.Nil):
+		w.announced, w.drained = 0, woken
+	}
+}
+
+// waitWoken waits up to the wait for woken, a stop or ctx; it reports
+// whether woken was closed.
+func (w *Waker) waitWoken(ctx context.Context, woken chan struct{}) bool {
+	w.mu.Lock()
+	w.waits++
+	w.mu.Unlock()
+	timer := time.NewTimer(w.wait)
+	defer timer.Stop()
+	select {
+	case <-woken:
+		return true
+	case <-timer.C:
+	case <-w.stop:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // Waits is how many empty dequeues have waited for a wake-up.
@@ -131,7 +197,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			err := next(ctx, cmd)
 			if c, ok := cmd.(*redis.Cmd); ok && err == nil {
 				if moved, _ := c.Val().(int64); moved > 0 {
-					h.w.wake()
+					h.w.wake(int(min(moved, unknownTasks)))
 				}
 			}
 			return err
@@ -141,27 +207,29 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		// Taken before the look, so a wake-up published after the look
 		// misses nothing.
-		woken := h.w.current()
+		woken, drained := h.w.beforeLook()
+		if drained {
+			// Nothing announced is left: wait first, then look once
+			// (a task that came without a wake-up is found within the
+			// wait).
+			h.w.waitWoken(ctx, woken)
+			woken, _ = h.w.beforeLook()
+			err := next(ctx, cmd)
+			h.w.looked(woken, err)
+			return err
+		}
 		err := next(ctx, cmd)
+		h.w.looked(woken, err)
 		if !errors.Is(err, redis.Nil) {
 			return err
 		}
-		h.w.mu.Lock()
-		h.w.waits++
-		h.w.mu.Unlock()
-		timer := time.NewTimer(h.w.wait)
-		defer timer.Stop()
-		select {
-		case <-woken:
-		case <-timer.C:
+		if !h.w.waitWoken(ctx, woken) {
 			return err // asynq goes on to its other queues, then sleeps
-		case <-h.w.stop:
-			return err
-		case <-ctx.Done():
-			return err
 		}
+		woken, _ = h.w.beforeLook()
 		again := redis.NewCmd(ctx, cmd.Args()...)
 		err = next(ctx, again)
+		h.w.looked(woken, err)
 		if c, ok := cmd.(*redis.Cmd); ok {
 			c.SetVal(again.Val())
 			c.SetErr(again.Err())
