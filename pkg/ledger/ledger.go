@@ -326,6 +326,9 @@ func Plan(s Snapshot) *Writes {
 		w.KeyEvents[c.Key] = c.Event.ID
 	}
 	for _, c := range s.Pulled {
+		if _, carried := w.KeyEvents[c.Key]; carried {
+			continue // a task of the batch carries it: it takes its own turn
+		}
 		c.Pulled, c.Item = true, -1
 		p.pulled[c.Event.ID] = c
 		claimed = append(claimed, c)

@@ -693,6 +693,17 @@ var rows = []row{
 		want: want{outcomes: map[string]payment.Outcome{"p1": ""}, balances: map[string]string{"1/ETH": "100"}},
 	},
 	{
+		name:   "a hold both pulled and carried by a task of the batch is applied once",
+		pulled: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1}},
+		events: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", at: 1},
+			{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeHeld, "p1": payment.OutcomeSuccess},
+			balances: map[string]string{"1/ETH": "75"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-25"}, notifications: []string{"withdrawal_posted:p1:75"}, opened: []string{"h1"},
+			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
 		name:     "a pulled event that is not a hold is never applied",
 		pulled:   []ev{{id: "h1", typ: payment.Withdrawal, user: 1, amount: "25", at: 1}},
 		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1", at: 2}},
@@ -884,7 +895,8 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 		o.pulled[id] = res.Outcome
 	}
 	for _, p := range s.Pulled {
-		if _, applied := w.PulledResults[p.Event.ID]; !applied {
+		carried := slices.ContainsFunc(s.Events, func(c ledger.Claimed) bool { return c.Event.ID == p.Event.ID })
+		if _, applied := w.PulledResults[p.Event.ID]; !applied && !carried {
 			require.NotContains(t, w.Outcomes, p.Key, "a pulled event left to its task records nothing")
 			require.NotContains(t, confirms, p.Event.ID)
 			require.NotContains(t, fails, p.Event.ID)
