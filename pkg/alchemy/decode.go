@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/settle/settle/pkg/money"
@@ -21,10 +20,6 @@ const TypeAddressActivity = "ADDRESS_ACTIVITY"
 const (
 	// ActivitiesMax is the most activities one payload may carry.
 	ActivitiesMax = 10_000
-	// networkLengthMax matches the deposit_addresses.network CHECK.
-	networkLengthMax = 64
-	// logIndexHexDigitsMax: a log index is a uint64 quantity.
-	logIndexHexDigitsMax = 16
 	// EventIDLengthMax is the longest id Transfers derives; it leaves
 	// room for the "reorg:" prefix of a compensation within the
 	// payment_events.event_id bound of 256 characters.
@@ -88,7 +83,7 @@ func Decode(body []byte) (Payload, error) {
 	if len(p.Activities) > ActivitiesMax {
 		return Payload{}, fmt.Errorf("%w: %d activities, at most %d", ErrPayload, len(p.Activities), ActivitiesMax)
 	}
-	if p.Type == TypeAddressActivity && len(p.Activities) > 0 && !validNetwork(p.Network) {
+	if p.Type == TypeAddressActivity && len(p.Activities) > 0 && !payment.ValidNetworkName(p.Network) {
 		return Payload{}, fmt.Errorf("%w: network %q", ErrPayload, truncate(p.Network))
 	}
 	return p, nil
@@ -222,7 +217,7 @@ func transfer(network string, raw json.RawMessage, assets Assets) (payment.Repor
 		if a.Log == nil || a.Log.LogIndex == nil {
 			return payment.ReportedTransfer{}, payment.IgnoreMalformed
 		}
-		logIndex, ok := parseQuantity(*a.Log.LogIndex)
+		logIndex, ok := payment.ParseQuantity(*a.Log.LogIndex)
 		if !ok {
 			return payment.ReportedTransfer{}, payment.IgnoreMalformed
 		}
@@ -268,44 +263,9 @@ func isNull(raw json.RawMessage) bool {
 	return len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null"))
 }
 
-func validNetwork(s string) bool {
-	if len(s) == 0 || len(s) > networkLengthMax || s[0] < 'A' || s[0] > 'Z' {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
+func normalizeTxHash(s string) (string, bool) { return payment.NormalizeHex(s, 64) }
 
-// parseQuantity reads an Ethereum hex quantity ("0x6e") as a uint64.
-func parseQuantity(s string) (uint64, bool) {
-	if len(s) < 3 || len(s) > 2+logIndexHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
-		return 0, false
-	}
-	n, err := strconv.ParseUint(s[2:], 16, 64)
-	return n, err == nil
-}
-
-func normalizeHex(s string, digits int) (string, bool) {
-	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
-		return "", false
-	}
-	for i := 2; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return "", false
-		}
-	}
-	return "0x" + strings.ToLower(s[2:]), true
-}
-
-func normalizeTxHash(s string) (string, bool) { return normalizeHex(s, 64) }
-
-func normalizeAddress(s string) (string, bool) { return normalizeHex(s, 40) }
+func normalizeAddress(s string) (string, bool) { return payment.NormalizeHex(s, 40) }
 
 // NormalizeAddress checks a 0x + 40 hex address in any letter case and
 // returns it lowercase.
@@ -316,7 +276,7 @@ func NormalizeAddress(s string) (string, bool) { return normalizeAddress(s) }
 func NormalizeTxHash(s string) (string, bool) { return normalizeTxHash(s) }
 
 // ValidNetwork reports whether s is a network name like ETH_MAINNET.
-func ValidNetwork(s string) bool { return validNetwork(s) }
+func ValidNetwork(s string) bool { return payment.ValidNetworkName(s) }
 
 // truncateLengthMax bounds outside text quoted in an error.
 const truncateLengthMax = 64

@@ -180,15 +180,15 @@ func tokenTransfer(network string, raw json.RawMessage, assets Assets) (payment.
 	if err := json.Unmarshal(raw, &v); err != nil || v.TransactionHash == nil || v.Contract == nil || v.To == nil || v.Value == nil {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	txHash, ok := normalizeHex(*v.TransactionHash, 64)
+	txHash, ok := payment.NormalizeHex(*v.TransactionHash, 64)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	contract, ok := normalizeHex(*v.Contract, 40)
+	contract, ok := payment.NormalizeHex(*v.Contract, 40)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	to, ok := normalizeHex(*v.To, 40)
+	to, ok := payment.NormalizeHex(*v.To, 40)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
@@ -233,11 +233,11 @@ func nativeTransfer(network string, raw json.RawMessage, assets Assets) (payment
 	if strings.Trim(*v.Value, "0") == "" && *v.Value != "" {
 		return payment.ReportedTransfer{}, "", true
 	}
-	txHash, ok := normalizeHex(*v.Hash, 64)
+	txHash, ok := payment.NormalizeHex(*v.Hash, 64)
 	if !ok || v.ToAddress == nil {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed, false
 	}
-	to, ok := normalizeHex(*v.ToAddress, 40)
+	to, ok := payment.NormalizeHex(*v.ToAddress, 40)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed, false
 	}
@@ -313,19 +313,6 @@ func digitsOnly(s string) bool {
 		}
 	}
 	return true
-}
-
-func normalizeHex(s string, digits int) (string, bool) {
-	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
-		return "", false
-	}
-	for i := 2; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return "", false
-		}
-	}
-	return "0x" + strings.ToLower(s[2:]), true
 }
 
 // truncateLengthMax bounds outside text quoted in an error.

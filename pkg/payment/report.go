@@ -1,6 +1,11 @@
 package payment
 
-import "github.com/shopspring/decimal"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/shopspring/decimal"
+)
 
 // ReportedTransfer is a fungible transfer a provider reported that could
 // be a deposit: what every provider's decoder gives the intake, which
@@ -50,4 +55,33 @@ const (
 type Ignored struct {
 	Index  int
 	Reason IgnoreReason
+}
+
+// quantityHexDigitsMax: a quantity a provider reports (a log index, a
+// block number) is a uint64.
+const quantityHexDigitsMax = 16
+
+// NormalizeHex checks "0x" + digits hex digits in any letter case, as a
+// provider writes a hash (64) or an address (40), and returns it
+// lowercase, as settle stores it.
+func NormalizeHex(s string, digits int) (string, bool) {
+	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
+		return "", false
+	}
+	for i := 2; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+			return "", false
+		}
+	}
+	return "0x" + strings.ToLower(s[2:]), true
+}
+
+// ParseQuantity reads an Ethereum hex quantity ("0x6e") of a uint64.
+func ParseQuantity(s string) (uint64, bool) {
+	if len(s) < 3 || len(s) > 2+quantityHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(s[2:], 16, 64)
+	return n, err == nil
 }

@@ -35,8 +35,6 @@ const (
 	ItemsMax = 20_000
 	// ReorgedMax bounds metadata.blocks_reorged.
 	ReorgedMax = 10_000
-	// quantityHexDigitsMax: block numbers and log indexes are uint64.
-	quantityHexDigitsMax = 16
 	// networkLengthMax bounds QuickNode's network name.
 	networkLengthMax = 64
 )
@@ -307,7 +305,7 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 	}
 	var number uint64
 	if b.Number != nil {
-		number, _ = parseQuantity(*b.Number)
+		number, _ = payment.ParseQuantity(*b.Number)
 	}
 	for _, raw := range b.Transactions {
 		if err := d.count(1); err != nil {
@@ -416,19 +414,19 @@ func logTransfer(p Payload, raw json.RawMessage, assets Assets) (payment.Reporte
 		l.TransactionHash == nil || l.LogIndex == nil || l.BlockNumber == nil:
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	contract, ok := normalizeHex(*l.Address, 40)
+	contract, ok := payment.NormalizeHex(*l.Address, 40)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	txHash, ok := normalizeHex(*l.TransactionHash, 64)
+	txHash, ok := payment.NormalizeHex(*l.TransactionHash, 64)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	logIndex, ok := parseQuantity(*l.LogIndex)
+	logIndex, ok := payment.ParseQuantity(*l.LogIndex)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	block, ok := parseQuantity(*l.BlockNumber)
+	block, ok := payment.ParseQuantity(*l.BlockNumber)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
@@ -436,7 +434,7 @@ func logTransfer(p Payload, raw json.RawMessage, assets Assets) (payment.Reporte
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	word, ok := normalizeHex(*l.Data, wordHexDigits)
+	word, ok := payment.NormalizeHex(*l.Data, wordHexDigits)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
@@ -462,11 +460,11 @@ func nativeTransfer(p Payload, c candidate, assets Assets) (payment.ReportedTran
 	if err := json.Unmarshal(c.raw, &tx); err != nil || tx.Hash == nil {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	txHash, ok := normalizeHex(*tx.Hash, 64)
+	txHash, ok := payment.NormalizeHex(*tx.Hash, 64)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	to, ok := normalizeHex(*tx.To, 40)
+	to, ok := payment.NormalizeHex(*tx.To, 40)
 	if !ok {
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
@@ -516,7 +514,7 @@ func amountOf(hex string, asset payment.Asset) (decimal.Decimal, payment.IgnoreR
 // topicAddress reads an address from an indexed topic: 12 zero bytes,
 // then the 20 bytes of the address.
 func topicAddress(topic string) (string, bool) {
-	word, ok := normalizeHex(topic, wordHexDigits)
+	word, ok := payment.NormalizeHex(topic, wordHexDigits)
 	if !ok || strings.Trim(word[2:26], "0") != "" {
 		return "", false
 	}
@@ -540,7 +538,7 @@ func isZeroQuantity(s string) bool {
 func blockNumber(raw json.RawMessage) (uint64, bool) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		if n, ok := parseQuantity(s); ok {
+		if n, ok := payment.ParseQuantity(s); ok {
 			return n, true
 		}
 		n, err := strconv.ParseUint(s, 10, 64)
@@ -548,28 +546,6 @@ func blockNumber(raw json.RawMessage) (uint64, bool) {
 	}
 	n, err := strconv.ParseUint(string(bytes.TrimSpace(raw)), 10, 64)
 	return n, err == nil
-}
-
-// parseQuantity reads an Ethereum hex quantity ("0x6e") as a uint64.
-func parseQuantity(s string) (uint64, bool) {
-	if len(s) < 3 || len(s) > 2+quantityHexDigitsMax || (s[:2] != "0x" && s[:2] != "0X") {
-		return 0, false
-	}
-	n, err := strconv.ParseUint(s[2:], 16, 64)
-	return n, err == nil
-}
-
-func normalizeHex(s string, digits int) (string, bool) {
-	if len(s) != 2+digits || (s[:2] != "0x" && s[:2] != "0X") {
-		return "", false
-	}
-	for i := 2; i < len(s); i++ {
-		c := s[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return "", false
-		}
-	}
-	return "0x" + strings.ToLower(s[2:]), true
 }
 
 // truncateLengthMax bounds outside text quoted in an error.
