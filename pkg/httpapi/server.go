@@ -45,7 +45,8 @@ const (
 
 // Store is what the API needs from storage; *postgres.DB implements it.
 type Store interface {
-	InsertEvent(ctx context.Context, e postgres.NewEvent) (bool, error)
+	// The provider intake's: events, owners, reports, reorg reports.
+	intake.Store
 	Event(ctx context.Context, id string) (postgres.EventView, error)
 	Balances(ctx context.Context, user int64) ([]postgres.Balance, error)
 	HoldEventOf(ctx context.Context, holdID string) (postgres.HoldEvent, bool, error)
@@ -58,12 +59,6 @@ type Store interface {
 	AddNetwork(ctx context.Context, n postgres.NewNetwork) (bool, error)
 	AddAsset(ctx context.Context, a payment.Asset) (bool, error)
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
-	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
-	// RecordReports notes which provider reported which transfers.
-	RecordReports(ctx context.Context, reporter string, events []string) error
-	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
-	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
-	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
 	Ping(ctx context.Context) error
 	SchemaCurrent(ctx context.Context) (bool, error)
 }
