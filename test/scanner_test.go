@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/http"
 	"strings"
@@ -149,9 +150,22 @@ func metricsPage(t *testing.T, p *harness.Proc) string {
 // TestScannerKilledAndTwoReplicas: two schedulers scan one chain while
 // transfers are mined in many blocks and one of them is kill -9'd again
 // and again in the middle of its passes: every transfer is credited
-// exactly once (balances, journal, chain_transfers).
+// exactly once (balances, journal, chain_transfers). Both ways of reading
+// token transfers: by recipient (few registered addresses) and by
+// contract in windows (many; forced here with SCAN_ADDRESSES_PER_CALL=1).
 func TestScannerKilledAndTwoReplicas(t *testing.T) {
-	env := withEnv(scannerEnv, map[string]string{"SCAN_INTERVAL": "50ms", "SCAN_BLOCKS_MAX": "2", "SCAN_PASS_TIMEOUT": "3s"})
+	for name, mode := range map[string]map[string]string{
+		"by recipient":          nil,
+		"by contract, windowed": {"SCAN_ADDRESSES_PER_CALL": "1", "SCAN_LOG_WINDOW": "1"},
+	} {
+		t.Run(name, func(t *testing.T) { scannerKilledAndTwoReplicas(t, mode) })
+	}
+}
+
+func scannerKilledAndTwoReplicas(t *testing.T, mode map[string]string) {
+	settings := map[string]string{"SCAN_INTERVAL": "50ms", "SCAN_BLOCKS_MAX": "2", "SCAN_PASS_TIMEOUT": "3s"}
+	maps.Copy(settings, mode)
+	env := withEnv(scannerEnv, settings)
 	c := newChainStack(t, "finalized", env)
 	ctx := context.Background()
 	victim := c.scheduler(t)

@@ -50,6 +50,8 @@ const (
 	// The scanner of the soak: short passes (every -chaos.scaninterval)
 	// so that a backlog (a kill, an RPC fault) takes several.
 	scanBlocksMax = "3"
+	// scanLogWindow: smaller than a pass, so one pass asks several windows.
+	scanLogWindow = "2"
 	// scanCatchUpMax bounds the wait for the cursor to pass the last
 	// transfer; scanCursorWaitMax the wait for the first pass.
 	scanCatchUpMax    = 2 * time.Minute
@@ -96,10 +98,20 @@ func newProviderFaults(seed uint64, duration time.Duration) *providerFaults {
 }
 
 // providerSettings run the scanner in the scheduler, often and in short
-// passes.
-func providerSettings(m map[string]string) {
+// passes. An odd seed reads token transfers the way a network with many
+// registered addresses does (by contract in windows of scanLogWindow
+// blocks, each window's recipients matched by one query), an even seed
+// by recipient: the soak's few addresses would otherwise only ever take
+// the second path.
+func providerSettings(m map[string]string, seed uint64) string {
 	m["SCAN_INTERVAL"] = *flagScanInterval
 	m["SCAN_BLOCKS_MAX"] = scanBlocksMax
+	if seed%2 != 0 {
+		m["SCAN_ADDRESSES_PER_CALL"] = "1"
+		m["SCAN_LOG_WINDOW"] = scanLogWindow
+		return "scanner reads tokens by contract, in windows of " + scanLogWindow + " blocks (odd seed)"
+	}
+	return "scanner reads tokens by recipient (even seed)"
 }
 
 func (f *providerFaults) String() string {

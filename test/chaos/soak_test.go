@@ -109,7 +109,7 @@ func TestChaosSoak(t *testing.T) {
 		rig = startChain(t, seed)
 		rig.settings(settings)
 		if *flagProviders {
-			providerSettings(settings)
+			t.Log(providerSettings(settings, seed))
 		}
 		prepare = rig.prepare
 	}
