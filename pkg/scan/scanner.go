@@ -31,16 +31,17 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 // Defaults and bounds of the settings.
@@ -270,7 +271,9 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 		result = resultSkipped
 		return false, nil
 	}
-	events, err := s.read(ctx, n, span{claim.From, claim.To}, "")
+	ctx, traceID, pass := startPass(ctx)
+	defer func() { tracing.End(pass, err) }()
+	events, err := s.read(ctx, n, span{claim.From, claim.To}, "", traceID)
 	if err != nil {
 		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
 		return false, err
@@ -289,7 +292,8 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	s.metrics.blocks.WithLabelValues(n.Name, kindCursor).Add(float64(claim.To - claim.From + 1))
 	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(claim.To+1, head)))
 	s.record(n.Name, events, stored)
-	s.opts.Log.Debug().Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).Int("deposits", len(events)).Msg("scan pass")
+	s.opts.Log.Debug().Str(logging.FieldTraceID, traceID).Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).
+		Int("deposits", len(events)).Msg("scan pass")
 	return claim.To < head, nil
 }
 
@@ -321,7 +325,9 @@ func (s *Scanner) RescanPass(ctx context.Context) (did bool, err error) {
 		release()
 		return false, nil
 	}
-	events, err := s.read(ctx, n, r, job.Address)
+	ctx, traceID, pass := startPass(ctx)
+	defer func() { tracing.End(pass, err) }()
+	events, err := s.read(ctx, n, r, job.Address, traceID)
 	if errors.Is(err, payment.ErrInvalid) {
 		// A range the node or settle can never read (not an outage): the
 		// job ends failed, saying why, instead of retrying forever.
@@ -352,9 +358,20 @@ func (s *Scanner) RescanPass(ctx context.Context) (did bool, err error) {
 	return true, nil
 }
 
+// startPass begins the trace of a pass that reads blocks: its id, fresh
+// and W3C-shaped, is the trace_id of every deposit the pass stores and of
+// its log lines; with tracing on, its "scan pass" span is their
+// traceparent, so a found deposit's worker spans join the pass that found
+// it. Idle passes start none.
+func startPass(ctx context.Context) (context.Context, string, trace.Span) {
+	traceID := tracing.NewTraceID()
+	ctx, pass := tracing.Start(tracing.WithTraceID(ctx, traceID), "scan pass", tracing.Internal)
+	return ctx, traceID, pass
+}
+
 // read finds the deposits of range r on n: for every registered address,
 // or for one (a backfill).
-func (s *Scanner) read(ctx context.Context, n Network, r span, address string) ([]postgres.NewEvent, error) {
+func (s *Scanner) read(ctx context.Context, n Network, r span, address, traceID string) ([]postgres.NewEvent, error) {
 	registry, err := s.opts.Store.Assets(ctx)
 	if err != nil {
 		return nil, err
@@ -375,7 +392,7 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address string) (
 		},
 		all:     func(ctx context.Context) (addressSet, error) { return s.allAddresses(ctx, n.Name) },
 		refused: func() { s.metrics.logsRefused.WithLabelValues(n.Name).Inc() },
-		traceID: "scan:" + n.Name + ":" + strconv.FormatUint(r.from, 10) + "-" + strconv.FormatUint(r.to, 10),
+		traceID: traceID,
 		count:   func(method string, k int) { s.count(n.Name, method, k) },
 		skipped: func(id, why string) {
 			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")

@@ -12,11 +12,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/testenv"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -104,6 +107,11 @@ func TestCursorPassContractWindows(t *testing.T) {
 			}
 			require.NoError(t, db.InitScanCursor(ctx, network, start+1))
 
+			// The first case runs with tracing on (an in-memory recorder).
+			recorder := tracetest.NewSpanRecorder()
+			if proxy != nil {
+				defer tracing.Use(tracing.NewProvider(sdktrace.WithSpanProcessor(recorder)))()
+			}
 			reg := prometheus.NewRegistry()
 			n := Network{Name: network, RPC: client, Policy: chain.FinalizedPolicy()}
 			// 10 addresses per call: 50 registered is "many", read by contract.
@@ -120,6 +128,7 @@ func TestCursorPassContractWindows(t *testing.T) {
 			got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			require.NoError(t, err)
 			require.Equal(t, want, got, "every deposit, nothing for the unregistered")
+			requirePassTraces(t, conn, recorder, proxy != nil)
 			require.Equal(t, float64(len(want)), counterValue(t, reg, "settle_scan_deposits_total", SourceScanner))
 			require.Zero(t, counterValue(t, reg, "settle_scan_deposits_total", SourceReported), "no transfer found twice")
 			require.Positive(t, counterValue(t, reg, "settle_scan_logs_refused_total", ""), "windows were refused and shrunk")
@@ -127,6 +136,46 @@ func TestCursorPassContractWindows(t *testing.T) {
 				require.Positive(t, proxy.Refused())
 			}
 		})
+	}
+}
+
+// requirePassTraces: every deposit a pass stores carries the pass's
+// trace id, W3C-shaped (32 hex digits), shared by the pass's deposits and
+// no other pass's; with tracing on, its traceparent names the pass's
+// "scan pass" span, so the worker's spans of the deposit join that trace.
+func requirePassTraces(t *testing.T, conn *pgx.Conn, recorder *tracetest.SpanRecorder, on bool) {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT trace_id, COALESCE(traceparent, '') FROM payment_events WHERE source = 'scanner'`)
+	require.NoError(t, err)
+	type traced struct{ id, parent string }
+	stored, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (traced, error) {
+		var v traced
+		return v, r.Scan(&v.id, &v.parent)
+	})
+	require.NoError(t, err)
+	passes, spans := map[string]string{}, 0 // span id by trace id, from the recorder
+	for _, sp := range recorder.Ended() {
+		if sp.Name() == "scan pass" {
+			passes[sp.SpanContext().TraceID().String()] = sp.SpanContext().SpanID().String()
+			spans++
+		}
+	}
+	require.Len(t, passes, spans, "each pass a trace of its own")
+	ids := map[string]bool{}
+	for _, v := range stored {
+		require.Regexp(t, `^[0-9a-f]{32}$`, v.id)
+		ids[v.id] = true
+		if !on {
+			require.Empty(t, v.parent, "tracing off: no traceparent")
+			continue
+		}
+		require.Equal(t, v.id, tracing.TraceID(v.parent), "the traceparent is in the deposit's trace")
+		require.Contains(t, passes, v.id, "a scan pass span of that trace was recorded")
+		require.Equal(t, "00-"+v.id+"-"+passes[v.id]+"-01", v.parent)
+	}
+	require.NotEmpty(t, ids)
+	if on {
+		require.Positive(t, spans)
 	}
 }
 
