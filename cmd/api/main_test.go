@@ -80,6 +80,8 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 		"bad finality policy":   {change: map[string]string{"DEPOSIT_FINALITY": "eventually"}, want: "DEPOSIT_FINALITY"},
 		"bad rpc url":           {change: map[string]string{"ETH_RPC_URL": "ftp://node.example"}, want: "ETH_RPC_URL"},
 		"bad rpc timeout":       {change: map[string]string{"ETH_RPC_TIMEOUT": "-1s"}, want: "ETH_RPC_TIMEOUT"},
+		"rpc response max low":  {change: map[string]string{"RPC_RESPONSE_MAX": "65536"}, want: "RPC_RESPONSE_MAX"},
+		"rpc response max unit": {change: map[string]string{"RPC_RESPONSE_MAX": "128MiB"}, want: "RPC_RESPONSE_MAX"},
 
 		"bad verified rate limit":     {change: map[string]string{"WEBHOOK_VERIFIED_RATE_LIMIT": "fast"}, want: "WEBHOOK_VERIFIED_RATE_LIMIT"},
 		"unverified budget too small": {change: map[string]string{"INGEST_UNVERIFIED_BYTES_MAX": "6291456"}, want: "INGEST_UNVERIFIED_BYTES_MAX"},

@@ -108,8 +108,13 @@ type ClientOptions struct {
 	Logger      zerolog.Logger // for what happens outside a call (in-process breaker transitions)
 	CallTimeout time.Duration
 	Breaker     BreakerSettings
-	// HTTPClient replaces the default transport (tests, proxies).
+	// HTTPClient replaces the default transport (tests, proxies). Its
+	// answers are bounded by ResponseMax too: Dial uses a copy whose
+	// transport is wrapped.
 	HTTPClient *http.Client
+	// ResponseMax bounds one answer's body in bytes (RPC_RESPONSE_MAX);
+	// zero takes ResponseMaxDefault.
+	ResponseMax int64
 }
 
 // Client is an Ethereum JSON-RPC client behind the circuit breaker: every
@@ -139,8 +144,17 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 		// A probe outliving its slot would let a second probe out.
 		return nil, fmt.Errorf("breaker probe TTL %s must exceed the call timeout %s", settings.ProbeTTL, opts.CallTimeout)
 	}
-	httpClient := opts.HTTPClient
-	if httpClient == nil {
+	if opts.ResponseMax < 0 {
+		return nil, fmt.Errorf("rpc response bound %d must not be negative", opts.ResponseMax)
+	}
+	if opts.ResponseMax == 0 {
+		opts.ResponseMax = ResponseMaxDefault
+	}
+	var httpClient *http.Client
+	if opts.HTTPClient != nil {
+		c := *opts.HTTPClient
+		httpClient = &c
+	} else {
 		httpClient = &http.Client{Transport: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: httpDialTimeout}).DialContext,
@@ -151,6 +165,7 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 			ResponseHeaderTimeout: max(httpResponseHeader, opts.CallTimeout),
 		}}
 	}
+	httpClient.Transport = boundResponses(httpClient.Transport, opts.ResponseMax)
 	rc, err := rpc.DialOptions(ctx, rawURL, rpc.WithHTTPClient(httpClient))
 	if err != nil {
 		return nil, fmt.Errorf("ethereum rpc client: %w", err)

@@ -53,6 +53,10 @@ func logsLimitError(err error) (reason string, ok bool) {
 	if err == nil {
 		return "", false
 	}
+	if errors.Is(err, ErrResponseTooLarge) {
+		// Ours, not the node's: fewer blocks make a shorter answer.
+		return err.Error(), true
+	}
 	var rpcErr rpc.Error
 	if errors.As(err, &rpcErr) {
 		return logsLimitMessage(rpcErr.Error())

@@ -32,6 +32,8 @@ type Settings struct {
 	RecheckFirst    time.Duration
 	RecheckMax      time.Duration
 	CallTimeout     time.Duration
+	// ResponseMax bounds one RPC answer's body in bytes.
+	ResponseMax int64
 	// HintTTL is how long "not final yet" is believed without asking the
 	// chain again.
 	HintTTL time.Duration
@@ -96,6 +98,7 @@ func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 		RecheckFirst:      env.Duration("FINALITY_RECHECK_MIN", RecheckFirstDefault),
 		RecheckMax:        env.Duration("FINALITY_RECHECK_MAX", RecheckMaxDefault),
 		CallTimeout:       env.Duration("ETH_RPC_TIMEOUT", chain.CallTimeoutDefault),
+		ResponseMax:       int64(env.Int(chain.ResponseMaxSetting, chain.ResponseMaxDefault, chain.ResponseMaxMin, chain.ResponseMaxLimit)),
 		HintTTL:           env.Duration("FINALITY_HINT_TTL", chain.NotFinalTTLDefault),
 		ReorgRecheckDelay: env.Duration("REORG_RECHECK_DELAY", ReorgRecheckDelayDefault),
 		Breaker: chain.BreakerSettings{
@@ -193,7 +196,7 @@ func Dial(ctx context.Context, s Settings, d Deps) (Clients, error) {
 		}
 		client, err := chain.Dial(ctx, n.RPCURL, chain.ClientOptions{
 			Redis: d.Redis, Registerer: reg, Alerter: d.Alerts, Logger: d.Log.With().Str("network", n.Name).Logger(),
-			CallTimeout: s.CallTimeout, Breaker: breaker,
+			CallTimeout: s.CallTimeout, Breaker: breaker, ResponseMax: s.ResponseMax,
 		})
 		if err != nil {
 			clients.Close()
