@@ -29,6 +29,9 @@ type Store interface {
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
 	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
+	// SupersedeDeposit lets a conflicting report replace a deposit of the
+	// same transfer that ended failed/mismatch; any other is refused.
+	SupersedeDeposit(ctx context.Context, e postgres.NewEvent, reporter string) (postgres.SupersedeResult, error)
 }
 
 var _ Store = (*postgres.DB)(nil)
@@ -44,6 +47,9 @@ const (
 	OutcomeRechecked = "rechecked"
 	// OutcomeReopened: a failed/reorged deposit reported again.
 	OutcomeReopened = "reopened"
+	// OutcomeSuperseded: a report whose content replaced a deposit of the
+	// same transfer that the chain had contradicted (failed/mismatch).
+	OutcomeSuperseded = "superseded"
 )
 
 // Reasons a transfer is ignored by the intake (the decoders' own come
@@ -110,12 +116,14 @@ type Answer struct {
 	Duplicates int    `json:"duplicates"`
 	// Reopened counts duplicates of failed/reorged deposits sent back to
 	// the ledger; Rechecked removed transfers the chain decides about
-	// (with an RPC), Reversed those the flag reversed (without one).
-	Reopened  int    `json:"reopened"`
-	Rechecked int    `json:"rechecked"`
-	Reversed  int    `json:"reversed"`
-	Ignored   int    `json:"ignored"`
-	TraceID   string `json:"trace_id"`
+	// (with an RPC), Reversed those the flag reversed (without one);
+	// Superseded failed/mismatch deposits this delivery's content replaced.
+	Reopened   int    `json:"reopened"`
+	Superseded int    `json:"superseded,omitempty"`
+	Rechecked  int    `json:"rechecked"`
+	Reversed   int    `json:"reversed"`
+	Ignored    int    `json:"ignored"`
+	TraceID    string `json:"trace_id"`
 }
 
 // Run is one delivery going through the intake.
@@ -187,18 +195,21 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 			r.Ignore(ReasonUnknownAddress)
 			continue
 		}
-		inserted, err := store.InsertEvent(ctx, postgres.NewEvent{
+		event := postgres.NewEvent{
 			Event: payment.Event{
 				ID: t.EventID(), Type: payment.Deposit, UserID: user, Asset: t.Asset.Code,
 				Amount: t.Amount, TxHash: t.TxHash, TransferIndex: t.Index, TraceID: r.traceID, Network: t.Network,
 			},
 			Source:    r.p.Source,
 			ToAddress: t.ToAddress,
-		})
+		}
+		inserted, err := store.InsertEvent(ctx, event)
 		switch {
+		case errors.Is(err, payment.ErrConflict) && !t.Removed:
+			if err := r.conflict(ctx, event, err); err != nil {
+				return err
+			}
 		case errors.Is(err, payment.ErrConflict):
-			// The same transfer reported with other content: never
-			// overwrite a stored deposit; a human must look.
 			r.Ignore(ReasonConflict)
 			log.Error().Err(err).Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Msg("provider transfer conflicts with the stored deposit")
 		case errors.Is(err, payment.ErrInvalid):
@@ -313,6 +324,37 @@ func (r *Run) again(ctx context.Context, t payment.ReportedTransfer) error {
 		r.answer.Reopened++
 		r.count(OutcomeReopened)
 		logging.From(ctx).Warn().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Msg("a provider reports a reorged deposit again; reopened")
+	}
+	return nil
+}
+
+// conflict handles a transfer stored before with other content. A
+// deposit the chain contradicted (failed/mismatch: a provider's wrong
+// report, no money moved) takes this report's content and goes through
+// the finality gate again; any other stays as it is, since it may move
+// money or has, and a human must look.
+func (r *Run) conflict(ctx context.Context, e postgres.NewEvent, conflict error) error {
+	log := logging.From(ctx)
+	result, err := r.in.o.Store.SupersedeDeposit(ctx, e, r.p.Name)
+	if err != nil {
+		return err
+	}
+	switch result {
+	case postgres.SupersedeDone:
+		r.reported = append(r.reported, e.Event.ID)
+		r.answer.Superseded++
+		r.count(OutcomeSuperseded)
+		log.Warn().Str("provider", r.p.Name).Str(logging.FieldEventID, e.Event.ID).Int64(logging.FieldUserID, e.Event.UserID).
+			Str("asset", e.Event.Asset).Msg("provider transfer supersedes a stored deposit the chain contradicted (failed mismatch); reopened with the new content")
+	case postgres.SupersedeSame:
+		// Another report superseded it with this content first.
+		r.reported = append(r.reported, e.Event.ID)
+		r.answer.Duplicates++
+		r.count(OutcomeDuplicate)
+	default:
+		r.Ignore(ReasonConflict)
+		log.Error().Err(conflict).Str("provider", r.p.Name).Str(logging.FieldEventID, e.Event.ID).
+			Msg("provider transfer conflicts with the stored deposit; once that deposit failed mismatch, a rescan of its block supersedes it")
 	}
 	return nil
 }

@@ -46,6 +46,9 @@ type DepositAddress struct {
 type StoredDeposit struct {
 	Inserted bool  // new: no webhook had reported it
 	Err      error // payment.ErrConflict: the id holds other content
+	// Superseded: the id held a failed/mismatch deposit, which now has
+	// this content and waits for the finality gate (SupersedeDeposit).
+	Superseded bool
 }
 
 // InitScanCursor creates the network's cursor at block start unless it
@@ -129,6 +132,13 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 		switch {
 		case errors.Is(err, payment.ErrConflict):
 			out[i].Err = err
+			result, err := supersedeInPass(ctx, tx, e)
+			if err != nil {
+				return nil, err
+			}
+			if result != SupersedeRefused {
+				out[i].Err, out[i].Superseded = nil, result == SupersedeDone
+			}
 		case err != nil:
 			return nil, err
 		default:

@@ -10,6 +10,9 @@ const (
 	SourceReported = "reported"
 	// SourceConflict: the event id holds other content; a human looks.
 	SourceConflict = "conflict"
+	// SourceSuperseded: the id held a deposit the chain had contradicted
+	// (failed/mismatch), which now has the scanned content.
+	SourceSuperseded = "superseded"
 )
 
 // Label values of the passes' result.

@@ -460,6 +460,10 @@ func (s *Scanner) record(network string, events []postgres.NewEvent, stored []po
 		case st.Err != nil:
 			s.metrics.deposits.WithLabelValues(network, SourceConflict).Inc()
 			s.opts.Log.Error().Err(st.Err).Str(logging.FieldEventID, events[i].Event.ID).Msg("scanned transfer conflicts with the stored deposit")
+		case st.Superseded:
+			s.metrics.deposits.WithLabelValues(network, SourceSuperseded).Inc()
+			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
+				Msg("scanned transfer supersedes a stored deposit the chain contradicted (failed mismatch); reopened with the chain's content")
 		case st.Inserted:
 			s.metrics.deposits.WithLabelValues(network, SourceScanner).Inc()
 			s.opts.Log.Info().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
