@@ -40,6 +40,14 @@ func (h *handoff) Give(claimed []postgres.Claimed) {
 	h.given = append(h.given, claimed...)
 }
 
+// givenAtLeast waits for n events given: Give runs after the webhooks
+// are answered.
+func (h *handoff) givenAtLeast(t *testing.T, n int) []postgres.Claimed {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(h.claimed()) >= n }, 5*time.Second, time.Millisecond)
+	return h.claimed()
+}
+
 func (h *handoff) claimed() []postgres.Claimed {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -73,7 +81,7 @@ func TestIngestHandsATrickleToTheQueueInItsOwnCommit(t *testing.T) {
 	inserted, err := ingest.InsertEvent(ctx, deposit("h-1", "1"))
 	require.NoError(t, err)
 	require.True(t, inserted)
-	given := h.claimed()
+	given := h.givenAtLeast(t, 1)
 	require.Len(t, given, 1)
 	require.Equal(t, "h-1", given[0].Event.ID)
 	require.Equal(t, "t-h-1", given[0].Event.TraceID)
@@ -113,7 +121,7 @@ func TestIngestHandsATrickleToTheQueueInItsOwnCommit(t *testing.T) {
 	}
 	wg.Wait()
 	tasks := map[string]int{}
-	for _, c := range h.claimed()[1:] {
+	for _, c := range h.givenAtLeast(t, 4)[1:] {
 		tasks[c.TaskID]++
 	}
 	for id, n := range tasks {
@@ -150,7 +158,7 @@ func TestReleaseHandedSendsBackOnlyWhatIsStillTheTasks(t *testing.T) {
 		_, err := ingest.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
 		require.NoError(t, err)
 	}
-	given := h.claimed()
+	given := h.givenAtLeast(t, 2)
 	require.Len(t, given, 2)
 	// r-2 is settled by the ledger before the api gives up on its task.
 	results := f.apply(given[1].Event)
