@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"math/big"
 	"net/http"
 	"strings"
@@ -135,6 +136,28 @@ func TestConflictsWithLiveOrCreditedDepositsStay(t *testing.T) {
 	conflict, _ := seriesValue(t, page, "settle_api_webhook_outcomes_total", `outcome="ignored",reason="conflict",source="alchemy"`)
 	require.EqualValues(t, 2, conflict)
 	requireInvariants(t, c.Stack)
+}
+
+// TestRecheckOfAMismatchedProviderReport: a recheck keeps the stored
+// content of a provider's wrong report (the chain still contradicts it)
+// and its answer points at the rescan that supersedes it.
+func TestRecheckOfAMismatchedProviderReport(t *testing.T) {
+	c := newChainStack(t, "finalized", nil)
+	ctx := context.Background()
+	tx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser1, big.NewInt(7_000_000))
+	require.NoError(t, err)
+	status, answer := c.alchemy(t, alchemyTokenPayload(c.token, addrUser1, tx, "0x1e8480", false))
+	require.Equal(t, http.StatusOK, status, answer)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
+	id := tokenID(tx)
+	c.waitStatus(t, id, "failed")
+	_, outcome, _ := c.event(t, id)
+	require.Equal(t, "mismatch", outcome)
+	still := c.recheck(t, id, "alice")
+	require.Equal(t, "unchanged", still["result"], still)
+	require.Equal(t, "failed", still["status"], still)
+	require.Contains(t, still["detail"], fmt.Sprintf("a rescan of block %d supersedes the stored content", tx.BlockNumber), still)
+	require.Equal(t, "0", c.balance(t, 1, "TUSD"))
 }
 
 // text reads one text value.

@@ -77,6 +77,11 @@ func (r *Rechecker) Recheck(ctx context.Context, eventID, who string) (postgres.
 		return postgres.Recheck{}, err
 	}
 	record.ChainState, record.Result, record.Detail = string(verdict.State), postgres.RecheckUnchanged, verdict.Reason
+	if verdict.State == chain.Mismatch && strings.HasPrefix(eventID, payment.TransferEventIDPrefix) && verdict.BlockNumber > 0 {
+		// A recheck keeps the stored content; the chain's own report of
+		// the transfer replaces it (postgres.SupersedeDeposit).
+		record.Detail += fmt.Sprintf("; a rescan of block %d supersedes the stored content with the chain's", verdict.BlockNumber)
+	}
 	if verdict.State != chain.Credit {
 		return r.store.RecordRecheck(ctx, record, false)
 	}
