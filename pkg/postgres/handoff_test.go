@@ -2,16 +2,21 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
 )
 
 // handoff records what the ingest commit gave it, taking every batch of
@@ -183,4 +188,185 @@ func TestReleaseHandedSendsBackOnlyWhatIsStillTheTasks(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, released)
 	require.Equal(t, "11", f.balance(1, "ETH").String())
+}
+
+// tupleCounts reads payment_events' insert and update counters.
+func (f *fixture) tupleCounts() (inserted, updated int64) {
+	f.t.Helper()
+	require.NoError(f.t, f.sql.QueryRow(context.Background(),
+		`SELECT n_tup_ins, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'payment_events'`).Scan(&inserted, &updated))
+	return inserted, updated
+}
+
+// TestHandedOffRowsAreWrittenOnce: a handed-off event is inserted
+// 'enqueued' under its task, one tuple version; inserting it 'pending'
+// and updating it in the same transaction cost a non-HOT update per
+// event. The version the insert wrote has the transaction's first
+// command id (cmin 0: the statements before it write nothing), which an
+// update later in the transaction would have replaced.
+func TestHandedOffRowsAreWrittenOnce(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	oneVersion := func(c postgres.Claimed) {
+		t.Helper()
+		require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events
+			WHERE event_id = $1 AND status = 'enqueued' AND task_id = $2 AND xmin = insert_xid::xid AND cmin::text = '0'`, c.Event.ID, c.TaskID),
+			"%s: not the version its insert wrote", c.Event.ID)
+	}
+
+	// One batch on a pool of one connection, and the table's counters: a
+	// backend flushes both together, at once only when told to (else
+	// within 10s, PGSTAT_IDLE_INTERVAL).
+	u, err := url.Parse(f.dsn)
+	require.NoError(t, err)
+	params := u.Query()
+	params.Set("pool_max_conns", "1")
+	u.RawQuery = params.Encode()
+	single := testenv.OpenDB(t, u.String())
+	insertedBefore, updatedBefore := f.tupleCounts()
+	var batch []postgres.NewEvent
+	for i := 1; i <= 3; i++ {
+		batch = append(batch, postgres.NewEvent{Event: payment.Event{ID: fmt.Sprintf("w-%d", i), Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
+	}
+	_, given, err := single.InsertEventsTogether(ctx, batch, 2)
+	require.NoError(t, err)
+	require.Len(t, given, 3)
+	for _, c := range given {
+		oneVersion(c)
+	}
+	require.NoError(t, single.ForceStatsFlush(ctx))
+	require.Eventually(t, func() bool {
+		inserted, _ := f.tupleCounts()
+		return inserted >= insertedBefore+3
+	}, 5*time.Second, 10*time.Millisecond, "the batch's counters never showed")
+	insertedAfter, updatedAfter := f.tupleCounts()
+	require.Equal(t, insertedBefore+3, insertedAfter)
+	require.Equal(t, updatedBefore, updatedAfter, "handed-off rows were updated after their insert")
+
+	// Through the api's ingest.
+	h := &handoff{max: 8, taskMax: 2}
+	ingest := postgres.NewIngestWith(f.db, postgres.IngestOptions{Handoff: h})
+	defer ingest.Close()
+	inserted, err := ingest.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "w-0", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	oneVersion(h.givenAtLeast(t, 1)[0])
+}
+
+// TestHandoffOfAMixedBatchTakesOnlyTheNewRows: duplicates in a handed-off
+// batch of rows the scheduler owns (pending, or claimed under its task)
+// are left as they are; only the batch's new rows are enqueued and given,
+// in tasks no other statement shares.
+func TestHandoffOfAMixedBatchTakesOnlyTheNewRows(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	f.user(2, nil)
+	ctx := context.Background()
+	deposit := func(id string, user int64) postgres.NewEvent {
+		return postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: user, Asset: "ETH", Amount: dec("1.5"), TraceID: "t-" + id}}
+	}
+	for _, id := range []string{"old-claimed", "old-pending"} {
+		_, err := f.db.InsertEvent(ctx, deposit(id, 1))
+		require.NoError(t, err)
+	}
+	claimedBefore, err := f.db.ClaimOutbox(ctx, 1, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimedBefore, 1)
+	schedulerTask := claimedBefore[0].TaskID
+	owned := claimedBefore[0].Event.ID
+	stillPending := map[string]string{"old-claimed": "old-pending", "old-pending": "old-claimed"}[owned]
+	var ownedVersion, pendingVersion string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT (SELECT xmin::text || ctid::text FROM payment_events WHERE event_id = $1),
+		(SELECT xmin::text || ctid::text FROM payment_events WHERE event_id = $2)`, owned, stillPending).Scan(&ownedVersion, &pendingVersion))
+
+	batch := []postgres.NewEvent{deposit("new-1", 2), deposit(owned, 1), deposit("new-2", 1), deposit(stillPending, 1), deposit("new-3", 2)}
+	inserted, given, err := f.db.InsertEventsTogether(ctx, batch, 2)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, false, true, false, true}, inserted)
+	require.Len(t, given, 3)
+	tasks := map[string]int{}
+	claimNumbers := map[string]bool{}
+	for _, c := range given {
+		require.True(t, strings.HasPrefix(c.Event.ID, "new-"), c.Event.ID)
+		require.Equal(t, "t-"+c.Event.ID, c.Event.TraceID)
+		require.True(t, c.Event.Amount.Equal(dec("1.5")), c.Event.Amount.String())
+		require.Equal(t, payment.Deposit, c.Event.Type)
+		require.Zero(t, c.Event.Generation)
+		require.False(t, c.CreatedAt.IsZero())
+		require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'enqueued' AND task_id = $2`, c.Event.ID, c.TaskID))
+		tasks[c.TaskID]++
+		claimNumbers[strings.Split(c.TaskID, "-")[0]] = true
+	}
+	require.Len(t, claimNumbers, 1, "one claim number per statement: %v", tasks)
+	for id, n := range tasks {
+		require.LessOrEqual(t, n, 2, "task %s", id)
+	}
+	// The scheduler's rows: not one column, not one tuple version changed.
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'enqueued' AND task_id = $2 AND xmin::text || ctid::text = $3`,
+		owned, schedulerTask, ownedVersion))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'pending' AND task_id IS NULL AND xmin::text || ctid::text = $2`,
+		stillPending, pendingVersion))
+
+	// The next statement's tasks are its own; without a hand-off the rows
+	// are 'pending' and nothing is given.
+	_, again, err := f.db.InsertEventsTogether(ctx, []postgres.NewEvent{deposit("new-4", 1)}, 2)
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.False(t, claimNumbers[strings.Split(again[0].TaskID, "-")[0]], "task %s reuses a claim number", again[0].TaskID)
+	inserted, none, err := f.db.InsertEventsTogether(ctx, []postgres.NewEvent{deposit("new-5", 1), deposit("new-1", 2)}, 0)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, false}, inserted)
+	require.Empty(t, none)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = 'new-5' AND status = 'pending' AND task_id IS NULL`))
+}
+
+// insertAs inserts event id directly with status and task id (NULL if
+// empty), with the columns the other constraints tie to the status, so
+// that only the insert guard can refuse it.
+func (f *fixture) insertAs(id string, status payment.Status, taskID string) error {
+	_, err := f.sql.Exec(context.Background(), `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, status, task_id, outcome, next_check_at)
+		VALUES ($1, 'deposit', 1, 'ETH', 1, decode(repeat('00', 32), 'hex'), $2, NULLIF($3, ''),
+		        CASE WHEN $2 IN ('confirmed', 'failed') THEN 'success' END, CASE WHEN $2 = 'awaiting_finality' THEN now() END)`,
+		id, string(status), taskID)
+	return err
+}
+
+func requireInsertRefused(t *testing.T, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "23514", pgErr.Code)
+	require.Contains(t, pgErr.Message, "must be inserted as pending", "refused by another constraint: %v", err)
+}
+
+func TestInsertGuardRefusesEnqueuedWithoutATask(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	requireInsertRefused(t, f.insertAs("no-task", payment.StatusEnqueued, ""))
+	_, err := f.sql.Exec(context.Background(), `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, status, task_id)
+		VALUES ('empty-task', 'deposit', 1, 'ETH', 1, decode(repeat('00', 32), 'hex'), 'enqueued', '')`)
+	requireInsertRefused(t, err)
+	require.Zero(t, f.count(`SELECT count(*) FROM payment_events`))
+	require.NoError(t, f.insertAs("with-task", payment.StatusEnqueued, "c1-0"))
+	require.NoError(t, f.insertAs("pending", payment.StatusPending, ""))
+}
+
+// TestInsertGuardRefusesEveryOtherStatus: no status but 'pending' and
+// 'enqueued' may be inserted, with a task id or without, and the query
+// checker agrees with the database.
+func TestInsertGuardRefusesEveryOtherStatus(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	for _, s := range payment.Statuses {
+		err := f.insertAs("as-"+string(s), s, "c1-0")
+		require.Equal(t, postgres.InsertableStatus(s), err == nil, "%s: the query checker and the insert guard disagree: %v", s, err)
+		if s == payment.StatusPending || s == payment.StatusEnqueued {
+			require.NoError(t, err, s)
+			continue
+		}
+		requireInsertRefused(t, err)
+		requireInsertRefused(t, f.insertAs("bare-"+string(s), s, ""))
+	}
+	require.Equal(t, 2, f.count(`SELECT count(*) FROM payment_events`))
 }

@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -43,9 +43,9 @@ type Ingest struct {
 // 'enqueued' before its task exists.
 type Handoff interface {
 	// Take is asked before a batch of n events commits. A taskMax above
-	// zero moves the events the batch inserts to 'enqueued' in the ingest
-	// transaction itself, in tasks of at most taskMax events, without
-	// waking the scheduler; zero leaves them 'pending' for it.
+	// zero has the batch insert its events 'enqueued', in tasks of at most
+	// taskMax events, without waking the scheduler; zero leaves them
+	// 'pending' for it.
 	Take(n int) (taskMax int)
 	// Give gets the events so claimed after COMMIT, to enqueue them; an
 	// event it cannot enqueue stays 'enqueued' for stale recovery unless
@@ -186,15 +186,15 @@ func (g *Ingest) run(batch []*ingestRequest) {
 
 // insertEvents runs insert_events for distinct event ids, retrying the
 // rows that raced a concurrent insert outside the batch. With a taskMax
-// above zero the rows it inserts are claimed in the same transaction
-// (claim_ingested) and returned, committed 'enqueued'.
+// above zero the rows it inserts are inserted 'enqueued' under their
+// tasks and returned, committed.
 func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest, taskMax int) ([]ingestResponse, []Claimed, error) {
 	out := make([]ingestResponse, len(batch))
 	pending := make([]int, len(batch))
 	for i := range batch {
 		pending[i] = i
 	}
-	stmt, claim := q("insert_events"), q("claim_ingested")
+	stmt := q("insert_events")
 	var claimed []Claimed
 	for attempt := 0; attempt < insertRaceRetries && len(pending) > 0; attempt++ {
 		n := len(pending)
@@ -215,13 +215,10 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest, taskMax 
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(q("hot_path_plans").text)
-		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks, traceparents, taskMax == 0)
-		if taskMax > 0 {
-			b.Queue(claim.text, ids, taskMax)
-		}
+		b.Queue(stmt.text, ids, types, users, assets, amounts, txs, hashes, traces, sources, tos, related, indexes, holds, networks, traceparents, taskMax)
 		b.Queue("COMMIT")
 		br := db.pool.SendBatch(ctx, b)
-		raced, handed, err := readInserted(br, stmt, batch, pending, out, taskMax > 0)
+		raced, handed, err := readInserted(br, stmt, batch, pending, out)
 		if closeErr := br.Close(); err == nil && closeErr != nil {
 			err = classify(stmt.name, closeErr)
 		}
@@ -237,24 +234,6 @@ func (db *DB) insertEvents(ctx context.Context, batch []*ingestRequest, taskMax 
 		out[i] = ingestResponse{err: payment.Retryable(stmt.name, errors.New("concurrent delivery of the same event kept racing"))}
 	}
 	return out, claimed, nil
-}
-
-// readClaimedIngest reads claim_ingested's rows.
-func readClaimedIngest(br pgx.BatchResults) ([]Claimed, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, classify("claim_ingested", err)
-	}
-	defer rows.Close()
-	var claimed []Claimed
-	for rows.Next() {
-		c, err := scanClaimed(rows)
-		if err != nil {
-			return nil, classify("claim_ingested", err)
-		}
-		claimed = append(claimed, c)
-	}
-	return claimed, classify("claim_ingested", rows.Err())
 }
 
 // ReleaseHanded sends events the api claimed at ingest, and could not
@@ -296,10 +275,10 @@ func groupByTask(claimed []Claimed) [][]Claimed {
 	return groups
 }
 
-// readInserted reads insert_events' answer into out (and the rows
-// claim_ingested claimed, if it ran) and returns the rows that raced a
+// readInserted reads insert_events' answer into out, and the rows it
+// inserted under a task into claimed, and returns the rows that raced a
 // concurrent insert; the transaction must have committed.
-func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pending []int, out []ingestResponse, claims bool) (raced []int, claimed []Claimed, err error) {
+func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pending []int, out []ingestResponse) (raced []int, claimed []Claimed, err error) {
 	for range 2 { // BEGIN, hot_path_plans
 		if _, err := br.Exec(); err != nil {
 			return nil, nil, classify(stmt.name, err)
@@ -314,7 +293,9 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		var inserted, userExists, assetExists bool
 		var existing []byte
 		var woken int64
-		if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken); err != nil {
+		var h handedRow
+		if err := rows.Scan(&pos, &inserted, &existing, &userExists, &assetExists, &woken,
+			&h.eventType, &h.userID, &h.asset, &h.amount, &h.txHash, &h.traceID, &h.generation, &h.createdAt, &h.taskID, &h.traceParent); err != nil {
 			rows.Close()
 			return nil, nil, classify(stmt.name, err)
 		}
@@ -323,6 +304,9 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		switch {
 		case inserted:
 			out[i] = ingestResponse{inserted: true, stored: batch[i].Item.hash}
+			if h.taskID != nil {
+				claimed = append(claimed, h.claimed(e.ID))
+			}
 		case existing != nil && bytes.Equal(existing, batch[i].Item.hash):
 			out[i] = ingestResponse{stored: existing}
 		case existing != nil:
@@ -338,11 +322,6 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 	if err := rows.Err(); err != nil {
 		return nil, nil, classify(stmt.name, err)
 	}
-	if claims {
-		if claimed, err = readClaimedIngest(br); err != nil {
-			return nil, nil, err
-		}
-	}
 	tag, err := br.Exec()
 	if err != nil {
 		return nil, nil, classify(stmt.name+" commit", err)
@@ -351,6 +330,23 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 		return nil, nil, classify(stmt.name+" commit", fmt.Errorf("transaction ended with %s", tag))
 	}
 	return raced, claimed, nil
+}
+
+// handedRow is the rest of an insert_events row: set only for a row
+// inserted under a task, what scanClaimed reads of a claimed one.
+type handedRow struct {
+	eventType, asset, amount, traceID, taskID *string
+	txHash, traceParent                       string
+	userID                                    *int64
+	generation                                *int32
+	createdAt                                 *time.Time
+}
+
+func (h handedRow) claimed(id string) Claimed {
+	c := Claimed{CreatedAt: *h.createdAt, TaskID: *h.taskID, TraceParent: h.traceParent}
+	c.Event.ID, c.Event.Type, c.Event.UserID, c.Event.Asset = id, payment.EventType(*h.eventType), *h.userID, *h.asset
+	c.Event.Amount, c.Event.TxHash, c.Event.TraceID, c.Event.Generation = decimal.RequireFromString(*h.amount), h.txHash, *h.traceID, int(*h.generation)
+	return c
 }
 
 // startIngestSpan starts the span of one event's way into the outbox:

@@ -18,7 +18,10 @@ import (
 // checked against payment.CanTransition when the package loads, and such a
 // statement can only be run through transition (transition.go). The same
 // holds for holds.status: "-- hold transition: from -> to" lines, checked
-// against payment.HoldStatus.CanTransition.
+// against payment.HoldStatus.CanTransition. An INSERT into payment_events
+// that names the status column declares the statuses it may insert with
+// "-- insert status: s[,s]", each one the insert guard admits
+// (insertableStatuses); an insert that leaves status out writes 'pending'.
 //
 // Statements that find rows by key and check their status write
 // status = '...' COLLATE "C". It is the same equality, but the planner can
@@ -38,7 +41,15 @@ type query struct {
 	to   payment.Status
 	// holdEdges counts the declared hold transitions.
 	holdEdges int
+	// inserts are the declared initial statuses of an insert.
+	inserts []payment.Status
 }
+
+// insertableStatuses mirrors payment_events_insert_guard (migration 0017):
+// an event is born 'pending', or 'enqueued' when the api hands its own
+// commit to the queue (the pending -> enqueued edge taken in the insert;
+// the trigger also wants a task id then).
+var insertableStatuses = map[payment.Status]bool{payment.StatusPending: true, payment.StatusEnqueued: true}
 
 var (
 	queriesByName = mustParseQueries(queryFiles)
@@ -94,6 +105,9 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 			if writesEventStatus(current.text) && current.to == "" {
 				return fmt.Errorf("%s: query %q writes status without a -- transition: line", file, current.name)
 			}
+			if insertsEventStatus(current.text) && len(current.inserts) == 0 {
+				return fmt.Errorf("%s: query %q inserts status without a -- insert status: line", file, current.name)
+			}
 			if writesStatusOf(updateHolds, current.text) && current.holdEdges == 0 {
 				return fmt.Errorf("%s: query %q writes holds.status without a -- hold transition: line", file, current.name)
 			}
@@ -119,6 +133,15 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 					return nil, fmt.Errorf("%s: query %q: %w", file, current.name, err)
 				}
 				current.holdEdges++
+			case strings.HasPrefix(trimmed, "-- insert status:"):
+				if current == nil {
+					return nil, fmt.Errorf("%s: insert status line outside a query", file)
+				}
+				inserts, err := parseInsertStatuses(strings.TrimPrefix(trimmed, "-- insert status:"))
+				if err != nil {
+					return nil, fmt.Errorf("%s: query %q: %w", file, current.name, err)
+				}
+				current.inserts = inserts
 			case strings.HasPrefix(trimmed, "-- transition:"):
 				if current == nil {
 					return nil, fmt.Errorf("%s: transition line outside a query", file)
@@ -145,7 +168,33 @@ var (
 	updateHolds   = regexp.MustCompile(`(?i)\bupdate\s+holds\b`)
 	assignsStatus = regexp.MustCompile(`(?i)(^|[\s,])status\s*=`)
 	whereClause   = regexp.MustCompile(`(?i)\bwhere\b`)
+	// insertEvents captures an insert's column list.
+	insertEvents = regexp.MustCompile(`(?i)\binsert\s+into\s+payment_events\s*\(([^)]*)\)`)
+	namesStatus  = regexp.MustCompile(`(?i)\bstatus\b`)
 )
+
+// insertsEventStatus finds an INSERT into payment_events whose column list
+// names status.
+func insertsEventStatus(text string) bool {
+	for _, m := range insertEvents.FindAllStringSubmatch(text, -1) {
+		if namesStatus.MatchString(m[1]) {
+			return true
+		}
+	}
+	return false
+}
+
+func parseInsertStatuses(text string) ([]payment.Status, error) {
+	var out []payment.Status
+	for _, f := range strings.Split(text, ",") {
+		s := payment.Status(strings.TrimSpace(f))
+		if !insertableStatuses[s] {
+			return nil, fmt.Errorf("an event cannot be inserted %q", s)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
 
 // writesEventStatus finds an UPDATE of payment_events whose SET list (up
 // to its WHERE) assigns status.

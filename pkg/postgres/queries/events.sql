@@ -41,22 +41,41 @@ WHERE event_id = ANY($1::text[]);
 -- name: insert_events
 -- The batched insert_event: many webhooks' events in one statement and
 -- one commit (group commit). Rows come with their position n; ids are
--- distinct within a batch (the batcher folds duplicates). One pg_notify
--- wakes the enqueuer for the whole batch, unless $16 is false: the api
--- hands the batch to the queue itself (claim_ingested), and the
--- scheduler has nothing to claim.
+-- distinct within a batch (the batcher folds duplicates).
+--
+-- $16 is the hand-off's task size. Zero: the rows are inserted 'pending'
+-- and one pg_notify wakes the enqueuer for the whole batch. Above zero the
+-- api hands the batch to the queue itself: the rows are inserted
+-- 'enqueued' under tasks of at most $16 events, cut as claim_outbox cuts
+-- a claim (one claim number per statement, chunks in (user_id, event_id)
+-- order), and the statement returns what the enqueue needs. Writing the
+-- status in the insert, rather than updating the rows after it, leaves
+-- one tuple version per row: a status update is never HOT (status is in
+-- the partial indexes' predicates), so it wrote a new entry into every
+-- index, ran the CHECKs and the transition trigger again, and its WAL. The chunks number the rows that pass the
+-- users and assets tests, so a conflict can leave a task short of $16;
+-- a row that conflicts is never written, so a duplicate of a row the
+-- scheduler owns stays the scheduler's. The insert guard (migration
+-- 0017) admits 'enqueued' only with a task id.
+-- insert status: pending, enqueued
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[], $7::bytea[],
                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
          WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, tx_hash, content_hash,
                               trace_id, source, to_address, related_event_id, transfer_index, hold_id, network, traceparent, n)
+), claim_no AS MATERIALIZED (
+    -- Drawn once, and only for a hand-off.
+    SELECT nextval('settle_claim_seq') AS no WHERE $16::integer > 0
 ), ins AS (
     INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash, trace_id, source, to_address, related_event_id, transfer_index,
-                                hold_id, network, traceparent)
+                                hold_id, network, traceparent, status, task_id)
     SELECT i.event_id, i.event_type, i.user_id, i.asset, i.amount, NULLIF(i.tx_hash, ''), i.content_hash,
            i.trace_id, i.source, NULLIF(i.to_address, ''), NULLIF(i.related_event_id, ''), NULLIF(i.transfer_index, ''),
-           NULLIF(i.hold_id, ''), NULLIF(i.network, ''), NULLIF(i.traceparent, '')
+           NULLIF(i.hold_id, ''), NULLIF(i.network, ''), NULLIF(i.traceparent, ''),
+           CASE WHEN $16::integer > 0 THEN 'enqueued' ELSE 'pending' END,
+           -- NULL without a hand-off (no claim number, no division by 0).
+           'c' || (SELECT no FROM claim_no) || '-' || ((row_number() OVER (ORDER BY i.user_id, i.event_id) - 1) / NULLIF($16::integer, 0))
     FROM input i
     WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id)
       AND EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset)
@@ -64,18 +83,21 @@ WITH input AS (
     -- inserting the same ids in arrival order would deadlock.
     ORDER BY i.event_id
     ON CONFLICT (event_id) DO NOTHING
-    RETURNING event_id
+    RETURNING event_id, event_type, user_id, asset, amount, tx_hash, trace_id, generation, created_at, task_id, traceparent
 ), wake AS (
-    SELECT pg_notify('settle_outbox', '') WHERE $16::boolean AND EXISTS (SELECT 1 FROM ins)
+    SELECT pg_notify('settle_outbox', '') WHERE $16::integer = 0 AND EXISTS (SELECT 1 FROM ins)
 )
 -- Joins, not EXISTS in the select list: a generic plan may turn such an
--- EXISTS into a hashed subplan that reads every user.
+-- EXISTS into a hashed subplan that reads every user. The columns after
+-- the sixth are NULL but for a row inserted under a task.
 SELECT i.n,
        ins.event_id IS NOT NULL,
        p.content_hash,
        u.id IS NOT NULL,
        a.code IS NOT NULL,
-       (SELECT count(*) FROM wake)
+       (SELECT count(*) FROM wake),
+       ins.event_type, ins.user_id, ins.asset, ins.amount::text, COALESCE(ins.tx_hash, ''),
+       ins.trace_id, ins.generation, ins.created_at, ins.task_id, COALESCE(ins.traceparent, '')
 FROM input i
 LEFT JOIN ins ON ins.event_id = i.event_id
 LEFT JOIN payment_events p ON p.event_id = i.event_id

@@ -75,29 +75,6 @@ WHERE event_id = $1 AND status COLLATE "C" IN ('pending', 'awaiting_finality')
 RETURNING event_id, event_type, user_id, asset, amount::text, COALESCE(tx_hash, ''),
           trace_id, generation, created_at, COALESCE(task_id, ''), COALESCE(traceparent, '');
 
--- name: claim_ingested
--- transition: pending -> enqueued
--- The api's hand-off at a trickle: the rows of $1 that this transaction
--- itself inserted (their xmin is its xid; none if it inserted nothing)
--- move to 'enqueued' in the ingest commit, cut into tasks of at most $2
--- events as claim_outbox cuts them. The api enqueues them after COMMIT,
--- so no worker sees a task before the database says 'enqueued'; killed
--- before it did, the rows wait for stale recovery like any lost task.
-WITH claim AS (
-    SELECT event_id, row_number() OVER (ORDER BY user_id, event_id) - 1 AS n
-    FROM payment_events
-    WHERE event_id = ANY($1::text[]) AND status = 'pending' COLLATE "C"
-      AND xmin = pg_current_xact_id_if_assigned()::xid
-), claim_no AS (
-    SELECT nextval('settle_claim_seq') AS no
-)
-UPDATE payment_events p
-SET status = 'enqueued', updated_at = now(), task_id = 'c' || claim_no.no || '-' || (claim.n / $2)
-FROM claim, claim_no
-WHERE p.event_id = claim.event_id
-RETURNING p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, COALESCE(p.tx_hash, ''),
-          p.trace_id, p.generation, p.created_at, p.task_id, COALESCE(p.traceparent, '');
-
 -- name: release_handed
 -- transition: enqueued -> pending
 -- The api could not enqueue a task it claimed at ingest: its events go
