@@ -104,6 +104,8 @@ type settings struct {
 	unverifiedClientBytesMax int
 	// rescanBlocksMax bounds one POST /admin/rescan.
 	rescanBlocksMax int
+	// procsAdapt is PROCS_ADAPT.
+	procsAdapt bool
 }
 
 // readCommon reads what every subcommand needs.
@@ -165,6 +167,7 @@ func readServe(env *config.Env, s *settings) {
 	s.trustedProxies = config.Parse(env, "TRUSTED_PROXIES", nil, httpapi.ParseTrustedProxies)
 	s.chain = finality.ReadSettings(env, false)
 	s.registryRefresh = env.Duration("REGISTRY_REFRESH", service.RegistryRefreshDefault)
+	s.procsAdapt = service.ReadProcsAdapt(env)
 }
 
 func parseListenAddress(v string) (string, error) {
@@ -208,8 +211,10 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 	if command == "migrate" {
 		err = migrate(log, s)
 	} else {
+		stopAdapting := service.AdaptProcs(s.procsAdapt, log)
 		endTracing := tracing.Begin(serviceName, log)
 		err = serve(log, s)
+		stopAdapting()
 		endTracing()
 	}
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/tracing"
 )
@@ -98,8 +99,10 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 	}
 	env := config.FromOS()
 	s := read(env)
+	adapt := ReadProcsAdapt(env)
 	ExitOnSettingsError(binary, env)
 	log := logging.New(binary, level(s))
+	defer AdaptProcs(adapt, log)()
 	endTracing := tracing.Begin(binary, log)
 	// A signal seen here too: a run that ends canceled because it was told
 	// to stop (still waiting for PostgreSQL at start, say) stopped cleanly.
@@ -114,6 +117,30 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 	if err != nil {
 		log.Error().Err(err).Msg(binary + " failed")
 		os.Exit(ExitFailure)
+	}
+}
+
+// ReadProcsAdapt reads PROCS_ADAPT: run on one P while nearly idle (on by
+// default; see package procs).
+func ReadProcsAdapt(env *config.Env) bool { return env.Bool("PROCS_ADAPT", true) }
+
+// AdaptProcs runs procs.Run in the background unless it is off or the
+// operator chose GOMAXPROCS; the returned func stops it.
+func AdaptProcs(enabled bool, log zerolog.Logger) (stop func()) {
+	if !enabled || !procs.Applies(os.Getenv) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		procs.Run(ctx, procs.Options{OnChange: func(n int) {
+			log.Debug().Int("gomaxprocs", n).Msg("GOMAXPROCS adapted to the load")
+		}})
+	}()
+	return func() {
+		cancel()
+		<-done
 	}
 }
 

@@ -1,0 +1,113 @@
+package procs
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestControllerDecisions(t *testing.T) {
+	quiet := func(n int) []float64 {
+		s := make([]float64, n)
+		for i := range s {
+			s[i] = 0.05
+		}
+		return s
+	}
+	cases := []struct {
+		name  string
+		cores []float64
+		want  []Decision // the decision after the last sample, and Low then
+		low   bool
+	}{
+		{"one quiet interval short of lowering", quiet(QuietIntervals - 1), []Decision{Keep}, false},
+		{"quiet for long enough lowers", quiet(QuietIntervals), []Decision{Lower}, true},
+		{"and stays low while quiet", quiet(QuietIntervals + 5), []Decision{Keep}, true},
+		{"a busy interval restores at once", append(quiet(QuietIntervals), BusyCores), []Decision{Restore}, false},
+		{"an interval between the bounds restarts the count", append(append(quiet(QuietIntervals-1), 0.15), quiet(QuietIntervals-1)...), []Decision{Keep}, false},
+		{"a middling interval keeps a low process low", append(quiet(QuietIntervals), 0.15, 0.24), []Decision{Keep}, true},
+		{"busy from the start keeps the default", []float64{1.5, 0.9, 0.6}, []Decision{Keep}, false},
+		{"after a restore it needs the whole quiet run again", append(append(quiet(QuietIntervals), 1), quiet(QuietIntervals-1)...), []Decision{Keep}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Controller
+			var got Decision
+			for _, v := range tc.cores {
+				got = c.Observe(v)
+			}
+			if got != tc.want[0] || c.Low() != tc.low {
+				t.Fatalf("after %v: decision %d low %v, want %d low %v", tc.cores, got, c.Low(), tc.want[0], tc.low)
+			}
+		})
+	}
+}
+
+// The real loop on this process: idle, it goes down to one P; made busy,
+// it comes back; stopped, it leaves the default.
+func TestRunLowersWhenIdleAndRestoresWhenBusy(t *testing.T) {
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	ctx, cancel := context.WithCancel(context.Background())
+	var changes atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, Options{Interval: 20 * time.Millisecond, OnChange: func(int) { changes.Add(1) }})
+	}()
+	waitFor(t, "one P while idle", func() bool { return runtime.GOMAXPROCS(0) == 1 })
+
+	stop := make(chan struct{})
+	go func() { // one goroutine using a whole core
+		x := 0
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				for i := range 1_000_000 {
+					x += i
+				}
+			}
+		}
+	}()
+	waitFor(t, "more than one P while busy", func() bool { return runtime.GOMAXPROCS(0) > 1 })
+	close(stop)
+	waitFor(t, "one P again once idle", func() bool { return runtime.GOMAXPROCS(0) == 1 })
+	cancel()
+	<-done
+	if got := runtime.GOMAXPROCS(0); got <= 1 && runtime.NumCPU() > 1 {
+		t.Fatalf("after Run stopped: GOMAXPROCS %d, want the default", got)
+	}
+	if changes.Load() < 3 {
+		t.Fatalf("OnChange told %d changes, want at least 3", changes.Load())
+	}
+}
+
+func TestAppliesKeepsTheOperatorsChoice(t *testing.T) {
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	if Applies(func(string) string { return "2" }) {
+		t.Fatal("adapting although GOMAXPROCS is set")
+	}
+	if !Applies(func(string) string { return "" }) {
+		t.Fatal("not adapting with two Ps and no GOMAXPROCS")
+	}
+	runtime.GOMAXPROCS(1)
+	if Applies(func(string) string { return "" }) {
+		t.Fatal("adapting a process that has one P anyway")
+	}
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (GOMAXPROCS %d)", what, runtime.GOMAXPROCS(0))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
