@@ -370,3 +370,40 @@ func TestInsertGuardRefusesEveryOtherStatus(t *testing.T) {
 	}
 	require.Equal(t, 2, f.count(`SELECT count(*) FROM payment_events`))
 }
+
+// TestRedeliveriesTakeNoTransactionID: a commit of nothing but
+// redeliveries writes nothing, so it must not take a transaction id,
+// which would cost it a commit record and a WAL flush. Forming the row
+// for the INSERT evaluates insert_xid's default, pg_current_xact_id(),
+// even when ON CONFLICT then drops it; redeliveries must not get that far.
+func TestRedeliveriesTakeNoTransactionID(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	var batch []postgres.NewEvent
+	for i := 1; i <= 3; i++ {
+		batch = append(batch, postgres.NewEvent{Event: payment.Event{ID: fmt.Sprintf("r-%d", i), Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
+	}
+	inserted, _, err := f.db.InsertEventsTogether(ctx, batch, 0)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true, true, true}, inserted)
+
+	nextXID := func() int64 {
+		var v int64
+		require.NoError(t, f.sql.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").Scan(&v))
+		return v
+	}
+	const rounds = 20
+	before := nextXID()
+	for range rounds {
+		for _, taskMax := range []int{0, 2} { // by the scheduler, and handed off
+			again, given, err := f.db.InsertEventsTogether(ctx, batch, taskMax)
+			require.NoError(t, err)
+			require.Equal(t, []bool{false, false, false}, again)
+			require.Empty(t, given)
+		}
+	}
+	// The hand-off's claim number is a sequence, which takes an xid to log
+	// itself once every 32 values; nothing else may.
+	require.Less(t, nextXID()-before, int64(rounds), "%d commits of redeliveries took transaction ids", 2*rounds)
+}

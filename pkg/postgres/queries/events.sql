@@ -79,6 +79,11 @@ WITH input AS (
     FROM input i
     WHERE EXISTS (SELECT 1 FROM users u WHERE u.id = i.user_id)
       AND EXISTS (SELECT 1 FROM assets a WHERE a.code = i.asset)
+      -- A redelivery never reaches the INSERT: forming its row would
+      -- evaluate insert_xid's default, pg_current_xact_id(), and so give a
+      -- transaction that writes nothing an xid and a WAL flush at COMMIT.
+      -- A row committed after this snapshot still meets ON CONFLICT.
+      AND NOT EXISTS (SELECT 1 FROM payment_events e WHERE e.event_id = i.event_id)
     -- Rows (and so their unique-index locks) in id order: two api replicas
     -- inserting the same ids in arrival order would deadlock.
     ORDER BY i.event_id
