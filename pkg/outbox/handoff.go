@@ -87,7 +87,7 @@ func NewHandoff(o HandoffOptions) *Handoff {
 	}
 	h := &Handoff{
 		o:        o,
-		enqueuer: NewEnqueuer(EnqueuerOptions{Client: asynq.NewClientFromRedisClient(o.Redis), Redis: o.Redis, Log: o.Log, TaskEvents: o.TaskEvents, DepthMax: o.DepthMax}),
+		enqueuer: NewEnqueuer(EnqueuerOptions{Client: asynq.NewClientFromRedisClient(wakeWithEnqueue{o.Redis}), Redis: o.Redis, Log: o.Log, TaskEvents: o.TaskEvents, DepthMax: o.DepthMax}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_ingest_handoff_events_total",
 			Help: "Events of ingest commits by what became of them: handed (the api enqueued them), released (enqueue failed; back to the scheduler).",
@@ -137,12 +137,10 @@ func (h *Handoff) Give(claimed []postgres.Claimed) {
 	ctx, cancel := context.WithTimeout(context.Background(), enqueueTimeout)
 	defer cancel()
 	// The claim ran in the ingest transaction, which began at created_at.
-	tasks, failed := h.enqueuer.enqueueAll(ctx, claimed, claimWindow{start: claimed[0].CreatedAt, end: time.Now()})
+	_, failed := h.enqueuer.enqueueAll(ctx, claimed, claimWindow{start: claimed[0].CreatedAt, end: time.Now()})
+	// Each enqueue carried its own wake-up (wakeWithEnqueue).
 	if len(failed) < len(claimed) {
 		h.events.WithLabelValues("handed").Add(float64(len(claimed) - len(failed)))
-		if err := PublishWakeFor(ctx, h.o.Redis, tasks); err != nil {
-			h.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
-		}
 	}
 	if len(failed) == 0 {
 		return

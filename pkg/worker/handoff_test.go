@@ -173,7 +173,19 @@ type failEnqueues struct{}
 
 func (failEnqueues) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (failEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	// The hand-off pipelines its enqueue with the wake-up.
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+				err := errors.New("injected: redis refuses the script")
+				for _, c := range cmds {
+					c.SetErr(err)
+				}
+				return err
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 func (failEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -244,4 +256,90 @@ func (p *pipeline) dump() string {
 		out += line + "\n"
 	}
 	return out
+}
+
+// roundTrips records the commands of every round trip a client makes.
+type roundTrips struct {
+	mu    sync.Mutex
+	trips [][]string
+}
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.record([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.record(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+func (r *roundTrips) record(cmds []redis.Cmder) {
+	names := make([]string, len(cmds))
+	for i, c := range cmds {
+		names[i] = c.Name()
+	}
+	r.mu.Lock()
+	r.trips = append(r.trips, names)
+	r.mu.Unlock()
+}
+
+func (r *roundTrips) with(name string) [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out [][]string
+	for _, trip := range r.trips {
+		for _, n := range trip {
+			if n == name {
+				out = append(out, trip)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// TestHandoffWakesTheWorkersInTheEnqueuesRoundTrip: the api's enqueue of
+// a lone event's task carries the workers' wake-up, announcing one task,
+// in the same round trip; there is no PUBLISH of its own after it.
+func TestHandoffWakesTheWorkersInTheEnqueuesRoundTrip(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noEnqueuer: true})
+	p.user(1, nil)
+	ctx := context.Background()
+	sub := p.rdb.Subscribe(ctx, task.WakeChannel)
+	defer sub.Close()
+	_, err := sub.Receive(ctx) // the subscription is in place
+	require.NoError(t, err)
+
+	client := redis.NewClient(p.rdb.(*redis.Client).Options())
+	defer client.Close()
+	trips := &roundTrips{}
+	client.AddHook(trips)
+	ingest := p.ingestWith(p.handoff(client, 100))
+	const n = 3
+	for i := range n {
+		inserted, err := ingest.InsertEvent(ctx, deposit(fmt.Sprintf("pw-%d", i), 1, "1"))
+		require.NoError(t, err)
+		require.True(t, inserted)
+		select {
+		case msg := <-sub.Channel():
+			require.Equal(t, "1", msg.Payload, "a wake-up announcing the one task")
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %d: no wake-up published", i)
+		}
+	}
+	p.waitFor("all confirmed", 30*time.Second, p.allTerminal)
+	require.Equal(t, "3", p.balance(1, "ETH"))
+
+	enqueues := trips.with("evalsha")
+	require.Len(t, enqueues, n, "one enqueue per event: %v", trips.trips)
+	for _, trip := range enqueues {
+		require.Equal(t, []string{"evalsha", "publish"}, trip, "the enqueue and its wake-up in one round trip")
+	}
+	require.Len(t, trips.with("publish"), n, "no PUBLISH of its own: %v", trips.trips)
+	p.requireInvariants()
 }
