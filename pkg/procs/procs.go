@@ -26,9 +26,9 @@ const (
 	// Interval is how often the process's CPU use is sampled.
 	Interval = 250 * time.Millisecond
 	// BusyCores: an interval using at least this much of one core is busy.
-	BusyCores = 0.25
+	BusyCores = 0.4
 	// QuietCores: an interval using at most this much of one core is quiet.
-	QuietCores = 0.1
+	QuietCores = 0.2
 	// QuietIntervals in a row take the process down to one P (2 s).
 	QuietIntervals = 8
 )

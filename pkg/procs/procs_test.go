@@ -26,8 +26,8 @@ func TestControllerDecisions(t *testing.T) {
 		{"quiet for long enough lowers", quiet(QuietIntervals), []Decision{Lower}, true},
 		{"and stays low while quiet", quiet(QuietIntervals + 5), []Decision{Keep}, true},
 		{"a busy interval restores at once", append(quiet(QuietIntervals), BusyCores), []Decision{Restore}, false},
-		{"an interval between the bounds restarts the count", append(append(quiet(QuietIntervals-1), 0.15), quiet(QuietIntervals-1)...), []Decision{Keep}, false},
-		{"a middling interval keeps a low process low", append(quiet(QuietIntervals), 0.15, 0.24), []Decision{Keep}, true},
+		{"an interval between the bounds restarts the count", append(append(quiet(QuietIntervals-1), 0.3), quiet(QuietIntervals-1)...), []Decision{Keep}, false},
+		{"a middling interval keeps a low process low", append(quiet(QuietIntervals), 0.3, 0.35), []Decision{Keep}, true},
 		{"busy from the start keeps the default", []float64{1.5, 0.9, 0.6}, []Decision{Keep}, false},
 		{"after a restore it needs the whole quiet run again", append(append(quiet(QuietIntervals), 1), quiet(QuietIntervals-1)...), []Decision{Keep}, false},
 	}
