@@ -174,6 +174,12 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "webhook round trip p50 %.1f ms p99 %.1f ms; webhook-to-terminal p50 %.1f ms p95 %.1f ms p99 %.1f ms max %.1f ms\n",
 		l.RequestMillis["p50"], l.RequestMillis["p99"], l.LatencyMillis["p50"], l.LatencyMillis["p95"], l.LatencyMillis["p99"], l.LatencyMillis["max"])
 	sb.WriteString(r.CPU.Text())
+	// The load generator's work per event is the same whatever settle's
+	// tree, so this ratio moves less with the host's speed than the CPU
+	// figures do: it is what compares runs of different sittings.
+	if lg := r.CPUMsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
+		fmt.Fprintf(&sb, "CPU per event relative to the load generator's: %.2f\n", r.CPUMsPerEvent["total"]/lg)
+	}
 	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event; Redis commands: %.2f per event\n", r.WriteXactsPerEvent, r.RedisCommandsPerEvent)
 	rss := make([]string, 0, len(r.PeakRSSMiB))
 	for n, v := range r.PeakRSSMiB {
