@@ -134,11 +134,17 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 
 	fmt.Fprintln(out, "starting PostgreSQL and Redis ...")
 	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{Dir: postgresDir(root), Port: *pgPort})
+	if errors.Is(err, devenv.ErrPortTaken) {
+		return fmt.Errorf("%w (stop it, or pick another with --postgres-port)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pg.Stop()
 	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{Dir: filepath.Join(root, "redis"), Port: *redisPort, Durable: true})
+	if errors.Is(err, devenv.ErrPortTaken) {
+		return fmt.Errorf("%w (stop it, or pick another with --redis-port)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}

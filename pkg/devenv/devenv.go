@@ -215,6 +215,23 @@ func (p *process) stop(sig syscall.Signal, grace time.Duration) {
 	}
 }
 
+// ErrPortTaken: something already answers on the port a server was to
+// listen on.
+var ErrPortTaken = errors.New("already taken by another server")
+
+// refuseTaken fails when something already answers on addr: a server
+// started there would exit at once for want of its port, and waiting for
+// the port would take that other server for ours (a dev stack then runs
+// on someone else's database).
+func refuseTaken(what, addr string) error {
+	conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return nil
+	}
+	conn.Close()
+	return fmt.Errorf("cannot start %s: %s is %w", what, addr, ErrPortTaken)
+}
+
 func waitTCP(ctx context.Context, addr string, done <-chan struct{}) error {
 	for {
 		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)

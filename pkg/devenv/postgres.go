@@ -117,6 +117,9 @@ func (p *Postgres) Start(ctx context.Context) error {
 	for name, value := range p.options.Settings {
 		args = append(args, "-c", name+"="+value)
 	}
+	if err := refuseTaken("PostgreSQL", fmt.Sprintf("127.0.0.1:%d", p.Port)); err != nil {
+		return err
+	}
 	cmd := exec.Command(filepath.Join(p.binDir, "postgres"), args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.owner.credential}

@@ -103,6 +103,9 @@ func (r *Redis) Start(ctx context.Context) error {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	if err := refuseTaken("Redis", r.Addr()); err != nil {
+		return err
+	}
 	cmd := exec.Command(path, args...)
 	if err := r.proc.start(cmd); err != nil {
 		return fmt.Errorf("start redis: %w", err)
