@@ -3,6 +3,8 @@ package groupcommit_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,4 +142,43 @@ func TestContextEndStopsTheEngine(t *testing.T) {
 	default:
 		t.Fatal("Done before the batch under way ended")
 	}
+}
+
+// goroutineID reads the running goroutine's number from its stack header
+// ("goroutine 42 [running]:").
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	return id
+}
+
+// TestBatchesCommitOnLongLivedGoroutines: a hundred batches one after
+// another run on the engine's InFlight goroutines, not on a goroutine
+// each (whose stack would grow afresh through the commit every time).
+func TestBatchesCommitOnLongLivedGoroutines(t *testing.T) {
+	var mu sync.Mutex
+	ids := map[string]int{}
+	e := groupcommit.Start(context.Background(), groupcommit.Options{BatchMax: 4, InFlight: 2}, func(batch []*groupcommit.Call[int, int]) {
+		mu.Lock()
+		ids[goroutineID()]++
+		mu.Unlock()
+		for _, c := range batch {
+			c.Answer(c.Item*2, nil)
+		}
+	})
+	defer e.Close()
+	for i := range 100 {
+		got, err := e.Submit(context.Background(), i)
+		require.NoError(t, err)
+		require.Equal(t, 2*i, got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, len(ids), 2, "100 batches ran on %d goroutines", len(ids))
+	total := 0
+	for _, n := range ids {
+		total += n
+	}
+	require.Equal(t, 100, total)
 }
