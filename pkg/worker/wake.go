@@ -23,7 +23,8 @@ import (
 // idle worker then asks Redis about once per wait; a task that comes with
 // a wake-up is picked up at once, and so is a due retry (the hook sees
 // asynq's forwarder move it). Tasks that come without one (recovered
-// tasks, maintenance and notification tasks) wait at most the wait.
+// tasks, maintenance and notification tasks) wait about the wait (see
+// below for the other queues).
 //
 // A wake-up says how many tasks it announces. A look that takes the last
 // task announced leaves the queue known empty, so the next dequeue waits
@@ -32,6 +33,14 @@ import (
 // wake-up of both sides). An announcement that falls short costs a task
 // at most the wait, never the task; one without a count ("") makes the
 // worker look until a look comes back empty, as before.
+//
+// The other queues (notifications, maintenance) get their tasks from the
+// scheduler every few seconds, without a wake-up. asynq looks at them,
+// in an order drawn by weight, on every dequeue: at a trickle that was
+// 0.4 empty looks per event, each a Redis round trip. A queue found empty
+// is taken as empty for the wait, so it is asked about at most once per
+// wait, as when the worker is idle; a due retry the forwarder moves into
+// it ends that at once.
 
 // Waker bounds.
 const (
@@ -74,6 +83,10 @@ type Waker struct {
 	drained   chan struct{}
 	// waits counts dequeues that waited (for tests and metrics).
 	waits int64
+	// quiet holds, per pending list of the other queues, when a look
+	// found it empty; skipped counts the looks answered from it.
+	quiet   map[string]time.Time
+	skipped int64
 }
 
 // NewWaker builds a waker for the payments queue; wait <= 0 is
@@ -83,7 +96,7 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 		wait = WakeWaitDefault
 	}
 	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: task.PendingListKey(task.QueuePayments),
-		woken: make(chan struct{}), stop: make(chan struct{})}
+		woken: make(chan struct{}), stop: make(chan struct{}), quiet: map[string]time.Time{}}
 }
 
 // Stop ends every wait and makes dequeues look without waiting: call it
@@ -191,19 +204,37 @@ func (h wakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.w.isForward(cmd) {
-			// The forwarder moved due retries or scheduled tasks into
-			// the pending list: they come without a published wake-up.
+		if key, ok := forwardOf(cmd); ok {
+			// The forwarder moved due retries or scheduled tasks into a
+			// pending list: they come without a published wake-up.
 			err := next(ctx, cmd)
 			if c, ok := cmd.(*redis.Cmd); ok && err == nil {
 				if moved, _ := c.Val().(int64); moved > 0 {
-					h.w.wake(int(min(moved, unknownTasks)))
+					if key == h.w.pending {
+						h.w.wake(int(min(moved, unknownTasks)))
+					} else {
+						// Another queue's: end its quiet mark, and the
+						// payments wait asynq may be in, so the
+						// processor comes round to it now.
+						h.w.lookedAt(key, nil)
+						h.w.wake(0)
+					}
 				}
 			}
 			return err
 		}
-		if !h.w.isDequeue(cmd) {
+		key, ok := dequeueOf(cmd)
+		if !ok {
 			return next(ctx, cmd)
+		}
+		if key != h.w.pending {
+			if h.w.knownQuiet(key) {
+				cmd.SetErr(redis.Nil)
+				return redis.Nil
+			}
+			err := next(ctx, cmd)
+			h.w.lookedAt(key, err)
+			return err
 		}
 		// Taken before the look, so a wake-up published after the look
 		// misses nothing.
@@ -238,37 +269,81 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// isDequeue recognises asynq's dequeue of the payments queue:
+// knownQuiet reports whether a look at the pending list key found it
+// empty less than the wait ago (counting the look it answers).
+func (w *Waker) knownQuiet(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.quiet[key]
+	if !ok || time.Since(at) >= w.wait {
+		return false
+	}
+	select {
+	case <-w.stop:
+		return false // shutting down: look, as asynq expects
+	default:
+	}
+	w.skipped++
+	return true
+}
+
+// lookedAt books a look at (or a forward into) another queue's pending
+// list: empty marks it quiet, anything else ends that.
+func (w *Waker) lookedAt(key string, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if errors.Is(err, redis.Nil) {
+		w.quiet[key] = time.Now()
+		return
+	}
+	delete(w.quiet, key)
+}
+
+// Skipped is how many dequeues of the other queues were answered empty
+// without asking Redis.
+func (w *Waker) Skipped() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.skipped
+}
+
+// dequeueOf returns the pending list of an asynq dequeue:
 // EVALSHA/EVAL sha-or-script 4 <pending> <paused> <active> <lease> ...
-func (w *Waker) isDequeue(cmd redis.Cmder) bool {
+func dequeueOf(cmd redis.Cmder) (string, bool) {
 	name := cmd.Name()
 	if name != "evalsha" && name != "eval" {
-		return false
+		return "", false
 	}
 	args := cmd.Args()
 	if len(args) < 3+dequeueKeys {
-		return false
+		return "", false
 	}
 	n, ok := args[2].(int)
 	key, _ := args[3].(string)
 	lease, _ := args[3+dequeueKeys-1].(string)
-	return ok && n == dequeueKeys && key == w.pending && strings.HasSuffix(lease, ":lease")
+	if !ok || n != dequeueKeys || !strings.HasSuffix(key, "}:pending") || !strings.HasSuffix(lease, ":lease") {
+		return "", false
+	}
+	return key, true
 }
 
-// isForward recognises asynq's forwarder moving due tasks into the
-// payments queue: EVALSHA/EVAL sha-or-script 2 <retry|scheduled> <pending> ...
-func (w *Waker) isForward(cmd redis.Cmder) bool {
+// forwardOf returns the pending list the forwarder moves due tasks into:
+// EVALSHA/EVAL sha-or-script 2 <retry|scheduled> <pending> ...
+func forwardOf(cmd redis.Cmder) (string, bool) {
 	name := cmd.Name()
 	if name != "evalsha" && name != "eval" {
-		return false
+		return "", false
 	}
 	args := cmd.Args()
 	if len(args) < 5 {
-		return false
+		return "", false
 	}
 	n, ok := args[2].(int)
 	from, _ := args[3].(string)
 	to, _ := args[4].(string)
 	// asynq's enqueue script has two keys too (the task's, then pending).
-	return ok && n == 2 && to == w.pending && (strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled"))
+	if !ok || n != 2 || !strings.HasSuffix(to, "}:pending") || !(strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled")) {
+		return "", false
+	}
+	return to, true
 }

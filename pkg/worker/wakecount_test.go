@@ -97,3 +97,114 @@ func TestShortAnnouncementLosesNoTask(t *testing.T) {
 		require.Less(t, time.Since(started), wakeWait+time.Second, "round %d: a task waited more than the wait", round)
 	}
 }
+
+// otherLookCounter counts the dequeue scripts of the queues other than
+// payments that reach Redis.
+type otherLookCounter struct{ n atomic.Int64 }
+
+func (l *otherLookCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l *otherLookCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (l *otherLookCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[2] == 4 &&
+			(args[3] == task.PendingListKey(task.QueueNotifications) || args[3] == task.PendingListKey(task.QueueMaintenance)) {
+			l.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestQuietQueuesAreAskedOncePerWait: at a trickle of payment tasks the
+// notifications and maintenance queues, found empty, are asked about
+// once per wait each, not on every dequeue (asynq draws the queues'
+// order by weight, so before, 0.4 empty looks per task).
+func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan struct{}, 64)
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- struct{}{}
+		return nil
+	}))
+	looks := &otherLookCounter{}
+	p.rdb.AddHook(looks)
+	time.Sleep(300 * time.Millisecond)
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	ctx := context.Background()
+	const tasks = 40
+	started := time.Now()
+	before := looks.n.Load()
+	for i := range tasks {
+		_, err := client.Enqueue(asynq.NewTask("test:quiet", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("quiet-%d", i)))
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
+		select {
+		case <-ran:
+		case <-time.After(wakeWait):
+			t.Fatalf("task %d not run", i)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waits := int64(time.Since(started)/wakeWait) + 1
+	require.LessOrEqual(t, looks.n.Load()-before, 2*waits, "looks at the quiet queues for %d tasks", tasks)
+	require.Positive(t, waker.Skipped())
+}
+
+// TestQuietQueuesStillRunTheirTasks: a task enqueued without a wake-up
+// into a queue found empty runs within two waits (the quiet mark's wait,
+// then at most one wait of the payments queue that asynq's drawn order
+// puts before it: as before quiet marks, when a round's payments wait
+// could come first too), and a retry the forwarder moves into it runs at
+// its due time, not a wait later.
+func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	type run struct {
+		id string
+		at time.Time
+	}
+	ran := make(chan run, 16)
+	var failed atomic.Bool
+	wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if id == "retried" && failed.CompareAndSwap(false, true) {
+			ran <- run{id + "-failed", time.Now()}
+			return fmt.Errorf("once")
+		}
+		ran <- run{id, time.Now()}
+		return nil
+	}))
+	time.Sleep(300 * time.Millisecond) // both quiet queues have been looked at, empty
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	for _, q := range []string{task.QueueNotifications, task.QueueMaintenance} {
+		sent := time.Now()
+		_, err := client.Enqueue(asynq.NewTask("test:"+q, nil), asynq.Queue(q), asynq.TaskID("plain-"+q))
+		require.NoError(t, err)
+		select {
+		case r := <-ran:
+			require.Equal(t, "plain-"+q, r.id)
+			require.Less(t, r.at.Sub(sent), 2*wakeWait+time.Second, "%s task waited beyond two waits", q)
+		case <-time.After(3 * wakeWait):
+			t.Fatalf("%s task not run", q)
+		}
+	}
+	_, err := client.Enqueue(asynq.NewTask("test:retried", nil), asynq.Queue(task.QueueMaintenance), asynq.TaskID("retried"), asynq.MaxRetry(3))
+	require.NoError(t, err)
+	var failedAt time.Time
+	for _, want := range []string{"retried-failed", "retried"} {
+		select {
+		case r := <-ran:
+			require.Equal(t, want, r.id)
+			if want == "retried-failed" {
+				failedAt = r.at
+				continue
+			}
+			// Due 10 ms after the failure, forwarded within the
+			// forwarder's 100 ms: well before the 5 s wait.
+			require.Less(t, r.at.Sub(failedAt), 2*time.Second, "the retry waited for the quiet queue's wait")
+		case <-time.After(3 * wakeWait):
+			t.Fatalf("%s not seen", want)
+		}
+	}
+}
