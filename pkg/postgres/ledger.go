@@ -195,8 +195,10 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	claim := newClaim(items, live)
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
-	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	// The plan settings first: ledger_settings takes parameters, and
+	// planned before force_generic_plan it was planned afresh every time.
 	batch.Queue(q("hot_path_plans").text)
+	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
 	if len(newUsers) > 0 {
 		batch.Queue(q("ledger_ensure_balances").text, newUsers, newAssets)
 	}
@@ -206,7 +208,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	held := map[ledger.Account]decimal.Decimal{}
 	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
-		execs := 3 // BEGIN, ledger_settings, hot_path_plans
+		execs := 3 // BEGIN, hot_path_plans, ledger_settings
 		if len(newUsers) > 0 {
 			execs++
 		}
