@@ -96,15 +96,7 @@ func insertRuleCase(ctx context.Context, conn *pgx.Conn, id string, c ruleCase) 
 // is admitted. The same cases run against both schemas.
 func TestPaymentEventsRulesAsBefore(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.EmptyDatabaseURL(t)
-	db := testenv.OpenDB(t, dsn)
-	_, err := db.MigrateTo(ctx, 18)
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, dsn)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `INSERT INTO users (id) VALUES (1)`)
-	require.NoError(t, err)
+	db, conn := migratedTo(t, 18)
 
 	check := func(schema string) {
 		for i, c := range paymentEventRuleCases {
@@ -120,7 +112,7 @@ func TestPaymentEventsRulesAsBefore(t *testing.T) {
 		}
 	}
 	check("0018")
-	_, err = conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, trace_id)
+	_, err := conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, trace_id)
 		VALUES ('before-0019', 'deposit', 1, 'ETH', 1, sha256('x'), '')`)
 	require.NoError(t, err)
 

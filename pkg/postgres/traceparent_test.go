@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -17,16 +18,8 @@ import (
 // read NULL, and the format CHECK holds for what is written after it.
 func TestTraceparentMigration(t *testing.T) {
 	ctx := context.Background()
-	dsn := testenv.EmptyDatabaseURL(t)
-	db := testenv.OpenDB(t, dsn)
-	_, err := db.MigrateTo(ctx, 13)
-	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, dsn)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `INSERT INTO users (id) VALUES (1)`)
-	require.NoError(t, err)
-	_, err = conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, trace_id)
+	db, conn := migratedTo(t, 13)
+	_, err := conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, trace_id)
 		VALUES ('before-0014', 'deposit', 1, 'ETH', 1, sha256('x'), 'order-42')`)
 	require.NoError(t, err)
 	relfilenode := func() uint32 {
@@ -54,4 +47,21 @@ func TestTraceparentMigration(t *testing.T) {
 	}
 	_, err = conn.Exec(ctx, `UPDATE payment_events SET traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' WHERE event_id = 'before-0014'`)
 	require.NoError(t, err)
+}
+
+// migratedTo is a fresh database migrated up to version, with user 1, and
+// a connection of its own to it.
+func migratedTo(t *testing.T, version int) (*postgres.DB, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.MigrateTo(ctx, version)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, `INSERT INTO users (id) VALUES (1)`)
+	require.NoError(t, err)
+	return db, conn
 }

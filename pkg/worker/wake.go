@@ -84,8 +84,11 @@ type Waker struct {
 	// waits counts dequeues that waited (for tests and metrics).
 	waits int64
 	// quiet holds, per pending list of the other queues, when a look
-	// found it empty; skipped counts the looks answered from it.
+	// found it empty; skipped counts the looks answered from it. due
+	// holds those the forwarder has moved tasks into since their last
+	// look: while one is, the payments queue does not wait.
 	quiet   map[string]time.Time
+	due     map[string]bool
 	skipped int64
 }
 
@@ -96,7 +99,8 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 		wait = WakeWaitDefault
 	}
 	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: task.PendingListKey(task.QueuePayments),
-		woken: make(chan struct{}), stop: make(chan struct{}), quiet: map[string]time.Time{}}
+		woken: make(chan struct{}), stop: make(chan struct{}),
+		quiet: map[string]time.Time{}, due: map[string]bool{}}
 }
 
 // Stop ends every wait and makes dequeues look without waiting: call it
@@ -216,8 +220,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 						// Another queue's: end its quiet mark, and the
 						// payments wait asynq may be in, so the
 						// processor comes round to it now.
-						h.w.lookedAt(key, nil)
-						h.w.wake(0)
+						h.w.forwarded(key)
 					}
 				}
 			}
@@ -242,8 +245,11 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if drained {
 			// Nothing announced is left: wait first, then look once
 			// (a task that came without a wake-up is found within the
-			// wait).
-			h.w.waitWoken(ctx, woken)
+			// wait). Not while a forward into another queue waits for
+			// its look: asynq comes to that queue after this one.
+			if !h.w.othersDue() {
+				h.w.waitWoken(ctx, woken)
+			}
 			woken, _ = h.w.beforeLook()
 			err := next(ctx, cmd)
 			h.w.looked(woken, err)
@@ -254,7 +260,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !errors.Is(err, redis.Nil) {
 			return err
 		}
-		if !h.w.waitWoken(ctx, woken) {
+		if h.w.othersDue() || !h.w.waitWoken(ctx, woken) {
 			return err // asynq goes on to its other queues, then sleeps
 		}
 		woken, _ = h.w.beforeLook()
@@ -287,16 +293,36 @@ func (w *Waker) knownQuiet(key string) bool {
 	return true
 }
 
-// lookedAt books a look at (or a forward into) another queue's pending
-// list: empty marks it quiet, anything else ends that.
+// lookedAt books a look at another queue's pending list: empty marks it
+// quiet, anything else ends that.
 func (w *Waker) lookedAt(key string, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	delete(w.due, key)
 	if errors.Is(err, redis.Nil) {
 		w.quiet[key] = time.Now()
 		return
 	}
 	delete(w.quiet, key)
+}
+
+// forwarded books a forward of due tasks into another queue's pending
+// list: it is no longer quiet, and it is due for a look before the
+// payments queue waits again (a forward can land between asynq's look
+// at it and the payments wait of the same round).
+func (w *Waker) forwarded(key string) {
+	w.mu.Lock()
+	delete(w.quiet, key)
+	w.due[key] = true
+	w.mu.Unlock()
+	w.wake(0)
+}
+
+// othersDue reports whether a forward into another queue awaits a look.
+func (w *Waker) othersDue() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.due) > 0
 }
 
 // Skipped is how many dequeues of the other queues were answered empty
