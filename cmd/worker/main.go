@@ -145,7 +145,7 @@ func run(s settings, log zerolog.Logger) error {
 
 	// An idle worker waits for the enqueuer's wake-up instead of asking
 	// Redis every WORKER_POLL_INTERVAL (see worker.Waker).
-	waker := worker.NewWaker(rdb, s.WakeWait)
+	waker := worker.NewWaker(rdb, s.WakeWait).WithLog(log)
 	rdb.AddHook(waker.Hook())
 	go waker.Run(batchCtx)
 

@@ -6,9 +6,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/task"
 )
@@ -70,6 +72,8 @@ type Waker struct {
 	rdb     redis.UniversalClient
 	wait    time.Duration
 	pending string // the key whose empty dequeue waits
+	active  string // the same queue's active list, named by its dones
+	log     zerolog.Logger
 
 	stop     chan struct{} // closed by Stop
 	stopOnce sync.Once
@@ -90,6 +94,15 @@ type Waker struct {
 	quiet   map[string]time.Time
 	due     map[string]bool
 	skipped int64
+
+	// dones are the payments tasks' done scripts held for the next
+	// dequeue (see done.go); doneTimer sends them alone after doneHold.
+	dones     []heldDone
+	doneHold  time.Duration
+	doneTimer *time.Timer
+	flushMu   sync.Mutex
+	stopping  bool
+	donesLost atomic.Int64
 }
 
 // NewWaker builds a waker for the payments queue; wait <= 0 is
@@ -98,14 +111,31 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 	if wait <= 0 {
 		wait = WakeWaitDefault
 	}
-	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: task.PendingListKey(task.QueuePayments),
+	pending := task.PendingListKey(task.QueuePayments)
+	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: pending,
+		active: strings.TrimSuffix(pending, ":pending") + ":active", log: zerolog.Nop(), doneHold: doneHold,
 		woken: make(chan struct{}), stop: make(chan struct{}),
 		quiet: map[string]time.Time{}, due: map[string]bool{}}
 }
 
-// Stop ends every wait and makes dequeues look without waiting: call it
-// before asynq's Shutdown, which waits for the dequeue under way.
-func (w *Waker) Stop() { w.stopOnce.Do(func() { close(w.stop) }) }
+// WithLog sets the logger of the dones that fail; the default logs nothing.
+func (w *Waker) WithLog(log zerolog.Logger) *Waker {
+	w.log = log
+	return w
+}
+
+// Stop ends every wait and makes dequeues look without waiting, sends
+// the held dones and holds no more: call it before asynq's Shutdown,
+// which waits for the dequeue under way.
+func (w *Waker) Stop() {
+	w.stopOnce.Do(func() {
+		w.mu.Lock()
+		w.stopping = true
+		w.mu.Unlock()
+		close(w.stop)
+		w.flushDones()
+	})
+}
 
 // Run listens for wake-ups until ctx ends.
 func (w *Waker) Run(ctx context.Context) {
@@ -208,6 +238,12 @@ func (h wakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isDone(cmd, h.w.active) {
+			if h.w.holdDone(cmd) {
+				return nil
+			}
+			return next(ctx, cmd)
+		}
 		if key, ok := forwardOf(cmd); ok {
 			// The forwarder moved due retries or scheduled tasks into a
 			// pending list: they come without a published wake-up.
@@ -251,11 +287,11 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				h.w.waitWoken(ctx, woken)
 			}
 			woken, _ = h.w.beforeLook()
-			err := next(ctx, cmd)
+			err := h.w.lookWithDones(ctx, next, cmd)
 			h.w.looked(woken, err)
 			return err
 		}
-		err := next(ctx, cmd)
+		err := h.w.lookWithDones(ctx, next, cmd)
 		h.w.looked(woken, err)
 		if !errors.Is(err, redis.Nil) {
 			return err
@@ -265,7 +301,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		woken, _ = h.w.beforeLook()
 		again := redis.NewCmd(ctx, cmd.Args()...)
-		err = next(ctx, again)
+		err = h.w.lookWithDones(ctx, next, again)
 		h.w.looked(woken, err)
 		if c, ok := cmd.(*redis.Cmd); ok {
 			c.SetVal(again.Val())

@@ -16,7 +16,8 @@ import (
 )
 
 // lookCounter counts the dequeue scripts of its queues that reach Redis
-// (it sits inside the waker's hook, so it sees real looks only).
+// (it sits inside the waker's hook, so it sees real looks only; a look
+// that carries held dones goes as a pipeline).
 type lookCounter struct {
 	n      atomic.Int64
 	queues []string
@@ -26,19 +27,28 @@ func countLooks(queues ...string) *lookCounter { return &lookCounter{queues: que
 
 func (l *lookCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (l *lookCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			l.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
 }
 func (l *lookCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[2] == 4 {
-			for _, q := range l.queues {
-				if args[3] == task.PendingListKey(q) {
-					l.n.Add(1)
-				}
+		l.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (l *lookCounter) count(cmd redis.Cmder) {
+	args := cmd.Args()
+	if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 3 && args[2] == 4 {
+		for _, q := range l.queues {
+			if args[3] == task.PendingListKey(q) {
+				l.n.Add(1)
 			}
 		}
-		return next(ctx, cmd)
 	}
 }
 

@@ -1,0 +1,24 @@
+package worker
+
+import "time"
+
+// Exported for the external tests.
+const DoneHold = doneHold
+
+// DoneScriptSHA is the SHA of the done script the waker defers.
+var DoneScriptSHA = doneScriptSHA
+
+// HeldDones is how many dones the waker holds.
+func (w *Waker) HeldDones() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.dones)
+}
+
+// HoldDonesFor sets how long dones wait for a dequeue; call it before
+// the first.
+func (w *Waker) HoldDonesFor(d time.Duration) {
+	w.mu.Lock()
+	w.doneHold = d
+	w.mu.Unlock()
+}
