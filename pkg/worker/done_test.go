@@ -20,63 +20,66 @@ import (
 const paymentsActive = "asynq:{payments}:active"
 
 // scriptTrips records, for every round trip, which asynq scripts of the
-// payments queue it carried: "dequeue", "done" or "other".
+// payments queue it carried ("dequeue", "done" or "other"), and the SHAs
+// of the done scripts sent by SHA.
 type scriptTrips struct {
-	mu    sync.Mutex
-	trips [][]string
-	shas  map[string]bool // SHAs of the done scripts seen
+	roundTrips
+	mu   sync.Mutex
+	shas map[string]bool
 }
 
-func (s *scriptTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (s *scriptTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		s.record([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (s *scriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		s.record(cmds)
-		return next(ctx, cmds)
-	}
+func newScriptTrips() *scriptTrips {
+	s := &scriptTrips{shas: map[string]bool{}}
+	s.kind = s.script
+	return s
 }
 
-func (s *scriptTrips) record(cmds []redis.Cmder) {
-	var kinds []string
-	for _, c := range cmds {
-		args := c.Args()
-		if (c.Name() != "evalsha" && c.Name() != "eval") || len(args) < 4 {
-			continue
+func (s *scriptTrips) script(c redis.Cmder) string {
+	args := c.Args()
+	if (c.Name() != "evalsha" && c.Name() != "eval") || len(args) < 4 {
+		return ""
+	}
+	switch {
+	case args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments):
+		return "dequeue"
+	case args[2] == 5 && args[3] == paymentsActive:
+		if c.Name() == "evalsha" {
+			s.mu.Lock()
+			s.shas[fmt.Sprint(args[1])] = true
+			s.mu.Unlock()
 		}
-		switch {
-		case args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments):
-			kinds = append(kinds, "dequeue")
-		case args[2] == 5 && args[3] == paymentsActive:
-			kinds = append(kinds, "done")
-			if c.Name() == "evalsha" {
-				s.mu.Lock()
-				if s.shas == nil {
-					s.shas = map[string]bool{}
-				}
-				s.shas[fmt.Sprint(args[1])] = true
-				s.mu.Unlock()
-			}
-		default:
-			kinds = append(kinds, "other")
-		}
+		return "done"
 	}
-	if len(kinds) == 0 {
-		return
-	}
-	s.mu.Lock()
-	s.trips = append(s.trips, kinds)
-	s.mu.Unlock()
+	return "other"
 }
 
-func (s *scriptTrips) snapshot() [][]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([][]string(nil), s.trips...)
+// signallingServer starts a waking server whose handler signals ran
+// and succeeds; hooks are hooks to add before the waker's.
+func signallingServer(t *testing.T, hooks ...redis.Hook) (*pipeline, *worker.Waker, <-chan struct{}) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	for _, h := range hooks {
+		p.rdb.AddHook(h)
+	}
+	ran := make(chan struct{}, 16)
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- struct{}{}
+		return nil
+	}))
+	return p, waker, ran
+}
+
+// runTask enqueues a payments task with its wake-up and waits until the
+// handler has signalled ran.
+func runTask(t *testing.T, p *pipeline, id string, ran <-chan struct{}) {
+	t.Helper()
+	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:done", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(id))
+	require.NoError(t, err)
+	require.NoError(t, outbox.PublishWakeFor(context.Background(), p.rdb, 1))
+	select {
+	case <-ran:
+	case <-time.After(wakeWait):
+		t.Fatalf("task %s not run", id)
+	}
 }
 
 func (p *pipeline) activePayments() int64 {
@@ -85,22 +88,19 @@ func (p *pipeline) activePayments() int64 {
 	return n
 }
 
+func (p *pipeline) taskGone(id string) bool {
+	n, err := p.rdb.Exists(context.Background(), "asynq:{payments}:t:"+id).Result()
+	require.NoError(p.t, err)
+	return n == 0
+}
+
 // TestDoneScriptIsAsynqs: the done script asynq sends is the one the
 // waker knows, so its dones are the ones it holds (after an asynq upgrade
 // that changed the script, nothing would be held, and this fails).
 func TestDoneScriptIsAsynqs(t *testing.T) {
-	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	raw := &scriptTrips{} // before the waker's hook: asynq's own commands
-	p.rdb.AddHook(raw)
-	ran := make(chan struct{}, 1)
-	wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		ran <- struct{}{}
-		return nil
-	}))
-	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:sha", nil), asynq.Queue(task.QueuePayments), asynq.TaskID("sha-1"))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishWakeFor(context.Background(), p.rdb, 1))
-	<-ran
+	raw := newScriptTrips() // before the waker's hook: asynq's own commands
+	p, _, ran := signallingServer(t, raw)
+	runTask(t, p, "sha-1", ran)
 	p.waitFor("the done sent", 10*time.Second, func() bool { return p.activePayments() == 0 })
 	raw.mu.Lock()
 	defer raw.mu.Unlock()
@@ -111,35 +111,19 @@ func TestDoneScriptIsAsynqs(t *testing.T) {
 // Redis in the round trip of the dequeue the next task's wake-up sets
 // off, not in one of its own; every task still ends done in Redis.
 func TestDoneGoesWithTheNextDequeue(t *testing.T) {
-	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	ran := make(chan struct{}, 16)
-	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		ran <- struct{}{}
-		return nil
-	}))
-	trips := &scriptTrips{} // inside the waker's hook: what reaches Redis
+	p, waker, ran := signallingServer(t)
+	trips := newScriptTrips() // inside the waker's hook: what reaches Redis
 	p.rdb.AddHook(trips)
 	time.Sleep(300 * time.Millisecond) // the processor is waiting
-	client := asynq.NewClientFromRedisClient(p.rdb)
-	ctx := context.Background()
 	const tasks = 8
 	for i := range tasks {
-		_, err := client.Enqueue(asynq.NewTask("test:done", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("done-%d", i)))
-		require.NoError(t, err)
-		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-		select {
-		case <-ran:
-		case <-time.After(wakeWait):
-			t.Fatalf("task %d not run", i)
-		}
+		runTask(t, p, fmt.Sprintf("done-%d", i), ran)
 		time.Sleep(worker.DoneHold / 5) // well inside the hold
 	}
 	// The last done goes alone, after the hold.
 	p.waitFor("every task done in Redis", 10*time.Second, func() bool { return p.activePayments() == 0 })
 	for i := range tasks {
-		n, err := p.rdb.Exists(ctx, fmt.Sprintf("asynq:{payments}:t:done-%d", i)).Result()
-		require.NoError(t, err)
-		require.Zero(t, n, "task %d's hash left behind", i)
+		require.True(t, p.taskGone(fmt.Sprintf("done-%d", i)), "task %d's hash left behind", i)
 	}
 
 	dones, alone := 0, 0
@@ -165,34 +149,15 @@ func TestDoneGoesWithTheNextDequeue(t *testing.T) {
 // the script's source, and the dequeue it goes with still takes the
 // next task.
 func TestHeldDonesSurviveAScriptFlush(t *testing.T) {
-	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	ran := make(chan struct{}, 2)
-	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		ran <- struct{}{}
-		return nil
-	}))
+	p, waker, ran := signallingServer(t)
 	waker.HoldDonesFor(time.Minute) // only a dequeue or the stop sends them
-	ctx := context.Background()
-	client := asynq.NewClientFromRedisClient(p.rdb)
-	_, err := client.Enqueue(asynq.NewTask("test:flush", nil), asynq.Queue(task.QueuePayments), asynq.TaskID("flush-1"))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-	<-ran
+	runTask(t, p, "flush-1", ran)
 	p.waitFor("the done held", 5*time.Second, func() bool { return waker.HeldDones() == 1 })
-	require.NoError(t, p.rdb.ScriptFlush(ctx).Err())
+	require.NoError(t, p.rdb.ScriptFlush(context.Background()).Err())
 
-	_, err = client.Enqueue(asynq.NewTask("test:flush", nil), asynq.Queue(task.QueuePayments), asynq.TaskID("flush-2"))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-	select {
-	case <-ran:
-	case <-time.After(wakeWait):
-		t.Fatal("the task after the flush not run")
-	}
+	runTask(t, p, "flush-2", ran)
 	p.waitFor("the second done held", 5*time.Second, func() bool { return waker.HeldDones() == 1 })
-	n, err := p.rdb.Exists(ctx, "asynq:{payments}:t:flush-1").Result()
-	require.NoError(t, err)
-	require.Zero(t, n, "the first task's done, sent with the dequeue after the flush, did not land")
+	require.True(t, p.taskGone("flush-1"), "the first task's done, sent with the dequeue after the flush, did not land")
 	waker.Stop()
 	require.Zero(t, p.activePayments())
 	require.Zero(t, waker.DonesLost())
@@ -201,18 +166,9 @@ func TestHeldDonesSurviveAScriptFlush(t *testing.T) {
 // TestStopSendsTheHeldDones: Stop sends what it holds before it returns,
 // so a worker that stops leaves no finished task active.
 func TestStopSendsTheHeldDones(t *testing.T) {
-	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	ran := make(chan struct{}, 1)
-	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		ran <- struct{}{}
-		return nil
-	}))
+	p, waker, ran := signallingServer(t)
 	waker.HoldDonesFor(time.Minute)
-	ctx := context.Background()
-	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:stop", nil), asynq.Queue(task.QueuePayments), asynq.TaskID("stop-1"))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-	<-ran
+	runTask(t, p, "stop-1", ran)
 	p.waitFor("the done held", 5*time.Second, func() bool { return waker.HeldDones() == 1 })
 	require.Equal(t, int64(1), p.activePayments(), "the task still active in Redis")
 	waker.Stop()

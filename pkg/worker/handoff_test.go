@@ -258,10 +258,13 @@ func (p *pipeline) dump() string {
 	return out
 }
 
-// roundTrips records the commands of every round trip a client makes.
+// roundTrips records the commands of every round trip a client makes,
+// each named by kind (its name when nil; "" leaves it out, and a trip
+// with nothing left is not recorded).
 type roundTrips struct {
 	mu    sync.Mutex
 	trips [][]string
+	kind  func(redis.Cmder) string
 }
 
 func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -279,13 +282,28 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 func (r *roundTrips) record(cmds []redis.Cmder) {
-	names := make([]string, len(cmds))
-	for i, c := range cmds {
-		names[i] = c.Name()
+	var names []string
+	for _, c := range cmds {
+		name := c.Name()
+		if r.kind != nil {
+			name = r.kind(c)
+		}
+		if name != "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return
 	}
 	r.mu.Lock()
 	r.trips = append(r.trips, names)
 	r.mu.Unlock()
+}
+
+func (r *roundTrips) snapshot() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]string(nil), r.trips...)
 }
 
 func (r *roundTrips) with(name string) [][]string {
