@@ -114,6 +114,13 @@ func (w *Waker) holdDone(cmd redis.Cmder) bool {
 	return true
 }
 
+// heldNone reports whether no done is held.
+func (w *Waker) heldNone() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.dones) == 0
+}
+
 // takeDones hands over the held dones.
 func (w *Waker) takeDones() []heldDone {
 	w.mu.Lock()
@@ -129,6 +136,12 @@ func (w *Waker) takeDones() []heldDone {
 // lookWithDones runs a dequeue of the payments queue, with the held dones
 // in front of it in the same round trip.
 func (w *Waker) lookWithDones(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder) error {
+	if w.heldNone() {
+		return next(ctx, cmd)
+	}
+	// Under flushMu, so that Stop returns only once these have landed.
+	w.flushMu.Lock()
+	defer w.flushMu.Unlock()
 	dones := w.takeDones()
 	if len(dones) == 0 {
 		return next(ctx, cmd)
@@ -157,8 +170,8 @@ func (w *Waker) sendDones(ctx context.Context, dones []heldDone, extra ...redis.
 // flushDones sends the held dones on their own: no dequeue came in time,
 // or the worker is stopping.
 func (w *Waker) flushDones() {
-	// Stop's flush waits for the timer's, so the process does not end
-	// with dones on the wire.
+	// Stop's flush waits for the timer's and a look's, so the process
+	// does not end with dones on the wire.
 	w.flushMu.Lock()
 	defer w.flushMu.Unlock()
 	dones := w.takeDones()
