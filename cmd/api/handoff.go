@@ -10,7 +10,7 @@ import (
 	"github.com/settle/settle/pkg/postgres"
 )
 
-// handoffSettings say when the api hands a trickle's events to the queue
+// handoffSettings say when the api hands a commit's events to the queue
 // itself (INGEST_HANDOFF_MAX; 0 leaves every event to the scheduler) and
 // the scheduler's task size and queue bound it must keep to.
 type handoffSettings struct {

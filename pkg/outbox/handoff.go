@@ -17,10 +17,15 @@ import (
 // Hand-off bounds.
 const (
 	// HandoffEventsMaxDefault is the largest group commit whose events
-	// the api hands to the queue itself: a trickle. Larger commits (full
-	// speed) leave their events to the scheduler, whose claims fill whole
-	// tasks.
-	HandoffEventsMaxDefault = 8
+	// the api hands to the queue itself: every commit of up to 256 events,
+	// full speed's too. Measured against 8 (a trickle only), full speed
+	// went about 3,500 -> 4,100 applied deposits/s and 0.45 -> 0.37
+	// CPU-ms/event: the scheduler's claim was an UPDATE of every row (no
+	// HOT update here) and a second durable transaction per event, and
+	// tasks cut from a commit run as well as the claim's full ones.
+	// Larger commits (a webhook carrying hundreds of events) go to the
+	// scheduler.
+	HandoffEventsMaxDefault = 256
 	// handoffDepthFresh is how old the queue depth the hand-off goes by
 	// may be; between readings it counts its own tasks on top.
 	handoffDepthFresh = time.Second
@@ -51,9 +56,9 @@ type HandoffOptions struct {
 	Registerer prometheus.Registerer
 }
 
-// Handoff is the api's side of the outbox at a trickle
-// (postgres.Handoff): a small ingest commit claims its own events and the
-// api enqueues them right after COMMIT, so a lone event costs one durable
+// Handoff is the api's side of the outbox (postgres.Handoff): an ingest
+// commit of at most EventsMax events claims its own events and the api
+// enqueues them right after COMMIT, so an event costs one durable
 // transaction before the ledger's instead of two, and no scheduler
 // wake-up. Whenever Redis is failing, the queue is at QUEUE_DEPTH_MAX, or
 // the commit is larger than EventsMax, the events stay 'pending' for the

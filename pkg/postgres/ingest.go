@@ -37,10 +37,10 @@ type Ingest struct {
 	handoff Handoff
 }
 
-// Handoff lets the api hand a trickle's events to the queue itself: at a
-// trickle every event otherwise costs a second durable transaction (the
-// scheduler's claim) and the scheduler's wake-ups, only to say
-// 'enqueued' before its task exists.
+// Handoff lets the api hand a commit's events to the queue itself: every
+// event otherwise costs a second durable transaction (the scheduler's
+// claim, an UPDATE of its row) and, at a trickle, the scheduler's
+// wake-ups, only to say 'enqueued' before its task exists.
 type Handoff interface {
 	// Take is asked before a batch of n events commits. A taskMax above
 	// zero has the batch insert its events 'enqueued', in tasks of at most

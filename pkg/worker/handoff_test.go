@@ -93,6 +93,47 @@ func TestHandoffAndSchedulerShareABurstExactlyOnce(t *testing.T) {
 	p.requireInvariants()
 }
 
+// TestDefaultHandoffTakesAFullSpeedBurst: with the default
+// INGEST_HANDOFF_MAX the api hands off commits of many events too, cut
+// into tasks of TASK_EVENTS_MAX, so a burst settles once with no enqueuer
+// running; only a commit above the bound is left 'pending'.
+func TestDefaultHandoffTakesAFullSpeedBurst(t *testing.T) {
+	require.Equal(t, postgres.TaskEventsMax, outbox.HandoffEventsMaxDefault)
+	p := newPipeline(t, pipelineOptions{noEnqueuer: true})
+	for u := int64(1); u <= 4; u++ {
+		p.user(u, nil)
+	}
+	h := outbox.NewHandoff(outbox.HandoffOptions{Redis: p.rdb, Release: p.db, Log: zerolog.Nop(), TaskEvents: 4, DepthMax: 1000})
+	counted := &countGive{Handoff: h}
+	ingest := p.ingestWith(counted)
+	ctx := context.Background()
+	const n = 300
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 64)
+	for i := range n {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			_, err := ingest.InsertEvent(ctx, deposit(fmt.Sprintf("f-%d", i), int64(i%4+1), "0.5"))
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	p.waitFor("all confirmed", 60*time.Second, p.allTerminal)
+	require.EqualValues(t, n, counted.n.Load(), "every commit was handed off:\n%s", p.dump())
+	require.Greater(t, p.count(`SELECT count(DISTINCT task_id) FROM payment_events`), n/64, "commits were cut into tasks")
+	require.Equal(t, n, p.count(`SELECT count(*) FROM payment_events WHERE status = 'confirmed' AND generation = 0`))
+	require.Equal(t, n, p.count(`SELECT count(*) FROM balance_events`))
+	p.requireInvariants()
+
+	// The bound: one more event than the default in a commit stays with
+	// the scheduler.
+	require.Zero(t, h.Take(outbox.HandoffEventsMaxDefault+1))
+	require.Equal(t, 4, h.Take(outbox.HandoffEventsMaxDefault))
+}
+
 // countGive counts the events handed off.
 type countGive struct {
 	*outbox.Handoff
