@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/tracing"
 )
 
@@ -137,6 +138,7 @@ func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 func (s *Server) observeMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
+		procs.Active() // a request ends the GOMAXPROCS controller's idle period
 		if err := next(c); err != nil {
 			s.handleError(err, c)
 		}

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/tracing"
 )
@@ -120,6 +121,7 @@ func NewEnqueuer(o EnqueuerOptions) *Enqueuer {
 
 // Wake asks for a claim round soon; it never blocks.
 func (e *Enqueuer) Wake() {
+	procs.Active() // new events end the GOMAXPROCS controller's idle period
 	select {
 	case e.wake <- struct{}{}:
 	default:

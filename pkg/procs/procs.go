@@ -15,6 +15,7 @@ package procs
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -31,7 +32,34 @@ const (
 	QuietCores = 0.2
 	// QuietIntervals in a row take the process down to one P (2 s).
 	QuietIntervals = 8
+	// IdleInterval is the sampling period of a process on one P whose
+	// last interval used at most IdleCores: each sample wakes an idle
+	// process, which on a virtual machine cost about a tenth of the idle
+	// api's, worker's and scheduler's CPU at four a second. Active ends
+	// the long period, so load that arrives is seen within Interval.
+	IdleInterval = time.Second
+	// IdleCores: an interval using at most this much of one core is idle.
+	IdleCores = 0.02
 )
+
+// sleeping is set while Run waits out an IdleInterval; kick wakes it.
+var (
+	sleeping atomic.Bool
+	kick     = make(chan struct{}, 1)
+	samples  atomic.Int64 // for tests
+)
+
+// Active tells the controller that work has arrived: one atomic load
+// unless it is in its idle period, which this ends. Call it where a
+// process's work comes in (a request, a task).
+func Active() {
+	if sleeping.Load() && sleeping.CompareAndSwap(true, false) {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // Controller decides the GOMAXPROCS of the next interval from the CPU use
 // of the last one. It is not safe for concurrent use.
@@ -75,7 +103,8 @@ func (c *Controller) Low() bool { return c.low }
 
 // Options tune Run; the zero value is the deployed behaviour.
 type Options struct {
-	Interval time.Duration // Interval when zero
+	Interval     time.Duration // Interval when zero
+	IdleInterval time.Duration // IdleInterval when zero
 	// OnChange is told every change (for the log), with the new setting.
 	OnChange func(procs int)
 }
@@ -88,15 +117,19 @@ func Applies(getenv func(string) string) bool {
 
 // Run adapts GOMAXPROCS until ctx ends, then restores the default.
 func Run(ctx context.Context, opts Options) {
-	interval := opts.Interval
+	interval, idleInterval := opts.Interval, opts.IdleInterval
 	if interval <= 0 {
 		interval = Interval
 	}
+	if idleInterval <= 0 {
+		idleInterval = IdleInterval
+	}
 	var c Controller
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
 	lastCPU, lastAt := cpuTime(), time.Now()
 	defer func() {
+		sleeping.Store(false)
 		if c.Low() {
 			runtime.SetDefaultGOMAXPROCS()
 		}
@@ -105,15 +138,30 @@ func Run(ctx context.Context, opts Options) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-ticker.C:
+		case <-kick:
+			// Work came in during the idle period: sample at Interval
+			// again, measuring from the last sample as before.
+			timer.Reset(interval)
+			continue
+		case now := <-timer.C:
+			samples.Add(1)
 			used := cpuTime()
 			wall := now.Sub(lastAt)
 			if wall <= 0 {
+				timer.Reset(interval)
 				continue
 			}
 			cores := float64(used-lastCPU) / float64(wall)
 			lastCPU, lastAt = used, now
-			switch c.Observe(cores) {
+			decision := c.Observe(cores)
+			if c.Low() && cores <= IdleCores {
+				sleeping.Store(true)
+				timer.Reset(idleInterval)
+			} else {
+				sleeping.Store(false)
+				timer.Reset(interval)
+			}
+			switch decision {
 			case Lower:
 				runtime.GOMAXPROCS(1)
 			case Restore:

@@ -111,3 +111,47 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Idle on one P, the loop samples once per IdleInterval (here: never
+// within the test); Active ends that at once, so a process made busy
+// gets its Ps back within Interval, not IdleInterval.
+func TestIdleSamplesRarelyAndActiveEndsIt(t *testing.T) {
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, Options{Interval: 10 * time.Millisecond, IdleInterval: time.Hour})
+	}()
+	defer func() { cancel(); <-done }()
+	waitFor(t, "one P and the idle period", func() bool { return runtime.GOMAXPROCS(0) == 1 && sleeping.Load() })
+	before := samples.Load()
+	time.Sleep(300 * time.Millisecond) // thirty intervals
+	if n := samples.Load() - before; n != 0 {
+		t.Fatalf("%d samples during the idle period, want none", n)
+	}
+
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // one goroutine using a whole core
+		x := 0
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				for i := range 1_000_000 {
+					x += i
+				}
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if runtime.GOMAXPROCS(0) != 1 || samples.Load() != before {
+		t.Fatalf("busy but not told: GOMAXPROCS %d after %d samples, want 1 after none", runtime.GOMAXPROCS(0), samples.Load()-before)
+	}
+	Active()
+	Active() // a second call while the first is taken is a no-op, not a block
+	waitFor(t, "more than one P once told", func() bool { return runtime.GOMAXPROCS(0) > 1 })
+}

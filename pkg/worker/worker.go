@@ -24,6 +24,7 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/tracing"
 )
@@ -81,6 +82,7 @@ func NewWorker(o WorkerOptions) *Worker {
 
 // ProcessTask implements asynq.Handler.
 func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	procs.Active() // a task ends the GOMAXPROCS controller's idle period
 	switch t.Type() {
 	case task.TypePayment:
 		return w.payment(ctx, t)
