@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/alert"
@@ -144,8 +145,8 @@ func run(s settings, log zerolog.Logger) error {
 			return err
 		}},
 		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Retention, s.PartitionLockTimeout)},
-		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
-		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, task.QueueNotifications, task.TypeNotify, s.NotifyInterval)},
+		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, rdb, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
+		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, rdb, task.QueueNotifications, task.TypeNotify, s.NotifyInterval)},
 	}
 	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
 
@@ -229,16 +230,23 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 
 // enqueueMaintenance returns a job that hands a maintenance task to the
 // workers; the task id carries the period, so a period is enqueued once.
-func enqueueMaintenance(client *asynq.Client, queueName, taskType string, every time.Duration) func(context.Context) error {
+// The wake-up that names the queue brings an idle worker to it at once
+// (it asks about a queue found empty only every few seconds).
+func enqueueMaintenance(client *asynq.Client, rdb redis.UniversalClient, queueName, taskType string, every time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
 		period := time.Now().UnixNano() / int64(every)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
 			asynq.Queue(queueName), asynq.TaskID(taskType+":"+strconv.FormatInt(period, 10)),
 			// asynq keeps timeouts in whole seconds: below one, it would be 0.
 			asynq.MaxRetry(0), asynq.Timeout(max(every, time.Second)), asynq.Retention(0))
-		if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			return nil // another scheduler's, which woke the workers
+		}
+		if err != nil {
 			return err
 		}
+		// A lost wake-up costs the task a few seconds, never the task.
+		_ = outbox.PublishQueueWake(ctx, rdb, queueName)
 		return nil
 	}
 }

@@ -27,6 +27,12 @@ func PublishWakeFor(ctx context.Context, rdb redis.UniversalClient, tasks int) e
 	return publish(ctx, rdb, strconv.Itoa(tasks))
 }
 
+// PublishQueueWake tells every waiting worker that a task was enqueued on
+// queue, one of the queues besides payments (whose wake-ups count tasks).
+func PublishQueueWake(ctx context.Context, rdb redis.UniversalClient, queue string) error {
+	return publish(ctx, rdb, task.WakeQueuePrefix+queue)
+}
+
 func publish(ctx context.Context, rdb redis.UniversalClient, payload string) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()

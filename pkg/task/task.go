@@ -170,3 +170,8 @@ func PendingListKey(queue string) string { return "asynq:{" + queue + "}:pending
 // WakeChannel is the Redis pub/sub channel on which the enqueuer tells
 // idle workers that tasks were enqueued.
 const WakeChannel = "settle:wake"
+
+// WakeQueuePrefix starts a wake-up that names a queue other than
+// payments ("queue:notifications"): a task was enqueued there. A worker
+// from before it reads one as a wake-up without a count.
+const WakeQueuePrefix = "queue:"

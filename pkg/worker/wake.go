@@ -25,8 +25,7 @@ import (
 // idle worker then asks Redis about once per wait; a task that comes with
 // a wake-up is picked up at once, and so is a due retry (the hook sees
 // asynq's forwarder move it). Tasks that come without one (recovered
-// tasks, maintenance and notification tasks) wait about the wait (see
-// below for the other queues).
+// tasks) wait about the wait (see below for the other queues).
 //
 // A wake-up says how many tasks it announces. A look that takes the last
 // task announced leaves the queue known empty, so the next dequeue waits
@@ -36,13 +35,13 @@ import (
 // at most the wait, never the task; one without a count ("") makes the
 // worker look until a look comes back empty, as before.
 //
-// The other queues (notifications, maintenance) get their tasks from the
-// scheduler every few seconds, without a wake-up. asynq looks at them,
-// in an order drawn by weight, on every dequeue: at a trickle that was
-// 0.4 empty looks per event, each a Redis round trip. A queue found empty
-// is taken as empty for the wait, so it is asked about at most once per
-// wait, as when the worker is idle; a due retry the forwarder moves into
-// it ends that at once.
+// The other queues (notifications, maintenance) get a task from the
+// scheduler every few seconds. asynq looks at them, in an order drawn by
+// weight, on every dequeue: at a trickle that was 0.4 empty looks per
+// event, each a Redis round trip. A queue found empty is taken as empty
+// for QuietWaits waits; the scheduler's wake-up that names the queue
+// (task.WakeQueuePrefix), sent with each task it enqueues there, ends
+// that at once, and so does a due retry the forwarder moves into it.
 
 // Waker bounds.
 const (
@@ -52,6 +51,11 @@ const (
 	WakeWaitDefault = time.Second
 	// WakeWaitMax bounds WORKER_WAKE_WAIT: asynq's shutdown waits for it.
 	WakeWaitMax = 10 * time.Second
+	// QuietWaits: the notifications and maintenance queues, found
+	// empty, are asked about again after this many waits (5 s by
+	// default) unless a wake-up names them first (the scheduler
+	// publishes one with each task it enqueues there).
+	QuietWaits = 5
 	// wakeHealthCheck is how often the subscription is pinged; a lost one
 	// costs latency (the wait), never a task.
 	wakeHealthCheck = 30 * time.Second
@@ -94,6 +98,9 @@ type Waker struct {
 	quiet   map[string]time.Time
 	due     map[string]bool
 	skipped int64
+	// plan answers the forwarder's scripts on sets with nothing due
+	// (forward.go).
+	plan forwardPlan
 
 	// dones are the payments tasks' done scripts held for the next
 	// dequeue (see done.go); doneTimer sends them alone after doneHold.
@@ -150,6 +157,10 @@ func (w *Waker) Run(ctx context.Context) {
 			if !ok {
 				return
 			}
+			if key, ok := wokenQueue(msg.Payload); ok {
+				w.forwarded(key)
+				continue
+			}
 			w.wake(announcedTasks(msg.Payload))
 		}
 	}
@@ -163,6 +174,19 @@ func announcedTasks(payload string) int {
 		return unknownTasks
 	}
 	return min(n, unknownTasks)
+}
+
+// wokenQueue reads a wake-up that names one of the other queues (see
+// task.WakeQueuePrefix) and returns its pending list.
+func wokenQueue(payload string) (string, bool) {
+	q, ok := strings.CutPrefix(payload, task.WakeQueuePrefix)
+	if !ok || q == task.QueuePayments {
+		return "", false
+	}
+	if _, known := QueueWeights[q]; !known {
+		return "", false
+	}
+	return task.PendingListKey(q), true
 }
 
 func (w *Waker) wake(tasks int) {
@@ -244,11 +268,20 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			}
 			return next(ctx, cmd)
 		}
-		if key, ok := forwardOf(cmd); ok {
+		if from, key, now, ok := forwardOf(cmd); ok {
+			c, isCmd := cmd.(*redis.Cmd)
+			if isCmd && now > 0 && h.w.plan.skip(ctx, h.w.rdb, from, now) {
+				c.SetVal(int64(0))
+				return nil
+			}
 			// The forwarder moved due retries or scheduled tasks into a
 			// pending list: they come without a published wake-up.
 			err := next(ctx, cmd)
-			if c, ok := cmd.(*redis.Cmd); ok && err == nil {
+			if isCmd {
+				moved, _ := c.Val().(int64)
+				h.w.plan.ran(from, moved, err)
+			}
+			if isCmd && err == nil {
 				if moved, _ := c.Val().(int64); moved > 0 {
 					if key == h.w.pending {
 						h.w.wake(int(min(moved, unknownTasks)))
@@ -311,13 +344,18 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// quietFor is how long another queue found empty is taken as empty:
+// QuietWaits waits, at most WakeWaitMax. The scheduler's wake-up that
+// names the queue, or a forward into it, ends it sooner.
+func (w *Waker) quietFor() time.Duration { return min(QuietWaits*w.wait, WakeWaitMax) }
+
 // knownQuiet reports whether a look at the pending list key found it
-// empty less than the wait ago (counting the look it answers).
+// empty less than quietFor ago (counting the look it answers).
 func (w *Waker) knownQuiet(key string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	at, ok := w.quiet[key]
-	if !ok || time.Since(at) >= w.wait {
+	if !ok || time.Since(at) >= w.quietFor() {
 		return false
 	}
 	select {
@@ -389,23 +427,27 @@ func dequeueOf(cmd redis.Cmder) (string, bool) {
 	return key, true
 }
 
-// forwardOf returns the pending list the forwarder moves due tasks into:
-// EVALSHA/EVAL sha-or-script 2 <retry|scheduled> <pending> ...
-func forwardOf(cmd redis.Cmder) (string, bool) {
+// forwardOf returns the delayed set and the pending list of asynq's
+// forward script, and the unix time it runs with (0 if not an integer):
+// EVALSHA/EVAL sha-or-script 2 <retry|scheduled> <pending> <now> ...
+func forwardOf(cmd redis.Cmder) (from, to string, now int64, ok bool) {
 	name := cmd.Name()
 	if name != "evalsha" && name != "eval" {
-		return "", false
+		return "", "", 0, false
 	}
 	args := cmd.Args()
 	if len(args) < 5 {
-		return "", false
+		return "", "", 0, false
 	}
-	n, ok := args[2].(int)
-	from, _ := args[3].(string)
-	to, _ := args[4].(string)
+	n, isInt := args[2].(int)
+	from, _ = args[3].(string)
+	to, _ = args[4].(string)
 	// asynq's enqueue script has two keys too (the task's, then pending).
-	if !ok || n != 2 || !strings.HasSuffix(to, "}:pending") || !(strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled")) {
-		return "", false
+	if !isInt || n != 2 || !strings.HasSuffix(to, "}:pending") || !(strings.HasSuffix(from, "}:retry") || strings.HasSuffix(from, "}:scheduled")) {
+		return "", "", 0, false
 	}
-	return to, true
+	if len(args) > 5 {
+		now, _ = args[5].(int64)
+	}
+	return from, to, now, true
 }

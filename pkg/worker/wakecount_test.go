@@ -13,6 +13,7 @@ import (
 
 	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/task"
+	"github.com/settle/settle/pkg/worker"
 )
 
 // lookCounter counts the dequeue scripts of its queues that reach Redis
@@ -153,11 +154,11 @@ func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 }
 
 // TestQuietQueuesStillRunTheirTasks: a task enqueued without a wake-up
-// into a queue found empty runs within two waits (the quiet mark's wait,
-// then at most one wait of the payments queue that asynq's drawn order
-// puts before it: as before quiet marks, when a round's payments wait
-// could come first too), and a retry the forwarder moves into it runs at
-// its due time, not a wait later.
+// into a queue found empty runs within the quiet mark's time and one wait
+// (of the payments queue, which asynq's drawn order may put before it: as
+// before quiet marks, when a round's payments wait could come first too),
+// and a retry the forwarder moves into it runs at its due time, not a
+// wait later.
 func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	type run struct {
@@ -184,8 +185,9 @@ func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
 		select {
 		case r := <-ran:
 			require.Equal(t, "plain-"+q, r.id)
-			require.Less(t, r.at.Sub(sent), 2*wakeWait+time.Second, "%s task waited beyond two waits", q)
-		case <-time.After(3 * wakeWait):
+			limit := min(worker.QuietWaits*wakeWait, worker.WakeWaitMax) + wakeWait + time.Second
+			require.Less(t, r.at.Sub(sent), limit, "%s task waited beyond the quiet mark and a wait", q)
+		case <-time.After(5 * wakeWait):
 			t.Fatalf("%s task not run", q)
 		}
 	}
@@ -207,4 +209,111 @@ func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
 			t.Fatalf("%s not seen", want)
 		}
 	}
+}
+
+// forwardCounter counts asynq's forward scripts that reach Redis (it
+// sits inside the waker's hook, like lookCounter).
+type forwardCounter struct{ n atomic.Int64 }
+
+func (f *forwardCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *forwardCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (f *forwardCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 4 && args[2] == 2 {
+			if to, _ := args[4].(string); len(to) > 9 && to[len(to)-9:] == "}:pending" {
+				f.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestForwarderAsksOncePerRound: with nothing due, the forwarder's six
+// scripts a round (retry and scheduled of three queues) become one
+// pipelined question; scheduled tasks still move at their time, and a
+// crowd of them (more than a script moves at once) all of them.
+func TestForwarderAsksOncePerRound(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan string, 512)
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		ran <- id
+		return nil
+	}))
+	forwards := &forwardCounter{}
+	p.rdb.AddHook(forwards)
+	time.Sleep(500 * time.Millisecond) // every set has been seen once
+	scripts, plans, answered := forwards.n.Load(), waker.ForwardPlans(), waker.ForwardsAnswered()
+	time.Sleep(time.Second) // about ten rounds at the server's 100 ms
+	rounds := waker.ForwardPlans() - plans
+	require.GreaterOrEqual(t, rounds, int64(5), "the plan asked %d times in a second", rounds)
+	require.Zero(t, forwards.n.Load()-scripts, "forward scripts reached Redis with nothing due")
+	// Each round's six scripts, answered here.
+	require.GreaterOrEqual(t, waker.ForwardsAnswered()-answered, 6*rounds)
+
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	const crowd = 250
+	due := time.Now().Add(400 * time.Millisecond)
+	for i := range crowd {
+		q := task.QueuePayments
+		if i%5 == 0 {
+			q = task.QueueNotifications
+		}
+		_, err := client.Enqueue(asynq.NewTask("test:later", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprintf("later-%d", i)), asynq.ProcessAt(due))
+		require.NoError(t, err)
+	}
+	seen := map[string]bool{}
+	deadline := time.After(time.Until(due) + 3*time.Second)
+	for len(seen) < crowd {
+		select {
+		case id := <-ran:
+			require.False(t, time.Now().Before(due.Truncate(time.Second)), "%s ran before its time", id)
+			seen[id] = true
+		case <-deadline:
+			t.Fatalf("%d of %d scheduled tasks ran within 3 s of their time", len(seen), crowd)
+		}
+	}
+	require.Positive(t, forwards.n.Load()-scripts, "the due tasks moved without the real script?")
+}
+
+// TestQueueWakeUpEndsTheQuietMark: a task on a queue found empty, with
+// the scheduler's wake-up that names the queue, runs at once, not after
+// the quiet mark's seconds; a wake-up naming an unknown queue is read as
+// one without a count (the payments queue is looked at, nothing breaks).
+func TestQueueWakeUpEndsTheQuietMark(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan string, 16)
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		ran <- id
+		return nil
+	}))
+	looks := countLooks(task.QueueNotifications, task.QueueMaintenance)
+	p.rdb.AddHook(looks)
+	time.Sleep(300 * time.Millisecond) // both queues found empty
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	ctx := context.Background()
+	require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, "no-such-queue"))
+	for i, q := range []string{task.QueueNotifications, task.QueueMaintenance, task.QueueNotifications} {
+		time.Sleep(200 * time.Millisecond)
+		id := fmt.Sprintf("woken-%d", i)
+		before := looks.n.Load()
+		_, err := client.Enqueue(asynq.NewTask("test:"+q, nil), asynq.Queue(q), asynq.TaskID(id))
+		require.NoError(t, err)
+		sent := time.Now()
+		require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, q))
+		select {
+		case got := <-ran:
+			require.Equal(t, id, got)
+			// The quiet mark is 10 s here, the wait 5 s.
+			require.Less(t, time.Since(sent), time.Second, "the %s task waited for the quiet mark", q)
+		case <-time.After(3 * wakeWait):
+			t.Fatalf("%s task not run", q)
+		}
+		require.Positive(t, looks.n.Load()-before, "ran without a look at its queue?")
+	}
+	require.Positive(t, waker.Skipped(), "the quiet queues were asked about on every dequeue")
 }
