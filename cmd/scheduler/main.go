@@ -146,7 +146,9 @@ func run(s settings, log zerolog.Logger) error {
 		}},
 		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Retention, s.PartitionLockTimeout)},
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, rdb, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
-		{Name: "deliver_notifications", Every: s.NotifyInterval, Run: enqueueMaintenance(client, rdb, task.QueueNotifications, task.TypeNotify, s.NotifyInterval)},
+		// Idle, a period has nothing to deliver: asked first, it costs a
+		// read instead of a claim, a task and the worker's query.
+		{Name: "deliver_notifications", Every: s.NotifyInterval, Due: db.NotificationsDue, Run: enqueueMaintenance(client, rdb, task.QueueNotifications, task.TypeNotify, s.NotifyInterval)},
 	}
 	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
 

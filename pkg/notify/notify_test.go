@@ -129,3 +129,39 @@ func TestFailingReceiverNeverTouchesThePayment(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT status FROM notification_outbox`).Scan(&delivered))
 	require.Equal(t, "delivered", delivered)
 }
+
+// TestNotificationsDueFollowsTheOutbox: the scheduler's question before
+// it claims a delivery period: nothing before the ledger writes a
+// notification, something once it has, nothing once it is delivered, and
+// nothing while a failed one waits out its backoff.
+func TestNotificationsDueFollowsTheOutbox(t *testing.T) {
+	db, conn, task := setup(t)
+	ctx := context.Background()
+	due := func() bool {
+		t.Helper()
+		d, err := db.NotificationsDue(ctx)
+		require.NoError(t, err)
+		return d
+	}
+	require.False(t, due(), "due before any notification")
+	_, err := db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: task}}, postgres.LedgerOptions{Notify: true})
+	require.NoError(t, err)
+	require.True(t, due(), "the ledger's notification not due")
+
+	r := &receiver{}
+	r.failing.Store(true)
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	d := notify.New(db, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil)
+	require.NoError(t, d.Deliver(ctx))
+	require.EqualValues(t, 1, r.posts.Load())
+	require.False(t, due(), "due again during its backoff")
+
+	_, err = conn.Exec(ctx, `UPDATE notification_outbox SET next_attempt_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	require.True(t, due(), "not due once its backoff ran out")
+	r.failing.Store(false)
+	require.NoError(t, d.Deliver(ctx))
+	require.Len(t, r.got, 1)
+	require.False(t, due(), "due after delivery")
+}

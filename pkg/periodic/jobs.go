@@ -29,7 +29,12 @@ type Job struct {
 	// Local jobs run on every replica, each period, without a claim: for
 	// read-only work whose result lives in the replica (a gauge).
 	Local bool
-	Run   func(ctx context.Context) error
+	// Due, when set, is asked before the claim: a period it finds with
+	// nothing to do is passed over without a claim (the claim is a
+	// durable write; Due should be a read). An error runs the job as
+	// usual, which finds out for itself.
+	Due func(ctx context.Context) (bool, error)
+	Run func(ctx context.Context) error
 }
 
 // period numbers the job's current period: runs at the same period number
@@ -44,6 +49,9 @@ func (j Job) period(now time.Time) (int64, bool) {
 	}
 	return day.Unix() / int64(24*time.Hour/time.Second), true
 }
+
+// dueTimeout bounds a job's Due question.
+const dueTimeout = 5 * time.Second
 
 // checkEvery is how often a job looks at the clock: often enough to fire
 // early in its period, rarely enough to cost nothing.
@@ -71,7 +79,7 @@ type Runner struct {
 // not job: Prometheus's own job label would shadow it.
 func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
 	r.runs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "settle_job_runs_total", Help: "Scheduler job runs by job and result (ok, error).",
+		Name: "settle_job_runs_total", Help: "Scheduler job runs by job and result (ok, error; idle: passed over, nothing due).",
 	}, []string{"job_name", "result"})
 	r.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "settle_job_duration_seconds", Help: "Scheduler job run time.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
@@ -130,6 +138,18 @@ func (r *Runner) loop(ctx context.Context, j Job) {
 // tryRun claims the period (unless the job is local) and runs the job if
 // the claim is ours.
 func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err error) {
+	if j.Due != nil {
+		dueCtx, cancel := context.WithTimeout(ctx, dueTimeout)
+		due, err := j.Due(dueCtx)
+		cancel()
+		if err == nil && !due {
+			if r.runs != nil {
+				r.runs.WithLabelValues(j.Name, "idle").Inc()
+				r.last.WithLabelValues(j.Name).SetToCurrentTime()
+			}
+			return true, nil
+		}
+	}
 	if !j.Local {
 		won, err := r.Periods.ClaimPeriod(ctx, j.Name, period, r.Owner)
 		if err != nil {

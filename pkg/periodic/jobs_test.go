@@ -2,10 +2,13 @@ package periodic_test
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -93,4 +96,53 @@ func TestDailyJobWaitsForItsTimeOfDay(t *testing.T) {
 	defer cancel()
 	(&periodic.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []periodic.Job{later, earlier})
 	require.Len(t, ran, 1, "only the job whose time has come ran")
+}
+
+// TestDueJobPassesOverIdlePeriods: a job whose Due finds nothing runs
+// no period and claims none (no row in scheduler_jobs); once Due finds
+// work, or cannot tell (an error), the job claims and runs as before.
+func TestDueJobPassesOverIdlePeriods(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	var asked, runs atomic.Int32
+	var answer atomic.Value
+	answer.Store("idle")
+	job := periodic.Job{Name: "due_job", Every: 50 * time.Millisecond,
+		Due: func(context.Context) (bool, error) {
+			asked.Add(1)
+			switch answer.Load() {
+			case "busy":
+				return true, nil
+			case "broken":
+				return false, errors.New("cannot tell")
+			}
+			return false, nil
+		},
+		Run: func(context.Context) error { runs.Add(1); return nil },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		(&periodic.Runner{Periods: db, Owner: "o", Log: zerolog.Nop()}).Run(ctx, []periodic.Job{job})
+	}()
+	defer func() { cancel(); <-done }()
+	claimed := func() int {
+		var n int
+		require.NoError(t, conn.QueryRow(context.Background(), `SELECT count(*) FROM scheduler_jobs WHERE job = 'due_job'`).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return asked.Load() >= 5 }, 10*time.Second, 10*time.Millisecond)
+	require.Zero(t, runs.Load(), "ran with nothing due")
+	require.Zero(t, claimed(), "claimed a period with nothing due")
+
+	for _, a := range []string{"busy", "broken"} {
+		answer.Store(a)
+		before := runs.Load()
+		require.Eventually(t, func() bool { return runs.Load() >= before+3 }, 10*time.Second, 10*time.Millisecond, "Due %s: the job did not run", a)
+		require.Equal(t, 1, claimed())
+	}
 }

@@ -43,6 +43,16 @@ func (db *DB) ClaimNotifications(ctx context.Context, limit int, lease time.Dura
 	return out, classify(stmt.name, err)
 }
 
+// NotificationsDue reports whether any notification is due for delivery.
+func (db *DB) NotificationsDue(ctx context.Context) (bool, error) {
+	stmt := q("notifications_due")
+	var due bool
+	if err := db.pool.QueryRow(ctx, stmt.text).Scan(&due); err != nil {
+		return false, classify(stmt.name, err)
+	}
+	return due, nil
+}
+
 // DeliveryAttempt is one POST of a notification, as the delivery log
 // keeps it: an HTTP status or the class of a transport error, never a URL
 // or a response body.

@@ -15,6 +15,11 @@ FROM due
 WHERE n.id = due.id
 RETURNING n.id, n.delivery_id, n.kind, n.payload::text, n.attempts, n.trace_id, n.event_id, n.user_id;
 
+-- name: notifications_due
+-- Whether a delivery run would find anything: a read on the partial
+-- index of pending rows, asked before the scheduler claims the period.
+SELECT EXISTS (SELECT 1 FROM notification_outbox WHERE status = 'pending' AND next_attempt_at <= now());
+
 -- name: notification_delivered
 -- A 2xx from the receiver, and the attempt into the delivery log (logged
 -- even when the lease ran out and the row moved on: it did happen).
