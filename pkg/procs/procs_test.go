@@ -60,19 +60,7 @@ func TestRunLowersWhenIdleAndRestoresWhenBusy(t *testing.T) {
 	waitFor(t, "one P while idle", func() bool { return runtime.GOMAXPROCS(0) == 1 })
 
 	stop := make(chan struct{})
-	go func() { // one goroutine using a whole core
-		x := 0
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				for i := range 1_000_000 {
-					x += i
-				}
-			}
-		}
-	}()
+	go burnCore(stop)
 	waitFor(t, "more than one P while busy", func() bool { return runtime.GOMAXPROCS(0) > 1 })
 	close(stop)
 	waitFor(t, "one P again once idle", func() bool { return runtime.GOMAXPROCS(0) == 1 })
@@ -134,19 +122,7 @@ func TestIdleSamplesRarelyAndActiveEndsIt(t *testing.T) {
 
 	stop := make(chan struct{})
 	defer close(stop)
-	go func() { // one goroutine using a whole core
-		x := 0
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				for i := range 1_000_000 {
-					x += i
-				}
-			}
-		}
-	}()
+	go burnCore(stop)
 	time.Sleep(100 * time.Millisecond)
 	if runtime.GOMAXPROCS(0) != 1 || samples.Load() != before {
 		t.Fatalf("busy but not told: GOMAXPROCS %d after %d samples, want 1 after none", runtime.GOMAXPROCS(0), samples.Load()-before)
@@ -154,4 +130,19 @@ func TestIdleSamplesRarelyAndActiveEndsIt(t *testing.T) {
 	Active()
 	Active() // a second call while the first is taken is a no-op, not a block
 	waitFor(t, "more than one P once told", func() bool { return runtime.GOMAXPROCS(0) > 1 })
+}
+
+// burnCore uses a whole core until stop is closed.
+func burnCore(stop <-chan struct{}) {
+	x := 0
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+			for i := range 1_000_000 {
+				x += i
+			}
+		}
+	}
 }
