@@ -277,20 +277,19 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			// The forwarder moved due retries or scheduled tasks into a
 			// pending list: they come without a published wake-up.
 			err := next(ctx, cmd)
-			if isCmd {
-				moved, _ := c.Val().(int64)
-				h.w.plan.ran(from, moved, err)
+			if !isCmd {
+				return err
 			}
-			if isCmd && err == nil {
-				if moved, _ := c.Val().(int64); moved > 0 {
-					if key == h.w.pending {
-						h.w.wake(int(min(moved, unknownTasks)))
-					} else {
-						// Another queue's: end its quiet mark, and the
-						// payments wait asynq may be in, so the
-						// processor comes round to it now.
-						h.w.forwarded(key)
-					}
+			moved, _ := c.Val().(int64)
+			h.w.plan.ran(from, moved, err)
+			if err == nil && moved > 0 {
+				if key == h.w.pending {
+					h.w.wake(int(min(moved, unknownTasks)))
+				} else {
+					// Another queue's: end its quiet mark, and the
+					// payments wait asynq may be in, so the
+					// processor comes round to it now.
+					h.w.forwarded(key)
 				}
 			}
 			return err
