@@ -141,7 +141,7 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pg.Stop()
-	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{Dir: filepath.Join(root, "redis"), Port: *redisPort, Durable: true})
+	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{Dir: filepath.Join(root, "redis"), Port: *redisPort, Durable: true, Hz: devenv.RedisHzDeployed})
 	if errors.Is(err, devenv.ErrPortTaken) {
 		return fmt.Errorf("%w (stop it, or pick another with --redis-port)", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/loadgen"
 	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/testenv"
@@ -70,6 +71,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 
 func runEndToEnd(b *testing.B) report {
 	s := harness.NewStack(b)
+	rds := ownRedis(b, s)
 	s.Env["LOG_LEVEL"] = "warn"
 	s.Env["WORKER_CONCURRENCY"] = strconv.Itoa(*flagWorkerConc)
 	// The deployed defaults, not the harness's short test intervals.
@@ -78,9 +80,9 @@ func runEndToEnd(b *testing.B) report {
 	applyEnv(s.Env, *flagExtraEnv)
 	api := s.StartAPI(nil)
 	scheduler := s.StartScheduler(nil)
-	pg, rds := testenv.Postgres(b), testenv.Redis(b)
-	if pg == nil || rds == nil {
-		b.Fatal("the end-to-end benchmark needs the harness's own PostgreSQL and Redis (unset TEST_DATABASE_URL / TEST_REDIS_URL)")
+	pg := testenv.Postgres(b)
+	if pg == nil {
+		b.Fatal("the end-to-end benchmark needs the harness's own PostgreSQL (unset TEST_DATABASE_URL)")
 	}
 
 	procs := []loadgen.Proc{
@@ -239,4 +241,30 @@ func nextXid(b *testing.B, dsn string) int64 {
 		b.Fatal(err)
 	}
 	return xid
+}
+
+var flagSharedRedis = flag.Bool("bench.shared-redis", false, "run against the test harness's shared Redis (4096 databases, --hz 10), as before session 10, instead of the run's own")
+
+// ownRedis starts the run's own Redis as the dev stack configures it (16
+// databases, --hz devenv.RedisHzDeployed; no append-only file, as the
+// shared server) and points the stack at it. The harness's shared server
+// keeps 4096 databases for tests in parallel, and Redis's housekeeping
+// visits them: that alone doubled its idle CPU against a deployment's.
+func ownRedis(b *testing.B, s *harness.Stack) *devenv.Redis {
+	b.Helper()
+	if *flagSharedRedis {
+		rds := testenv.Redis(b)
+		if rds == nil {
+			b.Fatal("-bench.shared-redis needs the harness's own Redis (unset TEST_REDIS_URL)")
+		}
+		return rds
+	}
+	rds, err := devenv.StartRedis(b.Context(), devenv.RedisOptions{Hz: devenv.RedisHzDeployed})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(rds.Close)
+	s.RedisURL = rds.URL(0)
+	s.Env["REDIS_URL"] = s.RedisURL
+	return rds
 }

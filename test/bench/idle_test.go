@@ -23,6 +23,7 @@ var (
 func BenchmarkIdle(b *testing.B) {
 	for range b.N {
 		s := harness.NewStack(b)
+		rds := ownRedis(b, s)
 		s.Env["LOG_LEVEL"] = "warn"
 		// The deployed defaults, not the harness's short test intervals.
 		delete(s.Env, "POLL_INTERVAL")
@@ -31,9 +32,9 @@ func BenchmarkIdle(b *testing.B) {
 			applyEnv(s.Env, *flagExtraEnv)
 		}
 		api, worker, scheduler := s.StartAPI(nil), s.StartWorker(nil), s.StartScheduler(nil)
-		pg, rds := testenv.Postgres(b), testenv.Redis(b)
-		if pg == nil || rds == nil {
-			b.Fatal("the idle benchmark needs the harness's own PostgreSQL and Redis (unset TEST_DATABASE_URL / TEST_REDIS_URL)")
+		pg := testenv.Postgres(b)
+		if pg == nil {
+			b.Fatal("the idle benchmark needs the harness's own PostgreSQL (unset TEST_DATABASE_URL)")
 		}
 		procs := []loadgen.Proc{
 			{Name: "api", Pid: api.Pid()}, {Name: "worker", Pid: worker.Pid()}, {Name: "scheduler", Pid: scheduler.Pid()},
