@@ -53,13 +53,38 @@ func (j Job) period(now time.Time) (int64, bool) {
 // dueTimeout bounds a job's Due question.
 const dueTimeout = 5 * time.Second
 
-// checkEvery is how often a job looks at the clock: often enough to fire
-// early in its period, rarely enough to cost nothing.
+// checkEvery bounds how long a job waits before it tries again a period
+// whose claim failed, and is how often a daily job looks at the clock.
 func (j Job) checkEvery() time.Duration {
 	if j.At != 0 {
 		return time.Minute
 	}
 	return min(max(j.Every/4, 50*time.Millisecond), 15*time.Second)
+}
+
+// periodSlack: a job wakes this long after its period's start, so the
+// wall clock the period is read from has passed it.
+const periodSlack = 2 * time.Millisecond
+
+// wait is how long the job sleeps after a look at the clock at now:
+// until its next period starts (every job's periods start at multiples of
+// Every since the epoch, so the scheduler's jobs wake together, not each
+// on its own ticker), at once if the current period has not run (a run
+// that took longer than its period), or checkEvery for a failed claim.
+func (j Job) wait(now time.Time, lastRun int64, failed bool) time.Duration {
+	if j.At != 0 {
+		return j.checkEvery()
+	}
+	every := int64(j.Every)
+	period := now.UnixNano() / every
+	untilNext := time.Duration((period+1)*every-now.UnixNano()) + periodSlack
+	switch {
+	case failed:
+		return min(untilNext, j.checkEvery())
+	case period != lastRun:
+		return 0
+	}
+	return untilNext
 }
 
 // Runner runs jobs, claiming each period in PostgreSQL first. asynq's own
@@ -115,22 +140,27 @@ func (r *Runner) Run(ctx context.Context, jobs []Job) {
 }
 
 func (r *Runner) loop(ctx context.Context, j Job) {
-	ticker := time.NewTicker(j.checkEvery())
-	defer ticker.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
 	lastRun := int64(-1)
 	for {
+		failed := false
 		if period, due := j.period(time.Now()); due && period != lastRun {
-			// A claim that failed is tried again at the next check; a period
+			// A claim that failed is tried again after checkEvery; a period
 			// that ran (or that another replica owns) is done, even if the
 			// run failed: the next period runs it again.
 			if ran, err := r.tryRun(ctx, j, period); ran || err == nil {
 				lastRun = period
+			} else {
+				failed = true
 			}
 		}
+		timer.Reset(j.wait(time.Now(), lastRun, failed))
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticker.C:
+		case <-timer.C:
 		}
 	}
 }
