@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/procs"
 )
 
 // Periods claims job periods so that, across every scheduler replica,
@@ -62,10 +64,6 @@ func (j Job) checkEvery() time.Duration {
 	return min(max(j.Every/4, 50*time.Millisecond), 15*time.Second)
 }
 
-// periodSlack: a job wakes this long after its period's start, so the
-// wall clock the period is read from has passed it.
-const periodSlack = 2 * time.Millisecond
-
 // wait is how long the job sleeps after a look at the clock at now:
 // until its next period starts (every job's periods start at multiples of
 // Every since the epoch, so the scheduler's jobs wake together, not each
@@ -75,9 +73,8 @@ func (j Job) wait(now time.Time, lastRun int64, failed bool) time.Duration {
 	if j.At != 0 {
 		return j.checkEvery()
 	}
-	every := int64(j.Every)
-	period := now.UnixNano() / every
-	untilNext := time.Duration((period+1)*every-now.UnixNano()) + periodSlack
+	period := now.UnixNano() / int64(j.Every)
+	untilNext := procs.UntilAligned(now, j.Every)
 	switch {
 	case failed:
 		return min(untilNext, j.checkEvery())

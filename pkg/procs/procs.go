@@ -101,6 +101,23 @@ func (c *Controller) Observe(cores float64) Decision {
 // Low reports whether the controller has the process on one P.
 func (c *Controller) Low() bool { return c.low }
 
+// AlignSlack: an aligned wait ends this long after its boundary, so the
+// wall clock read then has passed it.
+const AlignSlack = 2 * time.Millisecond
+
+// UntilAligned is the wait from now to the next multiple of every since
+// the epoch (plus AlignSlack). An idle process's periodic loops that wait
+// this way (this sampler, the scheduler's jobs, the worker's empty
+// dequeue) wake together: one burst of the runtime's threads instead of
+// one for each loop.
+func UntilAligned(now time.Time, every time.Duration) time.Duration {
+	if every <= 0 {
+		return AlignSlack
+	}
+	n := now.UnixNano()
+	return time.Duration((n/int64(every)+1)*int64(every)-n) + AlignSlack
+}
+
 // Options tune Run; the zero value is the deployed behaviour.
 type Options struct {
 	Interval     time.Duration // Interval when zero
@@ -156,7 +173,8 @@ func Run(ctx context.Context, opts Options) {
 			decision := c.Observe(cores)
 			if c.Low() && cores <= IdleCores {
 				sleeping.Store(true)
-				timer.Reset(idleInterval)
+				// On the second, with the process's other idle loops.
+				timer.Reset(UntilAligned(time.Now(), idleInterval))
 			} else {
 				sleeping.Store(false)
 				timer.Reset(interval)

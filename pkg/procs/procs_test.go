@@ -146,3 +146,23 @@ func burnCore(stop <-chan struct{}) {
 		}
 	}
 }
+
+// TestUntilAlignedEndsOnTheBoundary: waits from anywhere in a period end
+// just past the same boundary, and a shorter period's boundaries include
+// a longer one's.
+func TestUntilAlignedEndsOnTheBoundary(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	for _, off := range []time.Duration{0, time.Nanosecond, 250 * time.Millisecond, time.Second - time.Nanosecond} {
+		now := base.Add(off)
+		if end := now.Add(UntilAligned(now, time.Second)); !end.Equal(base.Add(time.Second + AlignSlack)) {
+			t.Errorf("from %v: ends at %v", off, end)
+		}
+	}
+	now := base.Add(3700 * time.Millisecond)
+	if two := now.Add(UntilAligned(now, 2*time.Second)).Add(-AlignSlack); two.UnixNano()%int64(time.Second) != 0 || !two.After(now) {
+		t.Errorf("a 2 s boundary at %v is not a 1 s one after %v", two, now)
+	}
+	if d := UntilAligned(now, 0); d != AlignSlack {
+		t.Errorf("no period: %v", d)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
 )
 
@@ -45,9 +46,10 @@ import (
 
 // Waker bounds.
 const (
-	// WakeWaitDefault is how long an empty dequeue waits for a wake-up:
-	// the idle worker's poll period, and the longest a task enqueued
-	// without a wake-up waits beyond TaskCheckInterval.
+	// WakeWaitDefault is how long an empty dequeue waits for a wake-up,
+	// on average (aligned to the second, between a half and one and a
+	// half of it): the idle worker's poll period, and about how long a
+	// task enqueued without a wake-up waits beyond TaskCheckInterval.
 	WakeWaitDefault = time.Second
 	// WakeWaitMax bounds WORKER_WAKE_WAIT: asynq's shutdown waits for it.
 	WakeWaitMax = 10 * time.Second
@@ -230,7 +232,7 @@ func (w *Waker) waitWoken(ctx context.Context, woken chan struct{}) bool {
 	w.mu.Lock()
 	w.waits++
 	w.mu.Unlock()
-	timer := time.NewTimer(w.wait)
+	timer := time.NewTimer(w.aligned(time.Now()))
 	defer timer.Stop()
 	select {
 	case <-woken:
@@ -240,6 +242,19 @@ func (w *Waker) waitWoken(ctx context.Context, woken chan struct{}) bool {
 	case <-ctx.Done():
 	}
 	return false
+}
+
+// aligned is an empty dequeue's wait from now: to a multiple of the wait
+// since the epoch, at least half a wait away, so an idle worker's looks
+// fall on the second with its other idle loops (procs.UntilAligned)
+// instead of drifting on their own; a wait is between a half and one
+// and a half of WORKER_WAKE_WAIT, one on average.
+func (w *Waker) aligned(now time.Time) time.Duration {
+	d := procs.UntilAligned(now, w.wait)
+	if d < w.wait/2 {
+		d += w.wait
+	}
+	return d
 }
 
 // Waits is how many empty dequeues have waited for a wake-up.

@@ -3,7 +3,11 @@ package worker
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
 )
 
@@ -57,5 +61,20 @@ func TestWokenQueue(t *testing.T) {
 		if got != want || ok != (want != "") {
 			t.Errorf("wokenQueue(%q) = %q, %v; want %q", payload, got, ok, want)
 		}
+	}
+}
+
+// TestEmptyWaitEndsOnTheSecond: an empty dequeue's wait ends on a
+// multiple of the wait (where the process's other idle loops wake),
+// never sooner than half a wait.
+func TestEmptyWaitEndsOnTheSecond(t *testing.T) {
+	w := &Waker{wait: time.Second}
+	base := time.Unix(1_800_000_000, 0)
+	for _, off := range []time.Duration{0, 100 * time.Millisecond, 499 * time.Millisecond, 510 * time.Millisecond, 999 * time.Millisecond} {
+		now := base.Add(off)
+		d := w.aligned(now)
+		require.GreaterOrEqual(t, d, w.wait/2, "from %v", off)
+		require.Less(t, d, w.wait*3/2+procs.AlignSlack, "from %v", off)
+		require.Zero(t, now.Add(d-procs.AlignSlack).UnixNano()%int64(time.Second), "from %v: ends off the second", off)
 	}
 }
