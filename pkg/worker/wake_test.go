@@ -23,6 +23,10 @@ import (
 // wakeWait is long, so a test that passes did not wait it out.
 const wakeWait = 5 * time.Second
 
+// longestWait is one empty dequeue's longest wait: it ends on a multiple
+// of the wait, at least half a wait away (Waker.aligned).
+const longestWait = wakeWait * 3 / 2
+
 // wakingServer is an asynq server as the worker runs it: a short
 // TaskCheckInterval and the Waker's hook on its Redis client.
 func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *worker.Waker {
