@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -195,10 +196,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	claim := newClaim(items, live)
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
-	// The plan settings first: ledger_settings takes parameters, and
-	// planned before force_generic_plan it was planned afresh every time.
-	batch.Queue(q("hot_path_plans").text)
-	batch.Queue(q("ledger_settings").text, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	batch.Queue(ledgerSettings(opts))
 	if len(newUsers) > 0 {
 		batch.Queue(q("ledger_ensure_balances").text, newUsers, newAssets)
 	}
@@ -208,7 +206,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	held := map[ledger.Account]decimal.Decimal{}
 	var replays map[string]payment.Outcome
 	if err := readBatch(ctx, conn, batch, func(br pgx.BatchResults) error {
-		execs := 3 // BEGIN, hot_path_plans, ledger_settings
+		execs := 2 // BEGIN, ledgerSettings
 		if len(newUsers) > 0 {
 			execs++
 		}
@@ -797,6 +795,17 @@ func queueDeadLetters(batch *pgx.Batch, letters []payment.DeadLetter) {
 
 func durationSetting(d time.Duration) string {
 	return fmt.Sprintf("%dms", d.Milliseconds())
+}
+
+// ledgerSettings is one statement for the hot path's plan settings and
+// the ledger's timeouts, as literals: one statement fewer per transaction
+// than the timeouts as parameters, and with no parameter it is never
+// planned afresh. Its text is fixed by the options, so it is prepared
+// once per connection.
+func ledgerSettings(opts LedgerOptions) string {
+	plans := strings.TrimSuffix(strings.TrimSpace(q("hot_path_plans").text), ";")
+	return fmt.Sprintf("%s, set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%s', true)",
+		plans, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
 }
 
 // readBatch sends batch on conn and hands its results to read.

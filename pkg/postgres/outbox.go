@@ -47,12 +47,12 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) 
 	}
 	// One round trip, as ingest does: at a trickle every event has a claim
 	// of its own, and each round trip is a wake-up of the scheduler and of
-	// a backend (four of them before: BEGIN, SET, claim, COMMIT).
+	// a backend (four of them before: BEGIN, SET, claim, COMMIT). The
+	// batch's one Sync ends its implicit transaction, so it needs no
+	// BEGIN or COMMIT statement either.
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
 	b.Queue(q("hot_path_plans").text)
 	b.Queue(q("claim_outbox").text, pendingMax, dueMax, taskMax)
-	b.Queue("COMMIT")
 	claimed, claimErr, err := readClaim(db.pool.SendBatch(ctx, b))
 	if claimErr != nil {
 		// The set-based claim failed and its transaction rolled back.
@@ -65,18 +65,16 @@ func (db *DB) ClaimOutbox(ctx context.Context, pendingMax, dueMax, taskMax int) 
 }
 
 // readClaim reads ClaimOutbox's batch and closes it: claimErr is the
-// claim statement's own failure (its COMMIT then rolls back), err any
-// other.
+// claim statement's own failure (its transaction then rolls back), err
+// any other, the commit's included (Close's).
 func readClaim(br pgx.BatchResults) (claimed []Claimed, claimErr, err error) {
 	defer func() {
 		if closeErr := br.Close(); err == nil && claimErr == nil && closeErr != nil {
-			err = classify("claim outbox", closeErr)
+			claimed, err = nil, classify("claim outbox commit", closeErr)
 		}
 	}()
-	for range 2 { // BEGIN, hot_path_plans
-		if _, err := br.Exec(); err != nil {
-			return nil, nil, classify("hot path plans", err)
-		}
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, classify("hot path plans", err)
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -92,13 +90,6 @@ func readClaim(br pgx.BatchResults) (claimed []Claimed, claimErr, err error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, classify("claim_outbox", err), nil
-	}
-	tag, err := br.Exec()
-	if err != nil {
-		return nil, nil, classify("claim outbox commit", err)
-	}
-	if tag.String() != "COMMIT" {
-		return nil, nil, classify("claim outbox commit", fmt.Errorf("transaction ended with %s", tag))
 	}
 	return claimed, nil, nil
 }

@@ -7,9 +7,6 @@
 -- touching the same users therefore queue behind each other instead of
 -- deadlocking.
 
--- name: ledger_settings
-SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true);
-
 -- name: ledger_ensure_balances
 -- Balance rows are created lazily, in lock order, for known users and
 -- assets only; an unknown user or asset simply gets no row.
