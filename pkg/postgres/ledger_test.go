@@ -560,9 +560,11 @@ func TestJournalGuardsAnImpossibleState(t *testing.T) {
 }
 
 // TestLedgerSettingsAreNotPlannedPerTransaction: the ledger's timeouts
-// statement comes after the plan settings, so it runs on its generic
-// plan; before it, it was planned afresh for every transaction (0.02 ms
-// of PostgreSQL's planning per lone event in pg_stat_statements).
+// ride in the plan settings' statement as literals, so it has no
+// parameter to plan for; as a statement of their own with parameters,
+// queued before the plan settings, they were planned afresh for every
+// transaction (0.02 ms of PostgreSQL's planning per lone event in
+// pg_stat_statements).
 func TestLedgerSettingsAreNotPlannedPerTransaction(t *testing.T) {
 	f := newFixture(t)
 	f.user(1, nil)
