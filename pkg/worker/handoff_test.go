@@ -254,10 +254,7 @@ func (failEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestHandoffThatCannotEnqueueLeavesTheEventsToTheScheduler(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{})
 	p.user(1, nil)
-	plain, ok := p.rdb.(*redis.Client)
-	require.True(t, ok)
-	broken := redis.NewClient(plain.Options())
-	t.Cleanup(func() { _ = broken.Close() })
+	broken := p.otherRedis()
 	broken.AddHook(failEnqueues{})
 	h := p.handoff(broken, 100)
 	ingest := p.ingestWith(h)
@@ -382,8 +379,7 @@ func TestHandoffWakesTheWorkersInTheEnqueuesRoundTrip(t *testing.T) {
 	_, err := sub.Receive(ctx) // the subscription is in place
 	require.NoError(t, err)
 
-	client := redis.NewClient(p.rdb.(*redis.Client).Options())
-	defer client.Close()
+	client := p.otherRedis()
 	ingest := p.ingestWith(p.handoff(client, 100))
 	// A first event loads asynq's enqueue script into Redis, so the
 	// counted ones never take the NOSCRIPT fallback (EVAL, and the

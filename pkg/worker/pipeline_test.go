@@ -62,6 +62,7 @@ type pipeline struct {
 	dsn      string
 	db       *postgres.DB
 	sql      *pgx.Conn
+	redisURL string
 	rdb      redis.UniversalClient
 	sink     *dlq.Sink
 	alerts   *alerts
@@ -94,6 +95,7 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	if o.redisURL == "" {
 		o.redisURL = testenv.RedisURL(t)
 	}
+	p.redisURL = o.redisURL
 	p.rdb, err = redisconn.Open(o.redisURL)
 	require.NoError(t, err)
 	log := zerolog.New(io.Discard)
@@ -143,6 +145,19 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	return p
 }
 
+
+// otherRedis is a second client of the pipeline's Redis, opened from its
+// URL: a client made from p.rdb's Options() shares state that go-redis
+// writes while p.rdb dials (its maintenance-notifications mode), a data
+// race the race detector reports.
+func (p *pipeline) otherRedis() *redis.Client {
+	c, err := redisconn.Open(p.redisURL)
+	require.NoError(p.t, err)
+	client, ok := c.(*redis.Client)
+	require.True(p.t, ok, "the pipeline's Redis is not a single server")
+	p.t.Cleanup(func() { _ = client.Close() })
+	return client
+}
 func (p *pipeline) user(id int64, initial map[string]string) {
 	p.t.Helper()
 	_, err := p.db.CreateUser(context.Background(), id)
