@@ -145,7 +145,6 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	return p
 }
 
-
 // otherRedis is a second client of the pipeline's Redis, opened from its
 // URL: a client made from p.rdb's Options() shares state that go-redis
 // writes while p.rdb dials (its maintenance-notifications mode), a data
