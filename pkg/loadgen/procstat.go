@@ -256,23 +256,47 @@ func SelfCPUSeconds() float64 {
 // MachineBusySeconds is the CPU time every process on the machine used
 // (from /proc/stat), to tell how much the rest of the machine took.
 func MachineBusySeconds() float64 {
+	busy, _ := machineCPU()
+	return busy
+}
+
+// machineCPU is the machine's busy and stolen CPU seconds so far.
+func machineCPU() (busy, steal float64) {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	f := strings.Fields(strings.SplitN(string(data), "\n", 2)[0])
-	busy := 0.0
+	return parseStatCPU(string(data))
+}
+
+// parseStatCPU reads the "cpu" line of /proc/stat: busy is user, nice,
+// system, irq and softirq; steal is the time the hypervisor ran something
+// else while a vCPU of this machine had work. A line it cannot read, or
+// one from a kernel without a steal column, gives what it has.
+func parseStatCPU(data string) (busy, steal float64) {
+	f := strings.Fields(strings.SplitN(data, "\n", 2)[0])
+	if len(f) == 0 || f[0] != "cpu" {
+		return 0, 0
+	}
 	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		if i >= 7 { // steal, guest: not ours
+		// The kernel writes clock ticks as unsigned integers.
+		ticks, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
 			break
 		}
-		n, _ := strconv.ParseFloat(v, 64)
-		busy += n
+		n := float64(ticks) / clockTicks
+		switch {
+		case i == 3 || i == 4: // idle, iowait
+		case i == 7:
+			steal = n
+		case i < 7:
+			busy += n
+		}
+		if i >= 7 { // guest time is already in user
+			break
+		}
 	}
-	return busy / clockTicks
+	return busy, steal
 }
 
 // Names the CPU sample gives besides the processes.
@@ -289,14 +313,17 @@ type CPUSample struct {
 	Seconds map[string]float64
 	// Switches is each name's context switches (TreeSwitches).
 	Switches map[string]float64
+	// Steal is the machine's stolen CPU seconds (parseStatCPU).
+	Steal float64
 }
 
 // SampleCPU reads every process's CPU. A process that is gone is an
 // error: its CPU would silently drop out of the total.
 func SampleCPU(procs []Proc) (CPUSample, error) {
+	busy, steal := machineCPU()
 	s := CPUSample{At: time.Now(), Seconds: map[string]float64{
-		CPULoadGenerator: SelfCPUSeconds(), CPUMachine: MachineBusySeconds(),
-	}, Switches: map[string]float64{}}
+		CPULoadGenerator: SelfCPUSeconds(), CPUMachine: busy,
+	}, Switches: map[string]float64{}, Steal: steal}
 	for _, p := range procs {
 		v, err := TreeCPUSeconds(p.Pid)
 		if err != nil {
@@ -325,6 +352,13 @@ type CPUUse struct {
 	// machine's other load, as long as the rate stays a trickle.
 	Switches         map[string]float64 `json:"context_switches"`
 	SwitchesPerEvent map[string]float64 `json:"context_switches_per_event,omitempty"`
+	// StealSeconds is the CPU the hypervisor took from the machine's
+	// vCPUs in the window (StealCorePercent of one core). On a guest
+	// whose kernel cannot tell steal apart, it lands in the processes'
+	// own times instead, and "other" goes below zero: either way a
+	// window with much of it measured the host as well as settle.
+	StealSeconds     float64 `json:"steal_seconds"`
+	StealCorePercent float64 `json:"steal_core_percent"`
 }
 
 // CPUBetween computes the use between before and after; events > 0 adds
@@ -356,6 +390,10 @@ func CPUBetween(before, after CPUSample, events int) CPUUse {
 		}
 	}
 	u.Seconds["other"] = u.Seconds[CPUMachine] - total - u.Seconds[CPULoadGenerator]
+	u.StealSeconds = max(after.Steal-before.Steal, 0)
+	if u.WindowSeconds > 0 {
+		u.StealCorePercent = 100 * u.StealSeconds / u.WindowSeconds
+	}
 	delete(u.Seconds, CPUMachine)
 	if events > 0 {
 		u.MsPerEvent = map[string]float64{}
@@ -403,5 +441,7 @@ func (u CPUUse) Text() string {
 		}
 		b.WriteByte('\n')
 	}
+	fmt.Fprintf(&b, "  cpu %-15s %6.2f%% of a core  (%.2f s)  taken by the hypervisor from this machine's vCPUs, not counted\n",
+		"steal", u.StealCorePercent, u.StealSeconds)
 	return b.String()
 }

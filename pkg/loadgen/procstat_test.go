@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +59,49 @@ func TestParseStatHead(t *testing.T) {
 			t.Errorf("%q parsed", bad)
 		}
 	}
+}
+
+// TestParseStatCPU: busy leaves out idle, iowait and guest (already in
+// user); steal is its own column; a short or foreign line gives what it has.
+func TestParseStatCPU(t *testing.T) {
+	for _, c := range []struct {
+		line        string
+		busy, steal float64
+	}{
+		{"cpu  100 2 30 900 40 5 6 70 8 0\ncpu0 1 2 3", 1.43, 0.7},
+		{"cpu  100 2 30 900", 1.32, 0},        // an old kernel: no steal column
+		{"cpu  100 x 30 900 40 5 6 70", 1, 0}, // stops at what it cannot read
+		{"cpu0 100 2 30 900 40 5 6 70", 0, 0}, // not the machine's line
+		{"", 0, 0},
+	} {
+		busy, steal := parseStatCPU(c.line)
+		if !near(busy, c.busy) || !near(steal, c.steal) {
+			t.Errorf("%q: busy %v steal %v, want %v %v", c.line, busy, steal, c.busy, c.steal)
+		}
+	}
+	// The window's steal, and its line in the text.
+	u := CPUBetween(CPUSample{At: time.Unix(0, 0), Steal: 1}, CPUSample{At: time.Unix(10, 0), Steal: 3.5}, 0)
+	if !near(u.StealSeconds, 2.5) || !near(u.StealCorePercent, 25) || !strings.Contains(u.Text(), "cpu steal            25.00% of a core") {
+		t.Fatalf("steal %+v\n%s", u, u.Text())
+	}
+	if live, _ := machineCPU(); live <= 0 {
+		t.Fatalf("this machine's /proc/stat gave busy %v", live)
+	}
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+func FuzzParseStatCPU(f *testing.F) {
+	f.Add("cpu  100 2 30 900 40 5 6 70 8 0")
+	f.Add("cpu 1 -1 1e308 NaN")
+	f.Add("cpu 18446744073709551615 18446744073709551615 1 1 1 18446744073709551615")
+	f.Add("cpu\t1 2 3 4 5 6 7 8 9 10 11 12")
+	f.Fuzz(func(t *testing.T, line string) {
+		busy, steal := parseStatCPU(line)
+		if !(busy >= 0 && steal >= 0) || math.IsInf(busy, 0) || math.IsInf(steal, 0) {
+			t.Fatalf("busy %v steal %v from %q", busy, steal, line)
+		}
+	})
 }
 
 func FuzzParsePids(f *testing.F) {
