@@ -69,6 +69,7 @@ line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
 	printf '%-44s %-22s %s\n' target wanted measured
 	printf '%-44s %-22s %s ms/event\n' "100 events/s: CPU, all processes" "<= 2" "$(metric e2e-steady-100 cpu-ms/event)"
 	printf '%-44s %-22s %s / %s ms\n' "100 events/s: webhook-to-terminal p50 / p99" "<= 25 / <= 100" "$(metric e2e-steady-100 p50-ms)" "$(metric e2e-steady-100 p99-ms)"
+	printf '%-44s %-22s %s %% of a core\n' "100 events/s: the hypervisor's steal" "(the host, not settle)" "$(metric e2e-steady-100 steal-core-%)"
 	printf '%-44s %-22s %s %% of a core\n' "idle: api+worker+scheduler+PostgreSQL+Redis" "<= 1" "$(metric idle idle-core-%)"
 	printf '%-44s %-22s %s /s at %s ms/event\n' "full speed: applied deposits" ">= 4500 at <= 0.3" "$(metric e2e-deposits applied/s)" "$(metric e2e-deposits cpu-ms/event)"
 	printf '%-44s %-22s %s /s\n' "contended withdrawals" ">= 3500" "$(metric e2e-withdrawals applied/s)"

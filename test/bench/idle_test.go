@@ -47,6 +47,7 @@ func BenchmarkIdle(b *testing.B) {
 		}
 		fmt.Printf("idle CPU over %.1fs (%% of one core):\n%s", use.WindowSeconds, use.Text())
 		b.ReportMetric(use.CorePercent[loadgen.CPUTotal], "idle-core-%")
+		b.ReportMetric(use.StealCorePercent, "steal-core-%")
 		b.ReportMetric(0, "ns/op")
 	}
 }
