@@ -278,22 +278,20 @@ func parseStatCPU(data string) (busy, steal float64) {
 	if len(f) == 0 || f[0] != "cpu" {
 		return 0, 0
 	}
-	for i, v := range f[1:] {
+	// Up to steal: the guest columns after it are already in user.
+	for i, v := range f[1:min(len(f), 9)] {
 		// The kernel writes clock ticks as unsigned integers.
 		ticks, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			break
 		}
 		n := float64(ticks) / clockTicks
-		switch {
-		case i == 3 || i == 4: // idle, iowait
-		case i == 7:
+		switch i {
+		case 3, 4: // idle, iowait
+		case 7:
 			steal = n
-		case i < 7:
+		default:
 			busy += n
-		}
-		if i >= 7 { // guest time is already in user
-			break
 		}
 	}
 	return busy, steal
