@@ -147,7 +147,6 @@ func run(s settings, log zerolog.Logger) error {
 	// Redis every WORKER_POLL_INTERVAL (see worker.Waker).
 	waker := worker.NewWaker(rdb, s.WakeWait).WithLog(log)
 	rdb.AddHook(waker.Hook())
-	go waker.Run(batchCtx)
 
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:       s.Concurrency,

@@ -11,10 +11,10 @@ import (
 // wakeWithEnqueue is the Redis client of the hand-off's asynq client: an
 // enqueue of a payments task is pipelined with the workers' wake-up (one
 // task announced), so a lone event's task costs the api one Redis round
-// trip, not one for the enqueue and another for the PUBLISH. Redis runs
-// the two in order, so a worker woken finds the task already pending. An
+// trip, not one for the enqueue and another for the wake-up. Redis runs
+// them in order, so a worker woken finds the task already pending. An
 // enqueue that fails (a task id that exists, a script Redis lost) still
-// publishes: a wake-up without a task costs a worker one empty look.
+// leaves its wake-up: one without a task costs a worker one empty look.
 type wakeWithEnqueue struct {
 	redis.UniversalClient
 }
@@ -43,7 +43,7 @@ func (c wakeWithEnqueue) withWake(ctx context.Context, enqueue func(redis.Pipeli
 	// first of the two, which cmd or the wake-up already says.
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		cmd = enqueue(p)
-		p.Publish(ctx, task.WakeChannel, "1")
+		pushWake(ctx, p, "1")
 		return nil
 	})
 	return cmd

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,27 +13,43 @@ import (
 // (worker.WakeWaitDefault), never a task.
 const publishTimeout = time.Second
 
-// PublishWake tells every waiting worker that tasks were enqueued, how
-// many unsaid: they look until the queue is empty.
+// PublishWake tells a waiting worker that tasks were enqueued, how many
+// unsaid: it looks until the queue is empty.
 func PublishWake(ctx context.Context, rdb redis.UniversalClient) error {
 	return publish(ctx, rdb, "")
 }
 
-// PublishWakeFor tells every waiting worker that this many tasks were
-// enqueued: a worker that has taken as many looks only once more, after
-// the next wake-up or its wait.
+// PublishWakeFor leaves one wake-up per task enqueued (at most
+// task.WakeListMax), so that as many waiting workers each look once.
 func PublishWakeFor(ctx context.Context, rdb redis.UniversalClient, tasks int) error {
-	return publish(ctx, rdb, strconv.Itoa(tasks))
+	if tasks <= 0 {
+		return nil
+	}
+	tokens := make([]any, min(tasks, task.WakeListMax))
+	for i := range tokens {
+		tokens[i] = "1"
+	}
+	return publish(ctx, rdb, tokens...)
 }
 
-// PublishQueueWake tells every waiting worker that a task was enqueued on
-// queue, one of the queues besides payments (whose wake-ups count tasks).
+// PublishQueueWake tells a waiting worker that a task was enqueued on
+// queue, one of the queues besides payments.
 func PublishQueueWake(ctx context.Context, rdb redis.UniversalClient, queue string) error {
 	return publish(ctx, rdb, task.WakeQueuePrefix+queue)
 }
 
-func publish(ctx context.Context, rdb redis.UniversalClient, payload string) error {
+func publish(ctx context.Context, rdb redis.UniversalClient, tokens ...any) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	return rdb.Publish(ctx, task.WakeChannel, payload).Err()
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		pushWake(ctx, p, tokens...)
+		return nil
+	})
+	return err
+}
+
+// pushWake queues the wake-ups and the trim that bounds their list.
+func pushWake(ctx context.Context, p redis.Pipeliner, tokens ...any) {
+	p.RPush(ctx, task.WakeList, tokens...)
+	p.LTrim(ctx, task.WakeList, -task.WakeListMax, -1)
 }

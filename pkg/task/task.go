@@ -167,11 +167,19 @@ func DecodePaymentTask(body []byte) ([]PaymentTask, []payment.Event, error) {
 // checked by a test against a real asynq.
 func PendingListKey(queue string) string { return "asynq:{" + queue + "}:pending" }
 
-// WakeChannel is the Redis pub/sub channel on which the enqueuer tells
-// idle workers that tasks were enqueued.
-const WakeChannel = "settle:wake"
+// WakeList is the Redis list on which enqueuers leave wake-ups for idle
+// workers: one element per payments task enqueued ("1"), "" for an
+// unsaid number, or a queue's name (WakeQueuePrefix). A worker waiting
+// on an empty queue pops one with BLPOP in the same round trip as its
+// next dequeue, so Redis runs the dequeue the moment a wake-up lands,
+// and only one waiting worker wakes for it.
+const WakeList = "settle:wakeups"
+
+// WakeListMax bounds WakeList: wake-ups left while every worker is busy
+// are trimmed to the newest this many (each costs a worker at most one
+// look; a task whose wake-up was trimmed is found within a wait).
+const WakeListMax = 1024
 
 // WakeQueuePrefix starts a wake-up that names a queue other than
-// payments ("queue:notifications"): a task was enqueued there. A worker
-// from before it reads one as a wake-up without a count.
+// payments ("queue:notifications"): a task was enqueued there.
 const WakeQueuePrefix = "queue:"

@@ -146,15 +146,15 @@ func (w *Waker) lookWithDones(ctx context.Context, next redis.ProcessHook, cmd r
 	if len(dones) == 0 {
 		return next(ctx, cmd)
 	}
-	cmds := w.sendDones(ctx, dones, cmd)
+	cmds := w.sendDones(ctx, w.rdb, dones, cmd)
 	w.settleDones(ctx, dones, cmds)
 	return cmd.Err()
 }
 
-// sendDones sends the dones, then extra, as one pipeline, and returns the
-// dones' commands.
-func (w *Waker) sendDones(ctx context.Context, dones []heldDone, extra ...redis.Cmder) []redis.Cmder {
-	pipe := w.rdb.Pipeline()
+// sendDones sends the dones, then extra, as one pipeline on client, and
+// returns the dones' commands.
+func (w *Waker) sendDones(ctx context.Context, client redis.UniversalClient, dones []heldDone, extra ...redis.Cmder) []redis.Cmder {
+	pipe := client.Pipeline()
 	cmds := make([]redis.Cmder, len(dones))
 	for i, d := range dones {
 		cmds[i] = redis.NewCmd(ctx, d.args...)
@@ -180,7 +180,7 @@ func (w *Waker) flushDones() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), doneFlushTimeout)
 	defer cancel()
-	w.settleDones(ctx, dones, w.sendDones(ctx, dones))
+	w.settleDones(ctx, dones, w.sendDones(ctx, w.rdb, dones))
 }
 
 // settleDones books the answers of sent dones: NOSCRIPT is sent again

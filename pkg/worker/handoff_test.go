@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -369,50 +370,43 @@ func (r *roundTrips) with(name string) [][]string {
 
 // TestHandoffWakesTheWorkersInTheEnqueuesRoundTrip: the api's enqueue of
 // a lone event's task carries the workers' wake-up, announcing one task,
-// in the same round trip; there is no PUBLISH of its own after it.
+// and the trim that bounds their list, in the same round trip; there is
+// no wake-up of its own after it.
 func TestHandoffWakesTheWorkersInTheEnqueuesRoundTrip(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noEnqueuer: true})
 	p.user(1, nil)
 	ctx := context.Background()
-	sub := p.rdb.Subscribe(ctx, task.WakeChannel)
-	defer sub.Close()
-	_, err := sub.Receive(ctx) // the subscription is in place
-	require.NoError(t, err)
 
 	client := p.otherRedis()
 	ingest := p.ingestWith(p.handoff(client, 100))
 	// A first event loads asynq's enqueue script into Redis, so the
 	// counted ones never take the NOSCRIPT fallback (EVAL, and the
 	// wake-up sent again with it) whatever ran before this test.
-	_, err = ingest.InsertEvent(ctx, deposit("pw-warm", 1, "1"))
+	_, err := ingest.InsertEvent(ctx, deposit("pw-warm", 1, "1"))
 	require.NoError(t, err)
-	select {
-	case <-sub.Channel():
-	case <-time.After(10 * time.Second):
-		t.Fatal("warm-up: no wake-up published")
-	}
-	trips := &roundTrips{}
+	p.waitFor("warm-up confirmed", 30*time.Second, p.allTerminal)
+	trips := &roundTrips{kind: func(c redis.Cmder) string {
+		if c.Name() == "rpush" {
+			return strings.TrimSpace(fmt.Sprintln(c.Args()...))
+		}
+		return c.Name()
+	}}
 	client.AddHook(trips)
 	const n = 3
 	for i := range n {
 		inserted, err := ingest.InsertEvent(ctx, deposit(fmt.Sprintf("pw-%d", i), 1, "1"))
 		require.NoError(t, err)
 		require.True(t, inserted)
-		select {
-		case msg := <-sub.Channel():
-			require.Equal(t, "1", msg.Payload, "a wake-up announcing the one task")
-		case <-time.After(10 * time.Second):
-			t.Fatalf("event %d: no wake-up published", i)
-		}
 	}
 	p.waitFor("all confirmed", 30*time.Second, p.allTerminal)
 	require.Equal(t, "4", p.balance(1, "ETH"))
 
+	wake := "rpush " + task.WakeList + " 1"
 	enqueues := trips.with("evalsha")
 	require.Len(t, enqueues, n, "one enqueue per event: %v", trips.trips)
 	for _, trip := range enqueues {
-		require.Equal(t, []string{"evalsha", "publish"}, trip, "the enqueue and its wake-up in one round trip")
+		require.Equal(t, []string{"evalsha", wake, "ltrim"}, trip, "the enqueue and its wake-up in one round trip")
 	}
-	require.Len(t, trips.with("publish"), n, "no PUBLISH of its own: %v", trips.trips)
+	require.Len(t, trips.with(wake), n, "no wake-up of its own: %v", trips.trips)
 	p.requireInvariants()
 }

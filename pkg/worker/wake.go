@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"strconv"
 	"strings"
@@ -21,28 +23,33 @@ import (
 // interval keeps a trickle's latency low and costs the worker and Redis a
 // few percent of a core when idle; a long one is cheap and slow. The Waker
 // gives both: a Redis hook makes the empty dequeue of the payments queue
-// wait (for up to WakeWaitDefault) for a wake-up that the enqueuer
-// publishes after each round that enqueued something, then look again. An
-// idle worker then asks Redis about once per wait; a task that comes with
-// a wake-up is picked up at once, and so is a due retry (the hook sees
-// asynq's forwarder move it). Tasks that come without one (recovered
-// tasks) wait about the wait (see below for the other queues).
+// wait (for up to WakeWaitDefault) for a wake-up that the enqueuer leaves
+// on task.WakeList with each task, then look again. The wait is a BLPOP
+// of that list sent in the same pipeline as the dequeue, so Redis runs
+// the dequeue the moment a wake-up lands and answers both at once: the
+// worker wakes once per task, not once for a wake-up and again for the
+// task, and of several waiting workers only the one that pops it wakes.
+// An idle worker asks Redis about once per wait; a due retry is picked
+// up at once too (the hook sees asynq's forwarder move it and wakes its
+// own wait through a list of its own). Tasks that come without a wake-up
+// (recovered tasks) wait about the wait (see below for the other queues).
 //
-// A wake-up says how many tasks it announces. A look that takes the last
-// task announced leaves the queue known empty, so the next dequeue waits
-// before it looks instead of after: one look per task at a trickle, not
-// two (the empty look after each task cost a Redis round trip and a
-// wake-up of both sides). An announcement that falls short costs a task
-// at most the wait, never the task; one without a count ("") makes the
-// worker look until a look comes back empty, as before.
+// A wake-up announces one task ("1"), or an unsaid number (""). A look
+// that takes the last task announced leaves the queue known empty, so the
+// next dequeue waits before it looks instead of after: one look per task
+// at a trickle, not two (the empty look after each task cost a Redis
+// round trip and a wake-up of both sides). An announcement that falls
+// short costs a task at most the wait, never the task; one without a
+// count makes the worker look until a look comes back empty.
 //
 // The other queues (notifications, maintenance) get a task from the
 // scheduler every few seconds. asynq looks at them, in an order drawn by
 // weight, on every dequeue: at a trickle that was 0.4 empty looks per
 // event, each a Redis round trip. A queue found empty is taken as empty
 // for QuietWaits waits; the scheduler's wake-up that names the queue
-// (task.WakeQueuePrefix), sent with each task it enqueues there, ends
-// that at once, and so does a due retry the forwarder moves into it.
+// (task.WakeQueuePrefix), left with each task it enqueues there, ends
+// that for the worker that pops it, and a due retry the forwarder moves
+// into it does for the forwarder's worker.
 
 // Waker bounds.
 const (
@@ -51,35 +58,50 @@ const (
 	// half of it): the idle worker's poll period, and about how long a
 	// task enqueued without a wake-up waits beyond TaskCheckInterval.
 	WakeWaitDefault = time.Second
-	// WakeWaitMax bounds WORKER_WAKE_WAIT: asynq's shutdown waits for it.
+	// WakeWaitMax bounds WORKER_WAKE_WAIT: a shutdown whose own wake-up
+	// is lost (Redis gone) waits out the wait under way.
 	WakeWaitMax = 10 * time.Second
 	// QuietWaits: the notifications and maintenance queues, found
 	// empty, are asked about again after this many waits (5 s by
 	// default) unless a wake-up names them first (the scheduler
-	// publishes one with each task it enqueues there).
+	// leaves one with each task it enqueues there).
 	QuietWaits = 5
-	// wakeHealthCheck is how often the subscription is pinged; a lost one
-	// costs latency (the wait), never a task.
-	wakeHealthCheck = 30 * time.Second
+	// blockReadMargin is what a wait leaves of the Redis client's read
+	// timeout for the answer to arrive in: the wait's BLPOP is cut to
+	// the read timeout less this (1.5 s at redisconn's 2 s), so a wait
+	// never reads as a dead Redis.
+	blockReadMargin = 500 * time.Millisecond
+	// ownWakeTTL bounds how long the waker's own wake-up list outlives
+	// the process.
+	ownWakeTTL = time.Minute
 	// unknownTasks is what a wake-up without a count announces: look
 	// until the queue is empty.
 	unknownTasks = 1 << 20
+	// wakeOwnTimeout bounds leaving the waker's own wake-up.
+	wakeOwnTimeout = time.Second
+	// fallbackWaitMax cuts a wait on a client whose read timeout is not
+	// known (not a *redis.Client) to fit redisconn's default.
+	fallbackWaitMax = time.Second
 )
 
 // asynq v0.26.0's dequeue script runs with these four keys, the first
 // being the queue's pending list (asynq's internal/base.PendingKey).
 const dequeueKeys = 4
 
-// Waker turns wake-ups published on task.WakeChannel into the end of an idle
-// dequeue's wait. Its Hook goes on the asynq server's Redis client; Run
-// must be running for wake-ups to arrive (without it, dequeues wait the
-// whole wait: slower, never wrong).
+// Waker turns wake-ups left on task.WakeList into the end of an idle
+// dequeue's wait. Its Hook goes on the asynq server's Redis client.
 type Waker struct {
 	rdb     redis.UniversalClient
 	wait    time.Duration
 	pending string // the key whose empty dequeue waits
 	active  string // the same queue's active list, named by its dones
+	own     string // this waker's own wake-up list (forwards, Stop)
 	log     zerolog.Logger
+
+	// waitMax is the longest wait rdb's read timeout allows (0: any).
+	waitMax time.Duration
+	// sending counts waiting pipelines under way, for Stop.
+	sending sync.WaitGroup
 
 	stop     chan struct{} // closed by Stop
 	stopOnce sync.Once
@@ -122,7 +144,8 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 	}
 	pending := task.PendingListKey(task.QueuePayments)
 	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: pending,
-		active: strings.TrimSuffix(pending, ":pending") + ":active", log: zerolog.Nop(), doneHold: doneHold,
+		active: strings.TrimSuffix(pending, ":pending") + ":active", own: task.WakeList + ":" + ownSuffix(),
+		waitMax: waitLimit(rdb), log: zerolog.Nop(), doneHold: doneHold,
 		woken: make(chan struct{}), stop: make(chan struct{}),
 		quiet: map[string]time.Time{}, due: map[string]bool{}}
 }
@@ -142,29 +165,33 @@ func (w *Waker) Stop() {
 		w.stopping = true
 		w.mu.Unlock()
 		close(w.stop)
+		// Ends a wait under way (a new one no longer starts).
+		w.wakeOwn()
 		w.flushDones()
+		w.sending.Wait()
 	})
 }
 
-// Run listens for wake-ups until ctx ends.
-func (w *Waker) Run(ctx context.Context) {
-	sub := w.rdb.Subscribe(ctx, task.WakeChannel)
-	defer sub.Close()
-	ch := sub.Channel(redis.WithChannelHealthCheckInterval(wakeHealthCheck))
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case msg, ok := <-ch:
-			if !ok {
-				return
-			}
-			if key, ok := wokenQueue(msg.Payload); ok {
-				w.forwarded(key)
-				continue
-			}
-			w.wake(announcedTasks(msg.Payload))
-		}
+// ownSuffix names this waker's own wake-up list.
+func ownSuffix() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// wakeOwn ends this process's wait under way, if any: one wake-up on its
+// own list, which its BLPOP names first. A lost one costs the wait.
+func (w *Waker) wakeOwn() {
+	ctx, cancel := context.WithTimeout(context.Background(), wakeOwnTimeout)
+	defer cancel()
+	_, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.RPush(ctx, w.own, "1")
+		p.LTrim(ctx, w.own, -1, -1)
+		p.Expire(ctx, w.own, ownWakeTTL)
+		return nil
+	})
+	if err != nil {
+		w.log.Debug().Err(err).Msg("own wake-up not left; the wait under way runs out")
 	}
 }
 
@@ -191,6 +218,7 @@ func wokenQueue(payload string) (string, bool) {
 	return task.PendingListKey(q), true
 }
 
+// wake books announced tasks.
 func (w *Waker) wake(tasks int) {
 	w.mu.Lock()
 	w.announced = min(w.announced+tasks, unknownTasks)
@@ -226,22 +254,71 @@ func (w *Waker) looked(woken chan struct{}, err error) {
 	}
 }
 
-// waitWoken waits up to the wait for woken, a stop or ctx; it reports
-// whether woken was closed.
-func (w *Waker) waitWoken(ctx context.Context, woken chan struct{}) bool {
+// waitAndLook waits up to the wait for a wake-up and then runs cmd, the
+// dequeue, as one pipeline: held dones, a BLPOP of this waker's own list
+// and of task.WakeList, then the dequeue, which Redis runs as soon as the
+// BLPOP returns. Stopping, it only looks.
+func (w *Waker) waitAndLook(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder) error {
 	w.mu.Lock()
-	w.waits++
-	w.mu.Unlock()
-	timer := time.NewTimer(w.aligned(time.Now()))
-	defer timer.Stop()
-	select {
-	case <-woken:
-		return true
-	case <-timer.C:
-	case <-w.stop:
-	case <-ctx.Done():
+	if w.stopping {
+		w.mu.Unlock()
+		return w.lookWithDones(ctx, next, cmd)
 	}
-	return false
+	w.waits++
+	w.sending.Add(1)
+	w.mu.Unlock()
+	defer w.sending.Done()
+
+	wait := w.aligned(time.Now())
+	if w.waitMax > 0 {
+		wait = min(wait, w.waitMax)
+	}
+	pop := redis.NewStringSliceCmd(ctx, "blpop", w.own, task.WakeList, blockSeconds(wait))
+	dones := w.takeDones()
+	cmds := w.sendDones(ctx, w.rdb, dones, pop, cmd)
+	if len(dones) > 0 {
+		w.settleDones(ctx, dones, cmds)
+	}
+	w.popped(pop)
+	return cmd.Err()
+}
+
+// waitLimit is the longest wait rdb's read timeout leaves room for (a
+// pipeline has no timeout of its own, and the wait's answer must arrive
+// within it); 0 when reads have no timeout.
+func waitLimit(rdb redis.UniversalClient) time.Duration {
+	c, ok := rdb.(*redis.Client)
+	if !ok {
+		return fallbackWaitMax
+	}
+	// go-redis has turned an unset timeout into its default, and "none"
+	// (-1, -2) into 0.
+	read := c.Options().ReadTimeout
+	if read <= 0 {
+		return 0
+	}
+	return max(read-blockReadMargin, time.Millisecond)
+}
+
+// blockSeconds is a BLPOP timeout: seconds, to the millisecond, never 0
+// (which would wait for ever).
+func blockSeconds(d time.Duration) string {
+	return strconv.FormatFloat(max(d, time.Millisecond).Seconds(), 'f', 3, 64)
+}
+
+// popped books what a wait's BLPOP returned: nothing (the wait ran out),
+// this waker's own wake-up (already booked when it was left), or one
+// from task.WakeList.
+func (w *Waker) popped(pop *redis.StringSliceCmd) {
+	got, err := pop.Result()
+	if err != nil || len(got) != 2 || got[0] == w.own {
+		return
+	}
+	if key, ok := wokenQueue(got[1]); ok {
+		w.markForwarded(key)
+		return
+	}
+	w.wake(announcedTasks(got[1]))
 }
 
 // aligned is an empty dequeue's wait from now: to a multiple of the wait
@@ -290,7 +367,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 				return nil
 			}
 			// The forwarder moved due retries or scheduled tasks into a
-			// pending list: they come without a published wake-up.
+			// pending list: they come without a wake-up of their own.
 			err := next(ctx, cmd)
 			if !isCmd {
 				return err
@@ -300,6 +377,7 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if err == nil && moved > 0 {
 				if key == h.w.pending {
 					h.w.wake(int(min(moved, unknownTasks)))
+					h.w.wakeOwn()
 				} else {
 					// Another queue's: end its quiet mark, and the
 					// payments wait asynq may be in, so the
@@ -322,33 +400,25 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.w.lookedAt(key, err)
 			return err
 		}
-		// Taken before the look, so a wake-up published after the look
-		// misses nothing.
+		// Nothing announced is left: wait first, then look once (a task
+		// that came without a wake-up is found within the wait). Not
+		// while a forward into another queue waits for its look: asynq
+		// comes to that queue after this one.
 		woken, drained := h.w.beforeLook()
-		if drained {
-			// Nothing announced is left: wait first, then look once
-			// (a task that came without a wake-up is found within the
-			// wait). Not while a forward into another queue waits for
-			// its look: asynq comes to that queue after this one.
-			if !h.w.othersDue() {
-				h.w.waitWoken(ctx, woken)
-			}
-			woken, _ = h.w.beforeLook()
-			err := h.w.lookWithDones(ctx, next, cmd)
+		if drained && !h.w.othersDue() {
+			err := h.w.waitAndLook(ctx, next, cmd)
+			woken, _ = h.w.beforeLook() // the look came after the wake-up it popped
 			h.w.looked(woken, err)
 			return err
 		}
 		err := h.w.lookWithDones(ctx, next, cmd)
 		h.w.looked(woken, err)
-		if !errors.Is(err, redis.Nil) {
-			return err
-		}
-		if h.w.othersDue() || !h.w.waitWoken(ctx, woken) {
+		if !errors.Is(err, redis.Nil) || drained || h.w.othersDue() {
 			return err // asynq goes on to its other queues, then sleeps
 		}
-		woken, _ = h.w.beforeLook()
 		again := redis.NewCmd(ctx, cmd.Args()...)
-		err = h.w.lookWithDones(ctx, next, again)
+		err = h.w.waitAndLook(ctx, next, again)
+		woken, _ = h.w.beforeLook()
 		h.w.looked(woken, err)
 		if c, ok := cmd.(*redis.Cmd); ok {
 			c.SetVal(again.Val())
@@ -395,10 +465,17 @@ func (w *Waker) lookedAt(key string, err error) {
 }
 
 // forwarded books a forward of due tasks into another queue's pending
-// list: it is no longer quiet, and it is due for a look before the
-// payments queue waits again (a forward can land between asynq's look
-// at it and the payments wait of the same round).
+// list and ends the payments wait asynq may be in.
 func (w *Waker) forwarded(key string) {
+	w.markForwarded(key)
+	w.wakeOwn()
+}
+
+// markForwarded books tasks in another queue's pending list: it is no
+// longer quiet, and it is due for a look before the payments queue waits
+// again (a forward can land between asynq's look at it and the payments
+// wait of the same round).
+func (w *Waker) markForwarded(key string) {
 	w.mu.Lock()
 	delete(w.quiet, key)
 	w.due[key] = true

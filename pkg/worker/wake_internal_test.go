@@ -5,14 +5,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
 )
 
-// FuzzAnnouncedTasks: whatever a wake-up carries (anyone who can publish
-// on the channel writes it), the count is one task at least and bounded.
+// FuzzAnnouncedTasks: whatever a wake-up carries (anyone who can write
+// to the list writes it), the count is one task at least and bounded.
 func FuzzAnnouncedTasks(f *testing.F) {
 	for _, seed := range []string{"", "1", "32", "0", "-3", "99999999999999999999", "1e3", " 7", "x"} {
 		f.Add(seed)
@@ -77,4 +78,30 @@ func TestEmptyWaitEndsOnTheSecond(t *testing.T) {
 		require.Less(t, d, w.wait*3/2+procs.AlignSlack, "from %v", off)
 		require.Zero(t, now.Add(d-procs.AlignSlack).UnixNano()%int64(time.Second), "from %v: ends off the second", off)
 	}
+}
+
+// TestWaitFitsTheReadTimeout: a wait's BLPOP and its answer fit in the
+// client's read timeout (a pipeline has no other), with the margin; a
+// client without one lets the wait run whole.
+func TestWaitFitsTheReadTimeout(t *testing.T) {
+	for _, c := range []struct {
+		read time.Duration
+		want time.Duration
+	}{
+		{2 * time.Second, 1500 * time.Millisecond},
+		{100 * time.Millisecond, time.Millisecond},
+		{-1, 0},
+		{-2, 0},
+	} {
+		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: c.read})
+		require.Equal(t, c.want, waitLimit(rdb), "read timeout %v", c.read)
+		_ = rdb.Close()
+	}
+	unset := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer unset.Close()
+	require.Positive(t, unset.Options().ReadTimeout, "go-redis's default")
+	require.Equal(t, unset.Options().ReadTimeout-blockReadMargin, waitLimit(unset))
+	require.Equal(t, fallbackWaitMax, waitLimit(redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}})))
+	require.Equal(t, "0.001", blockSeconds(0), "never 0, which would block for ever")
+	require.Equal(t, "1.250", blockSeconds(1250*time.Millisecond))
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
@@ -31,11 +32,16 @@ const longestWait = wakeWait * 3 / 2
 // TaskCheckInterval and the Waker's hook on its Redis client.
 func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *worker.Waker {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	waker := worker.NewWaker(p.rdb, wakeWait)
-	p.rdb.AddHook(waker.Hook())
-	go waker.Run(ctx)
-	srv := asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
+	waker, _ := wakingServerOn(t, p.rdb, handler)
+	return waker
+}
+
+// wakingServerOn is wakingServer on a client of its own.
+func wakingServerOn(t *testing.T, rdb redis.UniversalClient, handler asynq.Handler) (*worker.Waker, *asynq.Server) {
+	t.Helper()
+	waker := worker.NewWaker(rdb, wakeWait)
+	rdb.AddHook(waker.Hook())
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency: 4, Queues: worker.QueueWeights, TaskCheckInterval: 20 * time.Millisecond,
 		DelayedTaskCheckInterval: 100 * time.Millisecond,
 		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 10 * time.Millisecond },
@@ -43,8 +49,8 @@ func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *worker.Wake
 	})
 	require.NoError(t, srv.Start(handler))
 	// Registered after newPipeline's cleanup, so it runs before it.
-	t.Cleanup(func() { waker.Stop(); srv.Shutdown(); cancel() })
-	return waker
+	t.Cleanup(func() { waker.Stop(); srv.Shutdown() })
+	return waker, srv
 }
 
 // TestIdleWorkerWaitsForTheEnqueuersWakeUp: an idle worker asks Redis

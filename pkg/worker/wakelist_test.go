@@ -1,0 +1,156 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/outbox"
+	"github.com/settle/settle/pkg/task"
+	"github.com/settle/settle/pkg/worker"
+)
+
+// redisWait is the longest wait on a client opened by redisconn (its 2 s
+// read timeout less the waker's margin).
+const redisWait = 1500 * time.Millisecond
+
+// TestOneWaitingWorkerWakesPerTask: of two idle workers, only the one
+// that pops a task's wake-up looks for it, at once; the other sleeps on
+// (a broadcast woke both, and one of them looked in vain every time).
+func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan time.Time, 32)
+	handler := asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	})
+	looks := []*lookCounter{countLooks(task.QueuePayments), countLooks(task.QueuePayments)}
+	for _, l := range looks {
+		rdb := p.otherRedis()
+		wakingServerOn(t, rdb, handler)
+		rdb.AddHook(l) // inside the waker's hook: real looks only
+	}
+	time.Sleep(300 * time.Millisecond) // both processors are waiting
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	ctx := context.Background()
+	const tasks = 10
+	before := looks[0].n.Load() + looks[1].n.Load()
+	started := time.Now()
+	for i := range tasks {
+		sent := time.Now()
+		_, err := client.Enqueue(asynq.NewTask("test:one", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("one-%d", i)))
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
+		select {
+		case at := <-ran:
+			require.Less(t, at.Sub(sent), time.Second, "task %d waited for a worker's poll", i)
+		case <-time.After(wakeWait):
+			t.Fatalf("task %d not run", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	looked := looks[0].n.Load() + looks[1].n.Load() - before
+	// One look per task, and each worker's idle look per wait at most.
+	idle := 2 * (int64(time.Since(started)/(redisWait/2)) + 1)
+	require.LessOrEqual(t, looked, int64(tasks)+idle, "looks for %d tasks by two workers", tasks)
+}
+
+// TestWakeUpAndDequeueShareARoundTrip: a waiting worker's BLPOP of the
+// wake-ups goes in front of its dequeue in one pipeline, so a task that
+// comes with its wake-up is dequeued in the round trip that was waiting
+// for it, with no other round trip of the worker's before its run.
+func TestWakeUpAndDequeueShareARoundTrip(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan struct{}, 16)
+	rdb := p.otherRedis()
+	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- struct{}{}
+		return nil
+	}))
+	trips := &roundTrips{kind: func(c redis.Cmder) string {
+		args := c.Args()
+		switch {
+		case c.Name() == "blpop":
+			return "blpop"
+		case c.Name() == "evalsha" && len(args) > 3 && args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments):
+			return "dequeue"
+		}
+		return ""
+	}}
+	rdb.AddHook(trips)
+	time.Sleep(300 * time.Millisecond) // past the first look, which does not wait
+	skip := len(trips.snapshot())
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	ctx := context.Background()
+	const tasks = 5
+	for i := range tasks {
+		_, err := client.Enqueue(asynq.NewTask("test:trip", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("trip-%d", i)))
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
+		select {
+		case <-ran:
+		case <-time.After(wakeWait):
+			t.Fatalf("task %d not run", i)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := trips.snapshot()[skip:]
+	for _, trip := range got {
+		require.Equal(t, []string{"blpop", "dequeue"}, trip, "a waiting dequeue's round trip: %v", got)
+	}
+	require.GreaterOrEqual(t, len(got), tasks)
+}
+
+// TestStopEndsAWaitUnderWay: a worker stopping while its dequeue waits
+// for a wake-up (5 to 15 s here: the longest wait, on a client without a
+// read deadline) shuts down at once: Stop leaves a wake-up on the
+// waker's own list.
+func TestStopEndsAWaitUnderWay(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	opts, err := redis.ParseURL(p.redisURL)
+	require.NoError(t, err)
+	opts.ReadTimeout = -1
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	waker := worker.NewWaker(rdb, worker.WakeWaitMax)
+	rdb.AddHook(waker.Hook())
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency: 1, Queues: worker.QueueWeights, TaskCheckInterval: 20 * time.Millisecond,
+		ShutdownTimeout: 2 * time.Second, Logger: worker.AsynqLogger{Log: zerolog.New(io.Discard)}, LogLevel: asynq.FatalLevel,
+	})
+	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })))
+	p.waitFor("the processor waiting", 5*time.Second, func() bool { return waker.Waits() > 0 })
+	time.Sleep(100 * time.Millisecond) // its BLPOP reached Redis
+	started := time.Now()
+	waker.Stop()
+	srv.Shutdown()
+	require.Less(t, time.Since(started), worker.WakeWaitMax*3/10, "the stop waited for the wait to run out")
+}
+
+// TestWakeListIsBounded: wake-ups left while no worker waits are trimmed
+// to the newest task.WakeListMax; none is left for no task.
+func TestWakeListIsBounded(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ctx := context.Background()
+	require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 0))
+	n, err := p.rdb.LLen(ctx, task.WakeList).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "a wake-up for no task")
+	for range 3 {
+		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, task.WakeListMax/2+7))
+	}
+	require.NoError(t, outbox.PublishWake(ctx, p.rdb))
+	n, err = p.rdb.LLen(ctx, task.WakeList).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(task.WakeListMax), n)
+	last, err := p.rdb.LIndex(ctx, task.WakeList, -1).Result()
+	require.NoError(t, err)
+	require.Empty(t, last, "the newest wake-up (one without a count) kept")
+}
