@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -38,24 +37,10 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 		rdb.AddHook(l) // inside the waker's hook: real looks only
 	}
 	time.Sleep(300 * time.Millisecond) // both processors are waiting
-	client := asynq.NewClientFromRedisClient(p.rdb)
-	ctx := context.Background()
 	const tasks = 10
 	before := looks[0].n.Load() + looks[1].n.Load()
 	started := time.Now()
-	for i := range tasks {
-		sent := time.Now()
-		_, err := client.Enqueue(asynq.NewTask("test:one", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("one-%d", i)))
-		require.NoError(t, err)
-		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-		select {
-		case at := <-ran:
-			require.Less(t, at.Sub(sent), time.Second, "task %d waited for a worker's poll", i)
-		case <-time.After(wakeWait):
-			t.Fatalf("task %d not run", i)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	trickle(t, p, "one", tasks, ran)
 	looked := looks[0].n.Load() + looks[1].n.Load() - before
 	// One look per task, and each worker's idle look per wait at most.
 	idle := 2 * (int64(time.Since(started)/(redisWait/2)) + 1)
@@ -68,10 +53,10 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 // for it, with no other round trip of the worker's before its run.
 func TestWakeUpAndDequeueShareARoundTrip(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	ran := make(chan struct{}, 16)
+	ran := make(chan time.Time, 16)
 	rdb := p.otherRedis()
 	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		ran <- struct{}{}
+		ran <- time.Now()
 		return nil
 	}))
 	trips := &roundTrips{kind: func(c redis.Cmder) string {
@@ -87,20 +72,8 @@ func TestWakeUpAndDequeueShareARoundTrip(t *testing.T) {
 	rdb.AddHook(trips)
 	time.Sleep(300 * time.Millisecond) // past the first look, which does not wait
 	skip := len(trips.snapshot())
-	client := asynq.NewClientFromRedisClient(p.rdb)
-	ctx := context.Background()
 	const tasks = 5
-	for i := range tasks {
-		_, err := client.Enqueue(asynq.NewTask("test:trip", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("trip-%d", i)))
-		require.NoError(t, err)
-		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
-		select {
-		case <-ran:
-		case <-time.After(wakeWait):
-			t.Fatalf("task %d not run", i)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	trickle(t, p, "trip", tasks, ran)
 	got := trips.snapshot()[skip:]
 	for _, trip := range got {
 		require.Equal(t, []string{"blpop", "dequeue"}, trip, "a waiting dequeue's round trip: %v", got)
