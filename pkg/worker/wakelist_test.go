@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,4 +127,52 @@ func TestWakeListIsBounded(t *testing.T) {
 	last, err := p.rdb.LIndex(ctx, task.WakeList, -1).Result()
 	require.NoError(t, err)
 	require.Empty(t, last, "the newest wake-up (one without a count) kept")
+}
+
+// refusedWaits makes Redis refuse every wait's BLPOP, as a Redis before
+// 6.0 refuses its fractional timeout.
+type refusedWaits struct{ refused atomic.Int64 }
+
+func (r *refusedWaits) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *refusedWaits) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (r *refusedWaits) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() == "blpop" {
+				args := c.Args()
+				args[len(args)-1] = "not-a-timeout"
+				r.refused.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRefusedWaitLosesNoTask: when Redis refuses the wait, the dequeue
+// behind it still runs, and a task with or without a wake-up runs at
+// once (the worker polls instead of waiting).
+func TestRefusedWaitLosesNoTask(t *testing.T) {
+	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
+	ran := make(chan time.Time, 16)
+	rdb := p.otherRedis()
+	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	}))
+	refused := &refusedWaits{}
+	rdb.AddHook(refused)
+	time.Sleep(300 * time.Millisecond)
+	trickle(t, p, "refused", 3, ran)
+	sent := time.Now()
+	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:unannounced", nil), asynq.Queue(task.QueuePayments))
+	require.NoError(t, err)
+	select {
+	case at := <-ran:
+		require.Less(t, at.Sub(sent), redisWait/2, "an unannounced task waited although no wait can block")
+	case <-time.After(wakeWait):
+		t.Fatal("the unannounced task did not run")
+	}
+	require.Positive(t, refused.refused.Load(), "no wait was refused: the test tested nothing")
 }
