@@ -103,16 +103,16 @@ type Waker struct {
 	// sending counts waiting pipelines under way, for Stop.
 	sending sync.WaitGroup
 
-	stop     chan struct{} // closed by Stop
 	stopOnce sync.Once
 
-	mu    sync.Mutex
-	woken chan struct{} // closed and replaced at every wake-up
-	// announced counts the tasks wake-ups announced that no look of this
-	// worker has taken yet; drained is the woken channel of the moment a
-	// look found the queue empty or took the last of them (nil: unknown).
+	mu sync.Mutex
+	// round counts wake-ups (from 1); a look is booked against the round
+	// it began in. announced counts the tasks wake-ups announced that no
+	// look of this worker has taken yet; drained is the round in which a
+	// look found the queue empty or took the last of them (0: unknown).
+	round     uint64
 	announced int
-	drained   chan struct{}
+	drained   uint64
 	// waits counts dequeues that waited (for tests and metrics).
 	waits int64
 	// quiet holds, per pending list of the other queues, when a look
@@ -132,7 +132,7 @@ type Waker struct {
 	doneHold  time.Duration
 	doneTimer *time.Timer
 	flushMu   sync.Mutex
-	stopping  bool
+	stopping  bool // set by Stop, under mu
 	donesLost atomic.Int64
 }
 
@@ -146,7 +146,7 @@ func NewWaker(rdb redis.UniversalClient, wait time.Duration) *Waker {
 	return &Waker{rdb: rdb, wait: min(wait, WakeWaitMax), pending: pending,
 		active: strings.TrimSuffix(pending, ":pending") + ":active", own: task.WakeList + ":" + ownSuffix(),
 		waitMax: waitLimit(rdb), log: zerolog.Nop(), doneHold: doneHold,
-		woken: make(chan struct{}), stop: make(chan struct{}),
+		round: 1,
 		quiet: map[string]time.Time{}, due: map[string]bool{}}
 }
 
@@ -164,7 +164,6 @@ func (w *Waker) Stop() {
 		w.mu.Lock()
 		w.stopping = true
 		w.mu.Unlock()
-		close(w.stop)
 		// Ends a wait under way (a new one no longer starts).
 		w.wakeOwn()
 		w.flushDones()
@@ -222,35 +221,34 @@ func wokenQueue(payload string) (string, bool) {
 func (w *Waker) wake(tasks int) {
 	w.mu.Lock()
 	w.announced = min(w.announced+tasks, unknownTasks)
-	close(w.woken)
-	w.woken = make(chan struct{})
+	w.round++
 	w.mu.Unlock()
 }
 
-// beforeLook is the channel the next wake-up closes and whether the
-// queue is known empty since the last one.
-func (w *Waker) beforeLook() (woken chan struct{}, drained bool) {
+// beforeLook is the current round and whether the queue is known empty
+// since its wake-up.
+func (w *Waker) beforeLook() (round uint64, drained bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.woken, w.drained == w.woken && w.announced <= 0
+	return w.round, w.drained == w.round && w.announced <= 0
 }
 
-// looked books a look begun when woken was current.
-func (w *Waker) looked(woken chan struct{}, err error) {
+// looked books a look begun in round.
+func (w *Waker) looked(round uint64, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
 	case err == nil && w.announced > 0:
 		w.announced--
 		if w.announced == 0 {
-			w.drained = woken
+			w.drained = round
 		}
 	case err == nil:
 		// A task nobody announced (its wake-up fell short or was lost):
 		// there may be more, so look again at once.
-		w.drained = nil
+		w.drained = 0
 	case errors.Is(err, redis.Nil):
-		w.announced, w.drained = 0, woken
+		w.announced, w.drained = 0, round
 	}
 }
 
@@ -404,22 +402,22 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		// that came without a wake-up is found within the wait). Not
 		// while a forward into another queue waits for its look: asynq
 		// comes to that queue after this one.
-		woken, drained := h.w.beforeLook()
+		round, drained := h.w.beforeLook()
 		if drained && !h.w.othersDue() {
 			err := h.w.waitAndLook(ctx, next, cmd)
-			woken, _ = h.w.beforeLook() // the look came after the wake-up it popped
-			h.w.looked(woken, err)
+			round, _ = h.w.beforeLook() // the look came after the wake-up it popped
+			h.w.looked(round, err)
 			return err
 		}
 		err := h.w.lookWithDones(ctx, next, cmd)
-		h.w.looked(woken, err)
+		h.w.looked(round, err)
 		if !errors.Is(err, redis.Nil) || drained || h.w.othersDue() {
 			return err // asynq goes on to its other queues, then sleeps
 		}
 		again := redis.NewCmd(ctx, cmd.Args()...)
 		err = h.w.waitAndLook(ctx, next, again)
-		woken, _ = h.w.beforeLook()
-		h.w.looked(woken, err)
+		round, _ = h.w.beforeLook()
+		h.w.looked(round, err)
 		if c, ok := cmd.(*redis.Cmd); ok {
 			c.SetVal(again.Val())
 			c.SetErr(again.Err())
@@ -442,10 +440,8 @@ func (w *Waker) knownQuiet(key string) bool {
 	if !ok || time.Since(at) >= w.quietFor() {
 		return false
 	}
-	select {
-	case <-w.stop:
+	if w.stopping {
 		return false // shutting down: look, as asynq expects
-	default:
 	}
 	w.skipped++
 	return true
