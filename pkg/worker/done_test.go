@@ -65,12 +65,15 @@ func signallingServer(t *testing.T, hooks ...redis.Hook) (*pipeline, *worker.Wak
 	ran := make(chan struct{}, 16)
 	waker := wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- struct{}{}
+		// Finish after the processor's next dequeue has begun its wait,
+		// so the done is held for the dequeue after it (one that finished
+		// first would ride in that wait's round trip).
+		time.Sleep(50 * time.Millisecond)
 		return nil
 	}))
-	// Time for the waker to subscribe (a wake-up published before is
-	// lost) and for the processor to find the queue empty and wait: a
-	// task enqueued during its first look is taken unannounced, and the
-	// look right after it, made at once, would carry a done held by then.
+	// Time for the processor to find the queue empty and wait: a task
+	// enqueued during its first look is taken unannounced, and the look
+	// right after it, made at once, would carry a done held by then.
 	time.Sleep(300 * time.Millisecond)
 	return p, waker, ran
 }

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"io"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,20 @@ import (
 // read timeout less the waker's margin).
 const redisWait = 1500 * time.Millisecond
 
+// waitingAll returns once every waker's processor has begun a wait.
+func waitingAll(t *testing.T, p *pipeline, wakers ...*worker.Waker) {
+	t.Helper()
+	p.waitFor("the processors waiting", wakeWait, func() bool {
+		for _, w := range wakers {
+			if w.Waits() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(50 * time.Millisecond) // the BLPOPs reach Redis
+}
+
 // TestOneWaitingWorkerWakesPerTask: of two idle workers, only the one
 // that pops a task's wake-up looks for it, at once; the other sleeps on
 // (a broadcast woke both, and one of them looked in vain every time).
@@ -32,12 +47,14 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 		return nil
 	})
 	looks := []*lookCounter{countLooks(task.QueuePayments), countLooks(task.QueuePayments)}
+	var wakers []*worker.Waker
 	for _, l := range looks {
 		rdb := p.otherRedis()
-		wakingServerOn(t, rdb, handler)
+		waker, _ := wakingServerOn(t, rdb, handler)
 		rdb.AddHook(l) // inside the waker's hook: real looks only
+		wakers = append(wakers, waker)
 	}
-	time.Sleep(300 * time.Millisecond) // both processors are waiting
+	waitingAll(t, p, wakers...)
 	const tasks = 10
 	before := looks[0].n.Load() + looks[1].n.Load()
 	started := time.Now()
@@ -51,35 +68,74 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 // TestWakeUpAndDequeueShareARoundTrip: a waiting worker's BLPOP of the
 // wake-ups goes in front of its dequeue in one pipeline, so a task that
 // comes with its wake-up is dequeued in the round trip that was waiting
-// for it, with no other round trip of the worker's before its run.
+// for it.
 func TestWakeUpAndDequeueShareARoundTrip(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 16)
 	rdb := p.otherRedis()
-	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	waker, _ := wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
 	}))
-	trips := &roundTrips{kind: func(c redis.Cmder) string {
-		args := c.Args()
-		switch {
-		case c.Name() == "blpop":
-			return "blpop"
-		case c.Name() == "evalsha" && len(args) > 3 && args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments):
-			return "dequeue"
-		}
-		return ""
-	}}
-	rdb.AddHook(trips)
-	time.Sleep(300 * time.Millisecond) // past the first look, which does not wait
-	skip := len(trips.snapshot())
+	takes := &takenIn{}
+	rdb.AddHook(takes)
+	waitingAll(t, p, waker)
 	const tasks = 5
 	trickle(t, p, "trip", tasks, ran)
-	got := trips.snapshot()[skip:]
+	got := takes.snapshot()
+	require.Len(t, got, tasks, "round trips that took a task: %v", got)
 	for _, trip := range got {
-		require.Equal(t, []string{"blpop", "dequeue"}, trip, "a waiting dequeue's round trip: %v", got)
+		require.GreaterOrEqual(t, len(trip), 2, "%v", got)
+		require.Equal(t, []string{"blpop", "evalsha"}, trip[len(trip)-2:], "a task taken without the wait in front of it: %v", got)
 	}
-	require.GreaterOrEqual(t, len(got), tasks)
+}
+
+// takenIn records the commands of each round trip that dequeued a
+// payments task (it sits inside the waker's hook: what reaches Redis).
+type takenIn struct {
+	mu    sync.Mutex
+	trips [][]string
+}
+
+func (h *takenIn) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *takenIn) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.record([]redis.Cmder{cmd})
+		return err
+	}
+}
+func (h *takenIn) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.record(cmds)
+		return err
+	}
+}
+
+func (h *takenIn) record(cmds []redis.Cmder) {
+	var names []string
+	took := false
+	for _, c := range cmds {
+		names = append(names, c.Name())
+		args := c.Args()
+		if c.Name() == "evalsha" && len(args) > 3 && args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments) {
+			if d, ok := c.(*redis.Cmd); ok && d.Err() == nil && d.Val() != nil {
+				took = true // a task's message, not an empty answer
+			}
+		}
+	}
+	if took {
+		h.mu.Lock()
+		h.trips = append(h.trips, names)
+		h.mu.Unlock()
+	}
+}
+
+func (h *takenIn) snapshot() [][]string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([][]string(nil), h.trips...)
 }
 
 // TestStopEndsAWaitUnderWay: a worker stopping while its dequeue waits
@@ -100,8 +156,7 @@ func TestStopEndsAWaitUnderWay(t *testing.T) {
 		ShutdownTimeout: 2 * time.Second, Logger: worker.AsynqLogger{Log: zerolog.New(io.Discard)}, LogLevel: asynq.FatalLevel,
 	})
 	require.NoError(t, srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })))
-	p.waitFor("the processor waiting", 5*time.Second, func() bool { return waker.Waits() > 0 })
-	time.Sleep(100 * time.Millisecond) // its BLPOP reached Redis
+	waitingAll(t, p, waker)
 	started := time.Now()
 	waker.Stop()
 	srv.Shutdown()
