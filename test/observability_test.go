@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/test/harness"
 )
 
@@ -27,7 +28,7 @@ func seriesValue(t *testing.T, page, name, labels string) (float64, bool) {
 }
 
 // TestObservability runs the real binaries: every process exports
-// settle_build_info; the scheduler exports the backlog as PostgreSQL holds
+// settle_build_info and its GOGC; the scheduler exports the backlog as PostgreSQL holds
 // it (per status and network) and asynq's queue series, and both follow
 // the events once a worker settles them.
 func TestObservability(t *testing.T) {
@@ -59,7 +60,8 @@ func TestObservability(t *testing.T) {
 	require.True(t, ok, "asynq's queue collector is registered on the scheduler")
 	require.Positive(t, size)
 
-	worker := s.StartWorker(nil)
+	// The operator's GOGC is kept; the others run with the services' own.
+	worker := s.StartWorker(map[string]string{"GOGC": "150"})
 	s.WaitFor("the backlog to drain", 30*time.Second, func() bool {
 		_, page = get(t, scheduler.URL()+"/metrics")
 		v, ok := seriesValue(t, page, "settle_backlog_events", `network="ETH_MAINNET",status="enqueued"`)
@@ -71,5 +73,12 @@ func TestObservability(t *testing.T) {
 		v, ok := seriesValue(t, page, "settle_build_info", `revision="[^"]+",version="[^"]+"`)
 		require.True(t, ok, "%s exports no settle_build_info", p.Name)
 		require.Equal(t, 1.0, v, p.Name)
+		gogc := strconv.Itoa(procs.GCPercent)
+		if p == worker {
+			gogc = "150"
+		}
+		m := regexp.MustCompile(`(?m)^go_gc_gogc_percent (\S+)$`).FindStringSubmatch(page)
+		require.NotNil(t, m, "%s exports no go_gc_gogc_percent", p.Name)
+		require.Equal(t, gogc, m[1], "%s's GOGC", p.Name)
 	}
 }

@@ -211,7 +211,7 @@ func run(args []string, env *config.Env, stderr io.Writer) int {
 	if command == "migrate" {
 		err = migrate(log, s)
 	} else {
-		stopAdapting := service.AdaptProcs(s.procsAdapt, log)
+		stopAdapting := service.TuneRuntime(s.procsAdapt, log)
 		endTracing := tracing.Begin(serviceName, log)
 		err = serve(log, s)
 		stopAdapting()

@@ -15,6 +15,7 @@ package procs
 import (
 	"context"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -195,6 +196,27 @@ func Run(ctx context.Context, opts Options) {
 			}
 		}
 	}
+}
+
+// GCPercent is the GOGC a service runs with when the operator sets none.
+// Its live heap is small (tens of MiB) and nearly all it allocates dies
+// within one request or task, so at Go's default of 100 a collection ran
+// every few MiB of traffic: flat out, marking and sweeping took about a
+// fifth of the api's CPU and a third of the worker's. At 400 a collection
+// runs a quarter as often for a somewhat larger heap (benchmarks: peak
+// RSS api 53 -> 70 MiB, worker 46 -> 55 MiB), and a cycle's fixed cost
+// (waking every P's mark worker) is paid a quarter as often.
+const GCPercent = 400
+
+// TuneGC sets GCPercent unless the operator chose GOGC (kept as it is,
+// "off" included) and reports whether it did. GOMEMLIMIT, when set, still
+// caps the heap: the runtime collects earlier as it nears the limit.
+func TuneGC(getenv func(string) string) bool {
+	if getenv("GOGC") != "" {
+		return false
+	}
+	debug.SetGCPercent(GCPercent)
+	return true
 }
 
 // cpuTime is the CPU the process has used, user and system.

@@ -3,6 +3,7 @@ package procs
 import (
 	"context"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,5 +165,34 @@ func TestUntilAlignedEndsOnTheBoundary(t *testing.T) {
 	}
 	if d := UntilAligned(now, 0); d != AlignSlack {
 		t.Errorf("no period: %v", d)
+	}
+}
+
+// gcPercent reads the collector's setting without changing it.
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
+}
+
+func TestTuneGCDefaultsUnlessTheOperatorChose(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+	env := func(gogc string) func(string) string {
+		return func(name string) string {
+			if name == "GOGC" {
+				return gogc
+			}
+			return ""
+		}
+	}
+	if !TuneGC(env("")) || gcPercent() != GCPercent {
+		t.Fatalf("without GOGC: percent %d, want %d", gcPercent(), GCPercent)
+	}
+	for _, chosen := range []string{"150", "off"} {
+		debug.SetGCPercent(100)
+		if TuneGC(env(chosen)) || gcPercent() != 100 {
+			t.Fatalf("GOGC=%s: TuneGC changed the percent to %d", chosen, gcPercent())
+		}
 	}
 }

@@ -102,7 +102,7 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 	adapt := ReadProcsAdapt(env)
 	ExitOnSettingsError(binary, env)
 	log := logging.New(binary, level(s))
-	defer AdaptProcs(adapt, log)()
+	defer TuneRuntime(adapt, log)()
 	endTracing := tracing.Begin(binary, log)
 	// A signal seen here too: a run that ends canceled because it was told
 	// to stop (still waiting for PostgreSQL at start, say) stopped cleanly.
@@ -124,10 +124,12 @@ func Main[S any](binary string, read func(*config.Env) S, level func(S) zerolog.
 // default; see package procs).
 func ReadProcsAdapt(env *config.Env) bool { return env.Bool("PROCS_ADAPT", true) }
 
-// AdaptProcs runs procs.Run in the background unless it is off or the
+// TuneRuntime sets the garbage collector's default (procs.TuneGC) and
+// runs procs.Run in the background unless adapting is off or the
 // operator chose GOMAXPROCS; the returned func stops it.
-func AdaptProcs(enabled bool, log zerolog.Logger) (stop func()) {
-	if !enabled || !procs.Applies(os.Getenv) {
+func TuneRuntime(adapt bool, log zerolog.Logger) (stop func()) {
+	procs.TuneGC(os.Getenv)
+	if !adapt || !procs.Applies(os.Getenv) {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
