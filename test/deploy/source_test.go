@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/test/deploy/deployenv"
 )
 
 const modulePath = "github.com/settle/settle"
@@ -160,10 +162,6 @@ func requiredSettings(t *testing.T, binary string) []string {
 	return sortedKeys(set)
 }
 
-// goRuntimeSettings are read by the Go runtime of every binary, not by
-// settle's code.
-var goRuntimeSettings = map[string]bool{"GOMEMLIMIT": true, "GOGC": true, "GOMAXPROCS": true, "GODEBUG": true}
-
 // checkEnv checks one container's environment against its binary: every
 // name is read by the binary, every required setting is set, the secrets
 // are long enough and the tokens differ. values may be nil where a value is
@@ -172,7 +170,7 @@ func checkEnv(t *testing.T, where, binary string, env map[string]*string, requir
 	t.Helper()
 	src := sourceOf(t, binary)
 	for _, name := range sortedKeys(env) {
-		require.True(t, src.literals[name] || goRuntimeSettings[name], "%s sets %s, which %s never reads (drifted from the code?)", where, name, binary)
+		require.True(t, src.literals[name] || deployenv.GoRuntimeSettings[name], "%s sets %s, which %s never reads (drifted from the code?)", where, name, binary)
 	}
 	for _, name := range required {
 		v, ok := env[name]

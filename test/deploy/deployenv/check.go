@@ -29,6 +29,10 @@ func Scenarios() []Scenario {
 	return []Scenario{{"required values only", Secrets}, {"every optional setting set", full}}
 }
 
+// GoRuntimeSettings are read by the Go runtime of every binary, not by
+// settle's settings code.
+var GoRuntimeSettings = map[string]bool{"GOMEMLIMIT": true, "GOGC": true, "GOMAXPROCS": true, "GODEBUG": true}
+
 // Reader runs a binary's own settings code for the given arguments.
 type Reader func(env *config.Env, args []string)
 
@@ -77,7 +81,7 @@ func Problems(root, binary string, read Reader) (problems []string, deployments 
 	}
 	for name, src := range sources {
 		for k := range src.set {
-			if !src.read[k] {
+			if !src.read[k] && !GoRuntimeSettings[k] {
 				problems = append(problems, fmt.Sprintf("%s sets %s, which %s never reads", name, k, binary))
 			}
 		}
