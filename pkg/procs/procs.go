@@ -1,5 +1,6 @@
 // Package procs runs a nearly idle process on one P and gives the
-// runtime's default GOMAXPROCS back as soon as it is busy.
+// runtime's default GOMAXPROCS back as soon as it is busy; it also sets
+// the services' garbage-collector target (TuneGC).
 //
 // Why: at a trickle every goroutine a request wakes makes the Go scheduler
 // wake a second thread to look for work it will not find (wakep and a
