@@ -68,6 +68,11 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(r.CPUMsPerEvent["total"], "cpu-ms/event")
 		// The host's share: a run with much of it measured the host too.
 		b.ReportMetric(r.CPU.StealCorePercent, "steal-core-%")
+		// The same work measured against the load generator's unchanged
+		// code: what compares sittings on hosts of different speeds.
+		if lg := r.CPUMsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
+			b.ReportMetric(r.CPUMsPerEvent["total"]/lg, "x-loadgen")
+		}
 	}
 }
 
