@@ -70,8 +70,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(r.CPU.StealCorePercent, "steal-core-%")
 		// The same work measured against the load generator's unchanged
 		// code: what compares sittings on hosts of different speeds.
-		if lg := r.CPUMsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
-			b.ReportMetric(r.CPUMsPerEvent["total"]/lg, "x-loadgen")
+		if ratio, ok := r.loadgenRatio(); ok {
+			b.ReportMetric(ratio, "x-loadgen")
 		}
 	}
 }
@@ -186,8 +186,8 @@ func (r report) text() string {
 	// The load generator's work per event is the same whatever settle's
 	// tree, so this ratio moves less with the host's speed than the CPU
 	// figures do: it is what compares runs of different sittings.
-	if lg := r.CPUMsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
-		fmt.Fprintf(&sb, "CPU per event relative to the load generator's: %.2f\n", r.CPUMsPerEvent["total"]/lg)
+	if ratio, ok := r.loadgenRatio(); ok {
+		fmt.Fprintf(&sb, "CPU per event relative to the load generator's: %.2f\n", ratio)
 	}
 	fmt.Fprintf(&sb, "PostgreSQL write transactions: %.3f per event; Redis commands: %.2f per event\n", r.WriteXactsPerEvent, r.RedisCommandsPerEvent)
 	rss := make([]string, 0, len(r.PeakRSSMiB))
@@ -198,6 +198,16 @@ func (r report) text() string {
 	fmt.Fprintf(&sb, "peak RSS: %s\n", strings.Join(rss, ", "))
 	fmt.Fprintf(&sb, "invariants: %v\n%s", l.InvariantsOK, l.InvariantsReport)
 	return sb.String()
+}
+
+// loadgenRatio is settle's CPU per event over the load generator's,
+// false when the load generator used none.
+func (r report) loadgenRatio() (float64, bool) {
+	lg := r.CPUMsPerEvent[loadgen.CPULoadGenerator]
+	if lg <= 0 {
+		return 0, false
+	}
+	return r.CPUMsPerEvent["total"] / lg, true
 }
 
 // applyEnv sets the NAME=VALUE,NAME=VALUE settings of -e2e.env.
