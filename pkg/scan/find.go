@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/big"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
@@ -29,6 +31,11 @@ type addressSet struct {
 	owner    map[string]int64
 	complete bool
 }
+
+// blockBatchesInFlight bounds the block batches (chain.ScanBatchMax
+// blocks each) one pass has asked and not yet had answered; with the
+// token logs read beside them, a pass has at most one more request open.
+const blockBatchesInFlight = 2
 
 // ownersLookupMax bounds the addresses of one owners query (= ANY($2)).
 const ownersLookupMax = 10_000
@@ -73,23 +80,26 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 	if addrs.complete && len(addrs.sorted) == 0 {
 		return nil, nil
 	}
-	var out []postgres.NewEvent
-	var tokens []postgres.NewEvent
-	var err error
-	if addrs.complete && len(addrs.sorted) <= f.filteredMax {
-		tokens, err = f.filteredTokenEvents(ctx, r, addrs)
-	} else {
-		tokens, err = f.contractTokenEvents(ctx, r, addrs)
-	}
-	if err != nil {
+	// Token logs and blocks are independent questions: asked side by side,
+	// a pass waits for the slower of them, not for both in turn.
+	var tokens, native []postgres.NewEvent
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) {
+		if addrs.complete && len(addrs.sorted) <= f.filteredMax {
+			tokens, err = f.filteredTokenEvents(gctx, r, addrs)
+		} else {
+			tokens, err = f.contractTokenEvents(gctx, r, addrs)
+		}
+		return err
+	})
+	g.Go(func() (err error) {
+		native, err = f.nativeEvents(gctx, r, addrs)
+		return err
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	out = append(out, tokens...)
-	native, err := f.nativeEvents(ctx, r, addrs)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, native...), nil
+	return append(tokens, native...), nil
 }
 
 // tokens are the network's listed token contracts.
@@ -238,37 +248,55 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		tx   chain.BlockTx
 		user int64
 	}
-	var candidates []candidate
+	// Batches are read blockBatchesInFlight at a time (the node answers
+	// one batch's calls in turn; two keep it and the scanner both busy),
+	// and their candidates kept in block order.
+	var batches []span
 	for start := r.from; start <= r.to; start += chain.ScanBatchMax {
-		end := min(r.to, start+chain.ScanBatchMax-1)
-		numbers := make([]uint64, 0, end-start+1)
-		for n := start; n <= end; n++ {
-			numbers = append(numbers, n)
-		}
-		blocks, err := f.rpc.Blocks(ctx, numbers)
-		f.count(chain.MethodBlock, len(numbers))
-		if err != nil {
-			return nil, err
-		}
-		var recipients []string
-		for _, b := range blocks {
-			for _, tx := range b.Transactions {
-				if tx.Value.Sign() > 0 {
-					recipients = append(recipients, tx.To)
+		batches = append(batches, span{start, min(r.to, start+chain.ScanBatchMax-1)})
+	}
+	found := make([][]candidate, len(batches))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(blockBatchesInFlight)
+	for i, b := range batches {
+		g.Go(func() error {
+			numbers := make([]uint64, 0, b.to-b.from+1)
+			for n := b.from; n <= b.to; n++ {
+				numbers = append(numbers, n)
+			}
+			blocks, err := f.rpc.Blocks(gctx, numbers)
+			f.count(chain.MethodBlock, len(numbers))
+			if err != nil {
+				return err
+			}
+			var recipients []string
+			for _, b := range blocks {
+				for _, tx := range b.Transactions {
+					if tx.Value.Sign() > 0 {
+						recipients = append(recipients, tx.To)
+					}
 				}
 			}
-		}
-		owners, err := f.ownersOf(ctx, addrs, recipients)
-		if err != nil {
-			return nil, err
-		}
-		for _, b := range blocks {
-			for _, tx := range b.Transactions {
-				if user, ok := owners[tx.To]; ok && tx.To != "" && tx.Value.Sign() > 0 {
-					candidates = append(candidates, candidate{tx, user})
+			owners, err := f.ownersOf(gctx, addrs, recipients)
+			if err != nil {
+				return err
+			}
+			for _, b := range blocks {
+				for _, tx := range b.Transactions {
+					if user, ok := owners[tx.To]; ok && tx.To != "" && tx.Value.Sign() > 0 {
+						found[i] = append(found[i], candidate{tx, user})
+					}
 				}
 			}
-		}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var candidates []candidate
+	for _, c := range found {
+		candidates = append(candidates, c...)
 	}
 	var out []postgres.NewEvent
 	for _, c := range chunks(len(candidates), chain.ScanBatchMax) {

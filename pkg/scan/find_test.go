@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,6 +19,7 @@ import (
 // it is asked; it stands for the RPC only (the money path is tested on a
 // real chain and database in test/scanner_test.go).
 type countingRPC struct {
+	mu        sync.Mutex // a pass reads logs and blocks side by side
 	logs      []chain.TransferLog
 	blocks    map[uint64][]chain.BlockTx
 	statuses  map[string]uint64
@@ -33,6 +36,8 @@ func (r *countingRPC) FinalityHead(context.Context, chain.Policy) (uint64, bool,
 }
 
 func (r *countingRPC) TransferLogs(_ context.Context, from, to uint64, contracts, recipients []string) ([]chain.TransferLog, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls[chain.MethodLogs]++
 	r.recipient = max(r.recipient, len(recipients))
 	var out []chain.TransferLog
@@ -45,6 +50,8 @@ func (r *countingRPC) TransferLogs(_ context.Context, from, to uint64, contracts
 }
 
 func (r *countingRPC) ContractTransferLogs(_ context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls[chain.MethodLogs]++
 	if r.refuseAbove > 0 && to-from+1 > r.refuseAbove {
 		return nil, fmt.Errorf("%w: query returned more than 10000 results", chain.ErrLogsLimit)
@@ -63,6 +70,8 @@ func (r *countingRPC) ContractTransferLogs(_ context.Context, from, to uint64, c
 }
 
 func (r *countingRPC) Blocks(_ context.Context, numbers []uint64) ([]chain.Block, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls[chain.MethodBlock] += len(numbers)
 	out := make([]chain.Block, len(numbers))
 	for i, n := range numbers {
@@ -72,6 +81,8 @@ func (r *countingRPC) Blocks(_ context.Context, numbers []uint64) ([]chain.Block
 }
 
 func (r *countingRPC) ReceiptStatuses(_ context.Context, hashes []string) (map[string]uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls[chain.MethodReceipt] += len(hashes)
 	out := map[string]uint64{}
 	for _, h := range hashes {
@@ -189,11 +200,14 @@ func TestFindContractWindows(t *testing.T) {
 	}
 	registered[addr(1_000_000+300_000)] = 300_001
 	rpc.refuseAbove = 30 // the provider's range limit, under SCAN_LOG_WINDOW
+	var mu sync.Mutex    // owners is asked by the logs' and the blocks' readers at once
 	var lookups, looked int
 	all := 0
 	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault, filteredMax: AddressesPerCallDefault,
 		logsMax: 400, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
 		owners: func(_ context.Context, addresses []string) (map[string]int64, error) {
+			mu.Lock()
+			defer mu.Unlock()
 			lookups++
 			looked = max(looked, len(addresses))
 			out := map[string]int64{}
@@ -275,4 +289,113 @@ func TestWindow(t *testing.T) {
 	}
 	require.Equal(t, uint64(100), w.size())
 	require.Equal(t, uint64(1), newWindow(0).size())
+}
+
+// overlapRPC holds each read until the pass has its token logs and
+// blockBatchesInFlight block batches open at once, and records the most
+// reads open together.
+type overlapRPC struct {
+	*countingRPC
+	mu             sync.Mutex
+	open, most     int
+	overlapped     chan struct{}
+	overlappedOnce sync.Once
+}
+
+func (r *overlapRPC) enter() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open++
+	r.most = max(r.most, r.open)
+	if r.open >= 1+blockBatchesInFlight {
+		r.overlappedOnce.Do(func() { close(r.overlapped) })
+	}
+}
+
+func (r *overlapRPC) leave() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open--
+}
+
+// wait: until the reads overlapped once; a pass that reads in turn never
+// gets there, and the read fails instead of hanging the test.
+func (r *overlapRPC) wait(ctx context.Context) error {
+	select {
+	case <-r.overlapped:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Second):
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return fmt.Errorf("reads never overlapped: %d open at most", r.most)
+	}
+}
+
+func (r *overlapRPC) ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error) {
+	r.enter()
+	defer r.leave()
+	if err := r.wait(ctx); err != nil {
+		return nil, err
+	}
+	return r.countingRPC.ContractTransferLogs(ctx, from, to, contracts, logsMax)
+}
+
+func (r *overlapRPC) Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error) {
+	r.enter()
+	defer r.leave()
+	if err := r.wait(ctx); err != nil {
+		return nil, err
+	}
+	return r.countingRPC.Blocks(ctx, numbers)
+}
+
+// TestFindOverlapsReads: a pass asks its token logs and
+// blockBatchesInFlight block batches at once (a remote node's latency is
+// paid once per round, not per request), never more, and still returns
+// every deposit once in block order.
+func TestFindOverlapsReads(t *testing.T) {
+	const network, token = "ETH_MAINNET", "0x00000000000000000000000000000000000000aa"
+	registry := payment.NewRegistry([]payment.Asset{
+		{Code: "ETH", Network: network, Decimals: 18},
+		{Code: "USDC", Network: network, Contract: token, Decimals: 6},
+	})
+	const first, last = 1, 6 * chain.ScanBatchMax
+	set := addressSet{owner: map[string]int64{}, complete: true}
+	rpc := &overlapRPC{overlapped: make(chan struct{}), countingRPC: &countingRPC{
+		blocks: map[uint64][]chain.BlockTx{}, statuses: map[string]uint64{}, calls: map[string]int{},
+	}}
+	var want []string
+	for b := first; b <= last; b += 7 {
+		to := addr(1_000_000 + b)
+		set.sorted = append(set.sorted, to)
+		set.owner[to] = int64(b)
+		rpc.logs = append(rpc.logs, chain.TransferLog{
+			Transfer: chain.Transfer{Contract: token, To: to, Value: big.NewInt(1_000_000), LogIndex: 0}, TxHash: hash(b), BlockNumber: uint64(b),
+		})
+		want = append(want, fmt.Sprintf("chain:%s:%s:0", network, hash(b)))
+	}
+	var native []string
+	for b := first; b <= last; b += 7 {
+		h := hash(10_000 + b)
+		rpc.blocks[uint64(b)] = []chain.BlockTx{{Hash: h, To: addr(1_000_000 + b), Value: big.NewInt(1)}}
+		rpc.statuses[h] = 1
+		native = append(native, fmt.Sprintf("chain:%s:%s:native", network, h))
+	}
+	want = append(want, native...)
+	slices.Sort(set.sorted)
+	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault, filteredMax: 0,
+		logsMax: 10_000, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
+		refused: func() {}, count: func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
+
+	events, err := f.find(context.Background(), span{first, last}, set)
+	require.NoError(t, err)
+	var got []string
+	for _, e := range events {
+		got = append(got, e.Event.ID)
+	}
+	require.Equal(t, want, got, "token deposits then native, each in block order")
+	require.Equal(t, last, rpc.calls[chain.MethodBlock], "each block read once")
+	require.Equal(t, 1+blockBatchesInFlight, rpc.most, "the logs and blockBatchesInFlight block batches open together, never more")
 }
