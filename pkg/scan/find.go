@@ -258,10 +258,13 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 	found := make([][]candidate, len(batches))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(blockBatchesInFlight)
-	for i, b := range batches {
+	for i, batch := range batches {
 		g.Go(func() error {
-			numbers := make([]uint64, 0, b.to-b.from+1)
-			for n := b.from; n <= b.to; n++ {
+			if err := gctx.Err(); err != nil {
+				return err // another batch failed: ask nothing more
+			}
+			numbers := make([]uint64, 0, batch.to-batch.from+1)
+			for n := batch.from; n <= batch.to; n++ {
 				numbers = append(numbers, n)
 			}
 			blocks, err := f.rpc.Blocks(gctx, numbers)

@@ -2,10 +2,12 @@ package scan
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/big"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,4 +400,45 @@ func TestFindOverlapsReads(t *testing.T) {
 	require.Equal(t, want, got, "token deposits then native, each in block order")
 	require.Equal(t, last, rpc.calls[chain.MethodBlock], "each block read once")
 	require.Equal(t, 1+blockBatchesInFlight, rpc.most, "the logs and blockBatchesInFlight block batches open together, never more")
+}
+
+// failingRPC fails the range's first block batch once the pass has
+// asked all it may at once, and holds every other until its context
+// ends, counting the batches asked.
+type failingRPC struct {
+	*countingRPC
+	first   uint64
+	batches atomic.Int32
+	full    chan struct{} // closed at blockBatchesInFlight batches
+}
+
+var errNodeDown = errors.New("node down")
+
+func (r *failingRPC) Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error) {
+	if r.batches.Add(1) == blockBatchesInFlight {
+		close(r.full)
+	}
+	if numbers[0] == r.first {
+		select {
+		case <-r.full:
+		case <-time.After(10 * time.Second):
+		}
+		return nil, errNodeDown
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestFindStopsAfterAFailedRead: a failed block batch is the pass's
+// error, the batches under way are cancelled, and none is asked after it.
+func TestFindStopsAfterAFailedRead(t *testing.T) {
+	const network = "ETH_MAINNET"
+	registry := payment.NewRegistry([]payment.Asset{{Code: "ETH", Network: network, Decimals: 18}})
+	rpc := &failingRPC{first: 1, full: make(chan struct{}), countingRPC: &countingRPC{blocks: map[uint64][]chain.BlockTx{}, statuses: map[string]uint64{}, calls: map[string]int{}}}
+	f := finder{network: network, rpc: rpc, registry: registry, count: func(string, int) {}}
+	set := addressSet{sorted: []string{addr(1)}, owner: map[string]int64{addr(1): 1}, complete: true}
+
+	_, err := f.nativeEvents(context.Background(), span{1, 10 * chain.ScanBatchMax}, set)
+	require.ErrorIs(t, err, errNodeDown)
+	require.Equal(t, int32(blockBatchesInFlight), rpc.batches.Load(), "the batches open when the first failed, and no more")
 }
