@@ -155,8 +155,9 @@ func metricsPage(t *testing.T, p *harness.Proc) string {
 // contract in windows (many; forced here with SCAN_ADDRESSES_PER_CALL=1).
 func TestScannerKilledAndTwoReplicas(t *testing.T) {
 	for name, mode := range map[string]map[string]string{
-		"by recipient":          nil,
-		"by contract, windowed": {"SCAN_ADDRESSES_PER_CALL": "1", "SCAN_LOG_WINDOW": "1"},
+		"by recipient": nil,
+		// Reads in turn too: one block batch at a time.
+		"by contract, windowed": {"SCAN_ADDRESSES_PER_CALL": "1", "SCAN_LOG_WINDOW": "1", "SCAN_BATCHES_IN_FLIGHT": "1"},
 	} {
 		t.Run(name, func(t *testing.T) { scannerKilledAndTwoReplicas(t, mode) })
 	}

@@ -34,11 +34,13 @@ type scanSettings struct {
 	BlocksMax        int
 	AddressesPerCall int
 	// LogWindow zero: SCAN_LOG_WINDOW=off, always ask by recipient.
-	LogWindow   int
-	LogsMax     int
-	PassTimeout time.Duration
-	Traces      bool
-	Chain       finality.Settings
+	LogWindow int
+	LogsMax   int
+	// BatchesInFlight: block batches a pass reads at once.
+	BatchesInFlight int
+	PassTimeout     time.Duration
+	Traces          bool
+	Chain           finality.Settings
 }
 
 func readScanSettings(env *config.Env) scanSettings {
@@ -65,10 +67,11 @@ func readScanSettings(env *config.Env) scanSettings {
 			}
 			return n, nil
 		}),
-		LogsMax:     env.Int("SCAN_LOGS_MAX", scan.LogsMaxDefault, scanLogsMaxMin, scan.LogsMaxLimit),
-		PassTimeout: env.Duration("SCAN_PASS_TIMEOUT", scan.PassTimeoutDefault),
-		Traces:      env.OneOf("SCAN_TRACES", "off", "on", "off") == "on",
-		Chain:       finality.ReadSettings(env, false),
+		LogsMax:         env.Int("SCAN_LOGS_MAX", scan.LogsMaxDefault, scanLogsMaxMin, scan.LogsMaxLimit),
+		BatchesInFlight: env.Int("SCAN_BATCHES_IN_FLIGHT", scan.BatchesInFlightDefault, 1, scan.BatchesInFlightLimit),
+		PassTimeout:     env.Duration("SCAN_PASS_TIMEOUT", scan.PassTimeoutDefault),
+		Traces:          env.OneOf("SCAN_TRACES", "off", "on", "off") == "on",
+		Chain:           finality.ReadSettings(env, false),
 	}
 	return s
 }
@@ -126,6 +129,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		LogWindow:        uint64(max(s.LogWindow, 0)),
 		FilteredLogs:     s.LogWindow == 0,
 		LogsMax:          s.LogsMax,
+		BatchesInFlight:  s.BatchesInFlight,
 		PassTimeout:      s.PassTimeout,
 		Traces:           s.Traces,
 		Log:              log.With().Str("component", "scanner").Logger(),

@@ -1,6 +1,7 @@
 package scan
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,11 +33,6 @@ type addressSet struct {
 	complete bool
 }
 
-// blockBatchesInFlight bounds the block batches (chain.ScanBatchMax
-// blocks each) one pass has asked and not yet had answered; with the
-// token logs read beside them, a pass has at most one more request open.
-const blockBatchesInFlight = 2
-
 // ownersLookupMax bounds the addresses of one owners query (= ANY($2)).
 const ownersLookupMax = 10_000
 
@@ -59,7 +55,12 @@ type finder struct {
 	filteredMax int
 	// logsMax caps a contracts-only answer (SCAN_LOGS_MAX).
 	logsMax int
-	windows logWindows
+	// batchesInFlight bounds the block batches (chain.ScanBatchMax blocks
+	// each) asked and not yet answered (SCAN_BATCHES_IN_FLIGHT; 0: the
+	// default); with the token logs read beside them, a pass has at most
+	// one more request open.
+	batchesInFlight int
+	windows         logWindows
 	// owners looks recipients up in the store; all loads the complete set
 	// (a block too busy for the contracts-only query reads it filtered).
 	owners  func(ctx context.Context, addresses []string) (map[string]int64, error)
@@ -248,16 +249,15 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		tx   chain.BlockTx
 		user int64
 	}
-	// Batches are read blockBatchesInFlight at a time (the node answers
-	// one batch's calls in turn; two keep it and the scanner both busy),
-	// and their candidates kept in block order.
+	// Batches are read batchesInFlight at a time, their candidates kept
+	// in block order.
 	var batches []span
 	for start := r.from; start <= r.to; start += chain.ScanBatchMax {
 		batches = append(batches, span{start, min(r.to, start+chain.ScanBatchMax-1)})
 	}
 	found := make([][]candidate, len(batches))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(blockBatchesInFlight)
+	g.SetLimit(cmp.Or(f.batchesInFlight, BatchesInFlightDefault))
 	for i, batch := range batches {
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {

@@ -1,6 +1,7 @@
 package scan
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -293,11 +294,12 @@ func TestWindow(t *testing.T) {
 	require.Equal(t, uint64(1), newWindow(0).size())
 }
 
-// overlapRPC holds each read until the pass has its token logs and
-// blockBatchesInFlight block batches open at once, and records the most
+// overlapRPC holds each read until the pass has `together` reads open
+// at once (its token logs and its block batches), and records the most
 // reads open together.
 type overlapRPC struct {
 	*countingRPC
+	together       int
 	mu             sync.Mutex
 	open, most     int
 	overlapped     chan struct{}
@@ -309,7 +311,7 @@ func (r *overlapRPC) enter() {
 	defer r.mu.Unlock()
 	r.open++
 	r.most = max(r.most, r.open)
-	if r.open >= 1+blockBatchesInFlight {
+	if r.open >= r.together {
 		r.overlappedOnce.Do(func() { close(r.overlapped) })
 	}
 }
@@ -354,10 +356,16 @@ func (r *overlapRPC) Blocks(ctx context.Context, numbers []uint64) ([]chain.Bloc
 }
 
 // TestFindOverlapsReads: a pass asks its token logs and
-// blockBatchesInFlight block batches at once (a remote node's latency is
-// paid once per round, not per request), never more, and still returns
-// every deposit once in block order.
+// SCAN_BATCHES_IN_FLIGHT block batches at once (a remote node's latency
+// is paid once per round, not per request), never more, and still
+// returns every deposit once in block order.
 func TestFindOverlapsReads(t *testing.T) {
+	for _, inFlight := range []int{0, 1, 3} {
+		t.Run(fmt.Sprintf("batches=%d", inFlight), func(t *testing.T) { testFindOverlapsReads(t, inFlight) })
+	}
+}
+
+func testFindOverlapsReads(t *testing.T, inFlight int) {
 	const network, token = "ETH_MAINNET", "0x00000000000000000000000000000000000000aa"
 	registry := payment.NewRegistry([]payment.Asset{
 		{Code: "ETH", Network: network, Decimals: 18},
@@ -365,7 +373,8 @@ func TestFindOverlapsReads(t *testing.T) {
 	})
 	const first, last = 1, 6 * chain.ScanBatchMax
 	set := addressSet{owner: map[string]int64{}, complete: true}
-	rpc := &overlapRPC{overlapped: make(chan struct{}), countingRPC: &countingRPC{
+	together := 1 + cmp.Or(inFlight, BatchesInFlightDefault) // 0: the default
+	rpc := &overlapRPC{together: together, overlapped: make(chan struct{}), countingRPC: &countingRPC{
 		blocks: map[uint64][]chain.BlockTx{}, statuses: map[string]uint64{}, calls: map[string]int{},
 	}}
 	var want []string
@@ -388,7 +397,7 @@ func TestFindOverlapsReads(t *testing.T) {
 	want = append(want, native...)
 	slices.Sort(set.sorted)
 	f := finder{network: network, rpc: rpc, registry: registry, addressesPerCall: AddressesPerCallDefault, filteredMax: 0,
-		logsMax: 10_000, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
+		logsMax: 10_000, batchesInFlight: inFlight, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
 		refused: func() {}, count: func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
 
 	events, err := f.find(context.Background(), span{first, last}, set)
@@ -399,7 +408,7 @@ func TestFindOverlapsReads(t *testing.T) {
 	}
 	require.Equal(t, want, got, "token deposits then native, each in block order")
 	require.Equal(t, last, rpc.calls[chain.MethodBlock], "each block read once")
-	require.Equal(t, 1+blockBatchesInFlight, rpc.most, "the logs and blockBatchesInFlight block batches open together, never more")
+	require.Equal(t, together, rpc.most, "the logs and the batches in flight open together, never more")
 }
 
 // failingRPC fails the range's first block batch once the pass has
@@ -409,13 +418,13 @@ type failingRPC struct {
 	*countingRPC
 	first   uint64
 	batches atomic.Int32
-	full    chan struct{} // closed at blockBatchesInFlight batches
+	full    chan struct{} // closed at BatchesInFlightDefault batches
 }
 
 var errNodeDown = errors.New("node down")
 
 func (r *failingRPC) Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error) {
-	if r.batches.Add(1) == blockBatchesInFlight {
+	if r.batches.Add(1) == BatchesInFlightDefault {
 		close(r.full)
 	}
 	if numbers[0] == r.first {
@@ -440,5 +449,5 @@ func TestFindStopsAfterAFailedRead(t *testing.T) {
 
 	_, err := f.nativeEvents(context.Background(), span{1, 10 * chain.ScanBatchMax}, set)
 	require.ErrorIs(t, err, errNodeDown)
-	require.Equal(t, int32(blockBatchesInFlight), rpc.batches.Load(), "the batches open when the first failed, and no more")
+	require.Equal(t, int32(BatchesInFlightDefault), rpc.batches.Load(), "the batches open when the first failed, and no more")
 }

@@ -63,6 +63,11 @@ const (
 	// half the blocks, so what a pass holds stays bounded.
 	LogsMaxDefault = 10_000
 	LogsMaxLimit   = 100_000
+	// BatchesInFlightDefault: block batches one pass has asked at once
+	// (SCAN_BATCHES_IN_FLIGHT), beside its token logs. The node answers a
+	// batch's calls in turn; two keep it and the scanner both busy.
+	BatchesInFlightDefault = 2
+	BatchesInFlightLimit   = 8
 	// leaseMarginDivisor: a lease outlasts the pass's timeout by a quarter
 	// of it, so the COMMIT after the reads still belongs to the lease.
 	leaseMarginDivisor = 4
@@ -119,9 +124,11 @@ type Options struct {
 	// FilteredLogs: always ask by recipient (SCAN_LOG_WINDOW=off).
 	FilteredLogs bool
 	LogsMax      int
-	PassTimeout  time.Duration
-	Log          zerolog.Logger
-	Registerer   prometheus.Registerer
+	// BatchesInFlight: block batches a pass reads at once (1: in turn).
+	BatchesInFlight int
+	PassTimeout     time.Duration
+	Log             zerolog.Logger
+	Registerer      prometheus.Registerer
 	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
 	Traces bool
 }
@@ -160,6 +167,9 @@ func New(opts Options) *Scanner {
 	}
 	if opts.LogsMax <= 0 {
 		opts.LogsMax = LogsMaxDefault
+	}
+	if opts.BatchesInFlight <= 0 {
+		opts.BatchesInFlight = BatchesInFlightDefault
 	}
 	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}, windows: map[string]logWindows{}}
 	for _, n := range opts.Networks {
@@ -386,7 +396,7 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address, traceID 
 	}
 	f := finder{
 		network: n.Name, rpc: n.RPC, registry: registry, addressesPerCall: s.opts.AddressesPerCall,
-		filteredMax: filteredMax, logsMax: s.opts.LogsMax, windows: s.windows[n.Name],
+		filteredMax: filteredMax, logsMax: s.opts.LogsMax, batchesInFlight: s.opts.BatchesInFlight, windows: s.windows[n.Name],
 		owners: func(ctx context.Context, addresses []string) (map[string]int64, error) {
 			return s.opts.Store.DepositAddressOwners(ctx, n.Name, addresses)
 		},

@@ -37,6 +37,7 @@ var (
 	flagScanDeposits = flag.Int("scan.deposit-every", 20, "one transfer in this many goes to a registered address")
 	flagScanPass     = flag.Uint64("scan.blocks-max", scan.BlocksMaxDefault, "SCAN_BLOCKS_MAX of the benchmark's scanner")
 	flagScanWindow   = flag.Int("scan.log-window", scan.LogWindowDefault, "SCAN_LOG_WINDOW of the benchmark's scanner (0: off, tokens always asked by recipient)")
+	flagScanInFlight = flag.Int("scan.batches-in-flight", scan.BatchesInFlightDefault, "SCAN_BATCHES_IN_FLIGHT of the benchmark's scanner")
 )
 
 const (
@@ -120,7 +121,7 @@ func benchScan(b *testing.B, ctx context.Context, sc *scanChain, registered int)
 	network := scan.Network{Name: scanNetwork, RPC: client, Policy: chain.FinalizedPolicy()}
 	scanner := scan.New(scan.Options{
 		Store: db, Owner: "bench", BlocksMax: *flagScanPass, Registerer: reg, Log: zerolog.Nop(), Networks: []scan.Network{network},
-		LogWindow: uint64(max(*flagScanWindow, 0)), FilteredLogs: *flagScanWindow <= 0,
+		LogWindow: uint64(max(*flagScanWindow, 0)), FilteredLogs: *flagScanWindow <= 0, BatchesInFlight: *flagScanInFlight,
 	})
 
 	pgPid := 0 // unknown under TEST_DATABASE_URL
@@ -179,8 +180,8 @@ func benchScan(b *testing.B, ctx context.Context, sc *scanChain, registered int)
 	b.ReportMetric(perBlock(busy*1000), "machine-cpu-ms/block")
 	b.ReportMetric(float64(found/b.N), "deposits")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("addresses=%d, SCAN_LOG_WINDOW=%d (0: off): %d blocks in %s; the benchmark process holds the simulated node too (its CPU is node + scanner); load average %s",
-		registered, *flagScanWindow, blocks, elapsed.Round(time.Millisecond), loadAverage())
+	b.Logf("addresses=%d, SCAN_LOG_WINDOW=%d (0: off), SCAN_BATCHES_IN_FLIGHT=%d: %d blocks in %s; the benchmark process holds the simulated node too (its CPU is node + scanner); load average %s",
+		registered, *flagScanWindow, *flagScanInFlight, blocks, elapsed.Round(time.Millisecond), loadAverage())
 }
 
 // buildScanChain mines the chain: per block, token transfers from
