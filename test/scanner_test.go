@@ -172,6 +172,9 @@ func scannerKilledAndTwoReplicas(t *testing.T, mode map[string]string) {
 	victim := c.scheduler(t)
 	c.StartScheduler(nil)
 	c.WaitFor("the scanner's first run", time.Minute, func() bool { return c.cursor(t) >= 0 })
+	if want, ok := settings["SCAN_BATCHES_IN_FLIGHT"]; ok {
+		require.Contains(t, victim.Logs(), `"batches_in_flight":`+want, "the scanner runs with the setting")
+	}
 
 	const transfers = 24
 	var last devchain.Tx

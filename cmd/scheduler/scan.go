@@ -143,7 +143,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 	}()
 	for _, n := range networks {
 		log.Info().Str("network", n.Name).Dur("interval", s.Interval).Int("blocks_max", s.BlocksMax).
-			Str("policy", n.Policy.String()).Msg("chain scanner started")
+			Int("batches_in_flight", s.BatchesInFlight).Str("policy", n.Policy.String()).Msg("chain scanner started")
 	}
 	return func() {
 		cancel()
