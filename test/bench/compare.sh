@@ -69,9 +69,11 @@ if [ -x "$seed/bench.sh" ] && [ "${SKIP_SEED:-}" != 1 ]; then
 fi
 step e2e-backlog e2e -e2e.events "$backlog" -e2e.duplicates 0 -e2e.backlog
 
-# values FILE UNIT: the value before UNIT on each of the file's benchmark
-# lines (one per run), in run order.
-values() { awk -v unit="$2" '/^Benchmark/ { for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1) }' "$out/$1.txt" 2>/dev/null || true; }
+# values FILE UNIT: the value before UNIT on each of the file's result
+# lines (one per run), in run order. With -count above 1 go test prints a
+# run's name before the run's own output, so only the first result line
+# starts with it: a result line is one with ns/op.
+values() { awk -v unit="$2" '/ ns\/op/ { for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1) }' "$out/$1.txt" 2>/dev/null || true; }
 # metric FILE UNIT: their median (the lower middle of an even count).
 metric() {
 	local v n
