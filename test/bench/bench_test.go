@@ -38,7 +38,12 @@ var (
 	flagBacklog     = flag.Bool("e2e.backlog", false, "start the workers only once every webhook is stored, so the whole run waits as a backlog")
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(floorRoleVar); role != "" {
+		os.Exit(floorChild(role))
+	}
+	testenv.Main(m)
+}
 
 // report is one end-to-end run as BENCHMARKS.md shows it.
 type report struct {
