@@ -49,6 +49,8 @@ uptime | tee -a "$out/all.txt"
 step idle go test ./test/bench -run '^$' -bench Idle -benchtime 1x -timeout 10m -idle.window 60s
 # -e2e.rate counts webhooks, duplicates included: 120/s is 100 new events/s.
 step e2e-steady-100 e2es -e2e.events 6000 -e2e.rate 120 -e2e.concurrency 16
+# The same hops as a deposit at 100/s with nothing in them: what the path costs on this host.
+step trickle-floor go test ./test/bench -run '^$' -bench TrickleFloor -benchtime 1x -count "$runs" -floor.events 6000 -floor.rate 100
 step e2e-deposits e2es -e2e.events 20000 -e2e.duplicates 20
 # 20,000 events as for deposits (5,000 until session 18: a window of 1-2 s,
 # ramp and tail included); 400 per user keeps a third of them short of funds.
@@ -95,6 +97,7 @@ line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
 	printf '%-44s %-22s %s\n' target wanted measured
 	printf '%-44s %-22s %s ms/event%s\n' "100 events/s: CPU, all processes" "<= 2" "$(metric e2e-steady-100 cpu-ms/event)" "$(each e2e-steady-100 cpu-ms/event)"
 	printf '%-44s %-22s %s / %s ms%s\n' "100 events/s: webhook-to-terminal p50 / p99" "<= 25 / <= 100" "$(metric e2e-steady-100 p50-ms)" "$(metric e2e-steady-100 p99-ms)" "$(each e2e-steady-100 p99-ms 'ms p99')"
+	printf '%-44s %-22s %s ms/event%s\n' "100 events/s: the same hops, nothing in them" "(the host's floor)" "$(metric trickle-floor cpu-ms/event)" "$(each trickle-floor cpu-ms/event)"
 	printf '%-44s %-22s %s %% of a core\n' "100 events/s: the hypervisor's steal" "(the host, not settle)" "$(metric e2e-steady-100 steal-core-%)"
 	printf '%-44s %-22s %s / %s%s\n' "CPU/event x load generator: 100/s / flat out" "(across hosts)" "$(metric e2e-steady-100 x-loadgen)" "$(metric e2e-deposits x-loadgen)" "$(each e2e-deposits x-loadgen)"
 	printf '%-44s %-22s %s %% of a core\n' "idle: api+worker+scheduler+PostgreSQL+Redis" "<= 1" "$(metric idle idle-core-%)"

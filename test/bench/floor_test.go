@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 var (
 	flagFloorEvents = flag.Int("floor.events", 3000, "events BenchmarkTrickleFloor sends")
 	flagFloorRate   = flag.Float64("floor.rate", 100, "events per second BenchmarkTrickleFloor sends")
+	flagFloorExtra  = flag.Int("floor.extra-statements", 0, "trivial statements the skeleton worker adds to each of its round trips")
 )
 
 // The skeleton's processes are this test binary run again with the role
@@ -77,7 +79,7 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 		b.Fatal(err)
 	}
 
-	env := []string{"DATABASE_URL=" + s.DatabaseURL, "REDIS_URL=" + s.RedisURL, "GOGC=400"}
+	env := []string{"DATABASE_URL=" + s.DatabaseURL, "REDIS_URL=" + s.RedisURL, "GOGC=400", fmt.Sprintf("FLOOR_EXTRA=%d", *flagFloorExtra)}
 	api, addr := startFloorChild(b, "api", env)
 	worker, _ := startFloorChild(b, "worker", env)
 	procs := []loadgen.Proc{
@@ -265,6 +267,7 @@ func floorWorker(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalCli
 		return err
 	}
 	defer conn.Release()
+	extra, _ := strconv.Atoi(os.Getenv("FLOOR_EXTRA"))
 	for {
 		got, err := rdb.BRPop(ctx, 0, floorQueue).Result()
 		if err != nil {
@@ -276,11 +279,17 @@ func floorWorker(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalCli
 		batch := &pgx.Batch{}
 		batch.Queue("BEGIN")
 		batch.Queue(`SELECT body FROM floor_events WHERE id = $1 AND status = 'enqueued' FOR UPDATE`, id)
+		for range extra {
+			batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
+		}
 		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
 			return err
 		}
 		batch = &pgx.Batch{}
 		batch.Queue(`UPDATE floor_events SET status = 'done', done_at = clock_timestamp() WHERE id = $1`, id)
+		for range extra {
+			batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
+		}
 		batch.Queue("COMMIT")
 		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
 			return err
