@@ -50,7 +50,7 @@ step idle go test ./test/bench -run '^$' -bench Idle -benchtime 1x -timeout 10m 
 # -e2e.rate counts webhooks, duplicates included: 120/s is 100 new events/s.
 step e2e-steady-100 e2es -e2e.events 6000 -e2e.rate 120 -e2e.concurrency 16
 # The same hops as a deposit at 100/s with nothing in them: what the path costs on this host.
-step trickle-floor go test ./test/bench -run '^$' -bench TrickleFloor -benchtime 1x -count "$runs" -floor.events 6000 -floor.rate 100
+step trickle-floor go test ./test/bench -run '^$' -bench TrickleFloor -benchtime 1x -count "$runs" -floor.events 6000 -floor.rate 120
 step e2e-deposits e2es -e2e.events 20000 -e2e.duplicates 20
 # 20,000 events as for deposits (5,000 until session 18: a window of 1-2 s,
 # ramp and tail included); 400 per user keeps a third of them short of funds.

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -30,7 +31,8 @@ import (
 
 var (
 	flagFloorEvents = flag.Int("floor.events", 3000, "events BenchmarkTrickleFloor sends")
-	flagFloorRate   = flag.Float64("floor.rate", 100, "events per second BenchmarkTrickleFloor sends")
+	flagFloorRate   = flag.Float64("floor.rate", 120, "webhooks per second BenchmarkTrickleFloor sends, duplicates included (as -e2e.rate)")
+	flagFloorDups   = flag.Int("floor.duplicates", 20, "percent of events BenchmarkTrickleFloor delivers a second time (as -e2e.duplicates)")
 	flagFloorExtra  = flag.Int("floor.extra-statements", 0, "trivial statements the skeleton worker adds to each of its round trips")
 )
 
@@ -128,11 +130,18 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 	if err != nil {
 		b.Fatal(err)
 	}
+	rng := rand.New(rand.NewPCG(1, 2))
 	next := time.Now()
-	for i := range events {
-		send(fmt.Sprintf("floor-%d", i))
+	pace := func(id string) {
+		send(id)
 		next = next.Add(interval)
 		time.Sleep(time.Until(next))
+	}
+	for i := range events {
+		pace(fmt.Sprintf("floor-%d", i))
+		if rng.IntN(100) < *flagFloorDups {
+			pace(fmt.Sprintf("floor-%d", rng.IntN(i+1)))
+		}
 	}
 	time.Sleep(floorTail)
 	after, err := loadgen.SampleCPU(procs)
@@ -143,7 +152,7 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 		b.Fatalf("%d of %d events done %v after the last was sent: the window missed work", n, warm+events, floorTail)
 	}
 	use := loadgen.CPUBetween(before, after, events)
-	fmt.Printf("trickle floor: %d events at %.0f/s\n%s", events, *flagFloorRate, use.Text())
+	fmt.Printf("trickle floor: %d events, %d%% delivered twice, %.0f webhooks/s\n%s", events, *flagFloorDups, *flagFloorRate, use.Text())
 	if lg := use.MsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
 		fmt.Printf("CPU per event relative to the load generator's: %.2f\n", use.MsPerEvent[loadgen.CPUTotal]/lg)
 	}
@@ -249,8 +258,13 @@ func floorAPI(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient
 			return
 		}
 		id := r.Header.Get("X-Id")
-		if _, err := pool.Exec(ctx, `INSERT INTO floor_events (id, body) VALUES ($1, $2)`, id, body); err != nil {
+		tag, err := pool.Exec(ctx, `INSERT INTO floor_events (id, body) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, id, body)
+		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if tag.RowsAffected() == 0 { // a redelivery
+			w.WriteHeader(http.StatusOK)
 			return
 		}
 		if err := rdb.LPush(ctx, floorQueue, id).Err(); err != nil {
