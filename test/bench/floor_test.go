@@ -97,7 +97,7 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 			b.Fatal(err)
 		}
 		req.Header.Set("X-Id", id)
-		req.Header.Set("X-Signature", floorSign(body))
+		req.Header.Set("X-Signature", harness.Sign(body, harness.WebhookSecret))
 		resp, err := client.Do(req)
 		if err != nil {
 			b.Fatal(err)
@@ -201,14 +201,6 @@ func startFloorChild(b *testing.B, role string, env []string) (*exec.Cmd, string
 	return cmd, strings.TrimSpace(line)
 }
 
-var floorSecret = []byte(harness.WebhookSecret)
-
-func floorSign(body []byte) string {
-	mac := hmac.New(sha256.New, floorSecret)
-	mac.Write(body)
-	return hex.EncodeToString(mac.Sum(nil))
-}
-
 // floorChild runs a skeleton role until killed; its exit code otherwise.
 func floorChild(role string) int {
 	ctx := context.Background()
@@ -251,7 +243,7 @@ func floorAPI(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient
 			return
 		}
 		want, err := hex.DecodeString(r.Header.Get("X-Signature"))
-		mac := hmac.New(sha256.New, floorSecret)
+		mac := hmac.New(sha256.New, []byte(harness.WebhookSecret))
 		mac.Write(body)
 		if err != nil || !hmac.Equal(want, mac.Sum(nil)) {
 			http.Error(w, "bad signature", http.StatusUnauthorized)
