@@ -143,9 +143,7 @@ func TestConsoleReplaysADeadLetterInChromium(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#replay-form button[type=submit]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#notice`)),
 	))
-	notice, err := chromedp.Run(browser, chromedp.Text(chromedp.CSS(`#notice`)))
-	require.NoError(t, err)
-	require.Contains(t, notice, "Replayed")
+	require.Contains(t, pageText(t, browser, "#notice"), "Replayed")
 
 	// Back to the story: it refreshes itself until the event settles.
 	require.NoError(t, chromedp.Do(browser,
@@ -255,3 +253,27 @@ func startBrowser(ctx context.Context, t *testing.T, base, user, password string
 	})
 	return browser
 }
+
+// pageText is the text of the first element matching selector, read in
+// the page's JavaScript rather than through a DOM node id: a node found a
+// moment earlier may be gone from chromedp's view once the document is
+// updated ("No node with given id found"), though the element is still
+// on the page. A failed read (a navigation ending the poll) is tried again.
+func pageText(t *testing.T, ctx context.Context, selector string) string {
+	t.Helper()
+	expr := fmt.Sprintf(`document.querySelector(%q)?.textContent`, selector)
+	var err error
+	for range pageTextTries {
+		var text string
+		if text, err = chromedp.Run(ctx, chromedp.Poll[string](expr, chromedp.WithPollingTimeout(pageTextTimeout))); err == nil {
+			return text
+		}
+	}
+	require.NoError(t, err, "the text of %s", selector)
+	return ""
+}
+
+const (
+	pageTextTries   = 3
+	pageTextTimeout = 10 * time.Second
+)
