@@ -113,8 +113,7 @@ func TestConsoleReplaysADeadLetterInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#live`)),
 		chromedp.WaitVisible(fmt.Sprintf(`//a[normalize-space(text())=%q]`, consoleEvent)),
 	))
-	dlqOpen, err := chromedp.Run(browser, chromedp.Text(chromedp.CSS(`#dlq-open`)))
-	require.NoError(t, err)
+	dlqOpen := pageText(t, browser, "#dlq-open")
 	require.Equal(t, "1", strings.TrimSpace(dlqOpen))
 	shots.take(browser, "01-overview")
 
@@ -124,8 +123,7 @@ func TestConsoleReplaysADeadLetterInChromium(t *testing.T) {
 		chromedp.Submit(chromedp.CSS(`#search`)),
 		chromedp.WaitVisible(chromedp.CSS(`#event-id`)),
 	))
-	eventID, err := chromedp.Run(browser, chromedp.Text(chromedp.CSS(`#event-id`)))
-	require.NoError(t, err)
+	eventID := pageText(t, browser, "#event-id")
 	require.Equal(t, consoleEvent, eventID)
 	statusBefore, err := chromedp.Run(browser, chromedp.AttributeValue(chromedp.CSS(`#event-status`), "data-status"))
 	require.NoError(t, err)
@@ -157,8 +155,7 @@ func TestConsoleReplaysADeadLetterInChromium(t *testing.T) {
 	// htmx swapped in the settled status; the page is loaded again for
 	// the rest of the story (the journal row, the replay's record).
 	require.NoError(t, chromedp.Do(browser, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`#timeline`))))
-	story, err := chromedp.Run(browser, chromedp.Text(chromedp.CSS(`main`)))
-	require.NoError(t, err)
+	story := pageText(t, browser, "main")
 	require.Contains(t, story, "replayed by "+operatorName+" (console, admin)")
 	require.Contains(t, story, "Redis is reachable again")
 	require.Contains(t, story, "journal: deposit 2.5 ETH")
@@ -254,14 +251,15 @@ func startBrowser(ctx context.Context, t *testing.T, base, user, password string
 	return browser
 }
 
-// pageText is the text of the first element matching selector, read in
+// pageText is the visible text (innerText, as chromedp.Text reads it)
+// of the first element matching selector, read in
 // the page's JavaScript rather than through a DOM node id: a node found a
 // moment earlier may be gone from chromedp's view once the document is
 // updated ("No node with given id found"), though the element is still
 // on the page. A failed read (a navigation ending the poll) is tried again.
 func pageText(t *testing.T, ctx context.Context, selector string) string {
 	t.Helper()
-	expr := fmt.Sprintf(`document.querySelector(%q)?.textContent`, selector)
+	expr := fmt.Sprintf(`document.querySelector(%q)?.innerText`, selector)
 	var err error
 	for range pageTextTries {
 		var text string
