@@ -30,6 +30,12 @@ import (
 // and a lookup that walked them read hundreds of heap pages where the
 // primary key reads one per row.
 //
+// Amounts travel as decimal strings, so an array of them is declared
+// $n::text[] and cast (::numeric[]) in the statement. Declared numeric[],
+// pgx has no binary encoding for []string: every call planned one afresh,
+// failed, built the error's text with fmt and only then sent the array as
+// text, a few percent of the api's and the worker's CPU at a trickle.
+//
 //go:embed queries/*.sql
 var queryFiles embed.FS
 
@@ -111,6 +117,9 @@ func parseQueries(files fs.FS) (map[string]query, error) {
 			if writesStatusOf(updateHolds, current.text) && current.holdEdges == 0 {
 				return fmt.Errorf("%s: query %q writes holds.status without a -- hold transition: line", file, current.name)
 			}
+			if numericArrayParam.MatchString(current.text) {
+				return fmt.Errorf("%s: query %q declares a numeric[] parameter: declare it $n::text[] and cast it (::numeric[])", file, current.name)
+			}
 			out[current.name] = *current
 			body.Reset()
 			return nil
@@ -171,6 +180,8 @@ var (
 	// insertEvents captures an insert's column list.
 	insertEvents = regexp.MustCompile(`(?i)\binsert\s+into\s+payment_events\s*\(([^)]*)\)`)
 	namesStatus  = regexp.MustCompile(`(?i)\bstatus\b`)
+	// numericArrayParam: a parameter declared numeric[] (see the top).
+	numericArrayParam = regexp.MustCompile(`(?i)\$\d+\s*::\s*(numeric|decimal)\s*\[\]`)
 )
 
 // insertsEventStatus finds an INSERT into payment_events whose column list

@@ -25,6 +25,18 @@ func TestStatusWritesMustDeclareTheirTransition(t *testing.T) {
 	require.ErrorContains(t, err, "defined twice")
 }
 
+// TestAmountArraysAreDeclaredText: pgx sends a []string declared
+// numeric[] only after failing to encode it in binary, on every call.
+func TestAmountArraysAreDeclaredText(t *testing.T) {
+	for _, text := range []string{"SELECT * FROM unnest($1::numeric[]);", "SELECT * FROM unnest($12 :: NUMERIC []);", "SELECT $2::decimal[];"} {
+		_, err := parseQueries(fstest.MapFS{"queries/x.sql": {Data: []byte("-- name: amounts\n" + text + "\n")}})
+		require.ErrorContains(t, err, "declares a numeric[] parameter", text)
+	}
+	parsed, err := parseQueries(fstest.MapFS{"queries/x.sql": {Data: []byte("-- name: amounts\nSELECT * FROM unnest($1::text[]::numeric[]), $2::numeric;\n")}})
+	require.NoError(t, err)
+	require.Contains(t, parsed, "amounts")
+}
+
 // TestEveryQueryIsUsed: a statement in queries/*.sql that no Go code asks
 // for is dead SQL, and a name asked for but missing would panic at init.
 func TestEveryQueryIsUsed(t *testing.T) {

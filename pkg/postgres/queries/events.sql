@@ -60,7 +60,7 @@ WHERE event_id = ANY($1::text[]);
 -- insert status: pending, enqueued
 WITH input AS (
     SELECT *
-    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[], $7::bytea[],
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[]::numeric[], $6::text[], $7::bytea[],
                 $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[])
          WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, tx_hash, content_hash,
                               trace_id, source, to_address, related_event_id, transfer_index, hold_id, network, traceparent, n)

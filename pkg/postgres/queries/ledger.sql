@@ -42,7 +42,7 @@ SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::tex
        COALESCE(na.contract_address IS NULL, a.contract_address IS NULL),
        COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
 FROM payment_events p
-JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::numeric[], $7::text[])
+JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::text[]::numeric[], $7::text[])
      AS t(event_id, generation, event_type, user_id, asset, amount, tx_hash)
   ON p.event_id = t.event_id
 JOIN assets a ON a.code = p.asset
@@ -244,7 +244,7 @@ ON CONFLICT (delivery_id) DO NOTHING;
 -- concurrent attempt (same content: retry) or names another event.
 SELECT p.event_id
 FROM payment_events p
-JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::numeric[], $6::text[])
+JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[]::numeric[], $6::text[])
      AS t(event_id, event_type, user_id, asset, amount, tx_hash)
   ON p.event_id = t.event_id
 WHERE p.event_id = ANY($1::text[])
