@@ -92,12 +92,32 @@ each() {
 	[[ "$v" == *' '* ]] && printf ' (runs: %s%s)' "$v" "${3:+ $3}" || true
 }
 line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
+# proc FILE NAME: the median of NAME's CPU per event over the file's runs
+# ("cpu NAME" lines; the end-to-end runs name the first worker worker-0).
+proc() {
+	local v n
+	v=$(awk -v p="$2" '$1 == "cpu" && ($2 == p || $2 == p "-0") && $4 == "ms/event" { print $3 }' "$out/$1.txt" 2>/dev/null | sort -g)
+	[ -n "$v" ] || { echo -; return; }
+	n=$(wc -l <<<"$v")
+	sed -n "$(((n + 1) / 2))p" <<<"$v"
+}
+# above_floor: each process's steady CPU per event beside the floor's,
+# and the difference (settle's own work in that process).
+above_floor() {
+	local p a b
+	for p in api postgres redis worker; do
+		a=$(proc e2e-steady-100 "$p") b=$(proc trickle-floor "$p")
+		if [ "$a" = - ] || [ "$b" = - ]; then printf '%s -  ' "$p"; continue; fi
+		awk -v p="$p" -v a="$a" -v b="$b" 'BEGIN { printf "%s %s-%s=%+.3f  ", p, a, b, a - b }'
+	done
+}
 {
 	printf '\n=== summary (issue 19 targets; every figure from this sitting)\n'
 	printf '%-44s %-22s %s\n' target wanted measured
 	printf '%-44s %-22s %s ms/event%s\n' "100 events/s: CPU, all processes" "<= 2" "$(metric e2e-steady-100 cpu-ms/event)" "$(each e2e-steady-100 cpu-ms/event)"
 	printf '%-44s %-22s %s / %s ms%s\n' "100 events/s: webhook-to-terminal p50 / p99" "<= 25 / <= 100" "$(metric e2e-steady-100 p50-ms)" "$(metric e2e-steady-100 p99-ms)" "$(each e2e-steady-100 p99-ms 'ms p99')"
 	printf '%-44s %-22s %s ms/event%s\n' "100 events/s: the same hops, nothing in them" "(the host's floor)" "$(metric trickle-floor cpu-ms/event)" "$(each trickle-floor cpu-ms/event)"
+	printf '%-44s %-22s %s\n' "100 events/s: settle above the floor" "(ms/event, medians)" "$(above_floor | sed "s/ *$//")"
 	printf '%-44s %-22s %s %% of a core\n' "100 events/s: the hypervisor's steal" "(the host, not settle)" "$(metric e2e-steady-100 steal-core-%)"
 	printf '%-44s %-22s %s / %s%s\n' "CPU/event x load generator: 100/s / flat out" "(across hosts)" "$(metric e2e-steady-100 x-loadgen)" "$(metric e2e-deposits x-loadgen)" "$(each e2e-deposits x-loadgen)"
 	printf '%-44s %-22s %s %% of a core\n' "idle: api+worker+scheduler+PostgreSQL+Redis" "<= 1" "$(metric idle idle-core-%)"
