@@ -77,14 +77,17 @@ step e2e-backlog e2e -e2e.events "$backlog" -e2e.duplicates 0 -e2e.backlog
 # starts with it: a result line is one with ns/op (or, as BenchmarkIdle's
 # reports none, one that starts with the name).
 values() { awk -v unit="$2" '/^Benchmark| ns\/op/ { for (i = 2; i <= NF; i++) if ($i == unit) print $(i-1) }' "$out/$1.txt" 2>/dev/null || true; }
-# metric FILE UNIT: their median (the lower middle of an even count).
-metric() {
+# median: of the numbers on stdin, one a line (the lower middle of an
+# even count; - for none).
+median() {
 	local v n
-	v=$(values "$1" "$2" | sort -g)
+	v=$(sort -g)
 	[ -n "$v" ] || { echo -; return; }
 	n=$(wc -l <<<"$v")
 	sed -n "$(((n + 1) / 2))p" <<<"$v"
 }
+# metric FILE UNIT: their median.
+metric() { values "$1" "$2" | median; }
 # each FILE UNIT [LABEL]: every run's value, when there was more than one.
 each() {
 	local v
@@ -94,13 +97,7 @@ each() {
 line() { grep -m1 -E "$2" "$out/$1.txt" 2>/dev/null || echo "-"; }
 # proc FILE NAME: the median of NAME's CPU per event over the file's runs
 # ("cpu NAME" lines; the end-to-end runs name the first worker worker-0).
-proc() {
-	local v n
-	v=$(awk -v p="$2" '$1 == "cpu" && ($2 == p || $2 == p "-0") && $4 == "ms/event" { print $3 }' "$out/$1.txt" 2>/dev/null | sort -g)
-	[ -n "$v" ] || { echo -; return; }
-	n=$(wc -l <<<"$v")
-	sed -n "$(((n + 1) / 2))p" <<<"$v"
-}
+proc() { awk -v p="$2" '$1 == "cpu" && ($2 == p || $2 == p "-0") && $4 == "ms/event" { print $3 }' "$out/$1.txt" 2>/dev/null | median; }
 # above_floor: each process's steady CPU per event beside the floor's,
 # and the difference (settle's own work in that process).
 above_floor() {
