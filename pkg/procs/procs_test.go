@@ -130,7 +130,11 @@ func TestIdleSamplesRarelyAndActiveEndsIt(t *testing.T) {
 	}
 	Active()
 	Active() // a second call while the first is taken is a no-op, not a block
-	waitFor(t, "more than one P once told", func() bool { return runtime.GOMAXPROCS(0) > 1 })
+	// Told again while waiting, as a process is by each request: on a
+	// loaded machine the first sample after the kick, which spans the idle
+	// period, can read as idle and send the sampler back to it (a CI run
+	// timed out here with the told process still on one P).
+	waitFor(t, "more than one P once told", func() bool { Active(); return runtime.GOMAXPROCS(0) > 1 })
 }
 
 // burnCore uses a whole core until stop is closed.
