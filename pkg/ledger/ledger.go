@@ -568,17 +568,26 @@ func (p *planner) deadLetter(c Claimed, result *Result, reason, alert string) {
 	result.Alert = alert
 }
 
+// notificationPayload is a notification's body. A struct, not a map: a
+// map is built, sorted and reflected key by key for every event, 25 of
+// the 74 allocations of a deposit's plan. The fields are in the map's
+// (sorted) key order, so the text is the same.
+type notificationPayload struct {
+	Amount     string            `json:"amount"`
+	Asset      string            `json:"asset"`
+	Balance    string            `json:"balance"`
+	DeliveryID string            `json:"delivery_id"`
+	EventID    string            `json:"event_id"`
+	EventType  payment.EventType `json:"event_type"`
+	Kind       string            `json:"kind"`
+	UserID     int64             `json:"user_id"`
+}
+
 func (p *planner) notify(c Claimed, kind string, balance decimal.Decimal) {
 	e := c.Event
-	payload, _ := json.Marshal(map[string]any{
-		"delivery_id": kind + ":" + e.ID,
-		"kind":        kind,
-		"event_id":    e.ID,
-		"event_type":  e.Type,
-		"user_id":     e.UserID,
-		"asset":       e.Asset,
-		"amount":      e.Amount.String(),
-		"balance":     balance.String(),
+	payload, _ := json.Marshal(notificationPayload{
+		DeliveryID: kind + ":" + e.ID, Kind: kind, EventID: e.ID, EventType: e.Type, UserID: e.UserID,
+		Asset: e.Asset, Amount: e.Amount.String(), Balance: balance.String(),
 	})
 	p.w.Notifications = append(p.w.Notifications, Notification{
 		DeliveryID: kind + ":" + e.ID, EventID: e.ID, User: e.UserID, Kind: kind, Payload: string(payload), TraceID: e.TraceID,

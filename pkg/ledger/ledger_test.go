@@ -906,7 +906,14 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 
 	for _, n := range w.Notifications {
 		var payload map[string]any
-		require.NoError(t, json.Unmarshal([]byte(n.Payload), &payload))
+		dec := json.NewDecoder(strings.NewReader(n.Payload))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&payload))
+		// The text is the one a map gives (keys sorted), whatever builds it.
+		sorted, err := json.Marshal(payload)
+		require.NoError(t, err)
+		require.Equal(t, string(sorted), n.Payload)
+		require.Len(t, payload, 8, n.Payload)
 		require.Equal(t, n.DeliveryID, payload["delivery_id"])
 		require.Equal(t, n.Kind+":"+n.EventID, n.DeliveryID, "one delivery per kind and event")
 		require.Equal(t, "trace-"+n.EventID, n.TraceID)

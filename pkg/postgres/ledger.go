@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -803,9 +804,25 @@ func durationSetting(d time.Duration) string {
 // planned afresh. Its text is fixed by the options, so it is prepared
 // once per connection.
 func ledgerSettings(opts LedgerOptions) string {
+	key := [2]time.Duration{opts.LockTimeout, opts.StatementTimeout}
+	if last := lastLedgerSettings.Load(); last != nil && last.key == key {
+		return last.text
+	}
 	plans := strings.TrimSuffix(strings.TrimSpace(q("hot_path_plans").text), ";")
-	return fmt.Sprintf("%s, set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%s', true)",
+	text := fmt.Sprintf("%s, set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%s', true)",
 		plans, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	lastLedgerSettings.Store(&ledgerSettingsText{key: key, text: text})
+	return text
+}
+
+// lastLedgerSettings keeps the last text ledgerSettings built: a process
+// runs with one set of timeouts, and the text was formatted again for
+// every transaction.
+var lastLedgerSettings atomic.Pointer[ledgerSettingsText]
+
+type ledgerSettingsText struct {
+	key  [2]time.Duration
+	text string
 }
 
 // readBatch sends batch on conn and hands its results to read.
