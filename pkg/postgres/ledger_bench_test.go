@@ -19,7 +19,7 @@ import (
 // without the api, Redis and the queue. For before/after comparisons of
 // the ledger's statements:
 //
-//	go test ./pkg/postgres -run '^$' -bench LedgerOneEvent -benchtime 3000x -count 5
+//	go test ./pkg/postgres -run '^$' -bench LedgerOneEvent -benchtime 3000x -count 6
 func BenchmarkLedgerOneEvent(b *testing.B) {
 	pg := testenv.Postgres(b)
 	if pg == nil {
