@@ -167,3 +167,59 @@ func TestConcurrentMigratorsThroughPgBouncer(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&locks))
 	require.Zero(t, locks, "no server connection keeps the migration lock")
 }
+
+// TestChainTransfersBackfillOnACreditedDatabase: 0007 backfills the
+// claims of deposits credited before it into a table whose primary key is
+// deferrable, which ON CONFLICT cannot arbitrate on. A round-one database
+// with credited deposits must migrate, each transfer claimed once, by its
+// earliest credit.
+func TestChainTransfersBackfillOnACreditedDatabase(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.MigrateTo(ctx, 6)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+
+	_, err = conn.Exec(ctx, `INSERT INTO users (id) VALUES (1)`)
+	require.NoError(t, err)
+	tx := "0x" + "ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12ab12"
+	credit := func(id, asset string, at time.Time) {
+		t.Helper()
+		_, err := conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, content_hash)
+			VALUES ($1::text, 'deposit', 1, $2, 1, $3, sha256(convert_to($1::text, 'UTF8')))`, id, asset, tx)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `UPDATE payment_events SET status = 'enqueued' WHERE event_id = $1`, id)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `UPDATE payment_events SET status = 'confirmed', outcome = 'success' WHERE event_id = $1`, id)
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, `UPDATE payment_events SET updated_at = $2 WHERE event_id = $1`, id, at)
+		require.NoError(t, err)
+	}
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// One native transfer credited twice in round one (the later credit
+	// is left for invariant 5 to report), and a token deposit that never
+	// named its log.
+	credit("late", "ETH", t0.Add(time.Minute))
+	credit("early", "ETH", t0)
+	credit("usdc", "USDC", t0)
+
+	applied, err := db.MigrateTo(ctx, 7)
+	require.NoError(t, err, "0007 on a database with credited deposits")
+	require.Equal(t, []string{"0007_chain_transfers.sql"}, applied)
+	claims := map[string]string{}
+	rows, err := conn.Query(ctx, `SELECT transfer_index, event_id FROM chain_transfers WHERE tx_hash = $1`, tx)
+	require.NoError(t, err)
+	for rows.Next() {
+		var index, id string
+		require.NoError(t, rows.Scan(&index, &id))
+		claims[index] = id
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]string{"native": "early", "unresolved:usdc": "usdc"}, claims)
+
+	_, err = db.Migrate(ctx)
+	require.NoError(t, err, "the migrations after 0007 on the same database")
+}

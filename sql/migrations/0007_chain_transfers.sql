@@ -70,21 +70,25 @@ CREATE INDEX event_rechecks_event ON event_rechecks (event_id, id);
 -- own value; a token deposit from /webhook/payments did not say which log
 -- it was, so it holds an unresolved claim. Earliest credit first: should
 -- one transfer already have been credited twice, the later credit is left
--- without a row and `settlectl check` reports it (invariant 5).
+-- without a row and `settlectl check` reports it (invariant 5). DISTINCT
+-- ON keeps that first credit: ON CONFLICT cannot take the deferrable
+-- primary key above as its arbiter.
 INSERT INTO chain_transfers (network, tx_hash, transfer_index, asset, event_id, created_at)
-SELECT CASE WHEN p.event_id LIKE 'alchemy:%' THEN split_part(p.event_id, ':', 2) ELSE a.network END,
-       p.tx_hash,
-       CASE
-           WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:external$' THEN 'native'
-           WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:internal:[A-Za-z0-9_]{1,96}$'
-               THEN 'trace:' || split_part(p.event_id, ':', 5)
-           WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:token:[0-9]{1,20}$' THEN split_part(p.event_id, ':', 5)
-           WHEN a.contract_address IS NULL THEN 'native'
-           ELSE 'unresolved:' || p.event_id
-       END,
-       p.asset, p.event_id, p.updated_at
-FROM payment_events p
-JOIN assets a ON a.code = p.asset
-WHERE p.status = 'confirmed' AND p.event_type IN ('deposit', 'airdrop') AND p.tx_hash IS NOT NULL
-ORDER BY p.updated_at, p.event_id
-ON CONFLICT DO NOTHING;
+SELECT DISTINCT ON (network, tx_hash, transfer_index) network, tx_hash, transfer_index, asset, event_id, credited_at
+FROM (
+    SELECT CASE WHEN p.event_id LIKE 'alchemy:%' THEN split_part(p.event_id, ':', 2) ELSE a.network END AS network,
+           p.tx_hash,
+           CASE
+               WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:external$' THEN 'native'
+               WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:internal:[A-Za-z0-9_]{1,96}$'
+                   THEN 'trace:' || split_part(p.event_id, ':', 5)
+               WHEN p.event_id ~ '^alchemy:[A-Z][A-Z0-9_]*:0x[0-9a-f]{64}:token:[0-9]{1,20}$' THEN split_part(p.event_id, ':', 5)
+               WHEN a.contract_address IS NULL THEN 'native'
+               ELSE 'unresolved:' || p.event_id
+           END AS transfer_index,
+           p.asset, p.event_id, p.updated_at AS credited_at
+    FROM payment_events p
+    JOIN assets a ON a.code = p.asset
+    WHERE p.status = 'confirmed' AND p.event_type IN ('deposit', 'airdrop') AND p.tx_hash IS NOT NULL
+) credited
+ORDER BY network, tx_hash, transfer_index, credited_at, event_id;
