@@ -353,9 +353,6 @@ func Plan(s Snapshot) *Writes {
 		}
 		result := Result{Kind: Applied, CreatedAt: c.CreatedAt, Event: c.Event}
 		prior, seen := s.Replays[c.Key]
-		if seen && prior.Reopenable() {
-			w.Reopened[c.Key] = true
-		}
 		if seen && !prior.Reopenable() {
 			// Replay path: the key was written before; bring the event to
 			// the status its recorded outcome implies, without moving money.
@@ -377,6 +374,12 @@ func Plan(s Snapshot) *Writes {
 		}
 		if !p.apply(c, s.Chain[c.Item], &result) {
 			continue
+		}
+		if _, decided := w.Outcomes[c.Key]; decided && seen {
+			// A key written before (its attempt dead-lettered) is updated,
+			// not inserted; only once apply has given it an outcome: an
+			// event that waits (a post for its hold) writes no key at all.
+			w.Reopened[c.Key] = true
 		}
 		w.Results[c.Item] = result
 	}

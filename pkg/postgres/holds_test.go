@@ -342,3 +342,34 @@ func TestConcurrentHoldsNeverOverReserve(t *testing.T) {
 	require.Zero(t, f.count(`SELECT count(*) FROM balance_events`))
 	f.requireInvariants()
 }
+
+// TestReplayedPostWaitingForItsHoldLeavesTheBatch: a post handed to the
+// ledger again after a dead letter (its idempotency record says
+// dead_lettered) whose hold has not settled waits like any other post.
+// Its key gets no outcome in this batch, so it must not be rewritten: an
+// empty outcome broke the CHECK and rolled back the innocent deposit
+// beside it.
+func TestReplayedPostWaitingForItsHoldLeavesTheBatch(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	f.holdTask("h-wait", 1, "10")
+	// The hold was handed to the queue afresh (generation 1): no batch of
+	// its post may pull it, so the post must wait for it.
+	_, err := f.sql.Exec(ctx, `UPDATE payment_events SET generation = 1 WHERE event_id = 'h-wait'`)
+	require.NoError(t, err)
+	post := f.resolveTask("p-replayed", payment.WithdrawalPost, 1, "h-wait", "10")
+	// As after a ledger dead letter and a DLQ replay: generation 1 and an
+	// idempotency record dead_lettered.
+	_, err = f.sql.Exec(ctx, `UPDATE payment_events SET generation = 1 WHERE event_id = 'p-replayed'`)
+	require.NoError(t, err)
+	post.Generation = 1
+	_, err = f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome) VALUES ($1, 'p-replayed', 'dead_lettered')`, post.Key())
+	require.NoError(t, err)
+	dep := f.enqueue("d-ok", payment.Deposit, 1, "ETH", "5")
+
+	results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: post}, {Event: dep}}, postgres.LedgerOptions{})
+	require.NoError(t, err, "a waiting post must not fail its batch")
+	require.Equal(t, postgres.Retry, results[0].Kind)
+	requireOutcome(t, results[1], payment.StatusConfirmed, payment.OutcomeSuccess)
+}
