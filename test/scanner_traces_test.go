@@ -23,7 +23,7 @@ import (
 var scannerTracesEnv = withEnv(scannerEnv, map[string]string{"SCAN_TRACES": "on"})
 
 func traceID(tx devchain.Tx, traceAddress string) string {
-	return "chain:ETH_MAINNET:" + tx.Hash + ":trace:" + traceAddress
+	return "chain:ETH_MAINNET:" + tx.Hash + ":trace:" + strings.ToLower(traceAddress)
 }
 
 // alchemyInternalPayload is Alchemy's internal activity for ETH a

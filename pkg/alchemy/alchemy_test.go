@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/alchemy"
+	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -172,7 +173,7 @@ func mustBig(decimal string) fmt.Formatter {
 func TestEventIDs(t *testing.T) {
 	internal, reason := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_1", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
 	require.Empty(t, reason)
-	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":trace:CALL_0_1", internal.EventID())
+	require.Equal(t, "chain:ETH_MAINNET:"+tx1+":trace:call_0_1", internal.EventID(), "trace addresses are lowercase")
 	require.Equal(t, "0.000000000000000001", internal.Amount.String())
 
 	other, _ := judge(t, activityJSON(t, map[string]any{"category": "internal", "typeTraceAddress": "CALL_0_2", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
@@ -261,4 +262,56 @@ func TestSignature(t *testing.T) {
 	require.False(t, alchemy.Verify(body, strings.Repeat("zz", 32), key))
 	// The whsec_ prefix is part of the key.
 	require.False(t, alchemy.Verify(body, sig, []byte("test")))
+}
+
+// TestInternalTransferHasOneIDForAlchemyAndTheScanner: Alchemy spells a
+// call type in lowercase ("call_1_1_0", as in its own example), the
+// scanner's trace walk in upper case; both must derive one event id and
+// one claim, or one internal transfer is credited twice.
+func TestInternalTransferHasOneIDForAlchemyAndTheScanner(t *testing.T) {
+	const to = "0xe592427a0aece92de3edee1f18e0157c05861564"
+	const tx = "0x1635135c035cd81320e444f4dd88296f408ee7305c3e07f7863e3142d017ec45"
+
+	// Alchemy's report, as in its documentation's example.
+	body, err := json.Marshal(map[string]any{
+		"webhookId": "wh_1", "id": "whevt_1", "type": "ADDRESS_ACTIVITY",
+		"event": map[string]any{"network": "ETH_MAINNET", "activity": []any{map[string]any{
+			"blockNum": "0xbe09fa", "hash": tx, "fromAddress": "0xc02aaa39b223fe8d0a0e5c4f27ead9083c756cc2",
+			"toAddress": to, "value": 0.33974794305157613, "asset": "ETH", "category": "internal",
+			"erc721TokenId": nil, "typeTraceAddress": "call_1_1_0",
+			"rawContract": map[string]any{"rawValue": "0x4b706f442c2433c", "address": nil, "decimals": 18},
+			"log":         nil,
+		}}},
+	})
+	require.NoError(t, err)
+	p, err := alchemy.Decode(body)
+	require.NoError(t, err)
+	transfers, ignored := alchemy.Transfers(p, registry())
+	require.Empty(t, ignored)
+	require.Len(t, transfers, 1)
+
+	// The scanner's view of the same frame: the call at trace address
+	// [1, 1, 0] of the transaction, from debug_traceBlockByNumber.
+	frame := func(typ, to, value string, calls ...map[string]any) map[string]any {
+		f := map[string]any{"type": typ, "from": "0xc02aaa39b223fe8d0a0e5c4f27ead9083c756cc2", "to": to, "value": value, "gas": "0x0", "gasUsed": "0x0", "input": "0x"}
+		if len(calls) > 0 {
+			f["calls"] = calls
+		}
+		return f
+	}
+	other := "0x9999999999999999999999999999999999999999"
+	trace, err := json.Marshal([]any{map[string]any{"txHash": tx, "result": frame("CALL", other, "0x0",
+		frame("CALL", other, "0x0"),
+		frame("CALL", other, "0x0",
+			frame("CALL", other, "0x0"),
+			frame("CALL", other, "0x0",
+				frame("CALL", to, "0x4b706f442c2433c"))))}})
+	require.NoError(t, err)
+	found, err := chain.ParseBlockTraces(trace, 0xbe09fa)
+	require.NoError(t, err)
+	require.Len(t, found, 1)
+	scanned := transfers[0].Transfer
+	scanned.Index = found[0].Index()
+
+	require.Equal(t, scanned.EventID(), transfers[0].EventID(), "one internal transfer, one event id whoever reports it")
 }

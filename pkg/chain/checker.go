@@ -615,6 +615,11 @@ func (d Deposit) normalized() (Deposit, error) {
 		if !payment.InternalTransfer(d.Index) {
 			return Deposit{}, payment.Invalid("internal transfer without its trace address")
 		}
+		// The chain cannot show a trace address, so the claim is the index
+		// itself: in its one spelling, whatever a row stored before it says.
+		if out.Index, err = payment.ParseTransferIndex(d.Index); err != nil {
+			return Deposit{}, err
+		}
 		return out, nil
 	}
 	if d.Amount == nil || d.Amount.Sign() <= 0 {

@@ -295,7 +295,9 @@ func TestTokenDeposits(t *testing.T) {
 	require.Equal(t, Mismatch, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: big.NewInt(1)}, policy).State)
 	// Value moved by a contract call inside a transaction is not in the
 	// transaction's own fields: status and finality only.
-	require.Equal(t, Credit, check(t, w, Deposit{TxHash: good.Hash, Internal: true, Index: "trace:CALL_0"}, policy).State)
+	internal := check(t, w, Deposit{TxHash: good.Hash, Internal: true, Index: "trace:CALL_0"}, policy)
+	require.Equal(t, Credit, internal.State)
+	require.Equal(t, []string{"trace:call_0"}, internal.Transfers, "claimed in the one spelling every reporter derives")
 }
 
 func TestInvalidDeposits(t *testing.T) {

@@ -44,11 +44,13 @@ type InternalTransfer struct {
 	Value       *big.Int
 	// TraceAddress is the frame as Alchemy's typeTraceAddress names it:
 	// the call type, then the Parity trace address ("CALL_0_1": the
-	// second call of the first call of the transaction).
+	// second call of the first call of the transaction), in whichever
+	// case; Index is what identifies it.
 	TraceAddress string
 }
 
-// Index is the transfer index every reporter derives for it.
+// Index is the transfer index every reporter derives for it (lowercase,
+// as payment.TraceTransfer spells it).
 func (t InternalTransfer) Index() string { return payment.TraceTransfer(t.TraceAddress) }
 
 // callFrame is the part of a callTracer frame the scan reads.

@@ -10,7 +10,7 @@ const (
 	// TransferNative is the transaction's own value.
 	TransferNative = "native"
 	// transferTracePrefix starts the index of ETH moved by a contract call
-	// ("trace:" + the provider's trace address).
+	// ("trace:" + the trace address in lowercase).
 	transferTracePrefix = "trace:"
 	// transferUnresolvedPrefix marks a claim on some transfer of a
 	// transaction that could not be named (see migration 0007).
@@ -43,8 +43,12 @@ func (t Transfer) EventID() string {
 func LogIndexTransfer(logIndex uint64) string { return strconv.FormatUint(logIndex, 10) }
 
 // TraceTransfer is the index of ETH moved by the contract call at a trace
-// address.
-func TraceTransfer(traceAddress string) string { return transferTracePrefix + traceAddress }
+// address. Reporters spell the call type differently (Alchemy "call_0_1",
+// a Parity-style trace "CALL_0_1"): the index is lowercase, so one frame
+// makes one event id and one claim whoever reports it.
+func TraceTransfer(traceAddress string) string {
+	return transferTracePrefix + strings.ToLower(traceAddress)
+}
 
 // ParseTransferIndex validates an index as a caller may give it.
 func ParseTransferIndex(s string) (string, error) {
@@ -52,10 +56,11 @@ func ParseTransferIndex(s string) (string, error) {
 	case s == TransferNative:
 		return s, nil
 	case strings.HasPrefix(s, transferTracePrefix):
-		if !validTraceAddress(strings.TrimPrefix(s, transferTracePrefix)) {
+		address := strings.TrimPrefix(s, transferTracePrefix)
+		if !validTraceAddress(address) {
 			return "", Invalid("transfer_index %q: a trace address is 1 to %d letters, digits or underscores", s, traceAddressLengthMax)
 		}
-		return s, nil
+		return TraceTransfer(address), nil
 	}
 	if len(s) == 0 || len(s) > logIndexDigitsMax {
 		return "", Invalid("transfer_index %q is not a log index, %q or %q<address>", s, TransferNative, transferTracePrefix)
@@ -88,7 +93,8 @@ func UnresolvedTransfer(eventID string) string { return transferUnresolvedPrefix
 // Unresolved tells whether an index is such a claim.
 func Unresolved(index string) bool { return strings.HasPrefix(index, transferUnresolvedPrefix) }
 
-// ValidTraceAddress accepts a provider's trace address ("CALL_0_1").
+// ValidTraceAddress accepts a provider's trace address ("call_0_1", in
+// either case).
 func ValidTraceAddress(s string) bool { return validTraceAddress(s) }
 
 func validTraceAddress(s string) bool {

@@ -93,6 +93,16 @@ FROM (SELECT t.network, t.tx_hash, t.transfer_index, t.event_id, row_number() OV
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type NOT IN ('deposit', 'airdrop')
          OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
 
+-- name: inv_transfer_spellings
+-- 5. One transfer, one claim: a trace index is lowercase. Migration 0021
+-- moved every upper-case claim it could; one left has a lowercase twin,
+-- a transfer credited twice, for a human to settle.
+SELECT count(*), COALESCE(string_agg(network || ':' || tx_hash || ':' || transfer_index || '=' || event_id, ', ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT network, tx_hash, transfer_index, event_id, row_number() OVER (ORDER BY created_at) AS rn
+      FROM chain_transfers
+      WHERE transfer_index LIKE 'trace:%' AND transfer_index <> lower(transfer_index)) x;
+
 -- name: inv_deposits_without_transfer
 -- 5. Every confirmed deposit with a tx_hash holds exactly one transfer.
 SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
