@@ -139,6 +139,15 @@ func New(o Options) *Gate {
 	return g
 }
 
+// HasRPC tells whether the gate can ask a network's chain: it has an RPC
+// there (RPC_URL_<NETWORK>). Each network has its own, so a provider's
+// reorg report is evidence on one network and only a reason to ask on
+// another.
+func (g *Gate) HasRPC(network string) bool {
+	_, ok := g.o.Networks[network]
+	return ok
+}
+
 // Check decides one deposit: the item to credit (with its chain evidence),
 // or nil when the deposit was parked or decided here.
 func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.LedgerItem, error) {

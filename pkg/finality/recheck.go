@@ -38,6 +38,9 @@ func NewRechecker(gate *Gate, store RecheckStore) *Rechecker {
 	return &Rechecker{gate: gate, store: store}
 }
 
+// HasRPC tells whether a network's chain can be asked (see Gate.HasRPC).
+func (r *Rechecker) HasRPC(network string) bool { return r.gate.HasRPC(network) }
+
 // Recheck asks the chain about a deposit that ended failed with an outcome
 // of payment.RecheckOutcomes. If the chain now shows its transfer final
 // under the policy and unclaimed by another event, the deposit is

@@ -1,9 +1,11 @@
 package finality_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain"
@@ -41,4 +43,24 @@ func TestResponseMaxSetting(t *testing.T) {
 		finality.ReadSettings(env, true)
 		require.ErrorContains(t, env.Err(), "RPC_RESPONSE_MAX", "value %q", bad)
 	}
+}
+
+// TestGateKnowsEachNetworksRPC: the api's gate (and so the intake) reads
+// the same per-network settings as the worker's: a network without
+// RPC_URL_<NETWORK> cannot be asked, whatever the others have.
+func TestGateKnowsEachNetworksRPC(t *testing.T) {
+	env := config.FromMap(map[string]string{
+		"NETWORKS": "ETH_MAINNET,BASE_MAINNET,ARB_MAINNET", "ETH_RPC_URL": "http://127.0.0.1:1",
+		"RPC_URL_ARB_MAINNET": "http://127.0.0.1:2", "DEPOSIT_FINALITY_BASE_MAINNET": "none",
+	})
+	s := finality.ReadSettings(env, true)
+	require.NoError(t, env.Err())
+	gate, closeGate, err := finality.Open(context.Background(), s, finality.Deps{Log: zerolog.Nop()})
+	require.NoError(t, err)
+	defer closeGate()
+	require.True(t, gate.HasRPC("ETH_MAINNET"))
+	require.True(t, gate.HasRPC("ARB_MAINNET"))
+	require.False(t, gate.HasRPC("BASE_MAINNET"))
+	require.False(t, gate.HasRPC("OPT_MAINNET"), "not enabled")
+	require.True(t, finality.NewRechecker(gate, nil).HasRPC("ETH_MAINNET"))
 }

@@ -92,9 +92,9 @@ func (s *Server) providerOptions(opts Options, now func() time.Time) error {
 	s.intake = intake.New(intake.Options{
 		Store:          s.store,
 		NetworkEnabled: s.networkEnabled,
-		// The api has one ETH_RPC_URL, which serves every network it
-		// knows; s.chain is set after this.
-		HasRPC: func(string) bool { return s.chain != nil },
+		// Each network has its own RPC, or none (RPC_URL_<NETWORK>);
+		// s.chain is set after this.
+		HasRPC: func(network string) bool { return s.chain != nil && s.chain.HasRPC(network) },
 		Count: func(provider, outcome string, reason payment.IgnoreReason) {
 			s.metrics.webhook(provider, outcome, string(reason))
 		},

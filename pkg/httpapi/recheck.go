@@ -29,9 +29,13 @@ const (
 )
 
 // Chain asks the chain again about failed deposits
-// (*finality.Rechecker); nil when the api has no ETH_RPC_URL.
+// (*finality.Rechecker); nil when the api has no RPC on any network.
 type Chain interface {
 	Recheck(ctx context.Context, eventID, who string) (postgres.Recheck, error)
+	// HasRPC tells whether a network's chain can be asked
+	// (RPC_URL_<NETWORK>): a network without one takes a provider's
+	// reorg report as the evidence.
+	HasRPC(network string) bool
 }
 
 // errNoRPC answers a recheck the api cannot make.

@@ -21,13 +21,17 @@ import (
 
 // recordingChain answers every recheck with one result and remembers who
 // asked. The handler's mapping is what is tested here; the recheck itself
-// runs against a real chain in test/recheck_test.go.
+// runs against a real chain in test/recheck_test.go. It has an RPC on
+// every network but those in noRPC.
 type recordingChain struct {
 	mu     sync.Mutex
 	answer postgres.Recheck
 	err    error
 	asked  []string
+	noRPC  map[string]bool
 }
+
+func (c *recordingChain) HasRPC(network string) bool { return !c.noRPC[network] }
 
 func (c *recordingChain) Recheck(_ context.Context, eventID, who string) (postgres.Recheck, error) {
 	c.mu.Lock()
@@ -164,6 +168,52 @@ func TestAlchemyRemovedWithRPCAsksTheChain(t *testing.T) {
 	r = h.postAlchemy(tokenPayload(t, "0x2", true), alchemyKey)
 	require.Equal(t, 1.0, r.body["ignored"], "removal of a deposit never stored")
 	require.Equal(t, 3.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total", map[string]string{"source": "alchemy", "outcome": "rechecked"}))
+}
+
+// baseUSDC is USDC's contract on BASE_MAINNET.
+const baseUSDC = "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913"
+
+func baseTokenPayload(t *testing.T, removed bool) []byte {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{
+		"webhookId": "wh_1", "id": "whevt_1", "type": "ADDRESS_ACTIVITY",
+		"event": map[string]any{
+			"network": "BASE_MAINNET",
+			"activity": []any{map[string]any{
+				"hash": alchemyTx, "toAddress": alchemyRecipient, "category": "token", "value": 1.5, "asset": "USDC",
+				"rawContract": map[string]any{"rawValue": "0x16e360", "address": baseUSDC, "decimals": 6},
+				"log":         map[string]any{"address": baseUSDC, "logIndex": "0x1", "removed": removed},
+			}},
+		},
+	})
+	require.NoError(t, err)
+	return body
+}
+
+// TestAlchemyRemovedOnNetworkWithoutRPCReverses: RPCs are per network
+// (RPC_URL_<NETWORK>). With one on ETH_MAINNET and none on BASE_MAINNET
+// (policy none there), a removed log on BASE_MAINNET is the evidence
+// itself and reverses its deposit; a recheck would ask nobody and the
+// worker would credit it unchecked.
+func TestAlchemyRemovedOnNetworkWithoutRPCReverses(t *testing.T) {
+	chain := &recordingChain{noRPC: map[string]bool{"BASE_MAINNET": true}}
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
+		o.Chain = chain
+		o.Networks = []string{"ETH_MAINNET", "BASE_MAINNET"}
+	}})
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "BASE_MAINNET", alchemyRecipient).status)
+	id := "chain:BASE_MAINNET:" + alchemyTx + ":1"
+
+	r := h.postAlchemy(baseTokenPayload(t, false), alchemyKey)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	r = h.postAlchemy(baseTokenPayload(t, true), alchemyKey)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 1.0, r.body["reversed"], "BASE_MAINNET has no RPC: the flag is the evidence; answer %s", r.raw)
+	e, err := h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusFailed, e.Status)
+	require.Equal(t, string(payment.OutcomeReorged), e.Outcome)
 }
 
 // FuzzRecheckBody feeds arbitrary bodies to the recheck route: never a

@@ -141,7 +141,8 @@ type Options struct {
 	RegistryRefresh time.Duration
 
 	// Chain asks the chain about deposits (the recheck; Alchemy's removed
-	// is then a reason to ask, not evidence); nil: no ETH_RPC_URL.
+	// is then a reason to ask, not evidence, on the networks it has an RPC
+	// for); nil: no RPC on any network.
 	Chain Chain
 
 	// RescanBlocksMax bounds one POST /admin/rescan (RESCAN_BLOCKS_MAX);
