@@ -129,8 +129,20 @@ func (g *Ingest) Close() { g.engine.Close() }
 
 // run inserts one batch. Requests for the same event id are folded: the
 // first rides in the statement, the others get its fate (a duplicate if
-// their content matches, a conflict if not).
+// their content matches, a conflict if not). A lead refused for its own
+// content (an unknown user or asset) decides nothing for followers with
+// other content: they ride again, the first of them leading, until each
+// is answered; every round answers at least its leads, so a batch takes
+// at most as many rounds as it has requests.
 func (g *Ingest) run(batch []*ingestRequest) {
+	for len(batch) > 0 {
+		batch = g.round(batch)
+	}
+}
+
+// round inserts the distinct event ids of batch and answers every request
+// it can; it returns the followers to try again.
+func (g *Ingest) round(batch []*ingestRequest) (again []*ingestRequest) {
 	var live []*ingestRequest
 	first := map[string]*ingestRequest{}
 	followers := map[*ingestRequest][]*ingestRequest{}
@@ -147,7 +159,7 @@ func (g *Ingest) run(batch []*ingestRequest) {
 		live = append(live, r)
 	}
 	if len(live) == 0 {
-		return
+		return nil
 	}
 	taskMax := 0
 	if g.handoff != nil {
@@ -173,8 +185,10 @@ func (g *Ingest) run(batch []*ingestRequest) {
 		r.Answer(resp, nil)
 		for _, f := range followers[r] {
 			switch {
+			case resp.stored == nil && refusedContent(resp.err) && !bytes.Equal(f.Item.hash, r.Item.hash):
+				again = append(again, f) // nothing stored, and its content may pass
 			case resp.stored == nil:
-				f.Answer(resp, nil) // the lead's error (outage, unknown user) is theirs too
+				f.Answer(resp, nil) // an outage, or the very same content refused
 			case bytes.Equal(f.Item.hash, resp.stored):
 				f.Answer(ingestResponse{inserted: false}, nil)
 			default:
@@ -182,6 +196,14 @@ func (g *Ingest) run(batch []*ingestRequest) {
 			}
 		}
 	}
+	return again
+}
+
+// refusedContent tells whether an insert was refused for what its event
+// says (an unknown user or asset), which says nothing of another
+// delivery under the same id.
+func refusedContent(err error) bool {
+	return errors.Is(err, payment.ErrUnknownUser) || errors.Is(err, payment.ErrUnknownAsset)
 }
 
 // insertEvents runs insert_events for distinct event ids, retrying the

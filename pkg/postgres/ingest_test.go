@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/devenv"
@@ -92,4 +94,64 @@ func TestGroupCommitAnswersUnavailableWhenPostgresIsDown(t *testing.T) {
 	inserted, err := ingest.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "x", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: dec("1")}})
 	require.NoError(t, err)
 	require.True(t, inserted, "nothing was half stored before")
+}
+
+// TestIngestFollowersOfARefusedLead: deliveries of one event id in one
+// batch ride behind the first. When the first is refused for its own
+// content (an unknown user), nothing is stored under the id: a follower
+// with the same content shares the refusal, one naming a real user is
+// stored (a 400 would lose it: providers do not retry), and the
+// followers behind that one are its duplicates.
+func TestIngestFollowersOfARefusedLead(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ingest := postgres.NewIngest(f.db, 64, 1)
+	defer ingest.Close()
+	ctx := context.Background()
+	event := func(id string, user int64) postgres.NewEvent {
+		return postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: user, Asset: "ETH", Amount: dec("1"), TraceID: "t"}}
+	}
+
+	// Hold the first batch on a lock, so that the requests after it
+	// queue up, in order, and ride in the next batch together.
+	locker, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE users IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	type answer struct {
+		inserted bool
+		err      error
+	}
+	requests := []postgres.NewEvent{
+		event("warm-up", 1),
+		event("x-1", 999), // the lead: an unknown user
+		event("x-1", 999), // the same content
+		event("x-1", 1),   // a real user
+		event("x-1", 1),   // its redelivery
+	}
+	answers := make([]chan answer, len(requests))
+	for i, e := range requests {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			inserted, err := ingest.InsertEvent(ctx, e)
+			answers[i] <- answer{inserted, err}
+		}()
+		time.Sleep(300 * time.Millisecond) // queued in this order
+	}
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.NoError(t, (<-answers[0]).err)
+	require.ErrorIs(t, (<-answers[1]).err, payment.ErrUnknownUser)
+	require.ErrorIs(t, (<-answers[2]).err, payment.ErrUnknownUser, "the same content, the same refusal")
+	stored := <-answers[3]
+	require.NoError(t, stored.err, "user 1 exists and nothing was stored under x-1")
+	require.True(t, stored.inserted)
+	again := <-answers[4]
+	require.NoError(t, again.err)
+	require.False(t, again.inserted, "a duplicate of the one stored")
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = 'x-1' AND user_id = 1`))
 }
