@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -173,4 +174,38 @@ func TestPostHoldLookupUnavailable(t *testing.T) {
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	require.Equal(t, 1, h.countEvents())
 	require.Equal(t, "accepted", h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", nil)).body["status"])
+}
+
+// TestResolveRedeliveredAfterItsHoldIsADuplicate: a post or void that
+// arrives before its hold is stored as its sender wrote it; once the hold
+// exists, the same bytes are filled in from the hold, yet they are the
+// same delivery (200 duplicate), in either order. Other content is still
+// a conflict.
+func TestResolveRedeliveredAfterItsHoldIsADuplicate(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	post := resolveBody("p-1", "withdrawal_post", 7, "h-1", nil)
+	void := resolveBody("v-1", "withdrawal_void", 7, "h-1", map[string]string{"amount": `"1.5"`})
+	for _, body := range [][]byte{post, void} {
+		r := h.postPayment(body)
+		require.Equal(t, "accepted", r.body["status"], "%s", r.raw)
+	}
+
+	r := h.postPayment(holdBody("h-1", 7, "1.5", map[string]string{"asset": `"USDC"`}))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+
+	for _, body := range [][]byte{post, void} {
+		r = h.postPayment(body) // the very same bytes
+		require.Equal(t, http.StatusOK, r.status, "identical redelivery: %s", r.raw)
+		require.Equal(t, "duplicate", r.body["status"])
+	}
+	r = h.postPayment(resolveBody("p-1", "withdrawal_post", 7, "h-1", map[string]string{"tx_hash": `"` + txHash + `"`}))
+	requireCode(t, r, http.StatusConflict, httpapi.CodeConflict)
+	r = h.postPayment(resolveBody("v-1", "withdrawal_void", 7, "h-1", map[string]string{"amount": `"2"`}))
+	require.Equal(t, http.StatusBadRequest, r.status, "not the hold's amount: %s", r.raw)
+
+	// Sent after the hold: stored filled in, its redelivery as before.
+	after := resolveBody("p-2", "withdrawal_post", 7, "h-1", nil)
+	require.Equal(t, "accepted", h.postPayment(after).body["status"])
+	require.Equal(t, "duplicate", h.postPayment(after).body["status"])
 }

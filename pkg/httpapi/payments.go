@@ -44,8 +44,9 @@ type paymentRequest struct {
 	amount    string
 	asset     string
 	txHash    string
-	// transferIndex names the transfer of txHash a deposit claims.
-	transferIndex string
+	// transferIndex names the transfer of txHash a deposit claims;
+	// transferIndexSent is it as the sender wrote it.
+	transferIndex, transferIndexSent string
 	// holdID is the hold a post or void resolves; network and toAddress
 	// (lowercase) say where a hold pays out. amountGiven is false when a
 	// post or void left its amount out (the hold's is taken).
@@ -82,6 +83,7 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	defer cancel()
 	var hold *postgres.HoldEvent
 	unknownHold := false
+	sent := req // before its hold fills it in
 	if req.eventType.ResolvesHold() {
 		h, found, answer := s.holdOf(ctx, &req)
 		if answer != nil {
@@ -143,13 +145,13 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	}
 
 	traceID := TraceID(c.Request().Context())
+	event := payment.Event{
+		ID: req.eventID, Type: req.eventType, UserID: req.userID,
+		Asset: asset.Code, Amount: amount, TxHash: req.txHash, TransferIndex: req.transferIndex, TraceID: traceID,
+		HoldID: req.holdID, Network: req.network, ToAddress: req.toAddress,
+	}
 	inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
-		Event: payment.Event{
-			ID: req.eventID, Type: req.eventType, UserID: req.userID,
-			Asset: asset.Code, Amount: amount, TxHash: req.txHash, TransferIndex: req.transferIndex, TraceID: traceID,
-			HoldID: req.holdID, Network: req.network, ToAddress: req.toAddress,
-		},
-		Source: postgres.SourcePayments,
+		Event: event, Source: postgres.SourcePayments, SentAs: contentAsSent(sent, event, hold != nil, registry),
 	})
 	if err != nil {
 		answer := storeError(err)
@@ -173,6 +175,32 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		Str("event_type", string(req.eventType)).Int64(logging.FieldUserID, req.userID).
 		Str("asset", asset.Code).Str("result", status).Msg("payment webhook")
 	return c.JSON(http.StatusOK, webhookAnswer{Status: status, EventID: req.eventID, TraceID: traceID})
+}
+
+// contentAsSent is the content hash of an event as its sender wrote it,
+// where settle stores it otherwise; nil where it does not. A post or void
+// that arrived before its hold was stored as sent (asset as given or
+// ETH, the default network, amount as given or 0, no recipient) and its
+// redelivery, once the hold exists, is filled in from the hold. A
+// transfer index stored before its spelling was canonical was stored as
+// sent too. Both are the same delivery, so both hashes answer it.
+func contentAsSent(sent paymentRequest, stored payment.Event, filled bool, registry *payment.Registry) []byte {
+	if !filled && sent.transferIndexSent == stored.TransferIndex {
+		return nil
+	}
+	c := stored.Content()
+	c.TransferIndex = sent.transferIndexSent
+	if filled {
+		c.Asset, c.Network, c.ToAddress, c.Amount = sent.asset, payment.DefaultNetwork, "", decimal.Zero
+		if sent.amountGiven {
+			_, amount, err := registry.ParseAmount(payment.DefaultNetwork, sent.asset, sent.amount)
+			if err != nil {
+				return nil // refused as sent: nothing was stored so
+			}
+			c.Amount = amount
+		}
+	}
+	return c.Hash()
 }
 
 // verifyPayments checks X-Signature (or X-Alchemy-Signature).
@@ -284,6 +312,7 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 			return req, &rejection{"invalid_transfer_index", "transfer_index names a transfer of tx_hash; only a deposit or airdrop with a tx_hash may have one"}
 		}
 		var err error
+		req.transferIndexSent = index
 		if req.transferIndex, err = payment.ParseTransferIndex(index); err != nil {
 			return req, &rejection{"invalid_transfer_index", "transfer_index must be a decimal log index, \"native\" or \"trace:<address>\""}
 		}

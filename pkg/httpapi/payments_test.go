@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/devenv"
@@ -78,6 +79,31 @@ func TestPaymentsIdenticalRedeliveryIsDuplicate(t *testing.T) {
 		require.NotEmpty(t, r.body["trace_id"])
 	}
 	require.Equal(t, 1, h.countEvents())
+}
+
+// TestPaymentsTraceIndexStoredAsSent: a transfer_index is stored in its
+// canonical spelling ("trace:call_0_1"); a deposit stored before that,
+// as its sender spelt it, still meets its identical redelivery as a
+// duplicate.
+func TestPaymentsTraceIndexStoredAsSent(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	hash := strings.ToLower(txHash)
+	_, err := h.db.InsertEvent(context.Background(), postgres.NewEvent{Event: payment.Event{ID: "trace-1", Type: payment.Deposit, UserID: 7,
+		Asset: "ETH", Amount: decimal.RequireFromString("1"), TxHash: hash, TransferIndex: "trace:CALL_0_1", Network: payment.DefaultNetwork}})
+	require.NoError(t, err)
+
+	body := []byte(`{"event_id":"trace-1","event_type":"deposit","user_id":7,"amount":"1","tx_hash":"` + txHash + `","transfer_index":"trace:CALL_0_1"}`)
+	r := h.postPayment(body)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, "duplicate", r.body["status"])
+
+	body = []byte(`{"event_id":"trace-2","event_type":"deposit","user_id":7,"amount":"1","tx_hash":"` + txHash + `","transfer_index":"trace:CALL_0_1"}`)
+	require.Equal(t, "accepted", h.postPayment(body).body["status"])
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id = 'trace-2' AND transfer_index = 'trace:call_0_1'`))
+	require.Equal(t, "duplicate", h.postPayment(body).body["status"])
+	body = []byte(`{"event_id":"trace-2","event_type":"deposit","user_id":7,"amount":"1","tx_hash":"` + txHash + `","transfer_index":"trace:call_0_2"}`)
+	requireCode(t, h.postPayment(body), http.StatusConflict, httpapi.CodeConflict)
 }
 
 // Row: same event_id with different content → 409.

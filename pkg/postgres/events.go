@@ -34,6 +34,17 @@ type NewEvent struct {
 	Source    Source
 	ToAddress string // lowercase; set for chain deposits whose recipient is known
 	Related   string // the original of a compensation
+	// SentAs is the content hash of the event as its sender wrote it,
+	// when settle stores it otherwise (a post or void filled in from its
+	// hold, a transfer index respelt): a row stored under it earlier, as
+	// sent, is the same delivery, not a conflict. Nil: none.
+	SentAs []byte
+}
+
+// sameContent tells whether the content stored under the event's id is
+// this delivery's: its hash, or the hash of it as sent.
+func (e NewEvent) sameContent(stored, hash []byte) bool {
+	return bytes.Equal(stored, hash) || e.SentAs != nil && bytes.Equal(stored, e.SentAs)
 }
 
 // recipient is the stored to_address: the deposit's recipient the
@@ -76,7 +87,7 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 		switch {
 		case inserted == 1:
 			return true, nil
-		case existing != nil && bytes.Equal(existing, hash):
+		case existing != nil && e.sameContent(existing, hash):
 			return false, nil
 		case existing != nil:
 			return false, fmt.Errorf("event %s: %w: it was delivered before with other content", ev.ID, payment.ErrConflict)

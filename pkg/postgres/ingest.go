@@ -189,7 +189,7 @@ func (g *Ingest) round(batch []*ingestRequest) (again []*ingestRequest) {
 				again = append(again, f) // nothing stored, and its content may pass
 			case resp.stored == nil:
 				f.Answer(resp, nil) // an outage, or the very same content refused
-			case bytes.Equal(f.Item.hash, resp.stored):
+			case f.Item.event.sameContent(resp.stored, f.Item.hash):
 				f.Answer(ingestResponse{inserted: false}, nil)
 			default:
 				f.Answer(ingestResponse{err: fmt.Errorf("event %s: %w: it was delivered before with other content", f.Item.event.Event.ID, payment.ErrConflict)}, nil)
@@ -328,7 +328,7 @@ func readInserted(br pgx.BatchResults, stmt query, batch []*ingestRequest, pendi
 			if h.taskID != nil {
 				claimed = append(claimed, h.claimed(e.ID))
 			}
-		case existing != nil && bytes.Equal(existing, batch[i].Item.hash):
+		case existing != nil && batch[i].Item.event.sameContent(existing, batch[i].Item.hash):
 			out[i] = ingestResponse{stored: existing}
 		case existing != nil:
 			out[i] = ingestResponse{stored: existing, err: fmt.Errorf("event %s: %w: it was delivered before with other content", e.ID, payment.ErrConflict)}

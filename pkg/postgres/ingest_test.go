@@ -155,3 +155,33 @@ func TestIngestFollowersOfARefusedLead(t *testing.T) {
 	require.False(t, again.inserted, "a duplicate of the one stored")
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = 'x-1' AND user_id = 1`))
 }
+
+// TestInsertMatchesContentAsSent: a row stored under the content as its
+// sender wrote it is the same delivery as one that now arrives filled in
+// and names that content's hash (SentAs), alone or in a batch; without
+// it, or naming another, it is a conflict.
+func TestInsertMatchesContentAsSent(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	asSent := payment.Event{ID: "p-1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH", Amount: dec("0"), HoldID: "h-1", Network: payment.DefaultNetwork, TraceID: "t"}
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: asSent})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	filled := asSent
+	filled.Asset, filled.Amount = "USDC", dec("1.5")
+
+	ingest := postgres.NewIngest(f.db, 64, 1)
+	defer ingest.Close()
+	for name, insert := range map[string]func(context.Context, postgres.NewEvent) (bool, error){"alone": f.db.InsertEvent, "in a batch": ingest.InsertEvent} {
+		inserted, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: asSent.Content().Hash()})
+		require.NoError(t, err, name)
+		require.False(t, inserted, name)
+		_, err = insert(ctx, postgres.NewEvent{Event: filled})
+		require.ErrorIs(t, err, payment.ErrConflict, name)
+		other := asSent
+		other.Amount = dec("2")
+		_, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: other.Content().Hash()})
+		require.ErrorIs(t, err, payment.ErrConflict, name)
+	}
+}
