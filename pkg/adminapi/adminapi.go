@@ -304,7 +304,7 @@ func DashboardWith(client redis.UniversalClient, o DashboardOptions) httpapi.Mou
 		ReadOnly:          o.ReadOnly,
 		PrometheusAddress: o.PrometheusURL,
 	})
-	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: handler}
+	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: jsonErrors(handler)}
 }
 
 var _ asynq.RedisConnOpt = sharedRedis{}

@@ -188,6 +188,37 @@ func TestDashboardBehindTheAdminToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the dashboard's JSON API answers through the mount")
 }
 
+// TestDashboardErrorsAreJSON: asynqmon answers its errors in plain text
+// (and an unknown queue as a 500); through the mount each is the API's
+// JSON error with a code and trace id, and the status it means.
+func TestDashboardErrorsAreJSON(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{http.MethodDelete, "/admin/queues/api/queues/default", http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed}, // read-only
+		{http.MethodGet, "/admin/queues/api/queues/no-such-queue", http.StatusNotFound, httpapi.CodeNotFound},
+	} {
+		req, err := http.NewRequest(c.method, e.url+c.path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, c.status, resp.StatusCode, "%s %s: %s", c.method, c.path, raw)
+		require.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"),
+			"%s %s answered %d %q with Content-Type %q", c.method, c.path, resp.StatusCode, raw, resp.Header.Get("Content-Type"))
+		var body map[string]any
+		require.NoError(t, json.Unmarshal(raw, &body), "%s", raw)
+		require.Equal(t, c.code, body["code"])
+		require.NotEmpty(t, body["error"])
+		require.NotEmpty(t, body["trace_id"])
+	}
+}
+
 func jsonInt(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)
