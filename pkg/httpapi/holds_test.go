@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -208,4 +209,56 @@ func TestResolveRedeliveredAfterItsHoldIsADuplicate(t *testing.T) {
 	after := resolveBody("p-2", "withdrawal_post", 7, "h-1", nil)
 	require.Equal(t, "accepted", h.postPayment(after).body["status"])
 	require.Equal(t, "duplicate", h.postPayment(after).body["status"])
+}
+
+// TestPostBeforeItsHoldIsUnknownForGood: a post whose hold id named no
+// hold when it was accepted ends unknown_hold even once a hold of that id
+// has arrived and been applied, with or without an amount of its own: it
+// is stored with amount 0, the ledger's mark for it.
+func TestPostBeforeItsHoldIsUnknownForGood(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	execSQL(t, h.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'ETH', 100, 100)`)
+	ctx := context.Background()
+	for _, body := range [][]byte{
+		resolveBody("p-early", "withdrawal_post", 7, "h-late", map[string]string{"amount": `"30"`}),
+		resolveBody("v-early", "withdrawal_void", 7, "h-late", map[string]string{"amount": `"30"`}),
+		resolveBody("p-bare", "withdrawal_post", 7, "h-late", nil),
+	} {
+		r := h.postPayment(body)
+		require.Equal(t, "accepted", r.body["status"], "%s", r.raw)
+	}
+	require.Equal(t, 3, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE hold_id = 'h-late' AND amount = 0`))
+	// Still checked as an amount: a 400 as before.
+	requireCode(t, h.postPayment(resolveBody("p-bad", "withdrawal_post", 7, "h-late", map[string]string{"amount": `"0.1234567890123456789"`})),
+		http.StatusBadRequest, httpapi.CodeInvalidAmount)
+	require.Equal(t, "accepted", h.postPayment(holdBody("h-late", 7, "30", nil)).body["status"])
+
+	claimed, err := h.db.ClaimOutbox(ctx, 1000, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 4)
+	// The hold first, as if the posts' tasks ran late.
+	slices.SortStableFunc(claimed, func(a, b postgres.Claimed) int {
+		return holdFirst(a) - holdFirst(b)
+	})
+	require.Equal(t, "h-late", claimed[0].Event.ID)
+	for _, c := range claimed {
+		_, err := h.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{})
+		require.NoError(t, err)
+	}
+	for _, id := range []string{"p-early", "v-early", "p-bare"} {
+		e, err := h.db.Event(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, payment.StatusFailed, e.Status, id)
+		require.Equal(t, string(payment.OutcomeUnknownHold), e.Outcome, id)
+	}
+	r := h.do(http.MethodGet, "/v1/users/7/balances", nil, bearer(apiToken))
+	require.Equal(t, []any{map[string]any{"asset": "ETH", "balance": "100", "held": "30", "available": "70"}}, r.body["balances"], "the hold stays open")
+}
+
+func holdFirst(c postgres.Claimed) int {
+	if c.Event.Type == payment.WithdrawalHold {
+		return 0
+	}
+	return 1
 }

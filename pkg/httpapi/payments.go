@@ -93,8 +93,11 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		if found {
 			hold = &h
 		}
-		// Without an amount, an unknown hold's post carries none (0).
-		unknownHold = !found && !req.amountGiven
+		// An unknown hold's post or void is stored with amount 0 whatever
+		// amount it gave: the ledger's mark that its hold id named no hold
+		// when it was accepted, so a hold of that id arriving later is
+		// never resolved by it.
+		unknownHold = !found
 	}
 	if req.network == "" {
 		req.network = payment.DefaultNetwork // an unknown hold's post or void
@@ -117,8 +120,12 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	var asset payment.Asset
 	var amount decimal.Decimal
 	if unknownHold {
-		if !registry.Known(req.asset) {
+		switch {
+		case !registry.Known(req.asset):
 			err = fmt.Errorf("%w %q", payment.ErrUnknownAsset, req.asset)
+		case req.amountGiven:
+			// Still an amount the asset could carry, or a 400 as ever.
+			_, _, err = registry.ParseAmount(req.network, req.asset, req.amount)
 		}
 		asset = payment.Asset{Code: req.asset, Network: req.network}
 	} else {
@@ -180,7 +187,7 @@ func (s *Server) webhookPayments(c echo.Context) error {
 // contentAsSent is the content hash of an event as its sender wrote it,
 // where settle stores it otherwise; nil where it does not. A post or void
 // that arrived before its hold was stored as sent (asset as given or
-// ETH, the default network, amount as given or 0, no recipient) and its
+// ETH, the default network, amount 0, no recipient) and its
 // redelivery, once the hold exists, is filled in from the hold. A
 // transfer index stored before its spelling was canonical was stored as
 // sent too. Both are the same delivery, so both hashes answer it.
@@ -191,13 +198,12 @@ func contentAsSent(sent paymentRequest, stored payment.Event, filled bool, regis
 	c := stored.Content()
 	c.TransferIndex = sent.transferIndexSent
 	if filled {
+		// Stored before its hold: amount 0, whatever it gave.
 		c.Asset, c.Network, c.ToAddress, c.Amount = sent.asset, payment.DefaultNetwork, "", decimal.Zero
 		if sent.amountGiven {
-			_, amount, err := registry.ParseAmount(payment.DefaultNetwork, sent.asset, sent.amount)
-			if err != nil {
+			if _, _, err := registry.ParseAmount(payment.DefaultNetwork, sent.asset, sent.amount); err != nil {
 				return nil // refused as sent: nothing was stored so
 			}
-			c.Amount = amount
 		}
 	}
 	return c.Hash()
