@@ -343,6 +343,12 @@ func (w *Worker) finish(runs []eventRun) error {
 // path, a driver hiccup nobody classified), so it spends the retries like
 // a transient one, and then the event reaches the DLQ; only invalid input
 // fails at once, since no retry can fix it.
+//
+// A run whose context was canceled never fails its event: asynq took the
+// task back (a graceful stop requeues it) or lost its lease, and the next
+// run decides; if asynq archived it instead, stale recovery still finds
+// the event 'enqueued'. The task's own timeout (DeadlineExceeded) spends
+// the budget like any transient error.
 func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (failed bool, _ error) {
 	transient := errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable)
 	retried := retryCount(ctx)
@@ -350,7 +356,8 @@ func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (f
 	if !ok {
 		maxRetry = task.RetryMax
 	}
-	if !errors.Is(err, payment.ErrInvalid) && retried < maxRetry {
+	handedBack := errors.Is(ctx.Err(), context.Canceled)
+	if handedBack || (!errors.Is(err, payment.ErrInvalid) && retried < maxRetry) {
 		w.metrics.tasks.WithLabelValues(task.TypePayment, "retry").Inc()
 		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment event will be retried")
 		return false, err
