@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/task"
@@ -84,4 +85,112 @@ func TestGracefulStopOnTheLastAttemptHandsTheTaskBack(t *testing.T) {
 		"a graceful shutdown dead-lettered the task it handed back: outcome=%s error=%q dlq rows=%d",
 		outcome, errText, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'sd-withdrawal'`))
 	require.Equal(t, "90", p.balance(1, "ETH"))
+}
+
+// TestOutageOnTheLastAttemptIsNotDeadLettered: an outage is not the
+// event's fault and never spends its budget (IsFailure). A task whose
+// budget lock timeouts have spent, run while PostgreSQL is down, must
+// wait for the database like every other task, not dead-letter its event
+// (parked in Redis, failed by the drain). (MaxRetry(0) stands for the
+// 5th retry of 5: both are a last attempt.)
+func TestOutageOnTheLastAttemptIsNotDeadLettered(t *testing.T) {
+	ctx := context.Background()
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
+	require.NoError(t, err)
+	t.Cleanup(pg.Close)
+	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx)
+	require.NoError(t, err)
+	migrator.Close()
+
+	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), noEnqueuer: true, retryDelay: 10 * time.Millisecond})
+	p.user(1, map[string]string{"ETH": "0"})
+	p.accept("outage-last", payment.Deposit, 1, "ETH", "1")
+	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 32)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	pg.Stop()
+	queued, opts, err := task.NewPaymentBatch(claimed)
+	require.NoError(t, err)
+	opts = append(opts, asynq.MaxRetry(0)) // its last attempt
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(queued, opts...)
+	require.NoError(t, err)
+	time.Sleep(2 * time.Second) // the worker meets the outage
+	require.NoError(t, pg.Start(ctx))
+
+	// The scheduler's drain_dlq job runs every minute.
+	_, err = p.sink.Drain(ctx)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	var status, outcome, errText string
+	for time.Now().Before(deadline) {
+		require.NoError(t, conn.QueryRow(ctx, `SELECT status, COALESCE(outcome,''), COALESCE(error,'') FROM payment_events WHERE event_id = 'outage-last'`).Scan(&status, &outcome, &errText))
+		if status == "confirmed" || status == "failed" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	info, _ := asynq.NewInspectorFromRedisClient(p.rdb).GetTaskInfo(task.QueuePayments, claimed[0].TaskID)
+	state := "gone"
+	if info != nil {
+		state = info.State.String()
+	}
+	require.Equal(t, "confirmed", status, "an outage dead-lettered the event: outcome=%s error=%q task=%s", outcome, errText, state)
+}
+
+// TestOutageOutlastingTheLastAttemptLeavesTheEventToRecovery: a last
+// attempt whose deadline leaves no room for another run returns the
+// outage at once; asynq archives the task, and the event stays
+// 'enqueued' for stale recovery, never dead-lettered.
+func TestOutageOutlastingTheLastAttemptLeavesTheEventToRecovery(t *testing.T) {
+	ctx := context.Background()
+	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
+	require.NoError(t, err)
+	t.Cleanup(pg.Close)
+	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
+	require.NoError(t, err)
+	_, err = migrator.Migrate(ctx)
+	require.NoError(t, err)
+	migrator.Close()
+
+	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), noEnqueuer: true, retryDelay: 10 * time.Millisecond})
+	p.user(1, map[string]string{"ETH": "0"})
+	p.accept("outage-short", payment.Deposit, 1, "ETH", "1")
+	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 32)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	pg.Stop()
+	queued, opts, err := task.NewPaymentBatch(claimed)
+	require.NoError(t, err)
+	// Its last attempt, with a deadline too close for another run.
+	opts = append(opts, asynq.MaxRetry(0), asynq.Timeout(5*time.Second))
+	_, err = asynq.NewClientFromRedisClient(p.rdb).Enqueue(queued, opts...)
+	require.NoError(t, err)
+	inspector := asynq.NewInspectorFromRedisClient(p.rdb)
+	start := time.Now()
+	p.waitFor("the task archived", 10*time.Second, func() bool {
+		info, err := inspector.GetTaskInfo(task.QueuePayments, claimed[0].TaskID)
+		return err == nil && info.State == asynq.TaskStateArchived
+	})
+	require.Less(t, time.Since(start), 4*time.Second, "the last attempt waited although its deadline left no room")
+	require.NoError(t, pg.Start(ctx))
+
+	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var status string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT status FROM payment_events WHERE event_id = 'outage-short'`).Scan(&status))
+	require.Equal(t, "enqueued", status)
+	parked, err := p.sink.Pending(ctx)
+	require.NoError(t, err)
+	require.Zero(t, parked, "an outage parked a dead letter")
+	var letters int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM dead_letter_queue`).Scan(&letters))
+	require.Zero(t, letters)
 }

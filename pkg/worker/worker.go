@@ -85,7 +85,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	procs.Active() // a task ends the GOMAXPROCS controller's idle period
 	switch t.Type() {
 	case task.TypePayment:
-		return w.payment(ctx, t)
+		return w.paymentTask(ctx, t)
 	case task.TypeWatchReorgs:
 		if w.gate == nil {
 			return nil
@@ -120,6 +120,64 @@ func (w *Worker) maintenance(ctx context.Context, kind string, run func(context.
 
 // gateConcurrency bounds the chain checks of one task run at once.
 const gateConcurrency = 8
+
+// Bounds of a last attempt that meets an outage (paymentTask).
+const (
+	// lastAttemptOutagePause is the wait between its runs.
+	lastAttemptOutagePause = time.Second
+	// lastAttemptRunsMax bounds its runs, whatever its deadline.
+	lastAttemptRunsMax = 30
+	// lastAttemptRunLeft is the time its deadline must still leave for
+	// another run: a run cut by the task's own timeout spends the budget.
+	lastAttemptRunLeft = task.TaskTimeout / 2
+)
+
+// paymentTask runs a payment task. asynq archives a task whose last
+// attempt returns any error, an outage too (IsFailure only keeps outages
+// off the count), so a last attempt that meets nothing but an outage
+// waits for the dependency here and runs again, while its deadline leaves
+// room for a whole run; past that it returns the outage, asynq archives
+// the task, and stale recovery brings its events back. Settled events
+// find themselves done on the next run, as on an asynq retry.
+func (w *Worker) paymentTask(ctx context.Context, t *asynq.Task) error {
+	for run := 1; ; run++ {
+		err := w.payment(ctx, t)
+		if !outageOnly(err) || !lastAttempt(ctx) || run >= lastAttemptRunsMax || !roomForRun(ctx, lastAttemptOutagePause+lastAttemptRunLeft) {
+			return err
+		}
+		w.log.Warn().Err(err).Str("task_id", taskID(ctx)).Int("run", run).Msg("last attempt met an outage; waiting to run again")
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(lastAttemptOutagePause):
+		}
+	}
+}
+
+// outageOnly reports whether a task's error asks for a retry because a
+// dependency is down.
+func outageOnly(err error) bool {
+	return errors.Is(err, payment.ErrUnavailable) && !errors.Is(err, asynq.SkipRetry)
+}
+
+// lastAttempt reports whether asynq archives the task on any error.
+func lastAttempt(ctx context.Context) bool {
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
+	if !ok {
+		maxRetry = task.RetryMax
+	}
+	return retryCount(ctx) >= maxRetry
+}
+
+// roomForRun reports whether ctx is live and its deadline, if any, is at
+// least need away.
+func roomForRun(ctx context.Context, need time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	deadline, ok := ctx.Deadline()
+	return !ok || time.Until(deadline) >= need
+}
 
 // payment applies the events of one task. Each event's fate is its own:
 // the settled ones are done, a failed one goes to the DLQ alone, and if
@@ -304,8 +362,8 @@ func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool
 // retries left, events that failed transiently are retried (with
 // RetryDelay's backoff); past them, or on an error that is not transient,
 // an event fails into the DLQ now. An outage (ErrUnavailable) is retried
-// without spending the budget (IsFailure), so only errors of the event's
-// own, like a lock held too long, exhaust it. The seed's exhaustion branch
+// without spending the budget (IsFailure), even on the last attempt, so
+// only errors of the event's own, like a lock held too long, exhaust it. The seed's exhaustion branch
 // never ran under Celery; this one is exercised by the tests. A task with
 // a dead-lettered event is archived in asynq, where operators see it.
 func (w *Worker) finish(runs []eventRun) error {
@@ -349,21 +407,20 @@ func (w *Worker) finish(runs []eventRun) error {
 // run decides; if asynq archived it instead, stale recovery still finds
 // the event 'enqueued'. The task's own timeout (DeadlineExceeded) spends
 // the budget like any transient error.
+//
+// An outage (ErrUnavailable) is retried whatever the count: it never
+// spends the budget, so it cannot exhaust it either (see paymentTask for
+// the last attempt).
 func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (failed bool, _ error) {
-	transient := errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable)
 	retried := retryCount(ctx)
-	maxRetry, ok := asynq.GetMaxRetry(ctx)
-	if !ok {
-		maxRetry = task.RetryMax
-	}
 	handedBack := errors.Is(ctx.Err(), context.Canceled)
-	if handedBack || (!errors.Is(err, payment.ErrInvalid) && retried < maxRetry) {
+	if handedBack || errors.Is(err, payment.ErrUnavailable) || (!errors.Is(err, payment.ErrInvalid) && !lastAttempt(ctx)) {
 		w.metrics.tasks.WithLabelValues(task.TypePayment, "retry").Inc()
 		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment event will be retried")
 		return false, err
 	}
 	reason := "unexpected_error"
-	if transient {
+	if errors.Is(err, payment.ErrRetryable) {
 		reason = "retries_exhausted"
 		err = fmt.Errorf("retries exhausted after %d attempts: %w", retried+1, err)
 	}
