@@ -71,7 +71,10 @@ type EnqueuerOptions struct {
 // Enqueuer moves committed pending events into asynq: claim and commit
 // first, then enqueue. A worker can therefore never see a task before the
 // database says 'enqueued', and an enqueue that fails leaves the row
-// 'enqueued' for stale recovery.
+// 'enqueued' for stale recovery. It is not released to 'pending' as the
+// api's hand-off does: the release wakes this enqueuer (pg_notify), which
+// would claim and fail again at once while Redis is down, or for good on
+// a task that cannot be built.
 type Enqueuer struct {
 	o       EnqueuerOptions
 	wake    chan struct{}
@@ -184,12 +187,19 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 	}
 	claim.end = time.Now()
 	e.claimed.Add(float64(len(claimed)))
+	// The claim has committed: its events are 'enqueued' and only this
+	// round can give them a task. A stop (SIGTERM cancels ctx) must not
+	// strand them until stale recovery, so the enqueues outlive ctx,
+	// each still bounded by enqueueTimeout.
+	ctx = context.WithoutCancel(ctx)
 	tasks, failed := e.enqueueAll(ctx, claimed, claim)
 	failures := len(failed)
 	e.failing.Store(failures > 0 && failures == len(claimed))
 	if failures < len(claimed) {
 		// Workers waiting on an empty queue look now, not at their next poll.
-		if err := PublishWakeFor(ctx, e.o.Redis, tasks); err != nil {
+		wakeCtx, cancel := context.WithTimeout(ctx, enqueueTimeout)
+		defer cancel()
+		if err := PublishWakeFor(wakeCtx, e.o.Redis, tasks); err != nil {
 			e.o.Log.Debug().Err(err).Msg("wake-up not published; workers find the tasks at their next poll")
 		}
 	}
