@@ -138,8 +138,9 @@ func run(s settings, log zerolog.Logger) error {
 		{Name: "recover_stale", Every: s.RecoverInterval, Run: recovery.Run},
 		{Name: "drain_dlq", Every: s.DrainInterval, Run: func(ctx context.Context) error {
 			report, err := sink.Drain(ctx)
-			if report.Moved+report.Malformed+report.Failed > 0 {
-				log.Info().Int("moved", report.Moved).Int("malformed", report.Malformed).Int("failed", report.Failed).
+			if report.Moved+report.Malformed+report.Failed+report.Logged > 0 {
+				log.Info().Int("moved", report.Moved).Int("sanitised", report.Sanitised).Int("logged", report.Logged).
+					Int("malformed", report.Malformed).Int("failed", report.Failed).
 					Int64("remaining", report.Remaining).Bool("aborted", report.Aborted).Msg("dlq fallback drained")
 			}
 			return err

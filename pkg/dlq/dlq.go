@@ -1,7 +1,10 @@
 // Package dlq writes dead letters so that none is ever lost: PostgreSQL
-// first; if PostgreSQL fails, a Redis list whose TTL is set in the same
-// MULTI as the push; if Redis fails too, a CRITICAL log line carrying the
-// whole entry. Drain moves the Redis entries back into PostgreSQL.
+// first; if PostgreSQL is unavailable, a Redis list whose TTL is set in
+// the same MULTI as the push; if Redis fails too, a CRITICAL log line
+// carrying the whole entry. Drain moves the Redis entries back into
+// PostgreSQL. A letter PostgreSQL refuses for good (a value its columns
+// cannot hold) is never parked, since no drain could store it: it is
+// stored sanitised (sanitise.go), or else logged critically.
 package dlq
 
 import (
@@ -91,15 +94,11 @@ func (s *Sink) FailEvent(ctx context.Context, letter payment.DeadLetter) Outcome
 	if letter.CreatedAt.IsZero() {
 		letter.CreatedAt = time.Now().UTC()
 	}
-	pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	moved, id, err := s.store.FailToDLQ(pgCtx, letter)
-	cancel()
-	if err == nil {
-		s.writes.WithLabelValues("postgres").Inc()
-		return Outcome{Sink: "postgres", Failed: moved, ID: id}
-	}
-	letter.FailEvent = true
-	return s.fallback(ctx, letter, err)
+	letter.FailEvent = true // read only from a parked entry
+	return s.write(ctx, letter, func(ctx context.Context, l payment.DeadLetter) (Outcome, error) {
+		moved, id, err := s.store.FailToDLQ(ctx, l)
+		return Outcome{Sink: "postgres", Failed: moved, ID: id}, err
+	})
 }
 
 // Record writes a dead letter that fails no event (the task named no
@@ -109,18 +108,55 @@ func (s *Sink) Record(ctx context.Context, letter payment.DeadLetter) Outcome {
 	if letter.CreatedAt.IsZero() {
 		letter.CreatedAt = time.Now().UTC()
 	}
-	pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	ids, err := s.store.InsertDeadLetters(pgCtx, []payment.DeadLetter{letter})
-	cancel()
-	if err == nil {
-		s.writes.WithLabelValues("postgres").Inc()
+	return s.write(ctx, letter, func(ctx context.Context, l payment.DeadLetter) (Outcome, error) {
+		ids, err := s.store.InsertDeadLetters(ctx, []payment.DeadLetter{l})
 		out := Outcome{Sink: "postgres"}
 		if len(ids) > 0 { // none: an entry with this FallbackID exists
 			out.ID = ids[0]
 		}
+		return out, err
+	})
+}
+
+// write stores a letter in PostgreSQL through store; sanitised if
+// PostgreSQL refuses it for good, parked in Redis if PostgreSQL is
+// unavailable, and logged if neither takes it.
+func (s *Sink) write(ctx context.Context, letter payment.DeadLetter, store func(context.Context, payment.DeadLetter) (Outcome, error)) Outcome {
+	attempt := func(l payment.DeadLetter) (Outcome, error) {
+		pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		defer cancel()
+		return store(pgCtx, l)
+	}
+	out, err := attempt(letter)
+	if err == nil {
+		s.writes.WithLabelValues("postgres").Inc()
 		return out
 	}
+	if refused(err) {
+		clean := sanitise(letter, err)
+		out, cleanErr := attempt(clean)
+		switch {
+		case cleanErr == nil:
+			s.writes.WithLabelValues("postgres").Inc()
+			s.log.Warn().Err(err).Str("event_id", clean.EventID).Str("trace_id", clean.TraceID).
+				Msg("dead letter stored sanitised: PostgreSQL refused its values")
+			return out
+		case refused(cleanErr):
+			s.lastResort(letter, err, cleanErr)
+			return Outcome{Sink: "log"}
+		}
+		letter, err = clean, cleanErr // the outage came after the refusal
+	}
 	return s.fallback(ctx, letter, err)
+}
+
+// refused tells a permanent refusal by PostgreSQL from a passing failure
+// (an outage, a lock or statement timeout, a deadline), which the drain
+// retries later: only the latter may wait in Redis. An error of no known
+// kind counts as a refusal: an outage must be proven.
+func refused(err error) bool {
+	return !errors.Is(err, payment.ErrUnavailable) && !errors.Is(err, payment.ErrRetryable) &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 func (s *Sink) fallback(ctx context.Context, letter payment.DeadLetter, pgErr error) Outcome {
@@ -149,6 +185,17 @@ func (s *Sink) fallback(ctx context.Context, letter payment.DeadLetter, pgErr er
 	return Outcome{Sink: "log"}
 }
 
+// lastResort logs a letter PostgreSQL refused both as it was and
+// sanitised: everything needed to recover it by hand, on one line.
+func (s *Sink) lastResort(letter payment.DeadLetter, refusal, sanitisedErr error) {
+	s.writes.WithLabelValues("log").Inc()
+	s.log.WithLevel(zerolog.ErrorLevel).Str("severity", "CRITICAL").
+		Str("event_id", letter.EventID).Str("trace_id", letter.TraceID).
+		AnErr("postgres_error", refusal).AnErr("sanitised_error", sanitisedErr).
+		RawJSON("dead_letter", mustJSON(letter)).
+		Msg("dead letter refused by PostgreSQL, sanitised too")
+}
+
 // push appends to the fallback list and refreshes its TTL atomically: two
 // separate commands once left a key without a TTL.
 func (s *Sink) push(ctx context.Context, body []byte) error {
@@ -168,18 +215,23 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// DrainReport counts one drain run.
+// DrainReport counts one drain run. Moved includes Sanitised; Logged
+// entries PostgreSQL refused even sanitised left the list for the log.
 type DrainReport struct {
 	Moved, Malformed, Failed int
+	Sanitised, Logged        int
 	Remaining                int64
 	Aborted                  bool
 }
 
 // Drain moves up to DrainBatchMax parked entries into PostgreSQL, oldest
 // first. Each entry is moved to a draining key before it is inserted and
-// removed only after, so a crash at any point loses nothing; a failed
-// insert goes back to the end of the list; DrainFailuresMax failures in a
-// row end the run. Malformed entries are logged critically and dropped.
+// removed only after, so a crash at any point loses nothing; an insert
+// that fails while PostgreSQL is unavailable goes back to the end of the
+// list, and DrainFailuresMax such failures in a row end the run. An entry
+// PostgreSQL refuses for good is stored sanitised, or logged critically
+// and dropped: it would never drain, and the list's TTL would lose it.
+// Malformed entries are logged critically and dropped.
 func (s *Sink) Drain(ctx context.Context) (DrainReport, error) {
 	var report DrainReport
 	// An entry left mid-drain by a crash goes back first.
@@ -211,7 +263,18 @@ func (s *Sink) Drain(ctx context.Context) (DrainReport, error) {
 			}
 			continue
 		}
-		if err := s.insert(ctx, letter); err != nil {
+		err = s.insert(ctx, letter)
+		if err != nil && refused(err) && ctx.Err() == nil {
+			err = s.drainRefused(ctx, letter, err, &report)
+			if err == nil { // PostgreSQL answered: not a failure in a row
+				consecutive = 0
+				if err := s.redis.LRem(ctx, drainingKey, 1, body).Err(); err != nil {
+					return report, fmt.Errorf("remove refused entry: %w", err)
+				}
+				continue
+			}
+		}
+		if err != nil {
 			report.Failed++
 			consecutive++
 			s.log.Warn().Err(err).Str("event_id", letter.EventID).Msg("parked dead letter not drained; pushed back")
@@ -238,6 +301,28 @@ func (s *Sink) Drain(ctx context.Context) (DrainReport, error) {
 	report.Remaining = remaining
 	s.parked.Set(float64(remaining))
 	return report, nil
+}
+
+// drainRefused stores sanitised a parked entry PostgreSQL refused, or
+// logs it critically if refused again; it returns the error of a
+// sanitised insert that failed for a passing reason (the entry stays).
+func (s *Sink) drainRefused(ctx context.Context, letter payment.DeadLetter, refusal error, report *DrainReport) error {
+	clean := sanitise(letter, refusal)
+	err := s.insert(ctx, clean)
+	switch {
+	case err == nil:
+		report.Moved++
+		report.Sanitised++
+		s.moved.Inc()
+		s.log.Warn().Err(refusal).Str("event_id", clean.EventID).Str("trace_id", clean.TraceID).
+			Msg("parked dead letter stored sanitised: PostgreSQL refused its values")
+		return nil
+	case refused(err) && ctx.Err() == nil:
+		report.Logged++
+		s.lastResort(letter, refusal, err)
+		return nil
+	}
+	return err
 }
 
 func (s *Sink) insert(ctx context.Context, letter payment.DeadLetter) error {

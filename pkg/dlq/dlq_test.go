@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -189,4 +192,206 @@ func TestBothDownLogsTheWholeEntry(t *testing.T) {
 	require.Contains(t, line, `"event_id":"e-1"`)
 	require.Contains(t, line, `"amount":"2"`)
 	require.Contains(t, line, `"trace_id":"trace-1"`)
+}
+
+// TestRefusedLetterIsStoredSanitisedNotParked: a letter PostgreSQL
+// refuses for good (an amount beyond NUMERIC(38,18), which a task
+// describing its event wrongly can carry into a Rejected letter) must not
+// be parked in Redis, where every drain would fail on it and push it back
+// until the list's TTL dropped it: it is stored at once, sanitised.
+func TestRefusedLetterIsStoredSanitisedNotParked(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	sink := dlq.NewSink(db, rdb, zerolog.New(io.Discard), nil)
+
+	out := sink.Record(ctx, payment.DeadLetter{
+		EventID: "rejected-1", EventType: "deposit", UserID: 1, Asset: "ETH",
+		Amount: "100000000000000000000000000000000000000000", // the task's, not the stored event's
+		Error:  "task describes the event wrongly", Attempt: 1, Source: payment.SourceWorker,
+		FallbackID: "rejected:task:rejected-1:g0",
+	})
+	for range 3 { // three minutes of drain_dlq
+		report, err := sink.Drain(ctx)
+		require.NoError(t, err)
+		t.Logf("drain: %+v", report)
+	}
+	pending, err := sink.Pending(ctx)
+	require.NoError(t, err)
+	stored := countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id = 'rejected-1'`)
+	require.Equal(t, 1, stored, "first sink %s; after three drains %d letter(s) still parked in Redis, none in PostgreSQL", out.Sink, pending)
+	require.Equal(t, "postgres", out.Sink)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id = 'rejected-1' AND amount IS NULL
+		AND error LIKE 'task describes the event wrongly; stored sanitised%raw amount "100000000000000000000000000000000000000000"'`))
+
+	// An event failed with a payload jsonb refuses: failed, its row stored.
+	e := enqueuedEvent(t, db)
+	bad := letter(e, "boom")
+	bad.Payload = json.RawMessage(`{"memo":"\u0000"}`)
+	out = sink.FailEvent(ctx, bad)
+	require.Equal(t, "postgres", out.Sink)
+	require.True(t, out.Failed)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id = 'e-1' AND payload IS NULL AND amount = 2 AND error LIKE '%raw payload%'`))
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM payment_events WHERE event_id = 'e-1' AND status = 'failed'`))
+}
+
+// TestDrainStoresRefusedEntriesSanitised: entries parked before PostgreSQL
+// refused them for good are stored sanitised by the drain, and more of
+// them than DrainFailuresMax at the head of the list do not hold back the
+// good entry behind them.
+func TestDrainStoresRefusedEntriesSanitised(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	sink := dlq.NewSink(db, rdb, zerolog.New(io.Discard), nil)
+	for i := range dlq.DrainFailuresMax + 1 {
+		body, _ := json.Marshal(payment.DeadLetter{EventID: fmt.Sprintf("bad-%d", i), EventType: "deposit", Amount: "1e30",
+			Error: "e", Source: payment.SourceWorker, FallbackID: fmt.Sprintf("bad-%d", i)})
+		require.NoError(t, rdb.RPush(ctx, dlq.FallbackKey, body).Err())
+	}
+	body, _ := json.Marshal(payment.DeadLetter{EventID: "good", EventType: "deposit", Amount: "1.5", Error: "e", Source: payment.SourceWorker, FallbackID: "good"})
+	require.NoError(t, rdb.RPush(ctx, dlq.FallbackKey, body).Err())
+
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Equal(t, dlq.DrainReport{Moved: dlq.DrainFailuresMax + 2, Sanitised: dlq.DrainFailuresMax + 1}, report)
+	require.Equal(t, dlq.DrainFailuresMax+1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id LIKE 'bad-%' AND amount IS NULL AND error LIKE '%raw amount "1e30"'`))
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id = 'good' AND amount = 1.5`))
+}
+
+// scriptedStore answers each write with the next scripted error (rest
+// once the script is spent) and can run a hook first.
+type scriptedStore struct {
+	mu      sync.Mutex
+	answers []error
+	rest    error
+	before  func()
+	letters []payment.DeadLetter
+}
+
+func (s *scriptedStore) next(l payment.DeadLetter) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.before != nil {
+		s.before()
+	}
+	s.letters = append(s.letters, l)
+	if len(s.answers) == 0 {
+		return s.rest
+	}
+	err := s.answers[0]
+	s.answers = s.answers[1:]
+	return err
+}
+
+func (s *scriptedStore) FailToDLQ(_ context.Context, l payment.DeadLetter) (bool, int64, error) {
+	if err := s.next(l); err != nil {
+		return false, 0, err
+	}
+	return true, 1, nil
+}
+
+func (s *scriptedStore) InsertDeadLetters(_ context.Context, ls []payment.DeadLetter) ([]int64, error) {
+	if err := s.next(ls[0]); err != nil {
+		return nil, err
+	}
+	return []int64{1}, nil
+}
+
+var (
+	errRefusal = errors.New("insert_dlq: numeric field overflow (SQLSTATE 22003)")
+	errOutage  = payment.Unavailable("insert_dlq", errors.New("connection refused"))
+)
+
+// TestRefusedTwiceIsLoggedNotParked: a letter PostgreSQL refuses even
+// sanitised is logged critically, whole, and never parked.
+func TestRefusedTwiceIsLoggedNotParked(t *testing.T) {
+	ctx := context.Background()
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	logs := &syncBuffer{}
+	sink := dlq.NewSink(&scriptedStore{answers: []error{errRefusal, errRefusal}}, rdb, zerolog.New(logs), nil)
+
+	out := sink.Record(ctx, payment.DeadLetter{EventID: "r-1", EventType: "deposit", Amount: "1e30", Error: "e", Source: payment.SourceWorker})
+	require.Equal(t, "log", out.Sink)
+	require.Contains(t, logs.String(), `"severity":"CRITICAL"`)
+	require.Contains(t, logs.String(), `"amount":"1e30"`)
+	pending, err := sink.Pending(ctx)
+	require.NoError(t, err)
+	require.Zero(t, pending)
+}
+
+// TestRefusedThenUnavailableParksTheSanitisedLetter: PostgreSQL refuses
+// the letter, then goes away before the sanitised one: the sanitised
+// letter waits in Redis, where the drain can store it.
+func TestRefusedThenUnavailableParksTheSanitisedLetter(t *testing.T) {
+	ctx := context.Background()
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := &scriptedStore{answers: []error{errRefusal, errOutage}}
+	sink := dlq.NewSink(store, rdb, zerolog.New(io.Discard), nil)
+
+	out := sink.FailEvent(ctx, payment.DeadLetter{EventID: "r-2", EventType: "deposit", Amount: "1e30", Error: "e", Source: payment.SourceWorker})
+	require.Equal(t, "redis", out.Sink)
+	var parked payment.DeadLetter
+	require.NoError(t, json.Unmarshal([]byte(rdb.LIndex(ctx, dlq.FallbackKey, 0).Val()), &parked))
+	require.Empty(t, parked.Amount)
+	require.True(t, parked.FailEvent)
+	require.Contains(t, parked.Error, `raw amount "1e30"`)
+
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, report.Moved)
+	require.Zero(t, report.Sanitised, "stored as parked, already sanitised")
+}
+
+// TestDrainOfARefusedEntry: the drain logs and drops an entry PostgreSQL
+// refuses even sanitised (without counting it towards DrainFailuresMax),
+// keeps one whose sanitised insert met an outage, and never takes a
+// cancelled run for a refusal.
+func TestDrainOfARefusedEntry(t *testing.T) {
+	ctx := context.Background()
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	park := func() {
+		t.Helper()
+		body, _ := json.Marshal(payment.DeadLetter{EventID: "p-1", EventType: "deposit", Amount: "1e30", Error: "e", Source: payment.SourceWorker, FallbackID: "p-1"})
+		require.NoError(t, rdb.RPush(ctx, dlq.FallbackKey, body).Err())
+	}
+
+	park()
+	logs := &syncBuffer{}
+	sink := dlq.NewSink(&scriptedStore{answers: []error{errRefusal}, rest: errOutage}, rdb, zerolog.New(logs), nil)
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Equal(t, dlq.DrainReport{Failed: dlq.DrainFailuresMax, Remaining: 1, Aborted: true}, report, "an outage after the refusal keeps the entry")
+
+	sink = dlq.NewSink(&scriptedStore{answers: []error{errRefusal, errRefusal}}, rdb, zerolog.New(logs), nil)
+	report, err = sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Equal(t, dlq.DrainReport{Logged: 1}, report)
+	require.Contains(t, logs.String(), `"severity":"CRITICAL"`)
+	require.Contains(t, logs.String(), `"event_id":"p-1"`)
+
+	park()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Whatever the driver makes of it, a refusal seen once the run is
+	// cancelled is not trusted.
+	store := &scriptedStore{answers: []error{errRefusal}, before: cancel}
+	_, err = dlq.NewSink(store, rdb, zerolog.New(io.Discard), nil).Drain(runCtx)
+	require.Error(t, err, "the push back meets the cancelled context")
+	require.Len(t, store.letters, 1, "no sanitised insert for a cancelled run")
+	pending, err := sink.Pending(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, pending, "the entry waits for the next run")
 }
