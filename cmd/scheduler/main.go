@@ -20,6 +20,7 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/dlq"
+	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/periodic"
@@ -231,6 +232,18 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 	}
 }
 
+// maintenanceTimeout bounds one run of a maintenance task: its period,
+// but a delivery run its lease, since a POST may take notify's
+// RequestTimeout whatever NOTIFY_INTERVAL is (the deliverer starts only
+// the POSTs that end within it, and runs one at a time).
+func maintenanceTimeout(taskType string, every time.Duration) time.Duration {
+	if taskType == task.TypeNotify {
+		return notify.TaskTimeout
+	}
+	// asynq keeps timeouts in whole seconds: below one, it would be 0.
+	return max(every, time.Second)
+}
+
 // enqueueMaintenance returns a job that hands a maintenance task to the
 // workers; the task id carries the period, so a period is enqueued once.
 // The wake-up that names the queue brings an idle worker to it at once
@@ -240,8 +253,7 @@ func enqueueMaintenance(client *asynq.Client, rdb redis.UniversalClient, queueNa
 		period := time.Now().UnixNano() / int64(every)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
 			asynq.Queue(queueName), asynq.TaskID(taskType+":"+strconv.FormatInt(period, 10)),
-			// asynq keeps timeouts in whole seconds: below one, it would be 0.
-			asynq.MaxRetry(0), asynq.Timeout(max(every, time.Second)), asynq.Retention(0))
+			asynq.MaxRetry(0), asynq.Timeout(maintenanceTimeout(taskType, every)), asynq.Retention(0))
 		if errors.Is(err, asynq.ErrTaskIDConflict) {
 			return nil // another scheduler's, which woke the workers
 		}

@@ -2,15 +2,27 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/alert"
+	"github.com/settle/settle/pkg/notify"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/testenv"
+	"github.com/settle/settle/pkg/worker"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -39,4 +51,71 @@ func TestMaintenanceTaskWakesTheWorkers(t *testing.T) {
 	n, err := rdb.LLen(ctx, task.PendingListKey(task.QueueNotifications)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+}
+
+type noAlerts struct{}
+
+func (noAlerts) Raise(string, alert.Severity, string, map[string]any) {}
+
+// TestNotifyTaskOutlastsASlowReceiver: the deliver_notifications job
+// runs every NOTIFY_INTERVAL (2s by default), while a POST may take
+// notify.RequestTimeout (5s). A receiver that answers 200 in 2.5s must
+// have the notification recorded delivered; with a task timeout of the
+// interval, the deadline cut the request first, and the notification was
+// sent again and again (and, after AttemptsMax, marked failed) although
+// every copy reached the receiver.
+func TestNotifyTaskOutlastsASlowReceiver(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("1")))
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "w", Type: payment.Withdrawal, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("5"), TraceID: "tr"}})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	results, err := db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event}}, postgres.LedgerOptions{Notify: true})
+	require.NoError(t, err)
+	require.Equal(t, payment.OutcomeInsufficientFunds, results[0].Outcome) // one notification written
+
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		time.Sleep(2500 * time.Millisecond) // well within notify.RequestTimeout
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	require.Greater(t, notify.RequestTimeout, 2500*time.Millisecond)
+
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	log := zerolog.New(io.Discard)
+	handler := worker.NewWorker(worker.WorkerOptions{Log: log, Alerts: noAlerts{},
+		Notify: notify.New(db, srv.URL, []byte("0123456789abcdef0123456789abcdef"), log, noAlerts{}, nil).Deliver})
+	server := asynq.NewServerFromRedisClient(rdb, asynq.Config{Concurrency: 2, Queues: worker.QueueWeights,
+		TaskCheckInterval: 10 * time.Millisecond, LogLevel: asynq.FatalLevel, ShutdownTimeout: time.Second})
+	require.NoError(t, server.Start(handler))
+	defer server.Shutdown()
+
+	// The scheduler's job, at NOTIFY_INTERVAL's default (2s).
+	job := enqueueMaintenance(asynq.NewClientFromRedisClient(rdb), rdb, task.QueueNotifications, task.TypeNotify, 2*time.Second)
+	require.NoError(t, job(ctx))
+
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	deadline := time.Now().Add(8 * time.Second)
+	var status, lastError string
+	for time.Now().Before(deadline) {
+		require.NoError(t, conn.QueryRow(ctx, `SELECT status, COALESCE(last_error, '') FROM notification_outbox`).Scan(&status, &lastError))
+		if status != "pending" || lastError != "" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, "delivered", status,
+		"the receiver got %d POST(s) and answered 200, yet the attempt was recorded as %q", posts.Load(), lastError)
 }

@@ -24,6 +24,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -40,11 +41,17 @@ import (
 
 // Delivery bounds.
 const (
-	BatchMax        = 100
-	Concurrency     = 8
-	AttemptsMax     = 20
-	RequestTimeout  = 5 * time.Second
-	Lease           = time.Minute
+	BatchMax       = 100
+	Concurrency    = 8
+	AttemptsMax    = 20
+	RequestTimeout = 5 * time.Second
+	// Lease is how long a claimed batch is this run's; a POST starts only
+	// if it and its record end within it (Deliver), so no other run can
+	// claim a notification while it is being sent.
+	Lease = time.Minute
+	// TaskTimeout is the delivery task's bound (the scheduler's asynq
+	// timeout): the lease, which Deliver keeps to.
+	TaskTimeout     = Lease
 	BackoffFirst    = 2 * time.Second
 	BackoffMax      = time.Hour
 	responseBodyMax = 1 << 10
@@ -56,6 +63,7 @@ type Store interface {
 	ClaimNotifications(ctx context.Context, limit int, lease time.Duration) ([]postgres.Notification, error)
 	NotificationDelivered(ctx context.Context, id int64, attempt postgres.DeliveryAttempt) error
 	NotificationFailed(ctx context.Context, id int64, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) error
+	ReleaseNotifications(ctx context.Context, ids []int64) (int64, error)
 }
 
 // Alerter tells a human.
@@ -65,20 +73,26 @@ type Alerter interface {
 
 // Deliverer posts due notifications to one URL.
 type Deliverer struct {
-	store   Store
-	url     string
-	key     []byte
-	now     func() time.Time
-	client  *http.Client
-	log     zerolog.Logger
-	alerts  Alerter
-	results *prometheus.CounterVec
+	store          Store
+	url            string
+	key            []byte
+	now            func() time.Time
+	requestTimeout time.Duration
+	client         *http.Client
+	log            zerolog.Logger
+	alerts         Alerter
+	results        *prometheus.CounterVec
+	// running: a run takes up to the lease while the scheduler enqueues
+	// one every NOTIFY_INTERVAL; runs side by side would fill the
+	// worker's slots (the payments' too) while a receiver is slow.
+	running atomic.Bool
 }
 
 // New builds a deliverer signing with key (ParseSecret); reg may be nil.
 func New(store Store, url string, key []byte, log zerolog.Logger, alerts Alerter, reg prometheus.Registerer) *Deliverer {
 	d := &Deliverer{
-		store: store, url: url, key: key, now: time.Now, log: log.With().Str("receiver", logging.URL(url)).Logger(), alerts: alerts,
+		store: store, url: url, key: key, now: time.Now, requestTimeout: RequestTimeout,
+		log: log.With().Str("receiver", logging.URL(url)).Logger(), alerts: alerts,
 		client: &http.Client{
 			Timeout: RequestTimeout,
 			// A redirect is a failed delivery: following it would re-send
@@ -95,16 +109,36 @@ func New(store Store, url string, key []byte, log zerolog.Logger, alerts Alerter
 	return d
 }
 
-// Deliver sends one batch of due notifications.
+// Deliver sends one batch of due notifications, one run at a time: a
+// call while another runs returns at once, the running one delivering.
+// A POST starts only while ctx is live and it and its record can end
+// before ctx's deadline and the lease, so no deadline cuts off an answer
+// the receiver gives within RequestTimeout; the rows it does not start
+// are given back at once, due again with their attempt unspent.
 func (d *Deliverer) Deliver(ctx context.Context) error {
+	if !d.running.CompareAndSwap(false, true) {
+		return nil
+	}
+	defer d.running.Store(false)
+	claimedAt := d.now() // the lease starts after this
 	due, err := d.store.ClaimNotifications(ctx, BatchMax, Lease)
 	if err != nil {
 		return err
 	}
+	startBy := claimedAt.Add(Lease)
+	if deadline, ok := ctx.Deadline(); ok && deadline.Before(startBy) {
+		startBy = deadline
+	}
+	startBy = startBy.Add(-d.requestTimeout - recordTimeout)
 	slots := make(chan struct{}, Concurrency)
 	var wg sync.WaitGroup
-	for _, n := range due {
+	for i, n := range due {
 		slots <- struct{}{}
+		if ctx.Err() != nil || d.now().After(startBy) {
+			<-slots
+			d.release(ctx, due[i:])
+			break
+		}
 		wg.Add(1)
 		go func(n postgres.Notification) {
 			defer wg.Done()
@@ -114,6 +148,23 @@ func (d *Deliverer) Deliver(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// release gives back claimed notifications never posted.
+func (d *Deliverer) release(ctx context.Context, unstarted []postgres.Notification) {
+	ids := make([]int64, len(unstarted))
+	for i, n := range unstarted {
+		ids[i] = n.ID
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	released, err := d.store.ReleaseNotifications(ctx, ids)
+	if err != nil {
+		// They wait out the lease, having spent an attempt.
+		d.log.Warn().Err(logging.RedactError(err)).Int("notifications", len(ids)).Msg("unsent notifications not released; due again after the lease")
+		return
+	}
+	d.log.Info().Int64("released", released).Msg("notifications left unsent for lack of time given back")
 }
 
 func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
@@ -183,7 +234,7 @@ func (d *Deliverer) post(ctx context.Context, n postgres.Notification) postgres.
 }
 
 func (d *Deliverer) send(ctx context.Context, n postgres.Notification, at time.Time) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d.requestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(n.Payload))
 	if err != nil {

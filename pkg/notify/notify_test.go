@@ -3,12 +3,15 @@ package notify_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
@@ -164,4 +167,120 @@ func TestNotificationsDueFollowsTheOutbox(t *testing.T) {
 	require.NoError(t, d.Deliver(ctx))
 	require.Len(t, r.got, 1)
 	require.False(t, due(), "due after delivery")
+}
+
+// hookedStore is the outbox with a hook after each claim and, when set,
+// a release that fails.
+type hookedStore struct {
+	*postgres.DB
+	afterClaim func()
+	releaseErr error
+	claims     atomic.Int64
+}
+
+func (s *hookedStore) ClaimNotifications(ctx context.Context, limit int, lease time.Duration) ([]postgres.Notification, error) {
+	s.claims.Add(1)
+	due, err := s.DB.ClaimNotifications(ctx, limit, lease)
+	if s.afterClaim != nil {
+		s.afterClaim()
+	}
+	return due, err
+}
+
+func (s *hookedStore) ReleaseNotifications(ctx context.Context, ids []int64) (int64, error) {
+	if s.releaseErr != nil {
+		return 0, s.releaseErr
+	}
+	return s.DB.ReleaseNotifications(ctx, ids)
+}
+
+// oneNotification writes one notification (a refused withdrawal's).
+func oneNotification(t *testing.T) (*postgres.DB, *pgx.Conn) {
+	t.Helper()
+	db, conn, task := setup(t)
+	_, err := db.ApplyBatch(context.Background(), []postgres.LedgerItem{{Event: task}}, postgres.LedgerOptions{Notify: true})
+	require.NoError(t, err)
+	return db, conn
+}
+
+// requireUnspent: the notification is due now, no attempt counted, none
+// logged.
+func requireUnspent(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	var attempts, logged int
+	var due bool
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT attempts, next_attempt_at <= now() AND status = 'pending' AND last_error IS NULL,
+		(SELECT count(*) FROM notification_deliveries) FROM notification_outbox`).Scan(&attempts, &due, &logged))
+	require.Zero(t, attempts, "a notification never posted spent an attempt")
+	require.True(t, due, "a notification never posted waits out the lease")
+	require.Zero(t, logged)
+}
+
+// TestDeliverStartsOnlyWhatEndsBeforeItsDeadline: a run whose deadline
+// leaves no room for a whole request posts nothing (a cut request would
+// count as a failure though the receiver may answer) and gives its claim
+// back at once, the attempt unspent.
+func TestDeliverStartsOnlyWhatEndsBeforeItsDeadline(t *testing.T) {
+	db, conn := oneNotification(t)
+	var rcv receiver
+	srv := httptest.NewServer(&rcv)
+	defer srv.Close()
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	require.NoError(t, notify.New(db, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil).Deliver(short))
+	require.Zero(t, rcv.posts.Load())
+	requireUnspent(t, conn)
+}
+
+// TestStoppedDeliverGivesBackWhatItDidNotPost: a run stopped after its
+// claim (the worker shutting down) posts nothing more and releases the
+// rest; a release that fails leaves them to the lease, logged.
+func TestStoppedDeliverGivesBackWhatItDidNotPost(t *testing.T) {
+	db, conn := oneNotification(t)
+	var rcv receiver
+	srv := httptest.NewServer(&rcv)
+	defer srv.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	store := &hookedStore{DB: db, afterClaim: stop}
+	require.NoError(t, notify.New(store, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil).Deliver(ctx))
+	require.Zero(t, rcv.posts.Load())
+	requireUnspent(t, conn)
+
+	ctx, stop = context.WithCancel(context.Background())
+	defer stop()
+	logs := &strings.Builder{}
+	store = &hookedStore{DB: db, afterClaim: stop, releaseErr: errors.New("connection refused")}
+	require.NoError(t, notify.New(store, srv.URL, testKey, zerolog.New(&syncWriter{w: logs}), noAlerts{}, nil).Deliver(ctx))
+	require.Zero(t, rcv.posts.Load())
+	require.Contains(t, logs.String(), "unsent notifications not released")
+	var attempts int
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT attempts FROM notification_outbox`).Scan(&attempts))
+	require.Equal(t, 1, attempts, "left to the lease")
+}
+
+// TestOneDeliveryRunAtATime: a run may last up to the lease; one called
+// meanwhile returns at once without claiming.
+func TestOneDeliveryRunAtATime(t *testing.T) {
+	db, _ := oneNotification(t)
+	release := make(chan struct{})
+	posted := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posted <- struct{}{}
+		<-release
+	}))
+	defer srv.Close()
+	var once sync.Once
+	answer := func() { once.Do(func() { close(release) }) }
+	defer answer() // before srv.Close, which waits for the handler
+	store := &hookedStore{DB: db}
+	d := notify.New(store, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil)
+	done := make(chan error, 1)
+	go func() { done <- d.Deliver(context.Background()) }()
+	<-posted
+	require.NoError(t, d.Deliver(context.Background()))
+	require.EqualValues(t, 1, store.claims.Load(), "a second run claimed while the first was posting")
+	answer()
+	require.NoError(t, <-done)
+	require.NoError(t, d.Deliver(context.Background()))
+	require.EqualValues(t, 2, store.claims.Load(), "the next run after it claims")
 }

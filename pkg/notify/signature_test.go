@@ -265,10 +265,9 @@ func TestTransportErrorsAreClassifiedWithoutTheURL(t *testing.T) {
 	defer close(release)
 	_, err = conn.Exec(ctx, `UPDATE notification_outbox SET next_attempt_at = now()`)
 	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
 	d = notify.New(db, hang.URL+"/hooks/SECRETPATH123", testKey, zerolog.New(io.Discard), noAlerts{}, nil)
-	require.NoError(t, d.Deliver(short))
+	notify.SetRequestTimeout(d, 300*time.Millisecond)
+	require.NoError(t, d.Deliver(ctx))
 	require.NoError(t, conn.QueryRow(ctx, `SELECT error_class FROM notification_deliveries ORDER BY id DESC LIMIT 1`).Scan(&class))
 	require.Equal(t, notify.ClassTimeout, class)
 }

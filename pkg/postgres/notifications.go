@@ -43,6 +43,14 @@ func (db *DB) ClaimNotifications(ctx context.Context, limit int, lease time.Dura
 	return out, classify(stmt.name, err)
 }
 
+// ReleaseNotifications gives back claimed notifications never posted:
+// due now, their claim's attempt unspent.
+func (db *DB) ReleaseNotifications(ctx context.Context, ids []int64) (int64, error) {
+	stmt := q("notifications_release")
+	tag, err := db.pool.Exec(ctx, stmt.text, ids)
+	return tag.RowsAffected(), classify(stmt.name, err)
+}
+
 // NotificationsDue reports whether any notification is due for delivery.
 func (db *DB) NotificationsDue(ctx context.Context) (bool, error) {
 	stmt := q("notifications_due")

@@ -15,6 +15,15 @@ FROM due
 WHERE n.id = due.id
 RETURNING n.id, n.delivery_id, n.kind, n.payload::text, n.attempts, n.trace_id, n.event_id, n.user_id;
 
+-- name: notifications_release
+-- Claimed notifications the deliverer never posted (its run was stopped,
+-- or too little of its deadline or lease was left): due again now, and
+-- the attempt their claim counted given back. Released within the
+-- claim's lease, so no other deliverer holds them.
+UPDATE notification_outbox
+SET next_attempt_at = now(), attempts = attempts - 1
+WHERE id = ANY($1::bigint[]) AND status = 'pending' AND attempts > 0;
+
 -- name: notifications_due
 -- Whether a delivery run would find anything: a read on the partial
 -- index of pending rows, asked before the scheduler claims the period.
