@@ -26,7 +26,9 @@ const (
 	// payout) is not cached, which bounds an entry's size.
 	cachedTransfersMax = 256
 	// finalRecordVersion tags the entry format; another version is a miss.
-	finalRecordVersion = 2
+	// 3: entries are written only once the header at the receipt's height
+	// confirmed its block; version 2 ones may hold a forked receipt.
+	finalRecordVersion = 3
 )
 
 const (

@@ -82,14 +82,14 @@ func TestFinalityCacheRefusesBadEntries(t *testing.T) {
 	require.NoError(t, err)
 	// A record of the right transaction whose native value fields are not
 	// in canonical form.
-	base := `{"v":2,"tx_hash":"` + tx.Hash + `","status":1,"block_number":` + itoa(tx.BlockNumber) + `,"block_hash":"` + tx.BlockHash + `"`
+	base := `{"v":` + itoa(finalRecordVersion) + `,"tx_hash":"` + tx.Hash + `","status":1,"block_number":` + itoa(tx.BlockNumber) + `,"block_hash":"` + tx.BlockHash + `"`
 	badValues := [][]byte{
 		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `"}`),
 		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `","tx_value":"01"}`),
 		[]byte(base + `,"tx_to":"` + strings.ToUpper(to) + `","tx_value":"1"}`),
 		[]byte(base + `,"tx_to":"` + strings.ToLower(to) + `","tx_value":"-1"}`),
 	}
-	for _, raw := range append([][]byte{[]byte("garbage"), []byte(`{"v":1}`), []byte(`{"v":3}`), forged}, badValues...) {
+	for _, raw := range append([][]byte{[]byte("garbage"), []byte(`{"v":1}`), []byte(`{"v":2}`), []byte(`{"v":4}`), forged}, badValues...) {
 		require.NoError(t, w.rdb.Set(ctx, finalKeyPrefix+tx.Hash, raw, time.Hour).Err())
 		v := check(t, w, ethDeposit(tx, to), FinalizedPolicy())
 		require.Equal(t, Wait, v.State, "the chain says not final")

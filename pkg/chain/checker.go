@@ -255,16 +255,45 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 		return Verdict{}, err
 	}
 	v, err := c.checkValue(ctx, d, r, decide(d, p, r, isFinal, latest))
-	if isFinal {
-		c.cache.putFinal(ctx, r)
-	}
 	if err != nil {
 		return Verdict{}, err
 	}
 	if v.State == Wait {
 		c.cache.putNotFinal(ctx, d.TxHash, p, notFinalRecord{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash})
+		return v, nil
+	}
+	// A terminal verdict (and a day in the cache) rests on this one
+	// receipt: a height at or below finalized says nothing if the receipt
+	// comes from a fork one backend has not dropped yet.
+	stale, err := c.offChain(ctx, r)
+	if err != nil {
+		return Verdict{}, err
+	}
+	if stale != "" {
+		return Verdict{State: Wait, Reason: stale + "; not evidence either way"}, nil
+	}
+	if isFinal {
+		c.cache.putFinal(ctx, r)
 	}
 	return v, nil
+}
+
+// offChain compares a receipt's block with the header the chain has at its
+// height: a receipt the headers do not show is one backend behind another.
+// It says why when they differ, "" when they agree.
+func (c *Checker) offChain(ctx context.Context, r *Receipt) (string, error) {
+	h, err := c.client.HeaderByNumber(ctx, r.BlockNumber)
+	if errors.Is(err, ErrBlockNotFound) {
+		return "", payment.Unavailable("chain receipt block",
+			fmt.Errorf("the node has a receipt in block %d but no block at that height", r.BlockNumber))
+	}
+	if err != nil {
+		return "", err
+	}
+	if h.Hash != r.BlockHash {
+		return fmt.Sprintf("the receipt names block %d %s, the chain has %s there", r.BlockNumber, r.BlockHash, h.Hash), nil
+	}
+	return "", nil
 }
 
 // checkValue holds a native deposit about to be credited against the
@@ -368,19 +397,12 @@ func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber
 	// The receipt index could lag the chain on some nodes (or come from
 	// another backend than the headers); the header at the receipt's
 	// height is the chain's own word on what is canonical there.
-	h, err := c.client.HeaderByNumber(ctx, r.BlockNumber)
-	if errors.Is(err, ErrBlockNotFound) {
-		return Canonicity{}, payment.Unavailable("chain still canonical",
-			fmt.Errorf("the node has a receipt in block %d but no block at that height", r.BlockNumber))
-	}
+	stale, err := c.offChain(ctx, r)
 	if err != nil {
 		return Canonicity{}, err
 	}
-	if h.Hash != r.BlockHash {
-		// A receipt of a block the headers no longer show: one backend
-		// behind another, not evidence on its own.
-		return c.absent(ctx, Canonicity{BlockNumber: blockNumber, BlockHash: blockHash,
-			Reason: fmt.Sprintf("the receipt names block %d %s, the chain has %s there", r.BlockNumber, r.BlockHash, h.Hash)})
+	if stale != "" {
+		return c.absent(ctx, Canonicity{BlockNumber: blockNumber, BlockHash: blockHash, Reason: stale})
 	}
 	isFinal := haveFinalized && r.BlockNumber <= finalized
 	if isFinal {

@@ -1,6 +1,8 @@
 package chain
 
 import (
+	"encoding/json"
+	"fmt"
 	"math/big"
 	"strings"
 	"testing"
@@ -372,6 +374,81 @@ func TestReorgDropsDeposit(t *testing.T) {
 	seen, err = w.checker.StillCanonical(ctx, moved.Hash, again.BlockNumber, again.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Canonical, seen.State)
+}
+
+// TestStaleReceiptIsNotCredited: a fork drops a token deposit's
+// transaction and the chain finalizes past its old height. One backend
+// still behind the fork serves the old receipt once: its height is below
+// finalized, but the header there has another hash, so the deposit waits
+// (nothing credited, nothing cached) and the honest node decides next.
+func TestStaleReceiptIsNotCredited(t *testing.T) {
+	c, p, w := lyingNode(t)
+	ctx := testContext(t)
+	to := c.Accounts()[2].Address
+	advanceTo(t, c, 3)
+	token, _, err := c.DeployToken(ctx, 1)
+	require.NoError(t, err)
+	dropped, err := c.TransferToken(ctx, 0, token, to, big.NewInt(7_000_000))
+	require.NoError(t, err)
+	stale := rawReceipt(t, c.URL(), dropped.Hash)
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+	head, err := c.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, c.FinalizeThrough(ctx, head))
+	d := Deposit{TxHash: dropped.Hash, Token: token, Recipients: []string{to}, Amount: big.NewInt(7_000_000)}
+	require.Equal(t, Wait, check(t, w, d, FinalizedPolicy()).State, "the honest node has no receipt")
+
+	p.Answer("eth_getTransactionReceipt", dropped.Hash, stale, 1)
+	v := check(t, w, d, FinalizedPolicy())
+	require.Equal(t, Wait, v.State, "a receipt of a block the chain no longer has credited the deposit (Finalized=%v)", v.Finalized)
+	require.False(t, v.ReceiptSeen)
+	require.Contains(t, v.Reason, fmt.Sprintf("the receipt names block %d %s, the chain has", dropped.BlockNumber, dropped.BlockHash))
+
+	// Nothing was cached: the honest node answers again.
+	require.Equal(t, Wait, check(t, w, d, FinalizedPolicy()).State)
+	require.EqualValues(t, 2, p.Calls("eth_getTransactionReceipt")-p.Told("eth_getTransactionReceipt"), "both later checks asked the node")
+	seen := stillCanonical(t, w, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	require.Equal(t, Gone, seen.State)
+}
+
+// TestTerminalVerdictNeedsTheReceiptBlock: before a terminal verdict the
+// header at the receipt's height is asked; a node without that block, or
+// answering garbage, is unavailable, never a verdict. A Wait asks nothing
+// more.
+func TestTerminalVerdictNeedsTheReceiptBlock(t *testing.T) {
+	c, p, w := lyingNode(t)
+	ctx := testContext(t)
+	to := c.Accounts()[1].Address
+	advanceTo(t, c, 2)
+	tx, err := c.SendETH(ctx, 0, to, big.NewInt(1))
+	require.NoError(t, err)
+	atHeight := fmt.Sprintf("0x%x", tx.BlockNumber)
+
+	before := p.Calls("eth_getBlockByNumber")
+	require.Equal(t, Wait, check(t, w, ethDeposit(tx, to), FinalizedPolicy()).State)
+	require.EqualValues(t, 1, p.Calls("eth_getBlockByNumber")-before, "a Wait reads the finalized header only")
+
+	require.NoError(t, c.FinalizeThrough(ctx, tx.BlockNumber))
+	for name, lie := range map[string]json.RawMessage{
+		"no block at the receipt's height": json.RawMessage("null"),
+		"garbage header there":             json.RawMessage(`"not a block"`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			p.Clear()
+			p.Answer("eth_getBlockByNumber", atHeight, lie, 1)
+			v, err := w.checker.CheckDeposit(ctx, ethDeposit(tx, to), FinalizedPolicy())
+			require.ErrorIs(t, err, payment.ErrUnavailable, "got %s (%s)", v.State, v.Reason)
+		})
+	}
+	p.Clear()
+	before = p.Calls("eth_getBlockByNumber")
+	v := check(t, w, ethDeposit(tx, to), FinalizedPolicy())
+	require.Equal(t, Credit, v.State)
+	require.EqualValues(t, 2, p.Calls("eth_getBlockByNumber")-before, "finalized, then the receipt's block")
+	before = p.Calls("eth_getBlockByNumber")
+	require.Equal(t, Credit, check(t, w, ethDeposit(tx, to), FinalizedPolicy()).State)
+	require.EqualValues(t, 0, p.Calls("eth_getBlockByNumber")-before, "from the final cache")
 }
 
 func itoa(n uint64) string { return new(big.Int).SetUint64(n).String() }

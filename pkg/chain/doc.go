@@ -40,9 +40,13 @@
 // changes, so it is cached for a day and answers later questions without
 // the node; "not final yet" is a hint kept 30s. The finalized (and
 // latest) headers are read before the receipt, so a receipt at or below
-// that height is in the finalized chain. Every terminal verdict waits for
-// the policy: a reverted or mismatching receipt in a block that can still
-// be reorged is a Wait, not yet a Reverted or Mismatch.
+// that height is in the finalized chain, provided the header at its
+// height has the receipt's block hash: before a terminal verdict (and
+// before caching) that header is read, and a receipt of a block the
+// headers do not show (a backend still on an abandoned fork) is a Wait.
+// Every terminal verdict waits for the policy: a reverted or mismatching
+// receipt in a block that can still be reorged is a Wait, not yet a
+// Reverted or Mismatch.
 //
 // # Reorg evidence
 //
