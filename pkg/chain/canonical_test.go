@@ -7,7 +7,9 @@ import (
 	"io"
 	"math/big"
 	"net/http"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -133,6 +135,110 @@ func TestReorgGoneMovedAndStale(t *testing.T) {
 	require.Equal(t, final, stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash), "from the final cache")
 	require.Equal(t, before, p.Calls("eth_getTransactionReceipt"))
 	require.Equal(t, Final, stillCanonical(t, w, moved.Hash, seen.BlockNumber, seen.BlockHash).State)
+}
+
+// TestOneNullAfterForkIsNotGone: a fork mines a credited transaction
+// again lower down. One null receipt, read when the header at the old
+// height already shows the new branch, is not evidence: the receipt is
+// read again and the transaction is Moved where it now is. Two nulls
+// while the block now at the old height lacks it are Gone.
+func TestOneNullAfterForkIsNotGone(t *testing.T) {
+	c, p, w := lyingNode(t)
+	ctx := testContext(t)
+	to := c.Accounts()[2].Address
+	advanceTo(t, c, 3)
+	dropped, err := c.SendETH(ctx, 0, to, big.NewInt(1_000))
+	require.NoError(t, err)
+	moved, err := c.SendETH(ctx, 1, to, big.NewInt(2_000))
+	require.NoError(t, err)
+	require.Greater(t, moved.BlockNumber, dropped.BlockNumber)
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+
+	honest := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	require.Equal(t, Moved, honest.State)
+
+	p.NullReceipt(moved.Hash, 1)
+	seen := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	require.Equal(t, honest, seen, "one null receipt after a fork is read again, not taken as Gone")
+	require.EqualValues(t, 1, p.Told("eth_getTransactionReceipt"))
+
+	p.NullReceipt(moved.Hash, 2)
+	gone := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	require.Equal(t, Gone, gone.State, "no receipt on two reads, and the block now at its height lacks it")
+	require.Contains(t, gone.Reason, "neither it nor a second read has the transaction")
+}
+
+// TestOneNullAfterForkSameHeight: the fork mines the transaction again at
+// its own height (the replacing block includes it). One null is read
+// again (Moved there); two nulls, while the block now at that height
+// lists the transaction, are Absent: canonical there, its receipt index
+// behind.
+func TestOneNullAfterForkSameHeight(t *testing.T) {
+	c, err := devchain.Serve(testContext(t), devchain.Options{BlockInterval: 700 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	p, err := devchain.NewProxy(c.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	w := newWorker(t, p.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
+	ctx := testContext(t)
+	to := c.Accounts()[2].Address
+
+	// Both in one block: one to drop, one the new block keeps.
+	var dropped, kept devchain.Tx
+	for attempt := 0; dropped.BlockHash == "" || dropped.BlockHash != kept.BlockHash; attempt++ {
+		require.Less(t, attempt, 10, "two transactions never landed in one block")
+		var wg sync.WaitGroup
+		var errDropped, errKept error
+		wg.Add(2)
+		go func() { defer wg.Done(); dropped, errDropped = c.SendETH(ctx, 0, to, big.NewInt(1_000)) }()
+		go func() { defer wg.Done(); kept, errKept = c.SendETH(ctx, 1, to, big.NewInt(2_000)) }()
+		wg.Wait()
+		require.NoError(t, errDropped)
+		require.NoError(t, errKept)
+	}
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+	honest := stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash)
+	require.Equal(t, Moved, honest.State)
+	require.Equal(t, kept.BlockNumber, honest.BlockNumber, "mined again at its own height")
+
+	p.NullReceipt(kept.Hash, 1)
+	require.Equal(t, honest, stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash))
+
+	p.NullReceipt(kept.Hash, 2)
+	seen := stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash)
+	require.Equal(t, Absent, seen.State, "in the block now at its height: %s", seen.Reason)
+	require.Contains(t, seen.Reason, "which includes the transaction")
+	require.Positive(t, seen.Head)
+}
+
+// TestForkedNullReceiptErrors: after a fork, a second receipt read that
+// fails, or a block at the old height without its transaction list, is
+// an error (ask again), never Gone.
+func TestForkedNullReceiptErrors(t *testing.T) {
+	c, p, w := lyingNode(t)
+	ctx := testContext(t)
+	to := c.Accounts()[2].Address
+	advanceTo(t, c, 3)
+	dropped, err := c.SendETH(ctx, 0, to, big.NewInt(1_000))
+	require.NoError(t, err)
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+	require.Equal(t, Gone, stillCanonical(t, w, dropped.Hash, dropped.BlockNumber, dropped.BlockHash).State)
+
+	p.NullReceipt(dropped.Hash, 1)
+	p.Answer("eth_getTransactionReceipt", "", json.RawMessage(`"not a receipt"`), 1)
+	_, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	require.ErrorIs(t, err, payment.ErrUnavailable, "the second read failed")
+
+	head, err := w.client.HeaderByNumber(ctx, dropped.BlockNumber)
+	require.NoError(t, err)
+	noTxs := json.RawMessage(fmt.Sprintf(`{"number":"0x%x","hash":%q,"timestamp":"0x%x"}`, head.Number, head.Hash, head.Time))
+	p.Answer("eth_getBlockByNumber", fmt.Sprintf("0x%x", dropped.BlockNumber), noTxs, 1)
+	_, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	require.ErrorIs(t, err, payment.ErrUnavailable, "the block at its height came without its transactions")
 }
 
 // TestStillCanonicalErrorsAreNotAnswers: a node that fails, answers

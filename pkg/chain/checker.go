@@ -387,28 +387,36 @@ func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber
 	if err != nil {
 		return Canonicity{}, err
 	}
+	at := Canonicity{BlockNumber: blockNumber, BlockHash: blockHash}
 	r, err := c.client.Receipt(ctx, txHash)
 	if errors.Is(err, ErrReceiptNotFound) {
-		return c.missing(ctx, blockNumber, blockHash, "no receipt")
+		return c.missing(ctx, txHash, at, func(r *Receipt) (Canonicity, error) {
+			return c.locate(ctx, r, at, haveFinalized && r.BlockNumber <= finalized)
+		})
 	}
 	if err != nil {
 		return Canonicity{}, err
 	}
-	// The receipt index could lag the chain on some nodes (or come from
-	// another backend than the headers); the header at the receipt's
-	// height is the chain's own word on what is canonical there.
+	return c.locate(ctx, r, at, haveFinalized && r.BlockNumber <= finalized)
+}
+
+// locate answers for a receipt once the header at its height confirms its
+// block: the receipt index could lag the chain on some nodes (or come from
+// another backend than the headers), and that header is the chain's own
+// word on what is canonical there.
+func (c *Checker) locate(ctx context.Context, r *Receipt, at Canonicity, isFinal bool) (Canonicity, error) {
 	stale, err := c.offChain(ctx, r)
 	if err != nil {
 		return Canonicity{}, err
 	}
 	if stale != "" {
-		return c.absent(ctx, Canonicity{BlockNumber: blockNumber, BlockHash: blockHash, Reason: stale})
+		at.Reason = stale
+		return c.absent(ctx, at)
 	}
-	isFinal := haveFinalized && r.BlockNumber <= finalized
 	if isFinal {
 		c.cache.putFinal(ctx, r)
 	}
-	return located(r, blockNumber, blockHash, isFinal), nil
+	return located(r, at.BlockNumber, at.BlockHash, isFinal), nil
 }
 
 // located answers for a receipt in a canonical block.
@@ -427,23 +435,38 @@ func located(r *Receipt, blockNumber uint64, blockHash string, isFinal bool) Can
 }
 
 // missing decides a transaction without a receipt by the block at its
-// stored height: another hash there is evidence (Gone); the same hash, or
-// no block yet, is a lagging node or index (Absent).
-func (c *Checker) missing(ctx context.Context, blockNumber uint64, blockHash, why string) (Canonicity, error) {
-	v := Canonicity{BlockNumber: blockNumber, BlockHash: blockHash}
-	h, err := c.client.HeaderByNumber(ctx, blockNumber)
+// stored height. The same hash, or no block yet, is a lagging node or
+// index (Absent). Another hash is a fork, yet one null receipt proves
+// nothing: the receipt is read again, now that the headers show the fork,
+// and found is answered by found. Gone needs that second null and the
+// transaction missing from the block now at its height (the contract's
+// "absent there too"); in that block, it is canonical there and only its
+// receipt lags (Absent).
+func (c *Checker) missing(ctx context.Context, txHash string, at Canonicity, found func(*Receipt) (Canonicity, error)) (Canonicity, error) {
+	h, txs, err := c.client.BlockTxHashes(ctx, at.BlockNumber)
 	switch {
 	case errors.Is(err, ErrBlockNotFound):
-		v.Reason = fmt.Sprintf("%s; the node has no block %d yet", why, blockNumber)
+		at.Reason = fmt.Sprintf("no receipt; the node has no block %d yet", at.BlockNumber)
+		return c.absent(ctx, at)
 	case err != nil:
 		return Canonicity{}, err
-	case h.Hash == blockHash:
-		v.Reason = fmt.Sprintf("%s; block %d still has hash %s", why, blockNumber, blockHash)
-	default:
-		v.State, v.Reason = Gone, fmt.Sprintf("%s; block %d now has hash %s, not %s", why, blockNumber, h.Hash, blockHash)
-		return v, nil
+	case h.Hash == at.BlockHash:
+		at.Reason = fmt.Sprintf("no receipt; block %d still has hash %s", at.BlockNumber, at.BlockHash)
+		return c.absent(ctx, at)
 	}
-	return c.absent(ctx, v)
+	r, err := c.client.Receipt(ctx, txHash)
+	switch {
+	case err == nil:
+		return found(r)
+	case !errors.Is(err, ErrReceiptNotFound):
+		return Canonicity{}, err
+	case slices.Contains(txs, txHash):
+		at.Reason = fmt.Sprintf("no receipt on two reads; block %d now has hash %s, which includes the transaction", at.BlockNumber, h.Hash)
+		return c.absent(ctx, at)
+	}
+	at.State, at.Reason = Gone, fmt.Sprintf("no receipt; block %d now has hash %s, not %s, and neither it nor a second read has the transaction",
+		at.BlockNumber, h.Hash, at.BlockHash)
+	return at, nil
 }
 
 // absent completes an Absent answer with the head, read last, so that a

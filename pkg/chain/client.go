@@ -253,22 +253,43 @@ func (c *Client) HeaderByNumber(ctx context.Context, number uint64) (Header, err
 	return c.header(ctx, hexutil.EncodeUint64(number))
 }
 
+// BlockTxHashes fetches the canonical header at a height with the hashes
+// of the block's transactions, in one call; ErrBlockNotFound past the head.
+func (c *Client) BlockTxHashes(ctx context.Context, number uint64) (Header, []string, error) {
+	raw, h, err := c.block(ctx, hexutil.EncodeUint64(number))
+	if err != nil {
+		return Header{}, nil, err
+	}
+	txs, err := parseTxHashes(raw)
+	if err != nil {
+		return Header{}, nil, payment.Unavailable("chain "+methodBlock, err)
+	}
+	return h, txs, nil
+}
+
 func (c *Client) header(ctx context.Context, block string) (Header, error) {
+	_, h, err := c.block(ctx, block)
+	return h, err
+}
+
+// block reads a block without its transactions' bodies: the header, and
+// the raw answer for whoever needs more of it.
+func (c *Client) block(ctx context.Context, block string) (json.RawMessage, Header, error) {
 	var raw json.RawMessage
 	err := c.call(ctx, methodBlock, func(ctx context.Context) error {
 		return c.rpc.CallContext(ctx, &raw, methodBlock, block, false)
 	})
 	if err != nil {
-		return Header{}, err
+		return nil, Header{}, err
 	}
 	h, ok, err := parseHeader(raw)
 	if err != nil {
-		return Header{}, payment.Unavailable("chain "+methodBlock, err)
+		return nil, Header{}, payment.Unavailable("chain "+methodBlock, err)
 	}
 	if !ok {
-		return Header{}, fmt.Errorf("block %s: %w", block, ErrBlockNotFound)
+		return nil, Header{}, fmt.Errorf("block %s: %w", block, ErrBlockNotFound)
 	}
-	return h, nil
+	return raw, h, nil
 }
 
 // call runs one RPC call under the breaker and the call deadline. Not

@@ -53,10 +53,13 @@
 // StillCanonical reads the receipt, then the header at the receipt's
 // height: Final or Canonical at the same block; Moved when the header
 // confirms a receipt in another block (the transaction was mined again
-// there). Without a receipt in a block the headers show, the header at
-// the stored height decides: another hash there is Gone; the same hash,
-// or no block there yet, is Absent (a lagging node or index), which
-// carries the head so the watcher can require a second absence
+// there). Without a receipt, the block at the stored height decides (read
+// with its transactions' hashes, in the same call): the same hash, or no
+// block there yet, is Absent (a lagging node or index). Another hash is a
+// fork, but one null is not evidence: the receipt is read again, and
+// found is located as above; a second null is Gone only if the block now
+// at that height lacks the transaction too, else Absent. Absent carries
+// the head so the watcher can require a second absence
 // REORG_RECHECK_DELAY and one new block later before calling it gone.
 // Errors are never states.
 package chain

@@ -2,6 +2,7 @@ package chain
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"strconv"
@@ -97,6 +98,29 @@ func parseHeader(raw json.RawMessage) (h Header, ok bool, err error) {
 		return Header{}, false, err
 	}
 	return h, true, nil
+}
+
+// parseTxHashes reads the transaction hashes of a block asked for
+// without full transactions, lowercased.
+func parseTxHashes(raw json.RawMessage) ([]string, error) {
+	var b struct {
+		Transactions *[]string `json:"transactions"`
+	}
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return nil, fmt.Errorf("decode block transactions: %w", err)
+	}
+	if b.Transactions == nil {
+		return nil, errors.New("block lacks its transactions")
+	}
+	hashes := make([]string, 0, len(*b.Transactions))
+	for _, t := range *b.Transactions {
+		hash, err := parseHex(t, hashHexLength, "transaction hash")
+		if err != nil {
+			return nil, err
+		}
+		hashes = append(hashes, hash)
+	}
+	return hashes, nil
 }
 
 // parseQuantity reads a JSON-RPC QUANTITY (0x-prefixed hex, no leading

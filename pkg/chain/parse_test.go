@@ -61,6 +61,43 @@ func TestParseHeader(t *testing.T) {
 	}
 }
 
+func TestParseTxHashes(t *testing.T) {
+	a, b := "0x"+strings.Repeat("AB", 32), "0x"+strings.Repeat("cd", 32)
+	for raw, want := range map[string][]string{
+		`{"transactions":["` + a + `","` + b + `"],"hash":"x"}`: {strings.ToLower(a), b},
+		`{"transactions":[]}`: {},
+	} {
+		got, err := parseTxHashes(json.RawMessage(raw))
+		require.NoError(t, err, raw)
+		require.Equal(t, want, got, raw)
+	}
+	for _, bad := range []string{
+		`{}`, `[]`, `"x"`, `{"transactions":null}`, `{"transactions":["0x12"]}`,
+		`{"transactions":[{"hash":"` + b + `"}]}`, `{"transactions":"` + b + `"}`,
+	} {
+		_, err := parseTxHashes(json.RawMessage(bad))
+		require.Error(t, err, bad)
+	}
+}
+
+func FuzzParseTxHashes(f *testing.F) {
+	for _, seed := range []string{`{"transactions":["0x` + strings.Repeat("ab", 32) + `"]}`, `{"transactions":[]}`, `{}`, `null`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		hashes, err := parseTxHashes(raw)
+		if err != nil {
+			return
+		}
+		// Every accepted hash is already in the form settle stores.
+		for _, h := range hashes {
+			again, err := ParseTxHash(h)
+			require.NoError(t, err)
+			require.Equal(t, h, again)
+		}
+	})
+}
+
 func TestParseTransaction(t *testing.T) {
 	to := "0x" + strings.Repeat("Ab", 20)
 	tx, ok, err := parseTransaction(json.RawMessage(`{"to":"` + to + `","value":"0xde0b6b3a7640000","input":"0x"}`))
