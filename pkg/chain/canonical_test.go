@@ -2,7 +2,9 @@ package chain
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -29,11 +31,16 @@ func lyingNode(t *testing.T) (*devchain.Chain, *devchain.Proxy, *worker) {
 	return c, p, newWorker(t, p.URL(), workerOptions{redisURL: testenv.RedisURL(t)})
 }
 
-func stillCanonical(t *testing.T, w *worker, txHash string, number uint64, hash string) Canonicity {
+func stillCanonical(t *testing.T, w *worker, d Deposit, number uint64, hash string) Canonicity {
 	t.Helper()
-	seen, err := w.checker.StillCanonical(testContext(t), txHash, number, hash)
+	seen, err := w.checker.StillCanonical(testContext(t), d, number, hash)
 	require.NoError(t, err)
 	return seen
+}
+
+// paid is a native deposit of wei to to by tx.
+func paid(tx devchain.Tx, to string, wei int64) Deposit {
+	return Deposit{TxHash: tx.Hash, Recipients: []string{to}, Amount: big.NewInt(wei)}
 }
 
 // rawReceipt reads a receipt's JSON straight from the node.
@@ -69,14 +76,14 @@ func TestNullReceiptIsAbsentNotGone(t *testing.T) {
 	require.Equal(t, Canonicity{
 		State: Absent, BlockNumber: tx.BlockNumber, BlockHash: tx.BlockHash, Head: 9,
 		Reason: fmt.Sprintf("no receipt; block %d still has hash %s", tx.BlockNumber, tx.BlockHash),
-	}, stillCanonical(t, w, tx.Hash, tx.BlockNumber, tx.BlockHash))
+	}, stillCanonical(t, w, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash))
 	require.EqualValues(t, 1, p.Told("eth_getTransactionReceipt"))
-	require.Equal(t, Canonical, stillCanonical(t, w, tx.Hash, tx.BlockNumber, tx.BlockHash).State)
+	require.Equal(t, Canonical, stillCanonical(t, w, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash).State)
 
 	// A node that lags behind the block: no receipt, no block there.
 	p.NullReceipt(tx.Hash, 1)
 	p.Answer("eth_getBlockByNumber", fmt.Sprintf("0x%x", tx.BlockNumber), json.RawMessage("null"), 1)
-	seen := stillCanonical(t, w, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen := stillCanonical(t, w, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash)
 	require.Equal(t, Absent, seen.State)
 	require.Equal(t, fmt.Sprintf("no receipt; the node has no block %d yet", tx.BlockNumber), seen.Reason)
 	require.EqualValues(t, 9, seen.Head)
@@ -102,11 +109,11 @@ func TestReorgGoneMovedAndStale(t *testing.T) {
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
 
-	gone := stillCanonical(t, w, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	gone := stillCanonical(t, w, paid(dropped, to, 1_000), dropped.BlockNumber, dropped.BlockHash)
 	require.Equal(t, Gone, gone.State)
 	require.Contains(t, gone.Reason, fmt.Sprintf("no receipt; block %d now has hash", dropped.BlockNumber))
 
-	seen := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	seen := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, Moved, seen.State)
 	require.False(t, seen.Final)
 	again := rawReceipt(t, c.URL(), moved.Hash)
@@ -118,23 +125,23 @@ func TestReorgGoneMovedAndStale(t *testing.T) {
 	require.Equal(t, now.BlockHash, seen.BlockHash)
 	require.Equal(t, now.BlockNumber, fmt.Sprintf("0x%x", seen.BlockNumber))
 	require.NotEqual(t, moved.BlockNumber, seen.BlockNumber, "mined again at another height")
-	require.Equal(t, Canonical, stillCanonical(t, w, moved.Hash, seen.BlockNumber, seen.BlockHash).State)
+	require.Equal(t, Canonical, stillCanonical(t, w, paid(moved, to, 2_000), seen.BlockNumber, seen.BlockHash).State)
 
 	// A backend behind the fork still has the old receipt: the header at
 	// its height disagrees, so it is no evidence either way.
 	p.Answer("eth_getTransactionReceipt", moved.Hash, staleReceipt, 2)
-	stale := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	stale := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, Absent, stale.State)
 	require.Contains(t, stale.Reason, "the receipt names block")
-	require.Equal(t, Absent, stillCanonical(t, w, moved.Hash, seen.BlockNumber, seen.BlockHash).State)
+	require.Equal(t, Absent, stillCanonical(t, w, paid(moved, to, 2_000), seen.BlockNumber, seen.BlockHash).State)
 
 	require.NoError(t, c.FinalizeThrough(ctx, seen.BlockNumber))
-	final := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	final := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, Canonicity{State: Moved, BlockNumber: seen.BlockNumber, BlockHash: seen.BlockHash, Final: true, Reason: seen.Reason}, final)
 	before := p.Calls("eth_getTransactionReceipt")
-	require.Equal(t, final, stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash), "from the final cache")
+	require.Equal(t, final, stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash), "from the final cache")
 	require.Equal(t, before, p.Calls("eth_getTransactionReceipt"))
-	require.Equal(t, Final, stillCanonical(t, w, moved.Hash, seen.BlockNumber, seen.BlockHash).State)
+	require.Equal(t, Final, stillCanonical(t, w, paid(moved, to, 2_000), seen.BlockNumber, seen.BlockHash).State)
 }
 
 // TestOneNullAfterForkIsNotGone: a fork mines a credited transaction
@@ -155,16 +162,16 @@ func TestOneNullAfterForkIsNotGone(t *testing.T) {
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
 
-	honest := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	honest := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, Moved, honest.State)
 
 	p.NullReceipt(moved.Hash, 1)
-	seen := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	seen := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, honest, seen, "one null receipt after a fork is read again, not taken as Gone")
 	require.EqualValues(t, 1, p.Told("eth_getTransactionReceipt"))
 
 	p.NullReceipt(moved.Hash, 2)
-	gone := stillCanonical(t, w, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	gone := stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.Equal(t, Gone, gone.State, "no receipt on two reads, and the block now at its height lacks it")
 	require.Contains(t, gone.Reason, "neither it nor a second read has the transaction")
 }
@@ -200,15 +207,15 @@ func TestOneNullAfterForkSameHeight(t *testing.T) {
 	}
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
-	honest := stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash)
+	honest := stillCanonical(t, w, paid(kept, to, 2_000), kept.BlockNumber, kept.BlockHash)
 	require.Equal(t, Moved, honest.State)
 	require.Equal(t, kept.BlockNumber, honest.BlockNumber, "mined again at its own height")
 
 	p.NullReceipt(kept.Hash, 1)
-	require.Equal(t, honest, stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash))
+	require.Equal(t, honest, stillCanonical(t, w, paid(kept, to, 2_000), kept.BlockNumber, kept.BlockHash))
 
 	p.NullReceipt(kept.Hash, 2)
-	seen := stillCanonical(t, w, kept.Hash, kept.BlockNumber, kept.BlockHash)
+	seen := stillCanonical(t, w, paid(kept, to, 2_000), kept.BlockNumber, kept.BlockHash)
 	require.Equal(t, Absent, seen.State, "in the block now at its height: %s", seen.Reason)
 	require.Contains(t, seen.Reason, "which includes the transaction")
 	require.Positive(t, seen.Head)
@@ -226,20 +233,91 @@ func TestForkedNullReceiptErrors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Reorg(ctx, dropped.Hash)
 	require.NoError(t, err)
-	require.Equal(t, Gone, stillCanonical(t, w, dropped.Hash, dropped.BlockNumber, dropped.BlockHash).State)
+	require.Equal(t, Gone, stillCanonical(t, w, paid(dropped, to, 1_000), dropped.BlockNumber, dropped.BlockHash).State)
 
 	p.NullReceipt(dropped.Hash, 1)
 	p.Answer("eth_getTransactionReceipt", "", json.RawMessage(`"not a receipt"`), 1)
-	_, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	_, err = w.checker.StillCanonical(ctx, paid(dropped, to, 1_000), dropped.BlockNumber, dropped.BlockHash)
 	require.ErrorIs(t, err, payment.ErrUnavailable, "the second read failed")
 
 	head, err := w.client.HeaderByNumber(ctx, dropped.BlockNumber)
 	require.NoError(t, err)
 	noTxs := json.RawMessage(fmt.Sprintf(`{"number":"0x%x","hash":%q,"timestamp":"0x%x"}`, head.Number, head.Hash, head.Time))
 	p.Answer("eth_getBlockByNumber", fmt.Sprintf("0x%x", dropped.BlockNumber), noTxs, 1)
-	_, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	_, err = w.checker.StillCanonical(ctx, paid(dropped, to, 1_000), dropped.BlockNumber, dropped.BlockHash)
 	require.ErrorIs(t, err, payment.ErrUnavailable, "the block at its height came without its transactions")
 }
+
+// TestMovedWithoutTheTransferIsGone: a fork drops a token's deployment
+// and mines the token deposit again on the new branch, where it calls an
+// address without code: status 1, no Transfer log. Mined again without
+// the transfer it was credited for, the deposit is Gone (compensated),
+// not Moved. A native deposit mined again with its value is Moved.
+func TestMovedWithoutTheTransferIsGone(t *testing.T) {
+	c, _, w := lyingNode(t)
+	ctx := testContext(t)
+	advanceTo(t, c, 3)
+	token, deploy, err := c.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	to := c.Accounts()[2].Address
+	deposit, err := c.TransferToken(ctx, 1, token, to, big.NewInt(5_000_000))
+	require.NoError(t, err)
+	require.Greater(t, deposit.BlockNumber, deploy.BlockNumber)
+	native, err := c.SendETH(ctx, 3, to, big.NewInt(3_000))
+	require.NoError(t, err)
+	d := Deposit{TxHash: deposit.Hash, Token: token, Recipients: []string{to}, Amount: big.NewInt(5_000_000), Index: "0"}
+	require.Equal(t, Canonical, stillCanonical(t, w, d, deposit.BlockNumber, deposit.BlockHash).State)
+
+	_, err = c.Reorg(ctx, deploy.Hash)
+	require.NoError(t, err)
+	after, err := w.client.Receipt(ctx, deposit.Hash)
+	require.NoError(t, err)
+	require.NotEqual(t, deposit.BlockHash, after.BlockHash, "mined again in another block")
+	require.EqualValues(t, 1, after.Status)
+	require.Empty(t, after.Transfers, "on the new branch the transaction moves no token")
+
+	seen := stillCanonical(t, w, d, deposit.BlockNumber, deposit.BlockHash)
+	require.Equal(t, Gone, seen.State, "credited for a transfer the canonical chain does not have: %s", seen.Reason)
+	require.Equal(t, deposit.BlockHash, seen.BlockHash, "the evidence stays where the deposit was credited")
+	require.Contains(t, seen.Reason, fmt.Sprintf("mined again in block %d %s without the deposit's transfer: the receipt has no ERC-20 Transfer log", after.BlockNumber, after.BlockHash))
+
+	moved := stillCanonical(t, w, paid(native, to, 3_000), native.BlockNumber, native.BlockHash)
+	require.Equal(t, Moved, moved.State, moved.Reason)
+	wrong := stillCanonical(t, w, paid(native, to, 3_001), native.BlockNumber, native.BlockHash)
+	require.Equal(t, Gone, wrong.State, "a native deposit the re-mined transaction does not pay")
+	require.Contains(t, wrong.Reason, "carries 3000 base units, the deposit says 3001")
+}
+
+// TestMovedRecheckErrors: the new receipt is checked against the deposit
+// with what a credit needs (the transaction's value, the owner of the
+// addresses); a failure there is an error, never a state.
+func TestMovedRecheckErrors(t *testing.T) {
+	c, p, w := lyingNode(t)
+	ctx := testContext(t)
+	to := c.Accounts()[2].Address
+	advanceTo(t, c, 3)
+	dropped, err := c.SendETH(ctx, 0, to, big.NewInt(1_000))
+	require.NoError(t, err)
+	moved, err := c.SendETH(ctx, 1, to, big.NewInt(2_000))
+	require.NoError(t, err)
+	_, err = c.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+
+	p.Answer("eth_getTransactionByHash", moved.Hash, json.RawMessage(`"not a transaction"`), 1)
+	_, err = w.checker.StillCanonical(ctx, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
+	require.ErrorIs(t, err, payment.ErrUnavailable)
+
+	owner := Deposit{TxHash: moved.Hash, Amount: big.NewInt(2_000), Owner: failingOwner{}}
+	_, err = w.checker.StillCanonical(ctx, owner, moved.BlockNumber, moved.BlockHash)
+	require.ErrorIs(t, err, errOwnerLookup)
+	require.Equal(t, Moved, stillCanonical(t, w, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash).State)
+}
+
+var errOwnerLookup = errors.New("deposit addresses unreadable")
+
+type failingOwner struct{}
+
+func (failingOwner) Owned(context.Context, []string) ([]string, error) { return nil, errOwnerLookup }
 
 // TestStillCanonicalErrorsAreNotAnswers: a node that fails, answers
 // garbage, or gives a receipt in a block it does not have, is an error
@@ -255,7 +333,7 @@ func TestStillCanonicalErrorsAreNotAnswers(t *testing.T) {
 	failing := newProxy(t, c.URL())
 	w := newWorker(t, failing.URL(), workerOptions{})
 	failing.setMode(proxyFail)
-	_, err = w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	_, err = w.checker.StillCanonical(ctx, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash)
 	require.ErrorIs(t, err, payment.ErrUnavailable)
 
 	p, err := devchain.NewProxy(c.URL())
@@ -279,10 +357,10 @@ func TestStillCanonicalErrorsAreNotAnswers(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p.Clear()
 			lie()
-			_, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+			_, err := w.checker.StillCanonical(ctx, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash)
 			require.ErrorIs(t, err, payment.ErrUnavailable)
 		})
 	}
 	p.Clear()
-	require.Equal(t, Canonical, stillCanonical(t, w, tx.Hash, tx.BlockNumber, tx.BlockHash).State)
+	require.Equal(t, Canonical, stillCanonical(t, w, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash).State)
 }

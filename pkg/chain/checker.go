@@ -102,14 +102,17 @@ const (
 	// Canonical: in the chain at the same hash, not final yet.
 	Canonical CanonicalState = "canonical"
 	// Moved: the receipt is in another block, which the header at its
-	// height confirms: the transaction was mined again elsewhere.
+	// height confirms, and it still pays the deposit: the transaction was
+	// mined again elsewhere.
 	Moved CanonicalState = "moved"
 	// Absent: no receipt, yet nothing else shows a reorg (the block at
 	// the stored height still has the stored hash, or the node has no
 	// block there): a lagging node or index. Not evidence on its own.
 	Absent CanonicalState = "absent"
 	// Gone: no receipt, and the block at the stored height has another
-	// hash. Evidence that the transaction left the chain.
+	// hash without the transaction; or mined again in a block whose
+	// receipt no longer pays the deposit. Evidence that the deposit left
+	// the chain.
 	Gone CanonicalState = "gone"
 )
 
@@ -362,14 +365,15 @@ func (c *Checker) resolveRecipients(ctx context.Context, d Deposit, r *Receipt) 
 	return d, nil
 }
 
-// StillCanonical tells the reorg watcher where a credited transaction is
-// now: still in the block it was seen in (Final or Canonical), mined
-// again in another block (Moved), missing without other evidence
-// (Absent), or missing while the block at its height changed (Gone). An
-// error means the chain could not be asked, or its answers contradict
-// each other; ask again later.
-func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (Canonicity, error) {
-	txHash, err := ParseTxHash(txHash)
+// StillCanonical tells the reorg watcher where a credited deposit's
+// transaction is now: still in the block it was seen in (Final or
+// Canonical), mined again in another block that still pays the deposit
+// (Moved), missing without other evidence (Absent), or missing while the
+// block at its height changed, or mined again without the deposit's
+// transfer (Gone). An error means the chain could not be asked, or its
+// answers contradict each other; ask again later.
+func (c *Checker) StillCanonical(ctx context.Context, d Deposit, blockNumber uint64, blockHash string) (Canonicity, error) {
+	d, err := d.normalized()
 	if err != nil {
 		return Canonicity{}, err
 	}
@@ -377,34 +381,34 @@ func (c *Checker) StillCanonical(ctx context.Context, txHash string, blockNumber
 	if err != nil {
 		return Canonicity{}, payment.Invalid("%w", err)
 	}
-	if r, ok := c.cache.final(ctx, txHash); ok {
+	at := Canonicity{BlockNumber: blockNumber, BlockHash: blockHash}
+	if r, ok := c.cache.final(ctx, d.TxHash); ok {
 		// A final receipt never changes: if it is elsewhere, the block
 		// asked about was reorged and the transaction finalized there.
-		return located(r, blockNumber, blockHash, true), nil
+		return c.located(ctx, d, r, at, true)
 	}
 	// Finalized first, for the same reason as in CheckDeposit.
 	finalized, haveFinalized, err := c.finalizedNumber(ctx)
 	if err != nil {
 		return Canonicity{}, err
 	}
-	at := Canonicity{BlockNumber: blockNumber, BlockHash: blockHash}
-	r, err := c.client.Receipt(ctx, txHash)
+	r, err := c.client.Receipt(ctx, d.TxHash)
 	if errors.Is(err, ErrReceiptNotFound) {
-		return c.missing(ctx, txHash, at, func(r *Receipt) (Canonicity, error) {
-			return c.locate(ctx, r, at, haveFinalized && r.BlockNumber <= finalized)
+		return c.missing(ctx, d.TxHash, at, func(r *Receipt) (Canonicity, error) {
+			return c.locate(ctx, d, r, at, haveFinalized && r.BlockNumber <= finalized)
 		})
 	}
 	if err != nil {
 		return Canonicity{}, err
 	}
-	return c.locate(ctx, r, at, haveFinalized && r.BlockNumber <= finalized)
+	return c.locate(ctx, d, r, at, haveFinalized && r.BlockNumber <= finalized)
 }
 
 // locate answers for a receipt once the header at its height confirms its
 // block: the receipt index could lag the chain on some nodes (or come from
 // another backend than the headers), and that header is the chain's own
 // word on what is canonical there.
-func (c *Checker) locate(ctx context.Context, r *Receipt, at Canonicity, isFinal bool) (Canonicity, error) {
+func (c *Checker) locate(ctx context.Context, d Deposit, r *Receipt, at Canonicity, isFinal bool) (Canonicity, error) {
 	stale, err := c.offChain(ctx, r)
 	if err != nil {
 		return Canonicity{}, err
@@ -413,25 +417,56 @@ func (c *Checker) locate(ctx context.Context, r *Receipt, at Canonicity, isFinal
 		at.Reason = stale
 		return c.absent(ctx, at)
 	}
-	if isFinal {
+	v, err := c.located(ctx, d, r, at, isFinal)
+	if err == nil && isFinal {
 		c.cache.putFinal(ctx, r)
 	}
-	return located(r, at.BlockNumber, at.BlockHash, isFinal), nil
+	return v, err
 }
 
-// located answers for a receipt in a canonical block.
-func located(r *Receipt, blockNumber uint64, blockHash string, isFinal bool) Canonicity {
+// located answers for a receipt in a canonical block. In another block
+// than the one asked about, the transaction ran again on another state (a
+// contract deployed or funded in between may be missing), so it keeps the
+// credit only if its new receipt still pays the deposit; else it is Gone.
+func (c *Checker) located(ctx context.Context, d Deposit, r *Receipt, at Canonicity, isFinal bool) (Canonicity, error) {
 	v := Canonicity{BlockNumber: r.BlockNumber, BlockHash: r.BlockHash, Final: isFinal}
 	switch {
-	case r.BlockNumber != blockNumber || r.BlockHash != blockHash:
+	case r.BlockNumber != at.BlockNumber || r.BlockHash != at.BlockHash:
+		why, err := c.stillPays(ctx, d, r)
+		if err != nil {
+			return Canonicity{}, err
+		}
+		if why != "" {
+			at.State, at.Reason = Gone, fmt.Sprintf("mined again in block %d %s without the deposit's transfer: %s", r.BlockNumber, r.BlockHash, why)
+			return at, nil
+		}
 		v.State = Moved
-		v.Reason = fmt.Sprintf("mined again in block %d %s (was block %d %s)", r.BlockNumber, r.BlockHash, blockNumber, blockHash)
+		v.Reason = fmt.Sprintf("mined again in block %d %s (was block %d %s)", r.BlockNumber, r.BlockHash, at.BlockNumber, at.BlockHash)
 	case isFinal:
 		v.State, v.Reason = Final, fmt.Sprintf("block %d is finalized", r.BlockNumber)
 	default:
 		v.State, v.Reason = Canonical, fmt.Sprintf("block %d is canonical, not finalized yet", r.BlockNumber)
 	}
-	return v
+	return v, nil
+}
+
+// stillPays checks a deposit against a receipt as a credit would, the
+// policy aside: "" when it pays, else why not. A log index is block-wide,
+// so the one claimed in the old block names nothing in the new one: a
+// token deposit takes any Transfer log of its transaction that pays it.
+func (c *Checker) stillPays(ctx context.Context, d Deposit, r *Receipt) (string, error) {
+	if d.Token != "" {
+		d.Index = ""
+	}
+	d, err := c.resolveRecipients(ctx, d, r)
+	if err != nil {
+		return "", err
+	}
+	v, err := c.checkValue(ctx, d, r, decide(d, NonePolicy(), r, true, 0))
+	if err != nil || v.State == Credit {
+		return "", err
+	}
+	return v.Reason, nil
 }
 
 // missing decides a transaction without a receipt by the block at its

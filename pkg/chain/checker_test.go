@@ -110,7 +110,7 @@ func TestConfirmationsPolicyBoundary(t *testing.T) {
 	require.Equal(t, Verdict{State: Credit, BlockNumber: 41, BlockHash: tx.BlockHash, ReceiptSeen: true, Reason: "block 41 has 3 confirmations (policy confirmations:3)", Transfers: []string{"native"}}, v)
 	require.False(t, v.Finalized, "credited before finality: the ledger must watch it")
 
-	seen, err := w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err := w.checker.StillCanonical(ctx, ethDeposit(tx, to), tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Canonical, seen.State)
 
@@ -118,7 +118,7 @@ func TestConfirmationsPolicyBoundary(t *testing.T) {
 	v = check(t, w, ethDeposit(tx, to), policy)
 	require.Equal(t, Credit, v.State)
 	require.True(t, v.Finalized)
-	seen, err = w.checker.StillCanonical(ctx, tx.Hash, tx.BlockNumber, tx.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, ethDeposit(tx, to), tx.BlockNumber, tx.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Canonicity{State: Final, BlockNumber: tx.BlockNumber, BlockHash: tx.BlockHash, Final: true, Reason: "block 41 is finalized"}, seen)
 }
@@ -324,7 +324,7 @@ func TestInvalidDeposits(t *testing.T) {
 	}
 	_, err := w.checker.CheckDeposit(testContext(t), Deposit{TxHash: hash}, Policy{})
 	require.ErrorIs(t, err, payment.ErrInvalid)
-	_, err = w.checker.StillCanonical(testContext(t), hash, 1, "0x12")
+	_, err = w.checker.StillCanonical(testContext(t), Deposit{TxHash: hash, Amount: big.NewInt(1)}, 1, "0x12")
 	require.ErrorIs(t, err, payment.ErrInvalid)
 }
 
@@ -349,7 +349,7 @@ func TestReorgDropsDeposit(t *testing.T) {
 	v := check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Credit, v.State)
 	require.False(t, v.Finalized)
-	seen, err := w.checker.StillCanonical(ctx, dropped.Hash, v.BlockNumber, v.BlockHash)
+	seen, err := w.checker.StillCanonical(ctx, paid(dropped, to, 1_000), v.BlockNumber, v.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Canonical, seen.State)
 
@@ -359,19 +359,19 @@ func TestReorgDropsDeposit(t *testing.T) {
 	v = check(t, w, Deposit{TxHash: dropped.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}, policy)
 	require.Equal(t, Wait, v.State)
 	require.False(t, v.ReceiptSeen)
-	seen, err = w.checker.StillCanonical(ctx, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, paid(dropped, to, 1_000), dropped.BlockNumber, dropped.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Gone, seen.State)
 
 	again := check(t, w, Deposit{TxHash: moved.Hash, Recipients: []string{to}, Amount: big.NewInt(2_000)}, policy)
 	require.Equal(t, Credit, again.State, "the other transaction was mined again on the new branch")
 	require.NotEqual(t, moved.BlockHash, again.BlockHash)
-	seen, err = w.checker.StillCanonical(ctx, moved.Hash, moved.BlockNumber, moved.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, paid(moved, to, 2_000), moved.BlockNumber, moved.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Moved, seen.State, "its block changed")
 	require.Equal(t, again.BlockNumber, seen.BlockNumber)
 	require.Equal(t, again.BlockHash, seen.BlockHash)
-	seen, err = w.checker.StillCanonical(ctx, moved.Hash, again.BlockNumber, again.BlockHash)
+	seen, err = w.checker.StillCanonical(ctx, paid(moved, to, 2_000), again.BlockNumber, again.BlockHash)
 	require.NoError(t, err)
 	require.Equal(t, Canonical, seen.State)
 }
@@ -408,7 +408,7 @@ func TestStaleReceiptIsNotCredited(t *testing.T) {
 	// Nothing was cached: the honest node answers again.
 	require.Equal(t, Wait, check(t, w, d, FinalizedPolicy()).State)
 	require.EqualValues(t, 2, p.Calls("eth_getTransactionReceipt")-p.Told("eth_getTransactionReceipt"), "both later checks asked the node")
-	seen := stillCanonical(t, w, dropped.Hash, dropped.BlockNumber, dropped.BlockHash)
+	seen := stillCanonical(t, w, d, dropped.BlockNumber, dropped.BlockHash)
 	require.Equal(t, Gone, seen.State)
 }
 

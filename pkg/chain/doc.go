@@ -53,7 +53,9 @@
 // StillCanonical reads the receipt, then the header at the receipt's
 // height: Final or Canonical at the same block; Moved when the header
 // confirms a receipt in another block (the transaction was mined again
-// there). Without a receipt, the block at the stored height decides (read
+// there) that still pays the deposit as a credit would (status 1, the
+// Transfer log, or the value and recipient); mined again without it, the
+// deposit is Gone. Without a receipt, the block at the stored height decides (read
 // with its transactions' hashes, in the same call): the same hash, or no
 // block there yet, is Absent (a lagging node or index). Another hash is a
 // fork, but one null is not evidence: the receipt is read again, and

@@ -54,7 +54,7 @@ type Store interface {
 // Chain is what the gate asks the chain.
 type Chain interface {
 	CheckDeposit(ctx context.Context, d chain.Deposit, p chain.Policy) (chain.Verdict, error)
-	StillCanonical(ctx context.Context, txHash string, blockNumber uint64, blockHash string) (chain.Canonicity, error)
+	StillCanonical(ctx context.Context, d chain.Deposit, blockNumber uint64, blockHash string) (chain.Canonicity, error)
 }
 
 // Alerter tells a human.
@@ -394,7 +394,7 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 		if !ok || down[network] {
 			continue // another worker's network, or one down this pass
 		}
-		seen, askErr := nc.Chain.StillCanonical(ctx, w.TxHash, uint64(w.BlockNumber), w.BlockHash)
+		seen, askErr := g.stillCanonical(ctx, nc, network, w)
 		if askErr != nil {
 			g.watched.WithLabelValues(network, "error").Inc()
 			g.o.Log.Warn().Err(askErr).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Msg("reorg watch could not ask the chain; not evidence")
@@ -416,6 +416,19 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 		}
 	}
 	return unchecked
+}
+
+// stillCanonical asks where a watched deposit's transaction is now, with
+// what the deposit claims: a transaction mined again elsewhere keeps the
+// credit only if it still pays it.
+func (g *Gate) stillCanonical(ctx context.Context, nc NetworkChain, network string, w postgres.WatchedDeposit) (chain.Canonicity, error) {
+	d, _, err := g.deposit(payment.Event{
+		TxHash: w.TxHash, UserID: w.UserID, Asset: w.Asset, Amount: w.Amount, Network: network, TransferIndex: w.TransferIndex,
+	}, w.ToAddress)
+	if err != nil {
+		return chain.Canonicity{}, err
+	}
+	return nc.Chain.StillCanonical(ctx, d, uint64(w.BlockNumber), w.BlockHash)
 }
 
 // watchOne acts on what the chain showed about one watched deposit. Gone

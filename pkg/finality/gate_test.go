@@ -28,7 +28,7 @@ func (waitingChain) CheckDeposit(context.Context, chain.Deposit, chain.Policy) (
 	return chain.Verdict{State: chain.Wait, ReceiptSeen: true, BlockNumber: 7, BlockHash: "0xb7", Reason: "block 7 not final"}, nil
 }
 
-func (waitingChain) StillCanonical(context.Context, string, uint64, string) (chain.Canonicity, error) {
+func (waitingChain) StillCanonical(context.Context, chain.Deposit, uint64, string) (chain.Canonicity, error) {
 	return chain.Canonicity{State: chain.Canonical}, nil
 }
 

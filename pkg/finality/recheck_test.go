@@ -30,7 +30,7 @@ func (c *recheckChain) CheckDeposit(context.Context, chain.Deposit, chain.Policy
 	return c.verdict, c.err
 }
 
-func (c *recheckChain) StillCanonical(context.Context, string, uint64, string) (chain.Canonicity, error) {
+func (c *recheckChain) StillCanonical(context.Context, chain.Deposit, uint64, string) (chain.Canonicity, error) {
 	return chain.Canonicity{State: chain.Canonical}, nil
 }
 

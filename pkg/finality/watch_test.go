@@ -28,6 +28,8 @@ type scriptedChain struct {
 	answers map[string]chain.Canonicity
 	errs    map[string]error
 	asked   []string
+	// deposits are what the watcher said each deposit claims.
+	deposits []chain.Deposit
 }
 
 func (c *scriptedChain) set(txHash string, answer chain.Canonicity, err error) {
@@ -44,10 +46,12 @@ func (c *scriptedChain) clear(txHash string) {
 	delete(c.errs, txHash)
 }
 
-func (c *scriptedChain) StillCanonical(_ context.Context, txHash string, blockNumber uint64, blockHash string) (chain.Canonicity, error) {
+func (c *scriptedChain) StillCanonical(_ context.Context, d chain.Deposit, blockNumber uint64, blockHash string) (chain.Canonicity, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	txHash := d.TxHash
 	c.asked = append(c.asked, txHash)
+	c.deposits = append(c.deposits, d)
 	if err := c.errs[txHash]; err != nil {
 		return chain.Canonicity{}, err
 	}
@@ -282,4 +286,43 @@ func TestWatchErrorsAreNotEvidence(t *testing.T) {
 	require.Equal(t, []string{txs[2], txs[0], txs[1]}, f.chain.takeAsked())
 	require.Equal(t, 1, f.compensations("err-1"), "absent again, past the delay and a block later")
 	require.Zero(t, f.compensations("err-0"))
+}
+
+// TestWatcherAsksWithTheDepositsClaim: the watcher hands the chain what
+// the deposit claims (transaction, amount in base units, recipient), so
+// a transaction mined again elsewhere keeps its credit only if it still
+// pays that; a deposit the watcher cannot describe is an error, sent to
+// the back of the list, and the others are still watched.
+func TestWatcherAsksWithTheDepositsClaim(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	ctx := context.Background()
+	tx, other := fmt.Sprintf("0x%064x", 0x600), fmt.Sprintf("0x%064x", 0x601)
+	f.credit("claim", tx)
+	f.credit("claim-other", other)
+	const to = "0x00000000000000000000000000000000000c1a17"
+	_, err := f.conn.Exec(ctx, `UPDATE payment_events SET to_address = $2 WHERE event_id = $1`, "claim", to)
+	require.NoError(t, err)
+	f.watch()
+	require.Len(t, f.chain.deposits, 2)
+	d := f.chain.deposits[0]
+	require.Equal(t, tx, d.TxHash)
+	require.Equal(t, "1000000000000000000", d.Amount.String(), "1 ETH in wei")
+	require.Equal(t, []string{to}, d.Recipients)
+	require.Empty(t, d.Token)
+	f.chain.deposits = nil
+	f.chain.takeAsked()
+
+	// A worker whose registry lacks the asset cannot say what the deposit
+	// claims: an error, not a state; nothing is decided.
+	blind := finality.New(finality.Options{
+		Store: f.db, Chain: f.chain, Assets: payment.NewRegistry(nil), Policy: chain.FinalizedPolicy(),
+		ReorgRecheckDelay: time.Hour, Alerts: noAlerts{}, Log: zerolog.Nop(),
+	})
+	err = blind.WatchReorgs(ctx)
+	require.ErrorIs(t, err, payment.ErrInvalid)
+	require.Empty(t, f.chain.takeAsked())
+	for _, id := range []string{"claim", "claim-other"} {
+		require.Equal(t, "watching", f.row(id).ChainState)
+		require.Zero(t, f.compensations(id))
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/payment"
 )
@@ -104,6 +105,12 @@ type WatchedDeposit struct {
 	BlockHash   string
 	TraceID     string
 	Network     string
+	// Amount, ToAddress (the recipient the provider named, if any) and
+	// TransferIndex (the transfer the deposit names, if any) say what
+	// the deposit claims of its transaction.
+	Amount        decimal.Decimal
+	ToAddress     string
+	TransferIndex string
 }
 
 // WatchedDeposits lists up to limit deposits credited before finality,
@@ -118,9 +125,12 @@ func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit,
 	var out []WatchedDeposit
 	for rows.Next() {
 		var w WatchedDeposit
-		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID, &w.Network); err != nil {
+		var amount string
+		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID, &w.Network,
+			&amount, &w.ToAddress, &w.TransferIndex); err != nil {
 			return nil, classify(stmt.name, err)
 		}
+		w.Amount = decimal.RequireFromString(amount) // NUMERIC's text always parses
 		out = append(out, w)
 	}
 	return out, classify(stmt.name, rows.Err())

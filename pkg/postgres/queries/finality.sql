@@ -33,9 +33,12 @@ FROM payment_events
 WHERE event_id = $1;
 
 -- name: watched_deposits
--- Credited deposits whose block was not final when they were credited.
+-- Credited deposits whose block was not final when they were credited,
+-- with what they claim (amount, recipient, transfer), which a transaction
+-- mined again elsewhere must still pay.
 SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id,
-       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)),
+       amount::text, COALESCE(to_address, ''), COALESCE(transfer_index, '')
 FROM payment_events
 WHERE chain_state = 'watching'
 ORDER BY updated_at
