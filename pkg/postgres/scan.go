@@ -49,6 +49,10 @@ type StoredDeposit struct {
 	// Superseded: the id held a failed/mismatch deposit, which now has
 	// this content and waits for the finality gate (SupersedeDeposit).
 	Superseded bool
+	// Reopened: the id held this very deposit, failed/reorged; the scan
+	// shows its transaction canonical again, so it went back to pending
+	// (ReopenDeposit).
+	Reopened bool
 }
 
 // InitScanCursor creates the network's cursor at block start unless it
@@ -112,7 +116,8 @@ func (db *DB) ReleaseScanCursor(ctx context.Context, network, owner string) erro
 }
 
 // inPass runs guard, then inserts the events through the outbox insert
-// (pending, pg_notify at COMMIT), all in one transaction.
+// (pending, pg_notify at COMMIT), all in one transaction; an event stored
+// before with the same content that ended failed/reorged is reopened.
 func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) (bool, error)) ([]StoredDeposit, error) {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
@@ -141,8 +146,16 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 			}
 		case err != nil:
 			return nil, err
+		case inserted:
+			out[i].Inserted = true
 		default:
-			out[i].Inserted = inserted
+			// Scanned means mined at or below the finality head: a deposit
+			// that ended reorged is on the chain again.
+			reopened, err := reopenDeposit(ctx, tx, e.Event.ID, []payment.Outcome{payment.OutcomeReorged}, "the chain scanner found the transfer again")
+			if err != nil {
+				return nil, err
+			}
+			out[i].Reopened = reopened
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

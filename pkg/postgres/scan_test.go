@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -128,4 +129,91 @@ func TestBackfillEnd(t *testing.T) {
 	require.Equal(t, "done", job.Status)
 	require.Equal(t, 2, job.Found)
 	require.EqualValues(t, 110, job.NextBlock)
+}
+
+// TestScanPassReopensReorged: a scanned transfer already stored with the
+// same content is a duplicate; if that deposit ended failed/reorged the
+// scan shows it on the chain again and it is reopened, in the pass's
+// transaction. Other failures stay. A reopen that cannot finish fails
+// the pass whole: nothing stored, the cursor where it was.
+func TestScanPassReopensReorged(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	const network = "ETH_MAINNET"
+	_, err := f.db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, 100))
+	scanned := func(n int) postgres.NewEvent {
+		hash := fmt.Sprintf("0x%064x", 0xe00+n)
+		return postgres.NewEvent{Event: payment.Event{ID: "chain:ETH_MAINNET:" + hash + ":native", Type: payment.Deposit,
+			UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("2"), TxHash: hash, TransferIndex: payment.TransferNative, Network: network},
+			Source: postgres.SourceScanner, ToAddress: "0x" + strings.Repeat("22", 20)}
+	}
+	pass := func(owner string, events ...postgres.NewEvent) ([]postgres.StoredDeposit, error) {
+		t.Helper()
+		claim, ok, err := f.db.ClaimScanCursor(ctx, network, owner, time.Minute, 10, 1000)
+		require.NoError(t, err)
+		require.True(t, ok)
+		stored, err := f.db.CompleteScanPass(ctx, network, owner, claim, events)
+		if err != nil {
+			require.NoError(t, f.db.ReleaseScanCursor(ctx, network, owner))
+		}
+		return stored, err
+	}
+	status := func(id string) (string, string, int) {
+		t.Helper()
+		var s, outcome string
+		var generation int
+		require.NoError(t, f.sql.QueryRow(ctx, `SELECT status, COALESCE(outcome, ''), generation FROM payment_events WHERE event_id = $1`, id).
+			Scan(&s, &outcome, &generation))
+		return s, outcome, generation
+	}
+	reorged, mismatch, locked := scanned(1), scanned(2), scanned(3)
+	stored, err := pass("a", reorged, mismatch, locked)
+	require.NoError(t, err)
+	require.Equal(t, []postgres.StoredDeposit{{Inserted: true}, {Inserted: true}, {Inserted: true}}, stored)
+	for id, outcome := range map[string]string{reorged.Event.ID: "reorged", mismatch.Event.ID: "mismatch", locked.Event.ID: "reorged"} {
+		_, err = f.sql.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = $2, chain_state = NULLIF($2, 'mismatch')
+			WHERE event_id = $1`, id, outcome)
+		require.NoError(t, err)
+	}
+	_, _, before := status(reorged.Event.ID)
+
+	stored, err = pass("a", reorged, mismatch)
+	require.NoError(t, err)
+	require.Equal(t, []postgres.StoredDeposit{{Reopened: true}, {}}, stored)
+	s, outcome, generation := status(reorged.Event.ID)
+	require.Equal(t, "pending", s)
+	require.Empty(t, outcome)
+	require.Equal(t, before+1, generation)
+	s, outcome, _ = status(mismatch.Event.ID)
+	require.Equal(t, "failed/mismatch", s+"/"+outcome, "only a reorged deposit is reopened by being seen again")
+	stored, err = pass("a", reorged)
+	require.NoError(t, err)
+	require.Equal(t, []postgres.StoredDeposit{{}}, stored, "reopened once")
+
+	// Another session holds the deposit's row: the reopen waits, the
+	// pass runs out of time and stores nothing.
+	next, _, _, err := f.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	hold, err := f.sql.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE`, locked.Event.ID)
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	claim, ok, err := f.db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = f.db.CompleteScanPass(short, network, "b", claim, []postgres.NewEvent{scanned(4), locked})
+	require.Error(t, err)
+	require.NoError(t, hold.Rollback(ctx))
+	_, err = f.db.Event(ctx, scanned(4).Event.ID)
+	require.ErrorIs(t, err, payment.ErrNotFound, "the failed pass stored nothing")
+	again, _, _, err := f.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.Equal(t, next, again, "the cursor did not move")
+	s, outcome, _ = status(locked.Event.ID)
+	require.Equal(t, "failed/reorged", s+"/"+outcome)
 }

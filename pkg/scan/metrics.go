@@ -13,6 +13,9 @@ const (
 	// SourceSuperseded: the id held a deposit the chain had contradicted
 	// (failed/mismatch), which now has the scanned content.
 	SourceSuperseded = "superseded"
+	// SourceReopened: the id held this deposit, failed/reorged; found
+	// again on the chain, it was reopened.
+	SourceReopened = "reopened"
 )
 
 // Label values of the passes' result.
@@ -46,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "settle_scan_head_lag_blocks", Help: "Blocks at or below the network's finality head that the scanner's cursor has not scanned yet.",
 		}, []string{"network"}),
 		deposits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_scan_deposits_total", Help: "Deposits the chain scanner found, by source: scanner (stored first, no webhook had reported it), reported (already an event), conflict (the id holds other content).",
+			Name: "settle_scan_deposits_total", Help: "Deposits the chain scanner found, by source: scanner (stored first, no webhook had reported it), reported (already an event), reopened (already an event that ended failed/reorged, now reopened), superseded (replaced a failed/mismatch deposit), conflict (the id holds other content).",
 		}, []string{"network", "source"}),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_scan_passes_total", Help: "Scanner passes, by kind (cursor, rescan) and result (ok, idle, skipped, lease_lost, error).",

@@ -474,6 +474,10 @@ func (s *Scanner) record(network string, events []postgres.NewEvent, stored []po
 			s.metrics.deposits.WithLabelValues(network, SourceSuperseded).Inc()
 			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
 				Msg("scanned transfer supersedes a stored deposit the chain contradicted (failed mismatch); reopened with the chain's content")
+		case st.Reopened:
+			s.metrics.deposits.WithLabelValues(network, SourceReopened).Inc()
+			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
+				Msg("scanner found the transfer of a reorged deposit canonical again; reopened")
 		case st.Inserted:
 			s.metrics.deposits.WithLabelValues(network, SourceScanner).Inc()
 			s.opts.Log.Info().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).

@@ -18,6 +18,7 @@ import (
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/pkg/tracing"
 )
@@ -201,4 +202,100 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, value string) fl
 		}
 	}
 	return total
+}
+
+// devScanFixture is a scanner over a manual dev chain (blocks only when
+// asked) into real PostgreSQL, with user 1 owning the registered
+// addresses of network.
+type devScanFixture struct {
+	ch      *devchain.Chain
+	client  *chain.Client
+	conn    *pgx.Conn
+	db      *postgres.DB
+	scanner *Scanner
+	n       Network
+	reg     *prometheus.Registry
+}
+
+func newDevScanFixture(t *testing.T, ctx context.Context, network string, registered []string) *devScanFixture {
+	t.Helper()
+	ch, err := devchain.Serve(ctx, devchain.Options{Manual: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	client, err := chain.Dial(ctx, ch.URL(), chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(ctx, `INSERT INTO users (id) VALUES (1)`)
+	require.NoError(t, err)
+	for _, a := range registered {
+		_, err = conn.Exec(ctx, `INSERT INTO deposit_addresses (network, address, user_id) VALUES ($1, $2, 1)`, network, a)
+		require.NoError(t, err)
+	}
+	reg := prometheus.NewRegistry()
+	n := Network{Name: network, RPC: client, Policy: chain.FinalizedPolicy()}
+	s := New(Options{Store: db, Owner: "dev-scan", Registerer: reg, Networks: []Network{n}, Log: zerolog.Nop()})
+	return &devScanFixture{ch: ch, client: client, conn: conn, db: db, scanner: s, n: n, reg: reg}
+}
+
+// drain runs cursor passes until the scanner is at its finality head.
+func (f *devScanFixture) drain(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for more, passes := true, 0; more; passes++ {
+		require.Less(t, passes, 100)
+		var err error
+		more, err = f.scanner.CursorPass(ctx, f.n)
+		require.NoError(t, err)
+	}
+}
+
+// TestScannerReopensReorgedDeposit: a deposit the scanner stored ended
+// failed/reorged (receipt seen, then gone past FINALITY_TIMEOUT), yet
+// its transaction is final on the chain. A rescan of its block finds the
+// very transfer again: the deposit is reopened (the contract: "the
+// scanner finds it"), counted as source reopened.
+func TestScannerReopensReorgedDeposit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d17"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, start+1))
+	tx, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	f.drain(t, ctx)
+	id := payment.Transfer{Network: network, TxHash: tx.Hash, Index: payment.TransferNative}.EventID()
+	state := func() string {
+		t.Helper()
+		var status, outcome string
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT status, COALESCE(outcome, '') FROM payment_events WHERE event_id = $1`, id).Scan(&status, &outcome))
+		return status + "/" + outcome
+	}
+	require.Equal(t, "pending/", state(), "the scanner stored the deposit")
+
+	_, err = f.conn.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = 'reorged', chain_state = 'reorged',
+		error = 'receipt seen, then gone; not back within 1h' WHERE event_id = $1`, id)
+	require.NoError(t, err)
+
+	job, err := f.db.CreateRescan(ctx, "rescan-reopen", network, tx.BlockNumber, tx.BlockNumber, "operator")
+	require.NoError(t, err)
+	did, err := f.scanner.RescanPass(ctx)
+	require.NoError(t, err)
+	require.True(t, did)
+	done, err := f.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", done.Status)
+	require.Equal(t, 1, done.Found)
+	require.Equal(t, "pending/", state(), "found canonical and final again, the reorged deposit is reopened")
+	require.InDelta(t, 1, counterValue(t, f.reg, "settle_scan_deposits_total", SourceReopened), 0)
 }
