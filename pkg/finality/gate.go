@@ -48,6 +48,7 @@ type Store interface {
 	KeepWatching(ctx context.Context, eventID string) error
 	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (bool, error)
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
+	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 }
 
@@ -211,13 +212,30 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 }
 
 // wait parks a deposit the chain cannot decide yet, or fails it once
-// FINALITY_TIMEOUT has passed without its transaction.
+// FINALITY_TIMEOUT has passed without its transaction: never seen, or
+// seen and then shown gone by the chain's evidence (see reorgEvidence).
 func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWaitState, verdict chain.Verdict) error {
 	if state.Age >= g.o.Timeout {
 		switch {
 		case !verdict.ReceiptSeen && state.ReceiptSeen:
-			g.verdicts.WithLabelValues(networkOf(e), "reorged").Inc()
-			return g.decide(ctx, e, payment.OutcomeReorged, "receipt seen, then gone; not back within "+g.o.Timeout.String(), true)
+			ev, err := g.reorgEvidence(ctx, e, state)
+			if errors.Is(err, payment.ErrUnavailable) {
+				// An outage decides nothing: asked again on the schedule.
+				verdict.Reason += "; chain unavailable for the reorg evidence: " + err.Error()
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if ev.reorged != "" {
+				g.verdicts.WithLabelValues(networkOf(e), "reorged").Inc()
+				return g.decide(ctx, e, payment.OutcomeReorged, ev.reorged, true)
+			}
+			verdict.Reason += "; " + ev.seen.Reason
+			if ev.found {
+				// Only this read lagged: the receipt is where the chain says.
+				verdict.ReceiptSeen, verdict.BlockNumber, verdict.BlockHash = true, ev.seen.BlockNumber, ev.seen.BlockHash
+			}
 		case !verdict.ReceiptSeen:
 			g.verdicts.WithLabelValues(networkOf(e), "not_found").Inc()
 			return g.decide(ctx, e, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String(), true)
@@ -241,6 +259,52 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 	})
 }
 
+// evidence is what reorgEvidence found.
+type evidence struct {
+	// reorged says why the deposit left the chain; "" while nothing shows it.
+	reorged string
+	// found: the chain shows the transaction (Canonical, Final, Moved).
+	found bool
+	seen  chain.Canonicity
+}
+
+// reorgEvidence decides whether a deposit whose receipt was seen, and is
+// missing now past FINALITY_TIMEOUT, left the chain. A single null is no
+// evidence (the contract): the chain must show it, as it does for the
+// reorg watcher. The block where it was seen replaced without it (Gone);
+// or its receipt absent on two reads REORG_RECHECK_DELAY and a new block
+// apart. Until then the deposit keeps waiting; evidence bounds that wait,
+// since a receipt that stays away makes the second read evidence.
+func (g *Gate) reorgEvidence(ctx context.Context, e payment.Event, state postgres.ChainWaitState) (evidence, error) {
+	if state.BlockHash == "" {
+		return evidence{seen: chain.Canonicity{Reason: "no block stored where the receipt was seen; nothing to compare"}}, nil
+	}
+	d, nc, _, err := g.claim(e, state.ToAddress)
+	if err != nil {
+		return evidence{}, err
+	}
+	seen, err := nc.Chain.StillCanonical(ctx, d, uint64(state.BlockNumber), state.BlockHash)
+	if err != nil {
+		return evidence{}, err
+	}
+	switch seen.State {
+	case chain.Gone:
+		return evidence{reorged: "receipt seen, then gone: " + seen.Reason, seen: seen}, nil
+	case chain.Absent:
+		a, err := g.o.Store.RecordWaitAbsence(ctx, e, state.BlockHash, int64(seen.Head), g.o.ReorgRecheckDelay)
+		if err != nil {
+			return evidence{}, err
+		}
+		if a.Evidence {
+			return evidence{seen: seen, reorged: fmt.Sprintf("receipt seen in block %d %s, then absent on reads %s and %d blocks apart",
+				state.BlockNumber, state.BlockHash, a.Since.Round(time.Second), int64(seen.Head)-a.HeadThen)}, nil
+		}
+		seen.Reason += "; not evidence yet"
+		return evidence{seen: seen}, nil
+	}
+	return evidence{found: true, seen: seen}, nil
+}
+
 // Verdict asks the chain about a deposit as Check would, without parking
 // or deciding anything: what a recheck shows an operator. toAddress is the
 // recipient the provider named, if any.
@@ -250,22 +314,32 @@ func (g *Gate) Verdict(ctx context.Context, e payment.Event, toAddress string) (
 }
 
 func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, string, error) {
+	deposit, nc, network, err := g.claim(e, toAddress)
+	if err != nil {
+		return chain.Verdict{}, network, err
+	}
+	v, err := nc.Chain.CheckDeposit(ctx, deposit, nc.Policy)
+	return v, network, err
+}
+
+// claim describes what the event claims of the chain, and the network
+// chain to ask.
+func (g *Gate) claim(e payment.Event, toAddress string) (chain.Deposit, NetworkChain, string, error) {
 	describe := g.deposit
 	if e.Type == payment.WithdrawalPost {
 		describe = g.payout // a payment out, not a deposit (payout.go)
 	}
 	deposit, network, err := describe(e, toAddress)
 	if err != nil {
-		return chain.Verdict{}, "", err
+		return chain.Deposit{}, NetworkChain{}, "", err
 	}
 	nc, ok := g.o.Networks[network]
 	if !ok {
 		// Not enabled in this worker, or enabled without an RPC under a
 		// policy that needs one (refused at start): wait for an operator.
-		return chain.Verdict{}, network, payment.Unavailable("finality", fmt.Errorf("network %s has no RPC in this worker (NETWORKS, RPC_URL_%s)", network, network))
+		return chain.Deposit{}, NetworkChain{}, network, payment.Unavailable("finality", fmt.Errorf("network %s has no RPC in this worker (NETWORKS, RPC_URL_%s)", network, network))
 	}
-	v, err := nc.Chain.CheckDeposit(ctx, deposit, nc.Policy)
-	return v, network, err
+	return deposit, nc, network, nil
 }
 
 // networkOf is an event's network; events stored before networks existed

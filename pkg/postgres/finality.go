@@ -53,6 +53,10 @@ type ChainWaitState struct {
 	TransferIndex string
 	// Network is where the deposit's transaction lives.
 	Network string
+	// BlockNumber and BlockHash are where its receipt was last seen (0
+	// and "": never).
+	BlockNumber int64
+	BlockHash   string
 }
 
 // ChainWait reads an event's finality history.
@@ -60,7 +64,8 @@ func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, er
 	stmt := q("chain_wait_state")
 	var s ChainWaitState
 	var ageMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex, &s.Network)
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&s.ReceiptSeen, &s.CreatedAt, &ageMicros, &s.Checks, &s.ToAddress, &s.TransferIndex, &s.Network,
+		&s.BlockNumber, &s.BlockHash)
 	s.Age = time.Duration(ageMicros) * time.Microsecond
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
@@ -193,6 +198,23 @@ func (db *DB) RecordAbsence(ctx context.Context, eventID, blockHash string, head
 	var a Absence
 	var sinceMicros int64
 	err := db.pool.QueryRow(ctx, stmt.text, eventID, blockHash, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Absence{}, nil
+	}
+	a.Since = time.Duration(sinceMicros) * time.Microsecond
+	return a, classify(stmt.name, err)
+}
+
+// RecordWaitAbsence is RecordAbsence for the live task of a deposit still
+// waiting for finality, whose receipt was seen in block blockHash and is
+// now missing: the same two-read rule decides whether that is evidence.
+// The task no longer live, or its receipt seen elsewhere since: the zero
+// Absence.
+func (db *DB) RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (Absence, error) {
+	stmt := q("record_wait_absence")
+	var a Absence
+	var sinceMicros int64
+	err := db.pool.QueryRow(ctx, stmt.text, e.ID, e.Generation, blockHash, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Absence{}, nil
 	}

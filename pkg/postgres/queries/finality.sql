@@ -6,6 +6,10 @@
 UPDATE payment_events
 SET status = 'awaiting_finality', next_check_at = now() + $3::interval, check_count = check_count + 1,
     receipt_seen_at = CASE WHEN $4 THEN COALESCE(receipt_seen_at, now()) ELSE receipt_seen_at END,
+    -- A receipt seen by this check (it names its block): an absence
+    -- recorded before was a lagging node.
+    absent_since = CASE WHEN $6::text IS NULL THEN absent_since END,
+    absent_head = CASE WHEN $6::text IS NULL THEN absent_head END,
     block_number = COALESCE($5, block_number), block_hash = COALESCE($6, block_hash),
     error = NULLIF($7, ''), updated_at = now()
 WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
@@ -28,9 +32,32 @@ SELECT receipt_seen_at IS NOT NULL, created_at,
        (extract(epoch FROM now() - COALESCE(reopened_at, created_at)) * 1000000)::bigint, check_count, COALESCE(to_address, ''),
        COALESCE(transfer_index, ''),
        -- Rows from before networks existed are their asset's network's.
-       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)),
+       COALESCE(block_number, 0), COALESCE(block_hash, '')
 FROM payment_events
 WHERE event_id = $1;
+
+-- name: record_wait_absence
+-- As record_absence, for a deposit still waiting for finality (the live
+-- task: $2 its generation) whose receipt, seen before in block $3, is
+-- missing while the chain shows nothing else: $4 the head seen, $5
+-- REORG_RECHECK_DELAY. A receipt seen again (await_finality with a
+-- block) or a credit (ledger_confirm) forgets it.
+WITH prev AS (
+    SELECT event_id, absent_since, absent_head
+    FROM payment_events
+    WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2 AND block_hash = $3
+    FOR UPDATE
+)
+UPDATE payment_events p
+SET absent_since = COALESCE(prev.absent_since, now()), absent_head = COALESCE(prev.absent_head, $4::bigint),
+    updated_at = now()
+FROM prev
+WHERE p.event_id = prev.event_id
+RETURNING prev.absent_since IS NULL,
+          (extract(epoch FROM now() - COALESCE(prev.absent_since, now())) * 1000000)::bigint,
+          COALESCE(prev.absent_head, $4::bigint),
+          COALESCE(now() - prev.absent_since >= $5::interval AND $4::bigint > prev.absent_head, false);
 
 -- name: watched_deposits
 -- Credited deposits whose block was not final when they were credited,

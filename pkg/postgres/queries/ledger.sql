@@ -209,7 +209,10 @@ WITH moved AS (
     SET status = 'confirmed', outcome = t.outcome, error = NULL, retry_count = 0, updated_at = now(),
         block_number = COALESCE(t.block_number, p.block_number),
         block_hash = COALESCE(NULLIF(t.block_hash, ''), p.block_hash),
-        chain_state = NULLIF(t.chain_state, '')
+        chain_state = NULLIF(t.chain_state, ''),
+        -- Credited on a receipt: an absence noted while it waited is not
+        -- the reorg watcher's first read.
+        absent_since = NULL, absent_head = NULL
     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[]) AS t(event_id, block_number, block_hash, chain_state, outcome)
     WHERE p.event_id = ANY($1::text[]) AND p.event_id = t.event_id AND p.status = 'enqueued' COLLATE "C"
     RETURNING p.event_id
