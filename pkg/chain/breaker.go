@@ -306,6 +306,24 @@ func (b *breaker) allow(ctx context.Context) (ticket, error) {
 	return b.allowLocal()
 }
 
+// isOpen tells, without taking a ticket, whether the breaker is open: an
+// answer that needs no call (a cached one) asks it, since while the
+// breaker is open nothing is credited. Half-open is not open: its probe
+// decides. A Redis failure leaves the in-process breaker to say.
+func (b *breaker) isOpen(ctx context.Context) bool {
+	if b.rdb != nil && b.redis.usable() {
+		redisCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), breakerRedisTimeout)
+		defer cancel()
+		n, err := b.rdb.Exists(redisCtx, b.keys[keyOpen]).Result()
+		if err == nil {
+			b.leaveFallback(ctx)
+			return n == 1
+		}
+		b.redisFailed(ctx, "state", err)
+	}
+	return b.local.State() == gobreaker.StateOpen
+}
+
 func (b *breaker) allowShared(ctx context.Context) (ticket, error) {
 	token, err := newToken()
 	if err != nil {

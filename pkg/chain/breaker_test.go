@@ -3,6 +3,7 @@ package chain
 import (
 	"context"
 	"errors"
+	"math/big"
 	"net/url"
 	"strings"
 	"testing"
@@ -422,4 +423,61 @@ func TestDialRejects(t *testing.T) {
 	}
 	_, err := Dial(ctx, "http://localhost:8545", ClientOptions{CallTimeout: time.Minute})
 	require.ErrorContains(t, err, "probe TTL")
+}
+
+// TestBreakerOpenCreditsNothingFromTheCache: a final deposit whose
+// receipt is cached is checked again while the breaker is open: the
+// cache would answer without the node, but nothing is credited while the
+// breaker is open (unavailable, no call made). Half-open, the cache
+// answers again without taking the probe slot.
+func TestBreakerOpenCreditsNothingFromTheCache(t *testing.T) {
+	c := startChain(t)
+	p := newProxy(t, c.URL())
+	w := newWorker(t, p.URL(), workerOptions{redisURL: testenv.RedisURL(t), breaker: testBreaker})
+	ctx := testContext(t)
+	to := c.Accounts()[1].Address
+	advanceTo(t, c, 2)
+	tx, err := c.SendETH(ctx, 0, to, big.NewInt(1_000))
+	require.NoError(t, err)
+	require.NoError(t, c.FinalizeThrough(ctx, tx.BlockNumber))
+	d := Deposit{TxHash: tx.Hash, Recipients: []string{to}, Amount: big.NewInt(1_000)}
+	require.Equal(t, Credit, check(t, w, d, FinalizedPolicy()).State)
+	require.NoError(t, w.client.BreakerOpen(ctx))
+
+	p.setMode(proxyFail)
+	failUntilOpen(t, p, w)
+	before := p.requests.Load()
+	v, err := w.checker.CheckDeposit(ctx, d, FinalizedPolicy())
+	require.ErrorIs(t, err, ErrBreakerOpen, "while the breaker is open nothing is credited; got %s (%s)", v.State, v.Reason)
+	require.ErrorIs(t, err, payment.ErrUnavailable)
+	require.Equal(t, before, p.requests.Load(), "no call reached the node")
+
+	p.setMode(proxyPass)
+	expireOpen(t, w)
+	require.Equal(t, Credit, check(t, w, d, FinalizedPolicy()).State, "half-open: the cache answers")
+	require.Equal(t, before, p.requests.Load())
+	_, err = w.client.breaker.allowShared(ctx)
+	require.NoError(t, err, "the probe slot is still free")
+}
+
+// TestBreakerOpenWithoutRedis: with Redis unreachable, whether the
+// breaker is open is the in-process breaker's word.
+func TestBreakerOpenWithoutRedis(t *testing.T) {
+	ctx := testContext(t)
+	rds, err := devenv.StartRedis(ctx, devenv.RedisOptions{})
+	require.NoError(t, err)
+	t.Cleanup(rds.Close)
+	c := startChain(t)
+	p := newProxy(t, c.URL())
+	w := newWorker(t, p.URL(), workerOptions{redisURL: rds.URL(0), breaker: testBreaker})
+	require.NoError(t, w.client.BreakerOpen(ctx))
+	rds.Stop()
+	require.NoError(t, w.client.BreakerOpen(ctx), "Redis failed: the in-process breaker is closed")
+	require.EqualValues(t, 1, metricValue(t, w.client.metrics.fallback))
+
+	p.setMode(proxyFail)
+	failUntilOpen(t, p, w)
+	w.client.breaker.redis.retryAt.Store(0) // Redis asked again, and failing again
+	require.ErrorIs(t, w.client.BreakerOpen(ctx), ErrBreakerOpen)
+	require.ErrorIs(t, w.client.BreakerOpen(ctx), ErrBreakerOpen, "and while Redis is not asked")
 }

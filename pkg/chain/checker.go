@@ -204,6 +204,11 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 		return Verdict{}, payment.Invalid("deposit finality policy is not set")
 	}
 	if r, ok := c.cache.final(ctx, d.TxHash); ok {
+		// The cache answers without the node, so without the breaker,
+		// which must still hold: while it is open nothing is credited.
+		if err := c.client.BreakerOpen(ctx); err != nil {
+			return Verdict{}, err
+		}
 		var latest uint64
 		if p.Kind() == Confirmations {
 			h, err := c.client.HeaderByTag(ctx, TagLatest)

@@ -180,6 +180,15 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 	}, nil
 }
 
+// BreakerOpen is ErrBreakerOpen while the breaker is open, nil otherwise;
+// it makes no call and takes no probe slot.
+func (c *Client) BreakerOpen(ctx context.Context) error {
+	if c.breaker.isOpen(ctx) {
+		return ErrBreakerOpen
+	}
+	return nil
+}
+
 // Close releases the connections.
 func (c *Client) Close() { c.rpc.Close() }
 

@@ -22,7 +22,9 @@
 // probe") and one after it (reportScript: record the outcome; tells
 // exactly one reporter that it opened or closed the breaker, and only that
 // process alerts). Nothing is held during the call itself, so calls from
-// any number of workers run concurrently; gobreaker v2.4's
+// any number of workers run concurrently. An answer the finality cache
+// could give without a call still asks whether the breaker is open (one
+// EXISTS, no ticket): while it is open nothing is credited. gobreaker v2.4's
 // DistributedCircuitBreaker, which holds its store's lock around the call,
 // is deliberately not used. What counts: transport errors, timeouts
 // (CallTimeoutDefault, 5s) and JSON-RPC errors are failures; "not found"
