@@ -128,8 +128,8 @@ func permutations(names []string) [][]string {
 // "reported").
 func TestOneTransferThreeProvidersAndTheScanner(t *testing.T) {
 	// A transaction is final three blocks deep, so the webhooks ahead of
-	// the scanner can deliver before its block is final; the scanner finds
-	// it once two more blocks are sealed.
+	// the scanner can deliver before its block is final; the scanner,
+	// following head − 3, finds it once three more blocks are sealed.
 	c := newChainStack(t, "confirmations:3", map[string]string{
 		"QUICKNODE_SECURITY_TOKEN": quickNodeToken,
 		"MORALIS_STREAM_SECRET":    moralisSecret,
@@ -186,7 +186,7 @@ func TestOneTransferThreeProvidersAndTheScanner(t *testing.T) {
 			ids = append(ids, id)
 			for i, name := range order {
 				if name == "scanner" {
-					require.NoError(t, c.chain.CommitBlocks(ctx, 2))
+					require.NoError(t, c.chain.CommitBlocks(ctx, 3))
 					c.WaitFor("the scanner past block "+fmt.Sprint(tx.BlockNumber), time.Minute, func() bool { return scannedPast(tx.BlockNumber) })
 					continue
 				}

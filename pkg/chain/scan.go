@@ -67,9 +67,11 @@ type Block struct {
 }
 
 // FinalityHead is the highest block deposits may be credited in under p:
-// the finalized block, the head less N-1 under confirmations:N (the
-// worker's rule: the head is the Nth confirmation), or the head under
-// none. ok is false while no block qualifies.
+// the finalized block, the head less N under confirmations:N (the
+// contract's head − N: one block short of the worker's credit rule, where
+// the head is the Nth confirmation, so a reorg of N blocks never rewrites
+// a block already scanned), or the head under none. ok is false while no
+// block qualifies.
 func (c *Client) FinalityHead(ctx context.Context, p Policy) (head uint64, ok bool, err error) {
 	switch p.Kind() {
 	case Finalized:
@@ -86,10 +88,7 @@ func (c *Client) FinalityHead(ctx context.Context, p Policy) (head uint64, ok bo
 		if err != nil {
 			return 0, false, err
 		}
-		behind := p.Confirmations()
-		if behind > 0 {
-			behind--
-		}
+		behind := p.Confirmations() // 0 under none
 		if h.Number < behind {
 			return 0, false, nil
 		}

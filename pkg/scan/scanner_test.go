@@ -299,3 +299,51 @@ func TestScannerReopensReorgedDeposit(t *testing.T) {
 	require.Equal(t, "pending/", state(), "found canonical and final again, the reorged deposit is reopened")
 	require.InDelta(t, 1, counterValue(t, f.reg, "settle_scan_deposits_total", SourceReopened), 0)
 }
+
+// TestScannerFollowsHeadMinusN: under confirmations:N the scanner follows
+// head − N (the contract). Under confirmations:2 a fork replacing the two
+// newest blocks mines a deposit that sat above the cursor into the lower
+// replaced height: with the cursor at head − 2 that height was not
+// scanned yet, and the deposit is found there. (Following head − (N−1),
+// the cursor had passed it and the deposit was never scanned.)
+func TestScannerFollowsHeadMinusN(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d18"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+	policy, err := chain.ConfirmationsPolicy(2)
+	require.NoError(t, err)
+	f.n.Policy = policy
+	f.scanner.networks[network] = f.n
+
+	require.NoError(t, f.ch.CommitBlocks(ctx, 3))
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, start+1))
+	dropped, err := f.ch.SendETH(ctx, 0, "0x00000000000000000000000000000000000b0b0b", big.NewInt(1))
+	require.NoError(t, err)
+	deposit, err := f.ch.SendETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.Equal(t, dropped.BlockNumber+1, deposit.BlockNumber)
+
+	head, ok, err := f.client.FinalityHead(ctx, policy)
+	require.NoError(t, err)
+	require.True(t, ok)
+	latest, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.Equal(t, latest-2, head, "head − N")
+	f.drain(t, ctx)
+
+	reorg, err := f.ch.Reorg(ctx, dropped.Hash)
+	require.NoError(t, err)
+	receipt, err := f.client.Receipt(ctx, deposit.Hash)
+	require.NoError(t, err)
+	t.Logf("fork at %d; the deposit is now in block %d; new head %d", reorg.ForkedAt, receipt.BlockNumber, reorg.NewHead)
+	require.NoError(t, f.ch.CommitBlocks(ctx, 3))
+	f.drain(t, ctx)
+	id := payment.Transfer{Network: network, TxHash: deposit.Hash, Index: payment.TransferNative}.EventID()
+	var n int
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
+	require.Equal(t, 1, n, "the deposit, canonical in block %d, was never scanned", receipt.BlockNumber)
+}
