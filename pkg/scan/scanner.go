@@ -251,15 +251,16 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 		return false, err
 	}
 	if !found {
-		// The first run starts after the current finality head: history
-		// nobody asked for is never scanned (a backfill or rescan asks).
-		if err := s.opts.Store.InitScanCursor(ctx, n.Name, head+1); err != nil {
+		// The first run starts at the current finality head, that block
+		// included (the contract): history before it nobody asked for is
+		// never scanned (a backfill or rescan asks). The next pass reads it.
+		if err := s.opts.Store.InitScanCursor(ctx, n.Name, head); err != nil {
 			return false, err
 		}
-		s.opts.Log.Info().Str("network", n.Name).Uint64("next_block", head+1).Msg("scan cursor starts at the finality head")
+		s.opts.Log.Info().Str("network", n.Name).Uint64("next_block", head).Msg("scan cursor starts at the finality head")
 		result = resultIdle
 		s.succeeded(n.Name)
-		s.metrics.lag.WithLabelValues(n.Name).Set(0)
+		s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(head, head)))
 		return false, nil
 	}
 	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(next, head)))

@@ -347,3 +347,60 @@ func TestScannerFollowsHeadMinusN(t *testing.T) {
 	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
 	require.Equal(t, 1, n, "the deposit, canonical in block %d, was never scanned", receipt.BlockNumber)
 }
+
+// TestFirstRunStartsAtTheHead: the first run for a network starts at the
+// current finality head, that block included (the contract), and no
+// earlier: a deposit in the head block is found by the next pass; one
+// below it is history nobody asked for.
+func TestFirstRunStartsAtTheHead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d19"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+	// The dev chain finalizes whole epochs: the deposit lands on the
+	// epoch's last block, the other just below it.
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.CommitBlocks(ctx, int(devchain.EpochBlocks-2-start)))
+	before, err := f.ch.SendETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	tx, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.Greater(t, tx.BlockNumber, before.BlockNumber)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, tx.BlockNumber))
+	head, ok, err := f.client.FinalityHead(ctx, chain.FinalizedPolicy())
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, tx.BlockNumber, head)
+
+	more, err := f.scanner.CursorPass(ctx, f.n) // first run
+	require.NoError(t, err)
+	require.False(t, more)
+	next, _, found, err := f.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, head, next, "the first run starts at the current finality head (%d), not after it", head)
+	require.InDelta(t, 1, gaugeValue(t, f.reg, "settle_scan_head_lag_blocks"), 0, "the head block is still to scan")
+
+	f.drain(t, ctx)
+	for hash, want := range map[string]int{tx.Hash: 1, before.Hash: 0} {
+		id := payment.Transfer{Network: network, TxHash: hash, Index: payment.TransferNative}.EventID()
+		var n int
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
+		require.Equal(t, want, n, hash)
+	}
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no single %s gauge", name)
+	return 0
+}
