@@ -115,12 +115,14 @@ func TestRecheckAgainstTheChain(t *testing.T) {
 }
 
 // TestAlchemyReaddedTransferCreditsOnce: with an RPC, Alchemy's removed
-// makes the chain decide; the worker's node then loses the receipt and
-// the deposit ends failed/reorged; Alchemy adds the transfer again, the
-// deposit is reopened, and once the transaction is final it is credited
-// exactly once, whatever Alchemy repeats afterwards.
+// makes the chain decide; the worker's node then loses the receipt and,
+// past FINALITY_TIMEOUT, once two reads REORG_RECHECK_DELAY and a new
+// block apart find it absent, the deposit ends failed/reorged; Alchemy
+// adds the transfer again, the deposit is reopened, and once the
+// transaction is final it is credited exactly once, whatever Alchemy
+// repeats afterwards.
 func TestAlchemyReaddedTransferCreditsOnce(t *testing.T) {
-	c := newChainStack(t, "finalized", map[string]string{"FINALITY_TIMEOUT": "3s"})
+	c := newChainStack(t, "finalized", map[string]string{"FINALITY_TIMEOUT": "3s", "REORG_RECHECK_DELAY": "1s"})
 	proxy := c.lyingWorkers(t)
 	ctx := context.Background()
 	tx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser1, big.NewInt(7_000_000))
@@ -140,6 +142,14 @@ func TestAlchemyReaddedTransferCreditsOnce(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, body)
 	require.EqualValues(t, 1, body["rechecked"], "the chain decides, not the flag")
 	require.EqualValues(t, 0, body["reversed"])
+	// One missing receipt is no evidence: the first absence is recorded,
+	// and the deposit waits for a second read a block later.
+	c.WaitFor("the first absence", 30*time.Second, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND absent_since IS NOT NULL`, eventID) == 1
+	})
+	waiting, _, _ := c.event(t, eventID)
+	require.Contains(t, []string{"awaiting_finality", "enqueued"}, waiting, "not decided on one missing receipt")
+	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
 	c.waitStatus(t, eventID, "failed")
 	_, outcome, _ := c.event(t, eventID)
 	require.Equal(t, "reorged", outcome)
