@@ -268,8 +268,10 @@ func TestOneTracePerEvent(t *testing.T) {
 	require.Equal(t, traceB, answerB["trace_id"])
 	headerC, answerC := p.post(map[string]any{"event_id": "tr-c", "event_type": "deposit", "user_id": 1, "asset": "ETH", "amount": "3"}, nil)
 	traceC, _ := answerC["trace_id"].(string)
-	require.Regexp(t, `^[0-9a-f]{32}$`, traceC, "a new trace id is a W3C trace id")
+	require.Regexp(t, `^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$`, traceC, "a new trace id is a UUID (the contract)")
 	require.Equal(t, traceC, headerC.Get(httpapi.HeaderRequestID))
+	// Its digits are the W3C trace id of the request's trace.
+	otelC := strings.ReplaceAll(traceC, "-", "")
 
 	p.startBackend()
 	for _, id := range []string{"tr-a", "tr-b", "tr-c"} {
@@ -281,14 +283,14 @@ func TestOneTracePerEvent(t *testing.T) {
 	})
 
 	taskIDs := map[string]bool{}
-	for _, c := range []struct{ id, traceID, callerSpan string }{
-		{"tr-a", traceA, parentA}, {"tr-b", traceB, parentB}, {"tr-c", traceC, ""},
+	for _, c := range []struct{ id, traceID, otelID, callerSpan string }{
+		{"tr-a", traceA, traceA, parentA}, {"tr-b", traceB, traceB, parentB}, {"tr-c", traceC, otelC, ""},
 	} {
 		_, stored, traceparent := p.row(c.id)
-		require.Equal(t, c.traceID, stored, "payment_events.trace_id is the OpenTelemetry trace id")
-		require.Equal(t, c.traceID, tracing.TraceID(traceparent), "the stored traceparent is in the event's trace")
+		require.Equal(t, c.traceID, stored, "payment_events.trace_id is the answer's trace_id")
+		require.Equal(t, c.otelID, tracing.TraceID(traceparent), "the stored traceparent is in the event's trace")
 
-		spans := p.spansOf(c.traceID)
+		spans := p.spansOf(c.otelID)
 		// The request span, named by its route once routed.
 		require.Len(t, spans[webhookSpan], 1, c.id)
 		request := spans[webhookSpan][0]
@@ -321,7 +323,7 @@ func TestOneTracePerEvent(t *testing.T) {
 		// No span about this event strays into another trace.
 		for _, s := range p.recorder.Ended() {
 			if attr(s, "settle.event_id") == c.id {
-				require.Equal(t, c.traceID, s.SpanContext().TraceID().String(), "%s span %s", c.id, s.Name())
+				require.Equal(t, c.otelID, s.SpanContext().TraceID().String(), "%s span %s", c.id, s.Name())
 			}
 		}
 	}
@@ -331,6 +333,6 @@ func TestOneTracePerEvent(t *testing.T) {
 	for _, tp := range p.received() {
 		delivered[tracing.TraceID(tp)] = true
 	}
-	require.Equal(t, map[string]bool{traceA: true, traceB: true, traceC: true}, delivered,
+	require.Equal(t, map[string]bool{traceA: true, traceB: true, otelC: true}, delivered,
 		"each notification's receiver is told its event's trace")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/tracing"
 )
 
 //go:embed templates/*.html static/*
@@ -139,6 +140,10 @@ func (c *Console) funcs() template.FuncMap {
 		"traceURL": func(traceID string) string {
 			if c.o.TraceURL == "" || traceID == "" {
 				return ""
+			}
+			// The tracing UI knows a UUID trace_id by its hex digits.
+			if id, ok := tracing.ParseTraceID(traceID); ok {
+				traceID = id.String()
 			}
 			return strings.ReplaceAll(c.o.TraceURL, TracePlaceholder, url.PathEscape(traceID))
 		},

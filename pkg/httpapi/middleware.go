@@ -73,8 +73,8 @@ func validTraceID(s string) bool {
 // on every response, and puts the trace id, the client address, a logger
 // stamped with it and the request's span into the request context. The
 // trace id is the caller's X-Request-ID, else a valid traceparent's
-// trace-id, else a new one: 32 hex digits, a W3C trace id, so the id in
-// the logs and rows is the tracing UI's too. A traceparent always
+// trace-id, else a new UUID (the contract) whose hex digits are the W3C
+// trace id the tracing UI shows. A traceparent always
 // continues the caller's OpenTelemetry trace. X-Request-ID echoes the
 // trace id.
 func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
@@ -95,7 +95,7 @@ func (s *Server) traceMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
 			id = parentID
 		}
 		if id == "" {
-			id = tracing.NewTraceID()
+			id = tracing.NewRequestID()
 		}
 		if parentID == "" {
 			ctx = tracing.WithTraceID(ctx, id)

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -76,15 +77,17 @@ func TestTraceparentOnWebhooks(t *testing.T) {
 		r := h.postPayment(deposit(id, 7, "1"), tracing.HeaderTraceparent, malformed)
 		require.Equal(t, 200, r.status, "%q: %s", malformed, r.raw)
 		fresh, _ := r.body["trace_id"].(string)
-		require.Regexp(t, `^[0-9a-f]{32}$`, fresh, malformed)
-		require.NotEqual(t, callerTrace, fresh, "%q must not be continued", malformed)
+		require.Regexp(t, uuidPattern, fresh, malformed)
+		require.Equal(t, fresh, r.header.Get(httpapi.HeaderRequestID))
+		digits := strings.ReplaceAll(fresh, "-", "")
+		require.NotEqual(t, callerTrace, digits, "%q must not be continued", malformed)
 		spans := webhookSpans(recorder)
 		require.Len(t, spans, 1)
 		require.False(t, spans[0].Parent().IsValid(), "%q: a new trace starts at the request", malformed)
-		require.Equal(t, fresh, spans[0].SpanContext().TraceID().String(), "the new trace is settle's trace_id")
+		require.Equal(t, digits, spans[0].SpanContext().TraceID().String(), "the new trace is settle's trace_id, its digits")
 		traceID, traceparent := storedTrace(t, h.dsn, id)
 		require.Equal(t, fresh, traceID)
-		require.Equal(t, fresh, tracing.TraceID(traceparent))
+		require.Equal(t, digits, tracing.TraceID(traceparent))
 	}
 
 	recorder.Reset()
@@ -110,7 +113,7 @@ func TestTraceparentOnWebhooks(t *testing.T) {
 }
 
 // With tracing off (no exporter) a caller's traceparent still travels
-// with the event, and a new trace id is still a W3C one.
+// with the event, and a new trace id is still a UUID.
 func TestTraceparentWhileTracingOff(t *testing.T) {
 	require.False(t, tracing.Enabled())
 	h := newHarness(t, harnessOptions{})
@@ -125,7 +128,10 @@ func TestTraceparentWhileTracingOff(t *testing.T) {
 	r = h.postPayment(deposit("off-none", 7, "1"), tracing.HeaderTraceparent, "garbage")
 	require.Equal(t, 200, r.status, string(r.raw))
 	traceID, traceparent = storedTrace(t, h.dsn, "off-none")
-	require.Regexp(t, `^[0-9a-f]{32}$`, traceID)
+	require.Regexp(t, uuidPattern, traceID)
 	require.Equal(t, traceID, r.body["trace_id"])
 	require.Empty(t, traceparent, "no span, no traceparent")
 }
+
+// uuidPattern is a UUID as the contract has the api make a request id.
+const uuidPattern = `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`

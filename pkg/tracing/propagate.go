@@ -154,13 +154,31 @@ func ParseTraceID(id string) (trace.TraceID, bool) {
 	return traceID, true
 }
 
-// NewTraceID is a new random trace id as settle writes it: 32 lowercase
-// hex digits, a valid W3C trace id (and a UUID in its hex form).
+// NewTraceID is a new random trace id for work settle starts itself (a
+// scanner pass): 32 lowercase hex digits, a valid W3C trace id.
 func NewTraceID() string {
 	id := newTraceID()
 	var b [32]byte
 	hex.Encode(b[:], id[:])
-	return string(b[:]) // one allocation, as uuid.NewString made
+	return string(b[:]) // one allocation
+}
+
+// NewRequestID is the id the api gives a request that brings none: a
+// random (version 4) UUID, as the contract says, whose 32 hex digits are
+// a valid W3C trace id, so its trace is found under the same digits
+// (ParseTraceID).
+func NewRequestID() string {
+	id := newTraceID()
+	id[6] = id[6]&0x0f | 0x40 // version 4
+	id[8] = id[8]&0x3f | 0x80 // the RFC 9562 variant
+	var b [36]byte
+	hex.Encode(b[0:8], id[0:4])
+	hex.Encode(b[9:13], id[4:6])
+	hex.Encode(b[14:18], id[6:8])
+	hex.Encode(b[19:23], id[8:10])
+	hex.Encode(b[24:36], id[10:16])
+	b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
+	return string(b[:])
 }
 
 // Ids come from crypto/rand, as the UUIDs settle made before: a trace id

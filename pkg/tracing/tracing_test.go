@@ -78,6 +78,12 @@ func TestParseTraceID(t *testing.T) {
 		require.Regexp(t, `^[0-9a-f]{32}$`, id)
 		_, ok := ParseTraceID(id)
 		require.True(t, ok)
+
+		request := NewRequestID()
+		require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, request, "a version 4 UUID")
+		traceID, ok := ParseTraceID(request)
+		require.True(t, ok)
+		require.Equal(t, strings.ReplaceAll(request, "-", ""), traceID.String())
 	}
 }
 
