@@ -14,9 +14,11 @@ import (
 )
 
 // Periods claims job periods so that, across every scheduler replica,
-// each period of each job runs once.
+// each period of each job runs once. The period is the one current on the
+// store's clock (its start is returned, won or not), so a replica whose
+// clock is off, or a changed Every, cannot block the others.
 type Periods interface {
-	ClaimPeriod(ctx context.Context, job string, period int64, owner string) (bool, error)
+	ClaimPeriod(ctx context.Context, job string, every, at time.Duration, owner string) (start time.Time, won bool, err error)
 }
 
 // Job is a periodic job of the scheduler.
@@ -39,17 +41,18 @@ type Job struct {
 	Run func(ctx context.Context) error
 }
 
-// period numbers the job's current period: runs at the same period number
-// are the same run, whoever attempts them.
-func (j Job) period(now time.Time) (int64, bool) {
+// start is when the job's current period began on this replica's clock,
+// and whether it is due: a daily job is not before its time of day. The
+// claim decides on the database's clock; this only schedules the tries.
+func (j Job) start(now time.Time) (time.Time, bool) {
 	if j.At == 0 {
-		return now.UnixNano() / int64(j.Every), true
+		return time.Unix(0, now.UnixNano()/int64(j.Every)*int64(j.Every)), true
 	}
 	day := now.UTC().Truncate(24 * time.Hour)
 	if now.UTC().Sub(day) < j.At {
-		return 0, false
+		return time.Time{}, false
 	}
-	return day.Unix() / int64(24*time.Hour/time.Second), true
+	return day.Add(j.At), true
 }
 
 // dueTimeout bounds a job's Due question.
@@ -64,21 +67,22 @@ func (j Job) checkEvery() time.Duration {
 	return min(max(j.Every/4, 50*time.Millisecond), 15*time.Second)
 }
 
-// wait is how long the job sleeps after a look at the clock at now:
-// until its next period starts (every job's periods start at multiples of
-// Every since the epoch, so the scheduler's jobs wake together, not each
-// on its own ticker), at once if the current period has not run (a run
-// that took longer than its period), or checkEvery for a failed claim.
-func (j Job) wait(now time.Time, lastRun int64, failed bool) time.Duration {
+// wait is how long the job sleeps after a look at the clock at now, its
+// last period done having started at lastRun: until its next period
+// starts (every job's periods start at multiples of Every since the
+// epoch, so the scheduler's jobs wake together, not each on its own
+// ticker), at once if the current period has not run (a run that took
+// longer than its period), or checkEvery for a failed claim.
+func (j Job) wait(now, lastRun time.Time, failed bool) time.Duration {
 	if j.At != 0 {
 		return j.checkEvery()
 	}
-	period := now.UnixNano() / int64(j.Every)
+	start, _ := j.start(now)
 	untilNext := procs.UntilAligned(now, j.Every)
 	switch {
 	case failed:
 		return min(untilNext, j.checkEvery())
-	case period != lastRun:
+	case !start.Equal(lastRun):
 		return 0
 	}
 	return untilNext
@@ -91,6 +95,8 @@ type Runner struct {
 	Periods Periods
 	Owner   string
 	Log     zerolog.Logger
+
+	clock func() time.Time // the replica's clock; time.Now when nil (tests set it)
 
 	runs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -116,10 +122,10 @@ func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
 
 type periodKey struct{}
 
-// JobPeriod is the period a job run claimed (the number the replicas
-// race for), as its Run sees it through the context.
-func JobPeriod(ctx context.Context) (int64, bool) {
-	p, ok := ctx.Value(periodKey{}).(int64)
+// JobPeriod is the start of the period a job run claimed (what the
+// replicas race for), as its Run sees it through the context.
+func JobPeriod(ctx context.Context) (time.Time, bool) {
+	p, ok := ctx.Value(periodKey{}).(time.Time)
 	return p, ok
 }
 
@@ -140,20 +146,23 @@ func (r *Runner) loop(ctx context.Context, j Job) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
-	lastRun := int64(-1)
+	var lastRun time.Time // on this replica's clock
 	for {
 		failed := false
-		if period, due := j.period(time.Now()); due && period != lastRun {
+		if start, due := j.start(r.now()); due && !start.Equal(lastRun) {
 			// A claim that failed is tried again after checkEvery; a period
 			// that ran (or that another replica owns) is done, even if the
-			// run failed: the next period runs it again.
-			if ran, err := r.tryRun(ctx, j, period); ran || err == nil {
-				lastRun = period
-			} else {
+			// run failed: the next period runs it again. A claim answered
+			// with an earlier period is the database's clock lagging ours:
+			// our period has not begun there yet, so it is asked again soon.
+			done, ran, err := r.tryRun(ctx, j, start)
+			if (err != nil && !ran) || done.Before(start) {
 				failed = true
+			} else {
+				lastRun = start
 			}
 		}
-		timer.Reset(j.wait(time.Now(), lastRun, failed))
+		timer.Reset(j.wait(r.now(), lastRun, failed))
 		select {
 		case <-ctx.Done():
 			return
@@ -162,9 +171,19 @@ func (r *Runner) loop(ctx context.Context, j Job) {
 	}
 }
 
+// now is the replica's clock.
+func (r *Runner) now() time.Time {
+	if r.clock != nil {
+		return r.clock()
+	}
+	return time.Now()
+}
+
 // tryRun claims the period (unless the job is local) and runs the job if
-// the claim is ours.
-func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err error) {
+// the claim is ours. period is the replica's idea of the current period;
+// done is the one the claim was for (the store's), which a lost claim
+// leaves to whoever won it.
+func (r *Runner) tryRun(ctx context.Context, j Job, period time.Time) (done time.Time, ran bool, err error) {
 	if j.Due != nil {
 		dueCtx, cancel := context.WithTimeout(ctx, dueTimeout)
 		due, err := j.Due(dueCtx)
@@ -174,18 +193,19 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err
 				r.runs.WithLabelValues(j.Name, "idle").Inc()
 				r.last.WithLabelValues(j.Name).SetToCurrentTime()
 			}
-			return true, nil
+			return period, true, nil
 		}
 	}
 	if !j.Local {
-		won, err := r.Periods.ClaimPeriod(ctx, j.Name, period, r.Owner)
+		start, won, err := r.Periods.ClaimPeriod(ctx, j.Name, j.Every, j.At, r.Owner)
 		if err != nil {
 			r.Log.Warn().Err(err).Str("job", j.Name).Msg("could not claim job period")
-			return false, err
+			return time.Time{}, false, err
 		}
 		if !won {
-			return false, nil
+			return start, false, nil
 		}
+		period = start
 	}
 	timeout := j.Timeout
 	if timeout <= 0 {
@@ -209,6 +229,6 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period int64) (ran bool, err
 	if r.runs != nil {
 		r.runs.WithLabelValues(j.Name, result).Inc()
 	}
-	event.Str("job", j.Name).Int64("period", period).Str("owner", r.Owner).Bool("local", j.Local).Dur("took", time.Since(started)).Msg("job ran")
-	return true, err
+	event.Str("job", j.Name).Time("period", period).Str("owner", r.Owner).Bool("local", j.Local).Dur("took", time.Since(started)).Msg("job ran")
+	return period, true, err
 }

@@ -24,7 +24,7 @@ func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
 	db := testenv.DB(t)
 	const every = 200 * time.Millisecond
 	var mu sync.Mutex
-	runs := map[int64][]string{}
+	runs := map[time.Time][]string{}
 	job := func(owner string) periodic.Job {
 		return periodic.Job{Name: "tick", Every: every, Run: func(ctx context.Context) error {
 			// The claimed period, not the clock at run time: a run late in
@@ -50,7 +50,7 @@ func TestTwoRunnersNeverFireOnePeriodTwice(t *testing.T) {
 	defer mu.Unlock()
 	require.GreaterOrEqual(t, len(runs), 5, "the job kept running")
 	for period, owners := range runs {
-		require.Len(t, owners, 1, "period %d fired by %v", period, owners)
+		require.Len(t, owners, 1, "period %s fired by %v", period, owners)
 	}
 }
 
@@ -80,7 +80,7 @@ func TestLocalJobRunsOnEveryReplica(t *testing.T) {
 	defer mu.Unlock()
 	require.GreaterOrEqual(t, runs["a"], 3)
 	require.GreaterOrEqual(t, runs["b"], 3)
-	claimed, err := db.ClaimPeriod(context.Background(), "gauges", 1, "probe")
+	_, claimed, err := db.ClaimPeriod(context.Background(), "gauges", every, 0, "probe")
 	require.NoError(t, err)
 	require.True(t, claimed, "a local job leaves no claim behind")
 }
@@ -145,4 +145,56 @@ func TestDueJobPassesOverIdlePeriods(t *testing.T) {
 		require.Eventually(t, func() bool { return runs.Load() >= before+3 }, 10*time.Second, 10*time.Millisecond, "Due %s: the job did not run", a)
 		require.Equal(t, 1, claimed())
 	}
+}
+
+// runFor runs one job on a fresh runner (a scheduler replica) for d and
+// reports how many times it ran.
+func runFor(t *testing.T, r *periodic.Runner, every, d time.Duration) int64 {
+	t.Helper()
+	var ran atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	r.Run(ctx, []periodic.Job{{Name: "recover_stale", Every: every, Run: func(context.Context) error {
+		ran.Add(1)
+		return nil
+	}}})
+	return ran.Load()
+}
+
+// TestLongerIntervalStillRuns: an operator raises a job's interval
+// (RECOVER_INTERVAL 2m -> 5m, say) and restarts the scheduler. The job
+// keeps running once per new period: a bare period number (now/Every)
+// would shrink, and every claim of it would be refused as already done.
+func TestLongerIntervalStillRuns(t *testing.T) {
+	db := testenv.DB(t)
+	before := &periodic.Runner{Periods: db, Owner: "old-config", Log: zerolog.Nop()}
+	require.Positive(t, runFor(t, before, 100*time.Millisecond, 50*time.Millisecond), "the job runs under the old interval")
+
+	after := &periodic.Runner{Periods: db, Owner: "new-config", Log: zerolog.Nop()}
+	require.Positive(t, runFor(t, after, 250*time.Millisecond, 1200*time.Millisecond),
+		"after the interval was raised the job never ran again (its periods are refused as already claimed)")
+}
+
+// TestClockAheadDoesNotStopJobs: a replica whose clock runs an hour fast
+// still claims the database's current period, not one an hour ahead that
+// would make every replica refuse each real period until then.
+func TestClockAheadDoesNotStopJobs(t *testing.T) {
+	db := testenv.DB(t)
+	const every = 200 * time.Millisecond
+	fast := &periodic.Runner{Periods: db, Owner: "fast-clock", Log: zerolog.Nop()}
+	periodic.SetClock(fast, func() time.Time { return time.Now().Add(time.Hour) })
+	require.Positive(t, runFor(t, fast, every, 500*time.Millisecond), "the fast replica runs the database's periods")
+
+	right := &periodic.Runner{Periods: db, Owner: "right-clock", Log: zerolog.Nop()}
+	require.Positive(t, runFor(t, right, every, time.Second), "no period ran for the hour after a replica's clock ran fast")
+}
+
+// TestClockBehindStillRunsEachPeriod: a replica whose clock lags the
+// database's by an hour still runs the job each period (the database's),
+// instead of waiting an hour for its own clock to reach a period it ran.
+func TestClockBehindStillRunsEachPeriod(t *testing.T) {
+	db := testenv.DB(t)
+	slow := &periodic.Runner{Periods: db, Owner: "slow-clock", Log: zerolog.Nop()}
+	periodic.SetClock(slow, func() time.Time { return time.Now().Add(-time.Hour) })
+	require.GreaterOrEqual(t, runFor(t, slow, 200*time.Millisecond, 1100*time.Millisecond), int64(3))
 }
