@@ -17,12 +17,14 @@ import (
 
 // Recovery bounds.
 const (
-	RecoveryBatchDefault        = 500
-	MaxRecoveryAttemptsDefault  = 10
-	StaleEnqueuedAfterDefault   = 3 * time.Minute
-	RecoverIntervalDefault      = 2 * time.Minute
-	inspectTimeout              = time.Second
-	recoveryPassesPerRunMaximum = 20
+	RecoveryBatchDefault       = 500
+	MaxRecoveryAttemptsDefault = 10
+	StaleEnqueuedAfterDefault  = 3 * time.Minute
+	RecoverIntervalDefault     = 2 * time.Minute
+	inspectTimeout             = time.Second
+	// recoveryPagesPerRunMax bounds one run to this many pages of
+	// BatchMax events; the next run goes on where it stopped.
+	recoveryPagesPerRunMax = 20
 )
 
 // TaskInspector is the part of asynq's Inspector recovery needs.
@@ -37,7 +39,7 @@ type Alerter interface {
 
 // Stale is the database side of recovery.
 type Stale interface {
-	RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, decide func(context.Context, postgres.StaleEvent) (postgres.RecoveryAction, string)) (postgres.RecoveryReport, error)
+	RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, after postgres.StaleCursor, decide func(context.Context, postgres.StaleEvent) (postgres.RecoveryAction, string)) (postgres.RecoveryReport, error)
 }
 
 // Recovery finds events stuck in 'enqueued' — the queue lost them, a
@@ -52,6 +54,11 @@ type Recovery struct {
 	StaleAfter  time.Duration
 	MaxAttempts int
 	BatchMax    int
+
+	// resume is where the last run stopped at its page bound, so the
+	// next one goes on from there rather than from the oldest again.
+	// Runs of one Recovery are sequential (one job).
+	resume postgres.StaleCursor
 
 	requeued     prometheus.Counter
 	deadLettered prometheus.Counter
@@ -68,15 +75,21 @@ func (r *Recovery) RegisterMetrics(reg prometheus.Registerer) {
 	}
 }
 
-// Run recovers until a pass finds nothing more to do (bounded).
+// Run recovers page after page of stale events, oldest first, until a
+// short page or recoveryPagesPerRunMax pages. Each page starts after the
+// last, so events left alone (their tasks still waiting in the queue) do
+// not hide a lost one behind them; a run stopped by the bound leaves the
+// next to go on after it.
 func (r *Recovery) Run(ctx context.Context) error {
-	for range recoveryPassesPerRunMaximum {
-		// Events of one task share one question to asynq per pass.
-		seen := make(map[string]taskState)
-		decide := func(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
-			return r.decide(ctx, s, seen)
-		}
-		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, decide)
+	// Events of one task share one question to asynq per run.
+	seen := make(map[string]taskState)
+	decide := func(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
+		return r.decide(ctx, s, seen)
+	}
+	cursor := r.resume
+	r.resume = postgres.StaleCursor{}
+	for range recoveryPagesPerRunMax {
+		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, cursor, decide)
 		if err != nil {
 			return err
 		}
@@ -91,10 +104,14 @@ func (r *Recovery) Run(ctx context.Context) error {
 				Int("dead_lettered", len(report.DeadLettered)).Int("skipped", report.Skipped).Int("failed", report.Failed).
 				Msg("stale recovery pass")
 		}
-		if report.Examined < r.BatchMax || report.Examined == report.Skipped {
+		if report.Examined < r.BatchMax {
 			return nil
 		}
+		cursor = report.Next
 	}
+	r.resume = cursor
+	r.Log.Warn().Int("pages", recoveryPagesPerRunMax).Int("batch", r.BatchMax).Time("stopped_at", cursor.UpdatedAt).
+		Msg("stale recovery stopped at its page bound; the next run goes on from there")
 	return nil
 }
 

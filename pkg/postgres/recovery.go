@@ -37,31 +37,43 @@ const (
 	RecoveryDeadLetter
 )
 
+// StaleCursor is where a page of stale events ended: the next page
+// starts after it. The zero value starts at the oldest.
+type StaleCursor struct {
+	UpdatedAt time.Time
+	EventID   string
+}
+
 // RecoveryReport counts what a pass did.
 type RecoveryReport struct {
 	Examined, Skipped, Requeued int
 	DeadLettered                []payment.DeadLetter
 	Failed                      int // rows whose savepoint failed; left for the next pass
+	// Next is the cursor after the last event examined (after, when
+	// none was).
+	Next StaleCursor
 }
 
 // RecoverStale reads up to limit events stuck in 'enqueued' for longer
-// than staleAfter and applies decide to each. decide asks the queue, so it
+// than staleAfter, oldest first after the cursor after, and applies
+// decide to each. decide asks the queue, so it
 // runs outside any transaction and holds no row lock while it waits on
 // Redis: the ledger is never stalled behind a slow queue. Each decision is
 // then written in a short transaction of its own, guarded by the
 // generation that was read, so an event the ledger settled meanwhile, or
 // that another scheduler recovered first, is left alone.
-func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, decide func(context.Context, StaleEvent) (RecoveryAction, string)) (RecoveryReport, error) {
-	var report RecoveryReport
+func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit int, after StaleCursor, decide func(context.Context, StaleEvent) (RecoveryAction, string)) (RecoveryReport, error) {
+	report := RecoveryReport{Next: after}
 	if limit <= 0 || limit > RecoveryBatchMax {
 		return report, fmt.Errorf("recovery batch %d outside 1..%d", limit, RecoveryBatchMax)
 	}
-	stale, err := db.staleEnqueued(ctx, staleAfter, limit)
+	stale, err := db.staleEnqueued(ctx, staleAfter, limit, after)
 	if err != nil {
 		return report, err
 	}
 	for _, s := range stale {
 		report.Examined++
+		report.Next = StaleCursor{UpdatedAt: s.UpdatedAt, EventID: s.Event.ID}
 		action, reason := decide(ctx, s)
 		if action == RecoverySkip {
 			report.Skipped++
@@ -82,9 +94,9 @@ func (db *DB) RecoverStale(ctx context.Context, staleAfter time.Duration, limit 
 	return report, nil
 }
 
-func (db *DB) staleEnqueued(ctx context.Context, staleAfter time.Duration, limit int) ([]StaleEvent, error) {
+func (db *DB) staleEnqueued(ctx context.Context, staleAfter time.Duration, limit int, after StaleCursor) ([]StaleEvent, error) {
 	stmt := q("stale_enqueued")
-	rows, err := db.pool.Query(ctx, stmt.text, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit)
+	rows, err := db.pool.Query(ctx, stmt.text, fmt.Sprintf("%d milliseconds", staleAfter.Milliseconds()), limit, after.UpdatedAt, after.EventID)
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}

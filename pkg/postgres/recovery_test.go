@@ -44,7 +44,7 @@ func TestRecoveryHoldsNoLockWhileItAsks(t *testing.T) {
 		}
 		return postgres.RecoveryRequeue, ""
 	}
-	report, err := f.db.RecoverStale(ctx, time.Minute, 10, decide)
+	report, err := f.db.RecoverStale(ctx, time.Minute, 10, postgres.StaleCursor{}, decide)
 	require.NoError(t, err)
 	require.Equal(t, []error{nil, nil, nil}, lockErrs, "rows were locked while the queue was asked")
 	require.Equal(t, 2, report.Examined)
@@ -54,4 +54,35 @@ func TestRecoveryHoldsNoLockWhileItAsks(t *testing.T) {
 	require.Equal(t, 1, f.count(`SELECT generation FROM payment_events WHERE event_id = 'stale-b'`), "recovered once, not twice")
 	require.Equal(t, 1, f.count(`SELECT retry_count FROM payment_events WHERE event_id = 'stale-a'`))
 	require.Equal(t, 0, f.count(`SELECT retry_count FROM payment_events WHERE event_id = 'stale-b'`))
+}
+
+// TestStaleEventsPageByCursor: pages of stale events follow one another
+// by (updated_at, event_id), so events enqueued in one transaction (one
+// updated_at) are each read once, and an event left alone is not read
+// again by the next page.
+func TestStaleEventsPageByCursor(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	for _, id := range []string{"c", "a", "b"} {
+		f.enqueue(id, payment.Deposit, 1, "ETH", "1")
+	}
+	_, err := f.sql.Exec(ctx, `UPDATE payment_events SET updated_at = now() - interval '1 hour'`)
+	require.NoError(t, err)
+	var read []string
+	skip := func(_ context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
+		read = append(read, s.Event.ID)
+		return postgres.RecoverySkip, ""
+	}
+	var cursor postgres.StaleCursor
+	for range 4 {
+		report, err := f.db.RecoverStale(ctx, time.Minute, 1, cursor, skip)
+		require.NoError(t, err)
+		if report.Examined == 0 {
+			require.Equal(t, cursor, report.Next, "an empty page leaves the cursor where it was")
+			break
+		}
+		cursor = report.Next
+	}
+	require.Equal(t, []string{"a", "b", "c"}, read)
 }

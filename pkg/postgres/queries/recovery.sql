@@ -2,12 +2,17 @@
 -- Events handed to the queue longer ago than the stale bound: the queue
 -- may have lost them. Not locked: recovery asks the queue about them
 -- before it writes, and every write is guarded by the generation read
--- here, so two schedulers never recover one twice.
+-- here, so two schedulers never recover one twice. One page after the
+-- cursor ($3, $4: the last page's last updated_at and event_id): an
+-- event left alone (its task still waiting) keeps its updated_at, so
+-- without the cursor the same oldest page came back every time.
+-- updated_at >= $3 lets the partial index on updated_at find the page.
 SELECT event_id, event_type, user_id, asset, amount::text, trace_id, retry_count, generation, updated_at,
        COALESCE(task_id, '')
 FROM payment_events
 WHERE status = 'enqueued' AND updated_at < now() - $1::interval
-ORDER BY updated_at
+  AND updated_at >= $3 AND (updated_at, event_id) > ($3::timestamptz, $4::text)
+ORDER BY updated_at, event_id
 LIMIT $2;
 
 -- name: requeue_stale

@@ -1,0 +1,3 @@
+package outbox
+
+const RecoveryPagesPerRunMax = recoveryPagesPerRunMax
