@@ -18,7 +18,7 @@ const (
 // in batches of batch rows, pausing between batches so the cleanup never
 // hogs the database, and at most CleanupBatchesMax batches per run. (Days
 // past retention are dropped whole by MaintainPartitions; this trims the
-// rows written before partitioning.)
+// rows written before partitioning and those in the default partition.)
 func (db *DB) CleanupProcessed(ctx context.Context, retention time.Duration, batch int, pause time.Duration) (int64, error) {
 	return db.deleteInBatches(ctx, q("cleanup_processed"), retention, batch, pause)
 }

@@ -163,18 +163,21 @@ func (db *DB) partitionDDL(ctx context.Context, o PartitionOptions, ddl func(pgx
 	}
 }
 
-// trimLegacy deletes old terminal rows from the partition that holds the
-// records written before partitioning, and drops it once it is empty.
+// trimLegacy deletes old terminal rows that no dropped day takes with it:
+// those of the partition that holds the records written before
+// partitioning, which it drops once empty, and those that fell into the
+// default partition (r.DefaultRows), whether or not the legacy one is
+// still there.
 func (db *DB) trimLegacy(ctx context.Context, retention time.Duration, o PartitionOptions, r *PartitionReport) (int64, error) {
 	var exists bool
 	if err := db.pool.QueryRow(ctx, `SELECT to_regclass('processed_events_legacy') IS NOT NULL`).Scan(&exists); err != nil {
 		return 0, classify("legacy partition", err)
 	}
-	if !exists {
+	if !exists && r.DefaultRows == 0 {
 		return 0, nil
 	}
 	trimmed, err := db.CleanupProcessed(ctx, retention, CleanupBatchDefault, CleanupPauseDefault)
-	if err != nil {
+	if err != nil || !exists {
 		return trimmed, err
 	}
 	var left int64

@@ -195,3 +195,138 @@ wait:
 	require.Equal(t, applied, f.count(`SELECT count(*) FROM balance_events WHERE user_id = 1`))
 	f.requireJournalInvariant()
 }
+
+// partitionBound is a partition's range, printed in UTC.
+func partitionBound(t *testing.T, f *fixture, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	_, err := f.sql.Exec(ctx, `SET TimeZone = 'UTC'`)
+	require.NoError(t, err)
+	var bound string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE c.relname = $1`, name).Scan(&bound))
+	return bound
+}
+
+// TestPartitionDayIsAUTCDayInAnyTimeZone: a daily partition of
+// processed_events covers one UTC day, [midnight, next midnight),
+// whatever the session's TimeZone (settle never pins it; a database
+// initialised on a host in Europe has 'Europe/Berlin'). interval '1 day'
+// added to a timestamptz follows the session's time zone across a DST
+// change: the spring day came out 23 hours, its last hour in
+// processed_events_default.
+func TestPartitionDayIsAUTCDayInAnyTimeZone(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.sql.Exec(ctx, `SET TimeZone = 'Europe/Berlin'`)
+	require.NoError(t, err)
+	// What MaintainPartitions runs for each day ahead, here for the day
+	// of the 2027 spring DST change and the next.
+	var created int
+	for _, day := range []string{"2027-03-28T00:00:00Z", "2027-03-29T00:00:00Z"} {
+		require.NoError(t, f.sql.QueryRow(ctx, `SELECT settle_processed_partitions_ahead($1::timestamptz, 1)`, day).Scan(&created))
+		require.Equal(t, 1, created, day)
+	}
+	bound := partitionBound(t, f, "processed_events_p20270328")
+	require.Equal(t, "FOR VALUES FROM ('2027-03-28 00:00:00+00') TO ('2027-03-29 00:00:00+00')", bound)
+	// A record written at 23:30 UTC that day belongs to that day's partition.
+	_, err = f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at)
+		VALUES (repeat('a', 64), 'dst-late', 'success', '2027-03-28T23:30:00Z')`)
+	require.NoError(t, err)
+	var part string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT tableoid::regclass::text FROM processed_events WHERE event_id = 'dst-late'`).Scan(&part))
+	require.Equal(t, "processed_events_p20270328", part, "partition bound %s", bound)
+}
+
+// TestPartitionAfterAutumnDSTExists: the autumn DST day came out 25 hours
+// in a Europe/Berlin session, the next day's partition overlapped it, and
+// the overlap was swallowed as if it were the legacy partition's: a whole
+// UTC day of idempotency records went to processed_events_default.
+func TestPartitionAfterAutumnDSTExists(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.sql.Exec(ctx, `SET TimeZone = 'Europe/Berlin'`)
+	require.NoError(t, err)
+	var created int
+	for _, day := range []string{"2027-10-31T00:00:00Z", "2027-11-01T00:00:00Z"} {
+		require.NoError(t, f.sql.QueryRow(ctx, `SELECT settle_processed_partitions_ahead($1::timestamptz, 1)`, day).Scan(&created))
+		require.Equal(t, 1, created, "no partition for %s", day)
+	}
+	require.Equal(t, "FOR VALUES FROM ('2027-11-01 00:00:00+00') TO ('2027-11-02 00:00:00+00')", partitionBound(t, f, "processed_events_p20271101"))
+}
+
+// TestPartitionOverlapIsAnErrorUnlessLegacy: a day the pre-partitioning
+// partition covers is passed over; a day some other partition overlaps
+// is an error, not a day silently left to the default partition.
+func TestPartitionOverlapIsAnErrorUnlessLegacy(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var legacyEnd time.Time
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz
+		FROM pg_class c WHERE c.relname = 'processed_events_legacy'`).Scan(&legacyEnd))
+	var created int
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT settle_processed_partitions_ahead($1::timestamptz, 1)`, legacyEnd.Add(-24*time.Hour)).Scan(&created))
+	require.Zero(t, created, "the legacy partition's last day gets no partition of its own")
+
+	_, err := f.sql.Exec(ctx, `CREATE TABLE processed_events_odd PARTITION OF processed_events
+		FOR VALUES FROM ('2028-01-01 12:00:00+00') TO ('2028-01-02 12:00:00+00')`)
+	require.NoError(t, err)
+	err = f.sql.QueryRow(ctx, `SELECT settle_processed_partitions_ahead('2028-01-02 00:00:00+00', 1)`).Scan(&created)
+	require.Error(t, err, "an overlap with a partition other than the legacy one was swallowed")
+}
+
+// TestDefaultPartitionTrimmedWithoutLegacy: terminal records past
+// retention that fell into the default partition are deleted by the
+// maintenance once the legacy partition is gone too (no dropped day ever
+// takes them).
+func TestDefaultPartitionTrimmedWithoutLegacy(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.sql.Exec(ctx, `DROP TABLE processed_events_legacy`)
+	require.NoError(t, err)
+	_, err = f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at) VALUES
+		(repeat('a', 64), 'old-done', 'success', now() - interval '20 days'),
+		(repeat('b', 64), 'old-pending', 'pending', now() - interval '20 days')`)
+	require.NoError(t, err)
+	report, err := f.db.MaintainPartitions(ctx, 14*24*time.Hour, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), report.DefaultRows, "counted (and alerted on) before the trim")
+	require.Equal(t, int64(1), report.Trimmed)
+	rows, err := f.sql.Query(ctx, `SELECT event_id FROM processed_events_default`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"old-pending"}, left, "the terminal record was trimmed, the pending one kept")
+}
+
+// TestPartitionsMigrationRepairsDSTDays: 0023 makes again, with UTC-day
+// bounds, the empty partitions the old function cut to a local day, and
+// leaves one that holds records as it is.
+func TestPartitionsMigrationRepairsDSTDays(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	_, err := db.MigrateTo(ctx, 22)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `SET TimeZone = 'Europe/Berlin'`)
+	require.NoError(t, err)
+	for _, day := range []string{"2027-03-28T00:00:00Z", "2027-10-31T00:00:00Z"} {
+		_, err = conn.Exec(ctx, `SELECT settle_processed_partitions_ahead($1::timestamptz, 1)`, day)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at)
+		VALUES (repeat('a', 64), 'kept', 'success', '2027-03-28T12:00:00Z')`)
+	require.NoError(t, err)
+	_, err = db.MigrateTo(ctx, 23)
+	require.NoError(t, err)
+
+	f := &fixture{t: t, dsn: dsn, db: db, sql: conn}
+	require.Equal(t, "FOR VALUES FROM ('2027-10-31 00:00:00+00') TO ('2027-11-01 00:00:00+00')", partitionBound(t, f, "processed_events_p20271031"))
+	require.Equal(t, "FOR VALUES FROM ('2027-03-28 00:00:00+00') TO ('2027-03-28 23:00:00+00')", partitionBound(t, f, "processed_events_p20270328"),
+		"a partition holding records is not dropped")
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM processed_events WHERE event_id = 'kept'`).Scan(&n))
+	require.Equal(t, 1, n)
+}
