@@ -250,7 +250,14 @@ func maintenanceTimeout(taskType string, every time.Duration) time.Duration {
 // (it asks about a queue found empty only every few seconds).
 func enqueueMaintenance(client *asynq.Client, rdb redis.UniversalClient, queueName, taskType string, every time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
-		period := time.Now().UnixNano() / int64(every)
+		// The task is named by the period this scheduler claimed (the
+		// database's clock), so a replica's skewed clock cannot name it
+		// after a neighbouring period's task and be taken for a duplicate.
+		start, ok := periodic.JobPeriod(ctx)
+		if !ok {
+			start = time.Now().Truncate(every)
+		}
+		period := start.UnixNano() / int64(every)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
 			asynq.Queue(queueName), asynq.TaskID(taskType+":"+strconv.FormatInt(period, 10)),
 			asynq.MaxRetry(0), asynq.Timeout(maintenanceTimeout(taskType, every)), asynq.Retention(0))

@@ -19,6 +19,7 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/notify"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/periodic"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/task"
 	"github.com/settle/settle/pkg/testenv"
@@ -51,6 +52,29 @@ func TestMaintenanceTaskWakesTheWorkers(t *testing.T) {
 	n, err := rdb.LLen(ctx, task.PendingListKey(task.QueueNotifications)).Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+}
+
+// TestMaintenanceTaskNamedByItsClaimedPeriod: the task id comes from the
+// period the scheduler claimed on the database's clock, not from its own
+// clock: two periods' runs in one instant of a skewed replica are two
+// tasks, not one taken for the other's duplicate.
+func TestMaintenanceTaskNamedByItsClaimedPeriod(t *testing.T) {
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	queue := task.QueueMaintenance
+	require.NoError(t, rdb.Del(ctx, task.PendingListKey(queue)).Err())
+
+	job := enqueueMaintenance(asynq.NewClientFromRedisClient(rdb), rdb, queue, task.TypeWatchReorgs, time.Hour)
+	start := time.Now().Truncate(time.Hour)
+	require.NoError(t, job(periodic.WithJobPeriod(ctx, start.Add(-time.Hour))))
+	require.NoError(t, job(periodic.WithJobPeriod(ctx, start)))
+	require.NoError(t, job(periodic.WithJobPeriod(ctx, start)), "the same period again: a duplicate")
+	n, err := rdb.LLen(ctx, task.PendingListKey(queue)).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n, "one task per claimed period")
 }
 
 type noAlerts struct{}

@@ -129,6 +129,12 @@ func JobPeriod(ctx context.Context) (time.Time, bool) {
 	return p, ok
 }
 
+// WithJobPeriod is ctx as a job run for the period starting at start sees
+// it: what the runner gives a job, for code that runs one outside it.
+func WithJobPeriod(ctx context.Context, start time.Time) context.Context {
+	return context.WithValue(ctx, periodKey{}, start)
+}
+
 // Run runs every job until ctx ends, then waits for runs under way.
 func (r *Runner) Run(ctx context.Context, jobs []Job) {
 	var wg sync.WaitGroup
@@ -211,7 +217,7 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period time.Time) (done time
 	if timeout <= 0 {
 		timeout = max(j.Every, time.Minute)
 	}
-	runCtx, cancel := context.WithTimeout(context.WithValue(ctx, periodKey{}, period), timeout)
+	runCtx, cancel := context.WithTimeout(WithJobPeriod(ctx, period), timeout)
 	defer cancel()
 	started := time.Now()
 	err = j.Run(runCtx)
