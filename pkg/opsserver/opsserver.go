@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+
+	"github.com/settle/settle/pkg/logging"
 )
 
 const (
@@ -28,9 +30,27 @@ type Server struct {
 	log  zerolog.Logger
 }
 
+// CodeUnavailable is the error code of a 503 /readyz, as the api's.
+const CodeUnavailable = "unavailable"
+
+// Ready says whether the process can do its work: the state of each
+// dependency by name ("postgres": "unreachable", say) and, when one is not
+// fine, an error with the detail. The states are all /readyz shows: the
+// port is unauthenticated, and a driver's error names users, databases
+// and internal hosts.
+type Ready func(context.Context) (checks map[string]string, err error)
+
+type readyJSON struct {
+	Status  string            `json:"status,omitempty"`
+	Error   string            `json:"error,omitempty"`
+	Code    string            `json:"code,omitempty"`
+	Checks  map[string]string `json:"checks"`
+	TraceID string            `json:"trace_id"`
+}
+
 // New builds a server on addr; ready reports whether the process can do
 // its work (dependencies reachable, schema current).
-func New(addr string, gatherer prometheus.Gatherer, ready func(context.Context) error, log zerolog.Logger) *Server {
+func New(addr string, gatherer prometheus.Gatherer, ready Ready, log zerolog.Logger) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -39,11 +59,14 @@ func New(addr string, gatherer prometheus.Gatherer, ready func(context.Context) 
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
-		if err := ready(ctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error(), "trace_id": w.Header().Get("X-Request-ID")})
+		traceID := w.Header().Get("X-Request-ID")
+		checks, err := ready(ctx)
+		if err != nil {
+			log.Warn().Err(logging.RedactError(err)).Str("trace_id", traceID).Msg("not ready")
+			writeJSON(w, http.StatusServiceUnavailable, readyJSON{Error: "not ready", Code: CodeUnavailable, Checks: checks, TraceID: traceID})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		writeJSON(w, http.StatusOK, readyJSON{Status: "ready", Checks: checks, TraceID: traceID})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found", "trace_id": w.Header().Get("X-Request-ID")})

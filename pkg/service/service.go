@@ -20,6 +20,7 @@ import (
 	"github.com/settle/settle/pkg/buildinfo"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/opsserver"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/redisconn"
@@ -160,22 +161,26 @@ func Registry() *prometheus.Registry {
 }
 
 // ReadyCheck is /readyz of the worker and the scheduler: PostgreSQL and
-// Redis answer, and the schema is the one this binary expects.
-func ReadyCheck(db *postgres.DB, rdb redis.UniversalClient) func(context.Context) error {
-	return func(ctx context.Context) error {
+// Redis answer, and the schema is the one this binary expects. Every
+// dependency is checked, so the answer names all that are down.
+func ReadyCheck(db *postgres.DB, rdb redis.UniversalClient) opsserver.Ready {
+	return func(ctx context.Context) (map[string]string, error) {
+		checks := map[string]string{"postgres": "ok", "redis": "ok", "migrations": "current"}
+		var errs []error
 		if err := db.Ping(ctx); err != nil {
-			return fmt.Errorf("postgres: %w", err)
+			checks["postgres"], checks["migrations"] = "unreachable", "unknown"
+			errs = append(errs, fmt.Errorf("postgres: %w", err))
+		} else if current, err := db.SchemaCurrent(ctx); err != nil {
+			checks["migrations"] = "unknown"
+			errs = append(errs, fmt.Errorf("schema version: %w", err))
+		} else if !current {
+			checks["migrations"] = "pending"
+			errs = append(errs, errors.New("database schema is behind this binary: run `api migrate`"))
 		}
 		if err := rdb.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("redis: %w", err)
+			checks["redis"] = "unreachable"
+			errs = append(errs, fmt.Errorf("redis: %w", err))
 		}
-		current, err := db.SchemaCurrent(ctx)
-		if err != nil {
-			return err
-		}
-		if !current {
-			return errors.New("database schema is behind this binary: run `api migrate`")
-		}
-		return nil
+		return checks, errors.Join(errs...)
 	}
 }
