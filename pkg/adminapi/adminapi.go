@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -304,7 +305,24 @@ func DashboardWith(client redis.UniversalClient, o DashboardOptions) httpapi.Mou
 		ReadOnly:          o.ReadOnly,
 		PrometheusAddress: o.PrometheusURL,
 	})
-	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: jsonErrors(handler)}
+	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: refuseCrossSite(jsonErrors(handler))}
+}
+
+// refuseCrossSite answers 403 to a dashboard action another site's page
+// made the operator's browser send: the mount takes HTTP Basic, which a
+// browser resends by itself, and asynqmon checks no origin or token.
+// Reads pass, so a link to the dashboard still opens it.
+func refuseCrossSite(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !httpapi.SameOrigin(r) {
+			logging.From(r.Context()).Warn().Str("method", r.Method).Str("path", r.URL.Path).
+				Str("origin", r.Header.Get("Origin")).Str("sec_fetch_site", r.Header.Get("Sec-Fetch-Site")).
+				Msg("queue dashboard: cross-site action refused")
+			httpapi.WriteError(w, r, http.StatusForbidden, "cross-site request refused")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 var _ asynq.RedisConnOpt = sharedRedis{}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
@@ -217,6 +218,83 @@ func TestDashboardErrorsAreJSON(t *testing.T) {
 		require.NotEmpty(t, body["error"])
 		require.NotEmpty(t, body["trace_id"])
 	}
+}
+
+// TestDashboardActionsRefuseCrossSiteRequests: the mount takes HTTP Basic,
+// which a browser resends by itself from any page once the operator logged
+// in, and asynqmon acts on a POST with no token of its own. With the
+// dashboard writable, a request the browser marks as from another site is
+// a 403 in the API's error shape and changes nothing; the dashboard's own
+// pages (same origin) and clients that are not browsers still act.
+func TestDashboardActionsRefuseCrossSiteRequests(t *testing.T) {
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	server, err := httpapi.New(httpapi.Options{
+		Store: db, Redis: rdb, Log: zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789abcdefghijkl", APIToken: apiToken, AdminToken: adminToken,
+		AdminMounts: []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: false})},
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+	host := strings.TrimPrefix(ts.URL, "http://")
+
+	_, err = asynq.NewClientFromRedisClient(rdb).EnqueueContext(context.Background(), asynq.NewTask("payment", nil), asynq.Queue("critical"))
+	require.NoError(t, err)
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+	paused := func() bool {
+		info, err := inspector.GetQueueInfo("critical")
+		require.NoError(t, err)
+		return info.Paused
+	}
+	pause := func(method, path string, headers map[string]string) (int, map[string]any) {
+		req, err := http.NewRequest(method, ts.URL+path, strings.NewReader(""))
+		require.NoError(t, err)
+		req.SetBasicAuth("operator", adminToken)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+
+	for _, headers := range []map[string]string{
+		// What <form method=post action=".../critical:pause"> on another
+		// site makes the operator's browser send.
+		{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"},
+		{"Origin": "https://evil.example"},
+		{"Origin": "null"},
+		{"Origin": "http://" + host + ".evil.example"},
+		{"Sec-Fetch-Site": "cross-site"},
+		{"Sec-Fetch-Site": "same-site"},
+	} {
+		for _, method := range []string{http.MethodPost, http.MethodDelete} {
+			path := "/admin/queues/api/queues/critical:pause"
+			if method == http.MethodDelete {
+				path = "/admin/queues/api/queues/critical"
+			}
+			status, body := pause(method, path, headers)
+			require.Equal(t, http.StatusForbidden, status, "%s %v", method, headers)
+			require.Equal(t, httpapi.CodeForbidden, body["code"], "%v", body)
+			require.NotEmpty(t, body["trace_id"])
+			require.False(t, paused(), "a cross-site %s %v acted", method, headers)
+		}
+	}
+
+	status, body := pause(http.MethodPost, "/admin/queues/api/queues/critical:pause", map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin"})
+	require.Less(t, status, 300, "the dashboard's own page: %v", body)
+	require.True(t, paused())
+	status, body = pause(http.MethodPost, "/admin/queues/api/queues/critical:resume", nil)
+	require.Less(t, status, 300, "a client that is not a browser: %v", body)
+	require.False(t, paused())
 }
 
 func jsonInt(n int64) string {

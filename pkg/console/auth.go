@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -139,22 +138,6 @@ func (c *Console) validCSRF(id identity, token string) bool {
 	return hmac.Equal([]byte(sig), []byte(want))
 }
 
-// sameOrigin refuses a request a browser says came from another site:
-// its Origin must be this host, and without an Origin its Sec-Fetch-Site
-// must not be cross-site. A client that sends neither (not a browser)
-// still needs the CSRF token.
-func sameOrigin(r *http.Request) bool {
-	if origin := r.Header.Get("Origin"); origin != "" {
-		u, err := url.Parse(origin)
-		return err == nil && (u.Scheme == "http" || u.Scheme == "https") && strings.EqualFold(u.Host, r.Host)
-	}
-	switch r.Header.Get("Sec-Fetch-Site") {
-	case "", "same-origin", "none":
-		return true
-	}
-	return false
-}
-
 // actor is who acts and why, as an action records it.
 type actor struct {
 	identity
@@ -178,7 +161,7 @@ func (c *Console) action(next func(http.ResponseWriter, *http.Request, actor)) h
 			c.fail(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}
-		if !sameOrigin(r) || !c.validCSRF(id, r.PostForm.Get("csrf")) {
+		if !httpapi.SameOrigin(r) || !c.validCSRF(id, r.PostForm.Get("csrf")) {
 			c.fail(w, r, http.StatusForbidden, "The form expired or came from another site. Go back, reload the page and try again.")
 			return
 		}

@@ -23,6 +23,7 @@ const retryAfterUnavailable = 5
 const (
 	CodeInvalidSignature = "invalid_signature"
 	CodeUnauthorized     = "unauthorized"
+	CodeForbidden        = "forbidden"
 	CodeInvalidAmount    = "invalid_amount"
 	CodeUnknownUser      = "unknown_user"
 	CodeUnknownAsset     = "unknown_asset"
@@ -41,6 +42,7 @@ const (
 var (
 	errSignature        = errors.New("missing or invalid signature")
 	errUnauthorized     = errors.New("missing or invalid token")
+	errForbidden        = errors.New("forbidden")
 	errMethodNotAllowed = errors.New("method not allowed")
 	errRateLimited      = errors.New("rate limit exceeded")
 	errInternal         = errors.New("internal error")
@@ -64,6 +66,7 @@ type errorKind struct {
 var errorKinds = []errorKind{
 	{kind: errSignature, status: http.StatusUnauthorized, code: CodeInvalidSignature, message: "missing or invalid signature"},
 	{kind: errUnauthorized, status: http.StatusUnauthorized, code: CodeUnauthorized, message: "missing or invalid token", generic: true},
+	{kind: errForbidden, status: http.StatusForbidden, code: CodeForbidden, message: "forbidden", generic: true},
 	{kind: payment.ErrBadAmount, status: http.StatusBadRequest, code: CodeInvalidAmount, message: "invalid amount"},
 	{kind: payment.ErrUnknownUser, status: http.StatusBadRequest, code: CodeUnknownUser, message: "unknown user"},
 	{kind: payment.ErrUnknownAsset, status: http.StatusBadRequest, code: CodeUnknownAsset, message: "unknown asset"},

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -245,4 +246,21 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	// The status is sent; a failed write means the client went away.
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// SameOrigin refuses a request a browser says came from another site:
+// its Origin must be this host, and without an Origin its Sec-Fetch-Site
+// must not be cross-site or same-site. A client that sends neither (not a
+// browser) passes. Routes that take HTTP Basic need it on every action,
+// since a browser resends cached Basic credentials from any page.
+func SameOrigin(r *http.Request) bool {
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		return err == nil && (u.Scheme == "http" || u.Scheme == "https") && strings.EqualFold(u.Host, r.Host)
+	}
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return false
 }
