@@ -248,9 +248,18 @@ func migrate(log zerolog.Logger, s settings) error {
 	return nil
 }
 
-func serve(log zerolog.Logger, s settings) error {
+func serve(log zerolog.Logger, s settings) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	defer func() {
+		// Told to stop while still starting (waiting for PostgreSQL, say):
+		// nothing was taken in, so that is a clean stop, as service.Main
+		// has it for worker and scheduler.
+		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			log.Info().Err(err).Msg("api stopped by a signal before it was ready")
+			err = nil
+		}
+	}()
 
 	openCtx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()

@@ -210,6 +210,45 @@ func TestServeAndStopOnSIGTERM(t *testing.T) {
 	require.Contains(t, stderr.String(), "api stopped cleanly")
 }
 
+// An api told to stop while it still waits for PostgreSQL at start (a
+// rolling deploy during a database failover) has nothing in flight: exit 0,
+// as for any SIGTERM.
+func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
+	dbPort, err := devenv.FreePort() // nothing listens there
+	require.NoError(t, err)
+	httpPort, err := devenv.FreePort()
+	require.NoError(t, err)
+	settings := validSettings()
+	settings["DATABASE_URL"] = fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", dbPort)
+	settings["REDIS_URL"] = "redis://127.0.0.1:1/0"
+	settings["HTTP_ADDR"] = fmt.Sprintf("127.0.0.1:%d", httpPort)
+	settings[runMainEnv] = "1"
+
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = testenv.Env(settings)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	time.Sleep(1500 * time.Millisecond) // in postgres.Open's retry loop
+	select {
+	case err := <-exited:
+		t.Fatalf("api exited before the signal (%v): %s", err, stderr.String())
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "SIGTERM must exit 0; stderr: %s", strings.TrimSpace(stderr.String()))
+		require.Contains(t, stderr.String(), "stopped by a signal before it was ready")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("api did not stop within 20s: %s", stderr.String())
+	}
+}
+
 // lockedBuffer is written by the child's output copier while the test
 // reads it.
 type lockedBuffer struct {

@@ -124,7 +124,9 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 		select {
 		case <-ctx.Done():
 			pool.Close()
-			return nil, fmt.Errorf("connect: %w", err)
+			// Both: callers tell a stop (canceled) from an outage by the
+			// first, operators need the second.
+			return nil, fmt.Errorf("connect: %w (last try: %w)", ctx.Err(), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, openBackoffMax)

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// runMainEnv makes the test binary act as the worker binary, so a test
+// exercises the real main, signals and exit code included.
+const runMainEnv = "SETTLE_TEST_RUN_WORKER_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	testenv.Main(m)
+}
+
+// lockedBuffer is written by the child's output copier while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A worker told to stop while it still waits for PostgreSQL at start has
+// nothing in flight: exit 0, as for any SIGTERM (service.Main), which
+// needs postgres.Open's error to say it was canceled.
+func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
+	dbPort, err := devenv.FreePort() // nothing listens there
+	require.NoError(t, err)
+	metricsPort, err := devenv.FreePort()
+	require.NoError(t, err)
+	settings := map[string]string{
+		"DATABASE_URL":     fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", dbPort),
+		"REDIS_URL":        "redis://127.0.0.1:1/0",
+		"DEPOSIT_FINALITY": "none",
+		"METRICS_ADDR":     fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		runMainEnv:         "1",
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = testenv.Env(settings)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	time.Sleep(1500 * time.Millisecond) // in postgres.Open's retry loop
+	select {
+	case err := <-exited:
+		t.Fatalf("worker exited before the signal (%v): %s", err, stderr.String())
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "SIGTERM must exit 0; stderr: %s", strings.TrimSpace(stderr.String()))
+		require.Contains(t, stderr.String(), "stopped by a signal before it was ready")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("worker did not stop within 20s: %s", stderr.String())
+	}
+}
