@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -85,5 +89,25 @@ func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
 		require.Contains(t, stderr.String(), "stopped by a signal before it was ready")
 	case <-time.After(20 * time.Second):
 		t.Fatalf("worker did not stop within 20s: %s", stderr.String())
+	}
+}
+
+// TestRPCTimeoutPastTheProbeTTLStarts: the RPC runbook says to raise
+// ETH_RPC_TIMEOUT on timeouts; a value past the breaker's default 10s
+// probe slot passes the settings and then the start too (the slot follows
+// the timeout), rather than failing after PostgreSQL naming another
+// setting.
+func TestRPCTimeoutPastTheProbeTTLStarts(t *testing.T) {
+	for _, timeout := range []string{"9s", "10s", "15s", "1m"} {
+		env := config.FromMap(map[string]string{
+			"DATABASE_URL":    "postgres://settle@db/settle",
+			"ETH_RPC_URL":     "https://rpc.example",
+			"ETH_RPC_TIMEOUT": timeout,
+		})
+		s := readSettings(env)
+		require.NoError(t, env.Err(), "ETH_RPC_TIMEOUT=%s", timeout)
+		clients, err := finality.Dial(context.Background(), s.Chain, finality.Deps{Log: zerolog.Nop()})
+		require.NoError(t, err, "ETH_RPC_TIMEOUT=%s", timeout)
+		clients.Close()
 	}
 }

@@ -18,7 +18,8 @@ import (
 
 // The seed's breaker thresholds: 5 errors within 30s open the breaker for
 // 60s; then exactly one caller across all workers probes, holding the
-// probe slot for at most 10s.
+// probe slot for at most 10s (longer when the call timeout needs it: see
+// probeTTLFor).
 const (
 	BreakerErrorsMaxDefault   = 5
 	BreakerErrorWindowDefault = 30 * time.Second

@@ -421,8 +421,27 @@ func TestDialRejects(t *testing.T) {
 		_, err := Dial(ctx, raw, ClientOptions{})
 		require.Error(t, err, raw)
 	}
-	_, err := Dial(ctx, "http://localhost:8545", ClientOptions{CallTimeout: time.Minute})
+	_, err := Dial(ctx, "http://localhost:8545", ClientOptions{CallTimeout: time.Minute, Breaker: BreakerSettings{ProbeTTL: 10 * time.Second}})
 	require.ErrorContains(t, err, "probe TTL")
+}
+
+// TestProbeTTLFollowsTheCallTimeout: without a probe TTL of its own, the
+// probe slot outlasts the call timeout and the report after it, so a
+// longer ETH_RPC_TIMEOUT starts (and still lets one probe out at a time).
+func TestProbeTTLFollowsTheCallTimeout(t *testing.T) {
+	for _, c := range []struct{ call, probe time.Duration }{
+		{CallTimeoutDefault, BreakerProbeTTLDefault},
+		{8 * time.Second, BreakerProbeTTLDefault},
+		{8*time.Second + time.Millisecond, 10*time.Second + time.Millisecond},
+		{9 * time.Second, 11 * time.Second},
+		{15 * time.Second, 17 * time.Second},
+	} {
+		client, err := Dial(testContext(t), "http://localhost:8545", ClientOptions{CallTimeout: c.call})
+		require.NoError(t, err, "call timeout %s", c.call)
+		require.Equal(t, c.probe, client.breaker.settings.ProbeTTL, "call timeout %s", c.call)
+		require.GreaterOrEqual(t, client.breaker.settings.ProbeTTL, c.call+2*breakerRedisTimeout)
+		client.Close()
+	}
 }
 
 // TestBreakerOpenCreditsNothingFromTheCache: a final deposit whose

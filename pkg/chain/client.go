@@ -117,6 +117,14 @@ type ClientOptions struct {
 	ResponseMax int64
 }
 
+// probeTTLFor is the probe slot's TTL for a call timeout: the default,
+// or longer when the call may run longer, since the slot must outlast the
+// probe call and the report that frees it, or a second probe gets out.
+// So raising ETH_RPC_TIMEOUT lengthens the slot rather than fail at start.
+func probeTTLFor(callTimeout time.Duration) time.Duration {
+	return max(BreakerProbeTTLDefault, callTimeout+2*breakerRedisTimeout)
+}
+
 // Client is an Ethereum JSON-RPC client behind the circuit breaker: every
 // call has a deadline, is counted and timed, and fails fast with
 // ErrBreakerOpen while the breaker is open.
@@ -138,6 +146,9 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 	}
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = CallTimeoutDefault
+	}
+	if opts.Breaker.ProbeTTL <= 0 {
+		opts.Breaker.ProbeTTL = probeTTLFor(opts.CallTimeout)
 	}
 	settings := opts.Breaker.withDefaults()
 	if settings.ProbeTTL <= opts.CallTimeout {

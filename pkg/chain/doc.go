@@ -10,7 +10,8 @@
 // The seed's thresholds: 5 failed calls within 30s open the breaker; open,
 // every call fails fast with ErrBreakerOpen (a payment.ErrUnavailable)
 // for 60s; then it is half-open and exactly one caller, across all
-// workers, gets the probe slot (SET NX, 10s TTL); the probe's success
+// workers, gets the probe slot (SET NX, 10s TTL, or the call timeout
+// plus the report's margin when that is longer); the probe's success
 // closes the breaker, its failure opens it for another 60s.
 //
 //	closed --5 failures in 30s--> open --60s--> half-open --probe ok--> closed
