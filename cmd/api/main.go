@@ -110,11 +110,13 @@ type settings struct {
 
 // readCommon reads what every subcommand needs.
 func readCommon(env *config.Env) settings {
-	return settings{
+	s := settings{
 		databaseURL:     env.Required("DATABASE_URL"),
 		logLevel:        config.Parse(env, "LOG_LEVEL", zerolog.InfoLevel, logging.ParseLevel),
 		shutdownTimeout: env.Duration("SHUTDOWN_TIMEOUT", shutdownTimeoutDefault),
 	}
+	service.CheckDatabaseURL(env, "DATABASE_URL", s.databaseURL)
+	return s
 }
 
 // readServe adds what serving needs.

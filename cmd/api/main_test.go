@@ -59,6 +59,7 @@ func TestSettingsProblemsExitAtOnceNamingTheSetting(t *testing.T) {
 		want   string
 	}{
 		"missing database":      {drop: "DATABASE_URL", want: "DATABASE_URL"},
+		"bad database url":      {change: map[string]string{"DATABASE_URL": "postgres://settle:" + testWebhookSecret + "@db/settle?sslmode=sometimes"}, want: "setting DATABASE_URL: failed to configure TLS"},
 		"missing secret":        {drop: "WEBHOOK_SECRET", want: "WEBHOOK_SECRET"},
 		"short secret":          {change: map[string]string{"WEBHOOK_SECRET": strings.Repeat("w", 31)}, want: "WEBHOOK_SECRET"},
 		"missing api token":     {drop: "API_TOKEN", want: "API_TOKEN"},

@@ -72,7 +72,11 @@ func readSettings(env *config.Env) settings {
 		Retention:          env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
 		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 	}
-	s.ListenURL = env.String("DATABASE_LISTEN_URL", s.DatabaseURL)
+	s.ListenURL = env.String("DATABASE_LISTEN_URL", "")
+	service.CheckDatabaseURL(env, "DATABASE_LISTEN_URL", s.ListenURL)
+	if s.ListenURL == "" {
+		s.ListenURL = s.DatabaseURL
+	}
 	s.PartitionLockTimeout = env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault)
 	s.Monitor = readMonitorSettings(env)
 	s.Scan = readScanSettings(env)

@@ -78,6 +78,30 @@ func (b *boundedSet) Store(k any, v struct{}) {
 	b.keys[k] = v
 }
 
+// errNotConnString is CheckURL's answer when the driver's own words
+// cannot be told apart from the string.
+var errNotConnString = errors.New("not a PostgreSQL connection URL or key=value string")
+
+// CheckURL says whether url is a connection string Open accepts (pool
+// settings included), without connecting. Its error says what is wrong and
+// never repeats the string, which may hold a password: the driver masks
+// it, but only as best it can.
+func CheckURL(url string) error {
+	_, err := pgxpool.ParseConfig(url)
+	if err == nil {
+		return nil
+	}
+	// The driver says "cannot parse `<the string, masked>`: <what is
+	// wrong>"; only the last part is kept, unless the string shows there.
+	var parseErr *pgconn.ParseConfigError
+	text := err.Error()
+	i := strings.LastIndex(text, "`: ")
+	if !errors.As(err, &parseErr) || i < 0 || strings.Contains(text[i:], url) {
+		return errNotConnString
+	}
+	return errors.New(text[i+len("`: "):])
+}
+
 // Open connects and waits, within ctx, until PostgreSQL answers. The URL may carry any
 // pgx setting; behind PgBouncer in transaction pooling, add
 // default_query_exec_mode=cache_describe (see README, "PgBouncer").

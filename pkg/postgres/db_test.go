@@ -43,3 +43,31 @@ func TestOpenSaysWhyItGaveUp(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckURL: what Open would refuse is refused up front, saying what
+// is wrong without the value, which holds the password.
+func TestCheckURL(t *testing.T) {
+	for _, good := range []string{
+		"postgres://settle:hunter2@db:5432/settle?sslmode=require",
+		"postgresql://settle@db/settle?pool_max_conns=8&default_query_exec_mode=cache_describe",
+		"host=db user=settle password=hunter2 dbname=settle",
+	} {
+		require.NoError(t, postgres.CheckURL(good), good)
+	}
+	for _, c := range []struct{ url, want string }{
+		{"postgres://settle:hunter2@db:notaport/settle", "invalid port"},
+		{"postgres://settle:hunter2@db/settle?sslmode=sometimes", "sslmode is invalid"},
+		{"http://settle:hunter2@db.example/settle", "keyword/value"},
+		{"postgres://settle:hun%ter2@db/settle", "percent-encoded"},
+		{"host=db password=hunter2 port=x", "invalid port"},
+		{"postgres://settle:hunter2@db/settle?pool_max_conns=lots", "pool_max_conns"},
+		// Too short to tell from the driver's words: a generic answer.
+		{"e", "not a PostgreSQL connection URL"},
+	} {
+		err := postgres.CheckURL(c.url)
+		require.ErrorContains(t, err, c.want, c.url)
+		for _, secret := range []string{"hunter2", "hun%ter2", "db.example", "@db"} {
+			require.NotContains(t, err.Error(), secret, c.url)
+		}
+	}
+}

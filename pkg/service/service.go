@@ -65,7 +65,21 @@ func ReadCommon(env *config.Env) Common {
 	if _, err := redisconn.Parse(c.RedisURL); err != nil {
 		env.Reject("REDIS_URL", err)
 	}
+	CheckDatabaseURL(env, "DATABASE_URL", c.DatabaseURL)
 	return c
+}
+
+// CheckDatabaseURL rejects the setting name unless url (when set) is a
+// connection string PostgreSQL's driver accepts, so a typo stops the
+// binary at once rather than fail or retry forever after it started. The
+// error does not repeat the value, which holds the password.
+func CheckDatabaseURL(env *config.Env, name, url string) {
+	if url == "" {
+		return
+	}
+	if err := postgres.CheckURL(url); err != nil {
+		env.Reject(name, err)
+	}
 }
 
 // ExitOnSettingsError prints every bad setting on one line and exits.

@@ -25,3 +25,17 @@ func TestSettingsProblemsNamesEveryBadSetting(t *testing.T) {
 }
 
 var errLoud = errors.New("not a level")
+
+// TestDatabaseURLIsChecked: a DATABASE_URL the driver would refuse is a
+// settings problem naming it, and the line does not repeat the password.
+func TestDatabaseURLIsChecked(t *testing.T) {
+	env := config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle:hunter2@db:notaport/settle"})
+	ReadCommon(env)
+	line := SettingsProblems("worker", env)
+	require.Contains(t, line, "setting DATABASE_URL: invalid port")
+	require.NotContains(t, line, "hunter2")
+
+	env = config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle:hunter2@db:5432/settle"})
+	ReadCommon(env)
+	require.NoError(t, env.Err())
+}
