@@ -20,10 +20,23 @@ const (
 	FieldUserID  = "user_id"
 )
 
-// ParseLevel accepts zerolog's level names.
+// levels are the LOG_LEVEL names. zerolog.ParseLevel also takes any
+// integer and "disabled", which would silence every line, alerts and
+// errors included ("alerts are always logged").
+var levels = map[string]zerolog.Level{
+	"trace": zerolog.TraceLevel,
+	"debug": zerolog.DebugLevel,
+	"info":  zerolog.InfoLevel,
+	"warn":  zerolog.WarnLevel,
+	"error": zerolog.ErrorLevel,
+	"fatal": zerolog.FatalLevel,
+	"panic": zerolog.PanicLevel,
+}
+
+// ParseLevel accepts zerolog's level names, in any case.
 func ParseLevel(s string) (zerolog.Level, error) {
-	level, err := zerolog.ParseLevel(strings.ToLower(strings.TrimSpace(s)))
-	if err != nil || s == "" {
+	level, ok := levels[strings.ToLower(strings.TrimSpace(s))]
+	if !ok {
 		return zerolog.InfoLevel, fmt.Errorf("%q is not one of trace, debug, info, warn, error, fatal, panic", s)
 	}
 	return level, nil
