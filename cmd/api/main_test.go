@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -250,6 +251,67 @@ func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
 	}
 }
 
+// A request still running when SHUTDOWN_TIMEOUT runs out is cut off and
+// the api exits 0: any stranger can hold one by sending a webhook's body
+// slowly (the read deadline is 30s), and nothing it sent was accepted, so
+// cutting it loses nothing.
+func TestSIGTERMWithASlowClientExitsZero(t *testing.T) {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	settings := validSettings()
+	settings["DATABASE_URL"] = testenv.DatabaseURL(t)
+	settings["REDIS_URL"] = testenv.RedisURL(t)
+	settings["HTTP_ADDR"] = addr
+	settings["SHUTDOWN_TIMEOUT"] = "2s"
+	settings[runMainEnv] = "1"
+
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = testenv.Env(settings)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+
+	deadline := time.Now().Add(waitLimit)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("api exited early (%v): %s", err, stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "api never became ready: %s", stderr.String())
+	}
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /webhook/payments HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nX-Signature: 00\r\nContent-Length: 1000\r\n\r\n{\"event_id\":", addr)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // the handler now waits for the body
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit 0 expected after %s; stderr: %s", time.Since(start).Round(time.Millisecond), lastLine(stderr.String()))
+		require.Less(t, time.Since(start), 5*time.Second, "SHUTDOWN_TIMEOUT is 2s")
+		require.Contains(t, stderr.String(), "were cut off")
+		require.Contains(t, stderr.String(), "api stopped cleanly")
+	case <-time.After(20 * time.Second):
+		t.Fatalf("api did not stop within 20s: %s", stderr.String())
+	}
+}
+
 // lockedBuffer is written by the child's output copier while the test
 // reads it.
 type lockedBuffer struct {
@@ -267,4 +329,9 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -70,15 +71,29 @@ func (s *Server) ServeSplit(ctx context.Context, public, admin net.Listener, shu
 	defer cancel()
 	var wg sync.WaitGroup
 	shutdownErrs := make([]error, len(servers))
+	var cutOff atomic.Bool
 	for i, srv := range servers {
 		wg.Go(func() {
-			if err := srv.Shutdown(stopCtx); err != nil {
-				_ = srv.Close()
-				shutdownErrs[i] = fmt.Errorf("shutdown: requests still running after %s: %w", shutdownTimeout, err)
+			err := srv.Shutdown(stopCtx)
+			if err == nil {
+				return
 			}
+			_ = srv.Close()
+			if errors.Is(err, context.DeadlineExceeded) {
+				// Requests still running at SHUTDOWN_TIMEOUT (anyone can
+				// hold one by sending a body slowly) lose nothing by being
+				// cut: a webhook is committed before its 200, so the
+				// sender retries whatever it was not told was accepted.
+				cutOff.Store(true)
+				return
+			}
+			shutdownErrs[i] = fmt.Errorf("shutdown: %w", err)
 		})
 	}
 	wg.Wait()
+	if cutOff.Load() {
+		s.log.Warn().Dur("shutdown_timeout", shutdownTimeout).Msg("requests still running at SHUTDOWN_TIMEOUT were cut off; their senders retry")
+	}
 	if failed != nil {
 		return failed
 	}
