@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/invariant"
@@ -57,7 +60,7 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("users create", flag.ContinueOnError)
 	var initial multiFlag
 	fs.Var(&initial, "initial", "ASSET=AMOUNT held before settle's journal began (repeatable)")
-	rest, err := parseFlags(fs, reorderFlags(args[1:]), "ID")
+	rest, err := parseFlags(fs, args[1:], "ID")
 	if err != nil {
 		return err
 	}
@@ -74,10 +77,13 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	created, err := db.CreateUser(ctx, id)
-	if err != nil {
-		return err
+	// Every --initial is checked before anything is written: a refused
+	// command changes nothing.
+	type balance struct {
+		code   string
+		amount decimal.Decimal
 	}
+	balances := make([]balance, 0, len(initial))
 	for _, spec := range initial {
 		code, amountText, ok := strings.Cut(spec, "=")
 		if !ok {
@@ -87,13 +93,20 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 		// any network.
 		decimals, known := registry.Precision(code)
 		if !known {
-			return fmt.Errorf("%w %q", payment.ErrUnknownAsset, code)
+			return fmt.Errorf("%w: %w %q", config.ErrUsage, payment.ErrUnknownAsset, code)
 		}
 		amount, err := money.Parse(amountText, decimals)
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: --initial %s: %w", config.ErrUsage, code, err)
 		}
-		if err := db.SetInitialBalance(ctx, id, code, amount); err != nil {
+		balances = append(balances, balance{code, amount})
+	}
+	created, err := db.CreateUser(ctx, id)
+	if err != nil {
+		return err
+	}
+	for _, b := range balances {
+		if err := db.SetInitialBalance(ctx, id, b.code, b.amount); err != nil {
 			return err
 		}
 	}
@@ -103,25 +116,6 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "user %d exists\n", id)
 	}
 	return nil
-}
-
-// reorderFlags lets flags follow positional arguments ("create 7 --initial
-// ETH=1"), which Go's flag package would otherwise stop at.
-func reorderFlags(args []string) []string {
-	var flags, positional []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if strings.HasPrefix(a, "-") {
-			flags = append(flags, a)
-			if !strings.Contains(a, "=") && i+1 < len(args) {
-				flags = append(flags, args[i+1])
-				i++
-			}
-			continue
-		}
-		positional = append(positional, a)
-	}
-	return append(flags, positional...)
 }
 
 var addressPattern = regexp.MustCompile(`^0x[0-9a-fA-F]{40}$`)
@@ -149,6 +143,9 @@ func runAddresses(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer db.Close()
 	created, err := db.AddDepositAddress(ctx, *network, strings.ToLower(*address), *user)
+	if errors.Is(err, payment.ErrUnknownNetwork) {
+		return fmt.Errorf("%w: %w (settlectl networks add first)", config.ErrUsage, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,7 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	if sub != "recheck" && sub != "rechecks" {
 		return fmt.Errorf("%w: unknown events command %q", config.ErrUsage, sub)
 	}
-	rest, err := parseFlags(fs, reorderFlags(args), "ID")
+	rest, err := parseFlags(fs, args, "ID")
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func runHolds(ctx context.Context, args []string, out io.Writer) error {
 	default:
 		return fmt.Errorf("%w: unknown holds command %q", config.ErrUsage, sub)
 	}
-	rest, err := parseFlags(fs, reorderFlags(args), positional...)
+	rest, err := parseFlags(fs, args, positional...)
 	if err != nil {
 		return err
 	}
@@ -48,7 +48,7 @@ func runHolds(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w: --status must be open, posted or voided", config.ErrUsage)
 		}
 	}
-	if filter.Limit < 0 || filter.Limit > postgres.HoldsListMax || filter.UserID < 0 {
+	if status != nil && (filter.Limit < 1 || filter.Limit > postgres.HoldsListMax) || filter.UserID < 0 {
 		return fmt.Errorf("%w: --limit is 1 to %d, --user above zero", config.ErrUsage, postgres.HoldsListMax)
 	}
 	db, err := openDB(ctx)

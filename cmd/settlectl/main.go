@@ -75,10 +75,10 @@ func main() {
 	case err == nil:
 	case errors.Is(err, errCheckFailed):
 		os.Exit(service.ExitFailure)
-	case errors.Is(err, config.ErrUsage), errors.Is(err, flag.ErrHelp):
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
-		}
+	case errors.Is(err, flag.ErrHelp):
+		// Asked for: the command's flags are printed.
+	case errors.Is(err, config.ErrUsage):
+		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
 		os.Exit(service.ExitSettings)
 	default:
 		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
@@ -96,11 +96,16 @@ func openDB(ctx context.Context) (*postgres.DB, error) {
 	return postgres.Open(ctx, url, postgres.Options{ConnsMax: 4, ApplicationName: "settlectl"})
 }
 
-// flags parses a subcommand's flags; extra positional args are refused
-// unless positional names them.
+// parseFlags parses a subcommand's flags, before or after its positional
+// arguments; extra positional args are refused unless positional names
+// them. -h or --help prints the command's flags and ends it (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string, positional ...string) ([]string, error) {
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(reorderFlags(fs, args)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printHelp(os.Stdout, fs, positional)
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %w", config.ErrUsage, err)
 	}
 	rest := fs.Args()
@@ -108,6 +113,63 @@ func parseFlags(fs *flag.FlagSet, args []string, positional ...string) ([]string
 		return nil, fmt.Errorf("%w: expected %s", config.ErrUsage, strings.Join(append([]string{"flags"}, positional...), " "))
 	}
 	return rest, nil
+}
+
+func printHelp(w io.Writer, fs *flag.FlagSet, positional []string) {
+	line := "usage: settlectl " + fs.Name()
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		line += " [flags]"
+	}
+	for _, p := range positional {
+		line += " " + p
+	}
+	fmt.Fprintln(w, line)
+	if n > 0 {
+		fmt.Fprintln(w)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+}
+
+// reorderFlags moves flags ahead of positional arguments ("create 7
+// --initial ETH=1" parses like "--initial ETH=1 create 7"), so flags may
+// come anywhere. A flag takes the next argument as its value unless it is
+// a bool flag (fs says which) or carries "=value"; after "--" everything
+// is positional.
+func reorderFlags(fs *flag.FlagSet, args []string) []string {
+	var flags, positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				continue
+			}
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	if len(positional) == 0 {
+		return flags
+	}
+	return append(append(flags, "--"), positional...)
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -36,7 +36,7 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 	default:
 		return fmt.Errorf("%w: unknown notifications command %q", config.ErrUsage, sub)
 	}
-	rest, err := parseFlags(fs, reorderFlags(args), positional...)
+	rest, err := parseFlags(fs, args, positional...)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
 	state := fs.String("state", "open", "open, resolved or all (list)")
 	after := fs.Int64("after", 0, "list entries with an id above this (paging)")
-	limit := fs.Int("limit", postgres.DeadLetterPageDefault, "entries per page (list)")
+	limit := fs.Int("limit", postgres.DeadLetterPageDefault, fmt.Sprintf("entries per page, at most %d (list)", postgres.DeadLetterPageMax))
 	reason := fs.String("reason", "", "why (required to discard)")
 	who := fs.String("operator", "", "who acts (default: your login name)")
 	jsonOut := fs.Bool("json", false, "print JSON")
@@ -50,13 +50,16 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	default:
 		return fmt.Errorf("%w: unknown dlq command %q", config.ErrUsage, sub)
 	}
-	rest, err := parseFlags(fs, reorderFlags(args), positional...)
+	rest, err := parseFlags(fs, args, positional...)
 	if err != nil {
 		return err
 	}
 	id, err := optionalID(rest, "DLQ entry id")
 	if err != nil {
 		return err
+	}
+	if *limit < 1 || *limit > postgres.DeadLetterPageMax {
+		return fmt.Errorf("%w: --limit must be 1..%d", config.ErrUsage, postgres.DeadLetterPageMax)
 	}
 	db, err := openDB(ctx)
 	if err != nil {

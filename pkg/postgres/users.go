@@ -90,6 +90,10 @@ func (db *DB) AddDepositAddress(ctx context.Context, network, address string, us
 	var inserted, existing *int64
 	var userExists bool
 	if err := db.pool.QueryRow(ctx, stmt.text, network, address, user).Scan(&inserted, &existing, &userExists); err != nil {
+		// The only foreign key a new row can break is its network's.
+		if isCode(err, codeForeignKeyViolation) {
+			return false, fmt.Errorf("%w %q", payment.ErrUnknownNetwork, network)
+		}
 		return false, classify(stmt.name, err)
 	}
 	switch {
