@@ -1,7 +1,6 @@
 package logging
 
 import (
-	"errors"
 	"net/url"
 	"strconv"
 	"strings"
@@ -28,25 +27,39 @@ func RedactError(err error) error {
 		return nil
 	}
 	msg, changed := err.Error(), false
-	for e := err; e != nil; {
-		var ue *url.Error
-		if !errors.As(e, &ue) {
-			break
+	// The whole tree: errors.Join (several networks' calls, a retry's
+	// attempts) can hold more than one client error.
+	var walk func(e error, depth int)
+	walk = func(e error, depth int) {
+		if e == nil || depth > redactDepthMax {
+			return
 		}
-		if ue.URL != "" {
+		if ue, ok := e.(*url.Error); ok && ue.URL != "" {
 			if short := URL(ue.URL); short != ue.URL {
 				// url.Error prints the URL with %q.
 				msg = strings.ReplaceAll(msg, strconv.Quote(ue.URL), strconv.Quote(short))
 				msg, changed = strings.ReplaceAll(msg, ue.URL, short), true
 			}
 		}
-		e = ue.Err
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			walk(u.Unwrap(), depth+1)
+		case interface{ Unwrap() []error }:
+			for _, inner := range u.Unwrap() {
+				walk(inner, depth+1)
+			}
+		}
 	}
+	walk(err, 0)
 	if !changed {
 		return err
 	}
 	return &redactedError{msg: msg, err: err}
 }
+
+// redactDepthMax bounds the walk of an error tree (a cycle, or a chain
+// built by a loop).
+const redactDepthMax = 64
 
 type redactedError struct {
 	msg string

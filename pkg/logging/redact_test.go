@@ -3,8 +3,10 @@ package logging_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,4 +54,23 @@ func TestRedactErrorStripsTheURLOfAClientError(t *testing.T) {
 	plain := errors.New("no url here")
 	require.Same(t, plain, logging.RedactError(plain))
 	require.NoError(t, logging.RedactError(nil))
+}
+
+// TestRedactErrorStripsEveryURLOfAJoinedError: several client errors in
+// one (errors.Join of two endpoints' failures, or one wrapped in another)
+// are all reduced, not only the first one errors.As finds.
+func TestRedactErrorStripsEveryURLOfAJoinedError(t *testing.T) {
+	a := &url.Error{Op: "Post", URL: "https://a.example/v2/KEYONE", Err: errors.New("timeout")}
+	b := &url.Error{Op: "Post", URL: "https://b.example/v2/KEYTWO", Err: errors.New("refused")}
+	nested := &url.Error{Op: "Get", URL: "https://c.example/KEYTHREE", Err: fmt.Errorf("retry: %w", b)}
+	for _, err := range []error{
+		errors.Join(a, b),
+		fmt.Errorf("networks: %w", errors.Join(errors.New("x"), fmt.Errorf("base: %w", a), b)),
+		nested,
+	} {
+		red := logging.RedactError(err).Error()
+		for _, secret := range []string{"KEYONE", "KEYTWO", "KEYTHREE"} {
+			require.NotContains(t, red, secret, "%q", red)
+		}
+	}
 }
