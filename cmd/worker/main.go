@@ -65,6 +65,15 @@ func readSettings(env *config.Env) settings {
 			env.Reject("NOTIFY_WEBHOOK_SECRET", errors.New("required when NOTIFY_WEBHOOK_URL is set: notifications are always signed"))
 		}
 	}
+	// A base above the ceiling would be silently ignored; a ceiling past a
+	// day leaves a failing event out of sight for longer than anyone
+	// watches a retry.
+	if s.RetryMaxDelay > worker.RetryMaxDelayMax {
+		env.Reject("RETRY_MAX_DELAY", fmt.Errorf("at most %s", worker.RetryMaxDelayMax))
+	}
+	if s.RetryBaseDelay > s.RetryMaxDelay {
+		env.Reject("RETRY_BASE_DELAY", fmt.Errorf("%s is above RETRY_MAX_DELAY (%s)", s.RetryBaseDelay, s.RetryMaxDelay))
+	}
 	if s.WakeWait > worker.WakeWaitMax {
 		env.Reject("WORKER_WAKE_WAIT", fmt.Errorf("at most %s: asynq's shutdown waits for it", worker.WakeWaitMax))
 	}

@@ -111,3 +111,25 @@ func TestRPCTimeoutPastTheProbeTTLStarts(t *testing.T) {
 		clients.Close()
 	}
 }
+
+// TestRetryDelaysAreChecked: a retry base above its ceiling, or a ceiling
+// past a day, is refused at start naming the setting.
+func TestRetryDelaysAreChecked(t *testing.T) {
+	for _, c := range []struct{ base, ceiling, bad string }{
+		{"2m", "60s", "RETRY_BASE_DELAY"},
+		{"1s", "48h", "RETRY_MAX_DELAY"},
+		{"", "500ms", "RETRY_BASE_DELAY"},
+	} {
+		m := map[string]string{"DATABASE_URL": "postgres://settle@db/settle", "DEPOSIT_FINALITY": "none", "RETRY_MAX_DELAY": c.ceiling}
+		if c.base != "" {
+			m["RETRY_BASE_DELAY"] = c.base
+		}
+		env := config.FromMap(m)
+		readSettings(env)
+		require.ErrorContains(t, env.Err(), c.bad, "%+v", c)
+	}
+	env := config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle@db/settle", "DEPOSIT_FINALITY": "none",
+		"RETRY_BASE_DELAY": "5s", "RETRY_MAX_DELAY": "5s"})
+	readSettings(env)
+	require.NoError(t, env.Err())
+}

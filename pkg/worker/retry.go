@@ -20,6 +20,8 @@ var QueueWeights = map[string]int{task.QueuePayments: 6, task.QueueNotifications
 const (
 	RetryBaseDelay = time.Second
 	RetryMaxDelay  = 60 * time.Second
+	// RetryMaxDelayMax bounds RETRY_MAX_DELAY.
+	RetryMaxDelayMax = 24 * time.Hour
 )
 
 // RetryDelay is the production backoff: uniform(0, min(60s, 1s·2^n)).
