@@ -373,3 +373,19 @@ func TestReplayedPostWaitingForItsHoldLeavesTheBatch(t *testing.T) {
 	require.Equal(t, postgres.Retry, results[0].Kind)
 	requireOutcome(t, results[1], payment.StatusConfirmed, payment.OutcomeSuccess)
 }
+
+// TestInitialBalanceBelowOpenHoldsIsRefusedClearly: a hold writes no
+// journal row, so an initial balance may still be corrected under one;
+// a correction below what the open holds keep is a clear refusal
+// (payment.ErrInvalid naming the holds), not a CHECK violation.
+func TestInitialBalanceBelowOpenHoldsIsRefusedClearly(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	requireOutcome(t, f.apply(f.holdTask("h1", 1, "30"))[0], payment.StatusConfirmed, payment.OutcomeHeld)
+	err := f.db.SetInitialBalance(context.Background(), 1, "ETH", dec("10"))
+	require.ErrorIs(t, err, payment.ErrInvalid)
+	require.Contains(t, err.Error(), "open holds")
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	require.NoError(t, f.db.SetInitialBalance(context.Background(), 1, "ETH", dec("30")), "down to the held amount is allowed")
+	require.Equal(t, "30", f.balance(1, "ETH").String())
+}

@@ -42,6 +42,10 @@ func (db *DB) SetInitialBalance(ctx context.Context, user int64, asset string, a
 		if isCode(err, codeForeignKeyViolation) {
 			return fmt.Errorf("user %d or asset %s: %w", user, asset, payment.ErrInvalid)
 		}
+		// The balance would fall below what open holds keep (or below 0).
+		if isCode(err, codeCheckViolation) {
+			return payment.Invalid("initial balance %s of user %d in %s is below what the user's open holds keep", amount, user, asset)
+		}
 		return classify(stmt.name, err)
 	}
 	if tag.RowsAffected() == 0 {
