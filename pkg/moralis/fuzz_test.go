@@ -2,6 +2,7 @@ package moralis_test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/moralis"
 	"github.com/settle/settle/pkg/payment"
+	"golang.org/x/crypto/sha3"
 )
 
 // FuzzMoralisDecode: whatever comes in, nothing panics, every candidate
@@ -96,6 +98,13 @@ func FuzzMoralisSignature(f *testing.F) {
 		sig, err := moralis.Sign(body, key)
 		if err != nil {
 			t.Fatal(err)
+		}
+		// The streamed digest is the digest of the whole serialisation.
+		h := sha3.NewLegacyKeccak256()
+		h.Write(text)
+		h.Write(key)
+		if want := "0x" + hex.EncodeToString(h.Sum(nil)); sig != want {
+			t.Fatalf("streamed signature %s, of the whole text %s: %q", sig, want, body)
 		}
 		if !moralis.Verify(body, sig, key) || !moralis.Verify(text, sig, key) {
 			t.Fatal("own signature refused")

@@ -2,9 +2,10 @@ package moralis
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -34,105 +35,72 @@ var errJSON = errors.New("not JSON as JSON.parse reads it")
 
 // Stringify returns JSON.stringify(JSON.parse(body)) as UTF-8.
 func Stringify(body []byte) ([]byte, error) {
-	if !utf8.Valid(body) {
+	p, err := stringify(body, nil)
+	if err != nil {
+		return nil, err
+	}
+	return p.out, nil
+}
+
+// inputMax keeps every offset into the output within a uint32 (the
+// output is at most ~4.4 times the input: "1e20" becomes 21 digits).
+const inputMax = math.MaxUint32 / 8
+
+// streamChunk is how much output outside any object is held before it
+// goes to emit.
+const streamChunk = 32 << 10
+
+// stringify serialises body in one pass, without a tree: scalars and
+// arrays are written as they are read; only the members of open objects
+// are held (as spans of the output), since JavaScript's key order may
+// move them. The body is not authenticated yet when Verify runs, so what
+// it holds must stay a small multiple of its bytes. With emit nil, the
+// whole output stays in p.out; else whatever no open object holds is
+// handed to emit and dropped, and emit gets the rest at the end.
+func stringify(body []byte, emit func([]byte)) (*parser, error) {
+	if !utf8.Valid(body) || len(body) > inputMax {
 		// Node would decode invalid UTF-8 to U+FFFD first; Moralis never
 		// sends it, so it is refused rather than guessed at.
 		return nil, errJSON
 	}
-	p := parser{s: body}
+	p := &parser{s: body, emit: emit}
+	if emit == nil {
+		p.out = make([]byte, 0, len(body))
+	}
 	p.space()
-	v, err := p.value(0)
-	if err != nil {
+	if err := p.value(0); err != nil {
 		return nil, err
 	}
 	p.space()
 	if p.i != len(p.s) {
 		return nil, errJSON
 	}
-	out := make([]byte, 0, len(body))
-	return v.write(out), nil
-}
-
-type kind uint8
-
-const (
-	kindNull kind = iota
-	kindTrue
-	kindFalse
-	kindNumber
-	kindString
-	kindArray
-	kindObject
-)
-
-type value struct {
-	kind kind
-	// text is a number's or a string's serialisation, ready to write.
-	text  string
-	items []*value
-	obj   *object
-}
-
-// object keeps JavaScript's property order: keys in first-insertion
-// order; a repeated key replaces the value at its first place.
-type object struct {
-	keys []string // serialised keys (quoted), the identity of a key
-	// index marks keys that are array indexes (serialised first, by
-	// value); num is that value.
-	index []bool
-	num   []uint32
-	vals  map[string]*value
-}
-
-func (v *value) write(out []byte) []byte {
-	switch v.kind {
-	case kindNull:
-		return append(out, "null"...)
-	case kindTrue:
-		return append(out, "true"...)
-	case kindFalse:
-		return append(out, "false"...)
-	case kindNumber, kindString:
-		return append(out, v.text...)
-	case kindArray:
-		out = append(out, '[')
-		for i, item := range v.items {
-			if i > 0 {
-				out = append(out, ',')
-			}
-			out = item.write(out)
-		}
-		return append(out, ']')
+	if emit != nil {
+		emit(p.out)
 	}
-	o := v.obj
-	order := make([]int, len(o.keys))
-	for i := range order {
-		order[i] = i
-	}
-	// Integer-like keys ascending, then the others as inserted (stable).
-	sort.SliceStable(order, func(a, b int) bool {
-		ia, ib := o.index[order[a]], o.index[order[b]]
-		if ia && ib {
-			return o.num[order[a]] < o.num[order[b]]
-		}
-		return ia && !ib
-	})
-	out = append(out, '{')
-	for n, i := range order {
-		if n > 0 {
-			out = append(out, ',')
-		}
-		out = append(out, o.keys[i]...)
-		out = append(out, ':')
-		out = o.vals[o.keys[i]].write(out)
-	}
-	return append(out, '}')
+	return p, nil
 }
 
 type parser struct {
 	s []byte
 	i int
+
+	// out is the serialisation not yet handed to emit.
+	out  []byte
+	emit func([]byte)
+	// open counts the objects being read: while one is, out is held.
+	open int
+	// members of the open objects, the innermost's last.
+	members []member
+	// units and reorder are scratch buffers, reused.
+	units   []uint16
+	reorder []byte
 }
+
+// member is one property of an open object, as offsets into out: its
+// key (quoted) at key, ':' at val-1, its value from val to end. first
+// is where the key was first seen (a repeated key keeps that place).
+type member struct{ first, key, val, end uint32 }
 
 func (p *parser) space() {
 	for p.i < len(p.s) {
@@ -148,17 +116,18 @@ func (p *parser) space() {
 func (p *parser) literal(word string) bool {
 	if bytes.HasPrefix(p.s[p.i:], []byte(word)) {
 		p.i += len(word)
+		p.out = append(p.out, word...)
 		return true
 	}
 	return false
 }
 
-func (p *parser) value(depth int) (*value, error) {
+func (p *parser) value(depth int) error {
 	if depth > DepthMax {
-		return nil, errJSON
+		return errJSON
 	}
 	if p.i >= len(p.s) {
-		return nil, errJSON
+		return errJSON
 	}
 	switch c := p.s[p.i]; {
 	case c == '{':
@@ -166,107 +135,187 @@ func (p *parser) value(depth int) (*value, error) {
 	case c == '[':
 		return p.array(depth)
 	case c == '"':
-		text, _, err := p.str()
-		if err != nil {
-			return nil, err
-		}
-		return &value{kind: kindString, text: text}, nil
+		return p.str()
 	case c == '-' || c >= '0' && c <= '9':
 		text, err := p.number()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return &value{kind: kindNumber, text: text}, nil
-	case p.literal("true"):
-		return &value{kind: kindTrue}, nil
-	case p.literal("false"):
-		return &value{kind: kindFalse}, nil
-	case p.literal("null"):
-		return &value{kind: kindNull}, nil
+		p.out = append(p.out, text...)
+		return nil
+	case p.literal("true"), p.literal("false"), p.literal("null"):
+		return nil
 	}
-	return nil, errJSON
+	return errJSON
 }
 
-func (p *parser) array(depth int) (*value, error) {
+func (p *parser) array(depth int) error {
 	p.i++ // [
-	v := &value{kind: kindArray}
+	p.out = append(p.out, '[')
 	p.space()
 	if p.i < len(p.s) && p.s[p.i] == ']' {
 		p.i++
-		return v, nil
+		p.out = append(p.out, ']')
+		return nil
 	}
 	for {
 		p.space()
-		item, err := p.value(depth + 1)
-		if err != nil {
-			return nil, err
+		if err := p.value(depth + 1); err != nil {
+			return err
 		}
-		v.items = append(v.items, item)
 		p.space()
 		if p.i >= len(p.s) {
-			return nil, errJSON
+			return errJSON
 		}
 		switch p.s[p.i] {
 		case ',':
 			p.i++
+			p.out = append(p.out, ',')
+			if p.emit != nil && p.open == 0 && len(p.out) >= streamChunk {
+				p.emit(p.out)
+				p.out = p.out[:0]
+			}
 		case ']':
 			p.i++
-			return v, nil
+			p.out = append(p.out, ']')
+			return nil
 		default:
-			return nil, errJSON
+			return errJSON
 		}
 	}
 }
 
-func (p *parser) object(depth int) (*value, error) {
+func (p *parser) object(depth int) error {
 	p.i++ // {
-	o := &object{vals: map[string]*value{}}
-	v := &value{kind: kindObject, obj: o}
+	start := len(p.out)
+	p.out = append(p.out, '{')
 	p.space()
 	if p.i < len(p.s) && p.s[p.i] == '}' {
 		p.i++
-		return v, nil
+		p.out = append(p.out, '}')
+		return nil
 	}
+	p.open++
+	base := len(p.members)
 	for {
 		p.space()
 		if p.i >= len(p.s) || p.s[p.i] != '"' {
-			return nil, errJSON
+			return errJSON
 		}
-		key, units, err := p.str()
-		if err != nil {
-			return nil, err
+		if len(p.members) > base {
+			p.out = append(p.out, ',')
+		}
+		key := uint32(len(p.out))
+		if err := p.str(); err != nil {
+			return err
 		}
 		p.space()
 		if p.i >= len(p.s) || p.s[p.i] != ':' {
-			return nil, errJSON
+			return errJSON
 		}
 		p.i++
+		p.out = append(p.out, ':')
+		val := uint32(len(p.out))
 		p.space()
-		item, err := p.value(depth + 1)
-		if err != nil {
-			return nil, err
+		if err := p.value(depth + 1); err != nil {
+			return err
 		}
-		if _, seen := o.vals[key]; !seen {
-			n, isIndex := arrayIndex(units)
-			o.keys = append(o.keys, key)
-			o.index = append(o.index, isIndex)
-			o.num = append(o.num, n)
-		}
-		o.vals[key] = item
+		p.members = append(p.members, member{first: key, key: key, val: val, end: uint32(len(p.out))})
 		p.space()
 		if p.i >= len(p.s) {
-			return nil, errJSON
+			return errJSON
 		}
 		switch p.s[p.i] {
 		case ',':
 			p.i++
 		case '}':
 			p.i++
-			return v, nil
+			p.order(start, base)
+			p.members = p.members[:base]
+			p.open--
+			p.out = append(p.out, '}')
+			return nil
 		default:
-			return nil, errJSON
+			return errJSON
 		}
 	}
+}
+
+// keyOf is a member's key as serialised (quoted): a key's identity.
+func (p *parser) keyOf(m member) []byte { return p.out[m.key : m.val-1] }
+
+// order rewrites the members of the object at out[start] (from base in
+// p.members) in JavaScript's order: a repeated key once, at its first
+// place with its last value; then integer-like keys ascending before
+// the others as inserted. Members already in that order (no repeat, no
+// integer-like key: the usual case) are left where they are.
+func (p *parser) order(start, base int) {
+	ms := p.members[base:]
+	if len(ms) < 2 {
+		return
+	}
+	// By key, then by place: repeats end up side by side, first first.
+	slices.SortFunc(ms, func(a, b member) int {
+		if c := bytes.Compare(p.keyOf(a), p.keyOf(b)); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.key, b.key)
+	})
+	n, moved := 0, false
+	for i, m := range ms {
+		if i > 0 && bytes.Equal(p.keyOf(ms[n-1]), p.keyOf(m)) {
+			// The last value wins, at the first key's place.
+			ms[n-1] = member{first: ms[n-1].first, key: m.key, val: m.val, end: m.end}
+			moved = true
+			continue
+		}
+		if _, index := arrayIndexKey(p.keyOf(m)); index {
+			moved = true
+		}
+		ms[n] = m
+		n++
+	}
+	if !moved {
+		return
+	}
+	ms = ms[:n]
+	slices.SortFunc(ms, func(a, b member) int {
+		na, ia := arrayIndexKey(p.keyOf(a))
+		nb, ib := arrayIndexKey(p.keyOf(b))
+		switch {
+		case ia && ib:
+			return cmp.Compare(na, nb)
+		case ia != ib:
+			if ia {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.first, b.first)
+	})
+	text := p.reorder[:0]
+	for i, m := range ms {
+		if i > 0 {
+			text = append(text, ',')
+		}
+		text = append(text, p.out[m.key:m.end]...)
+	}
+	p.out = append(p.out[:start+1], text...)
+	p.reorder = text
+}
+
+// arrayIndexKey is arrayIndex of a serialised key: an array index is
+// made of ASCII digits only, which serialise as themselves.
+func arrayIndexKey(quoted []byte) (uint32, bool) {
+	digits := quoted[1 : len(quoted)-1]
+	if len(digits) == 0 || len(digits) > 10 {
+		return 0, false
+	}
+	units := make([]uint16, 0, 10)
+	for _, c := range digits {
+		units = append(units, uint16(c))
+	}
+	return arrayIndex(units)
 }
 
 // arrayIndex reports whether a key is an array index as ECMAScript
@@ -289,25 +338,27 @@ func arrayIndex(units []uint16) (uint32, bool) {
 	return uint32(n), true
 }
 
-// str reads a string literal and returns its serialisation by
-// QuoteJSONString and its UTF-16 code units (for key ordering).
-func (p *parser) str() (string, []uint16, error) {
+// str reads a string literal and writes its serialisation by
+// QuoteJSONString.
+func (p *parser) str() error {
 	p.i++ // "
-	var units []uint16
+	units := p.units[:0]
+	defer func() { p.units = units[:0] }()
 	for {
 		if p.i >= len(p.s) {
-			return "", nil, errJSON
+			return errJSON
 		}
 		c := p.s[p.i]
 		switch {
 		case c == '"':
 			p.i++
-			return quote(units), units, nil
+			p.out = appendQuote(p.out, units)
+			return nil
 		case c < 0x20:
-			return "", nil, errJSON
+			return errJSON
 		case c == '\\':
 			if p.i+1 >= len(p.s) {
-				return "", nil, errJSON
+				return errJSON
 			}
 			e := p.s[p.i+1]
 			p.i += 2
@@ -326,16 +377,16 @@ func (p *parser) str() (string, []uint16, error) {
 				units = append(units, '\t')
 			case 'u':
 				if p.i+4 > len(p.s) {
-					return "", nil, errJSON
+					return errJSON
 				}
 				n, err := strconv.ParseUint(string(p.s[p.i:p.i+4]), 16, 16)
 				if err != nil || !isHex4(p.s[p.i:p.i+4]) {
-					return "", nil, errJSON
+					return errJSON
 				}
 				p.i += 4
 				units = append(units, uint16(n))
 			default:
-				return "", nil, errJSON
+				return errJSON
 			}
 		case c < utf8.RuneSelf:
 			units = append(units, uint16(c))
@@ -359,51 +410,46 @@ func isHex4(b []byte) bool {
 
 const hexDigits = "0123456789abcdef"
 
-// quote is QuoteJSONString over UTF-16 code units (ES2019 and later).
-func quote(units []uint16) string {
-	var b strings.Builder
-	b.Grow(len(units) + 2)
-	b.WriteByte('"')
+// appendQuote appends QuoteJSONString over UTF-16 code units (ES2019
+// and later) to b.
+func appendQuote(b []byte, units []uint16) []byte {
+	b = append(b, '"')
 	escape := func(u uint16) {
-		b.WriteString(`\u`)
-		b.WriteByte(hexDigits[u>>12])
-		b.WriteByte(hexDigits[u>>8&0xf])
-		b.WriteByte(hexDigits[u>>4&0xf])
-		b.WriteByte(hexDigits[u&0xf])
+		b = append(b, '\\', 'u', hexDigits[u>>12], hexDigits[u>>8&0xf], hexDigits[u>>4&0xf], hexDigits[u&0xf])
 	}
 	for i := 0; i < len(units); i++ {
 		u := units[i]
 		switch {
 		case u == '\b':
-			b.WriteString(`\b`)
+			b = append(b, `\b`...)
 		case u == '\t':
-			b.WriteString(`\t`)
+			b = append(b, `\t`...)
 		case u == '\n':
-			b.WriteString(`\n`)
+			b = append(b, `\n`...)
 		case u == '\f':
-			b.WriteString(`\f`)
+			b = append(b, `\f`...)
 		case u == '\r':
-			b.WriteString(`\r`)
+			b = append(b, `\r`...)
 		case u == '"':
-			b.WriteString(`\"`)
+			b = append(b, `\"`...)
 		case u == '\\':
-			b.WriteString(`\\`)
+			b = append(b, `\\`...)
 		case u < 0x20:
 			escape(u)
 		case utf16.IsSurrogate(rune(u)):
 			if u < 0xdc00 && i+1 < len(units) && units[i+1] >= 0xdc00 && units[i+1] <= 0xdfff {
-				b.WriteRune(utf16.DecodeRune(rune(u), rune(units[i+1])))
+				b = utf8.AppendRune(b, utf16.DecodeRune(rune(u), rune(units[i+1])))
 				i++
 				continue
 			}
 			// A lone surrogate has no UTF-8 form: ES2019 escapes it.
 			escape(u)
 		default:
-			b.WriteRune(rune(u))
+			b = utf8.AppendRune(b, rune(u))
 		}
 	}
-	b.WriteByte('"')
-	return b.String()
+	b = append(b, '"')
+	return b
 }
 
 // number reads a number literal by the JSON grammar and returns

@@ -7,6 +7,7 @@ package moralis
 import (
 	"crypto/subtle"
 	"encoding/hex"
+	"hash"
 
 	"golang.org/x/crypto/sha3"
 )
@@ -18,23 +19,39 @@ const SignatureLength = 2 + 64
 // Keccak-256 (Ethereum's, web3.utils.sha3) of JSON.stringify(parsed body)
 // + secret, as UTF-8. It fails when body is not JSON.
 func Sign(body, secret []byte) (string, error) {
-	text, err := Stringify(body)
+	sums, err := digests(body, secret)
 	if err != nil {
 		return "", err
 	}
-	return "0x" + hex.EncodeToString(digest(text, secret)), nil
+	return "0x" + hex.EncodeToString(sums[0]), nil
 }
 
-func digest(text, secret []byte) []byte {
-	h := sha3.NewLegacyKeccak256()
-	// Hash writes never fail.
-	_, _ = h.Write(text)
-	_, _ = h.Write(secret)
-	return h.Sum(nil)
+// digests hashes JSON.stringify(body) + secret for each secret, with the
+// serialisation streamed into the hashes rather than held whole.
+func digests(body []byte, secrets ...[]byte) ([][]byte, error) {
+	hashes := make([]hash.Hash, len(secrets))
+	for i := range hashes {
+		hashes[i] = sha3.NewLegacyKeccak256()
+	}
+	_, err := stringify(body, func(text []byte) {
+		for _, h := range hashes {
+			// Hash writes never fail.
+			_, _ = h.Write(text)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	sums := make([][]byte, len(secrets))
+	for i, h := range hashes {
+		_, _ = h.Write(secrets[i])
+		sums[i] = h.Sum(nil)
+	}
+	return sums, nil
 }
 
 // Verify reports whether signature is x-signature for body under any of
-// secrets. The body is re-serialised once; the hex after "0x" is
+// secrets. The body is re-serialised once, streamed into the hashes; the hex after "0x" is
 // compared case-insensitively, the bytes in constant time, and every
 // secret is tried even after a match.
 func Verify(body []byte, signature string, secrets ...[]byte) bool {
@@ -45,13 +62,13 @@ func Verify(body []byte, signature string, secrets ...[]byte) bool {
 	if err != nil {
 		return false
 	}
-	text, err := Stringify(body)
+	sums, err := digests(body, secrets...)
 	if err != nil {
 		return false
 	}
 	matched := false
-	for _, secret := range secrets {
-		if subtle.ConstantTimeCompare(digest(text, secret), given) == 1 {
+	for _, sum := range sums {
+		if subtle.ConstantTimeCompare(sum, given) == 1 {
 			matched = true
 		}
 	}
