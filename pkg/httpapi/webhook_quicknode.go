@@ -80,8 +80,9 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 // gunzip decodes a gzip body (QuickNode signs the uncompressed bytes).
 // The output is read through a LimitReader into a buffer that grows with
 // what decompresses, so a bomb costs at most limit+1 bytes before it is
-// refused with errBodyTooLarge.
-func gunzip(r *http.Request, wire []byte, limit int64) ([]byte, error) {
+// refused with errBodyTooLarge; each growth is reserved first through
+// grow, so a small delivery holds a small share of the unverified budget.
+func gunzip(r *http.Request, wire []byte, limit int64, grow func(n int64) bool) ([]byte, error) {
 	switch encoding := strings.ToLower(strings.TrimSpace(r.Header.Get(echo.HeaderContentEncoding))); encoding {
 	case "", "identity":
 		return wire, nil
@@ -94,5 +95,5 @@ func gunzip(r *http.Request, wire []byte, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	defer func() { _ = zr.Close() }()
-	return readLimited(io.LimitReader(zr, limit+1), limit, -1)
+	return readLimitedGrowing(io.LimitReader(zr, limit+1), limit, -1, grow)
 }

@@ -117,12 +117,20 @@ func (s *Server) readSigned(c echo.Context, source string, limit int64, verify v
 
 // decoder turns the bytes on the wire into the signed body (a gzip
 // body's uncompressed bytes), at most limit of them; nil when the route
-// takes no encoding.
-type decoder func(r *http.Request, wire []byte, limit int64) ([]byte, error)
+// takes no encoding. It calls grow before its output buffer takes more
+// memory, and stops with errUnverifiedBusy when grow says no.
+type decoder func(r *http.Request, wire []byte, limit int64, grow func(n int64) bool) ([]byte, error)
+
+// errUnverifiedBusy: the unverified budget (or the client's share) had no
+// room for a decoded body's next bytes.
+var errUnverifiedBusy = errors.New("unverified body budget full")
 
 // readSignedDecoded is readSigned for a route whose provider signs the
 // decoded body: decode runs before verify, its output is bounded by the
-// same limit, and the reservation covers both buffers.
+// same limit, and the reservation covers both buffers: the wire bytes up
+// front, the decoded ones as the decoder's buffer grows (never the whole
+// limit ahead of bytes that actually decompress), all released when the
+// signature has been checked.
 func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, decode decoder, verify verifier) ([]byte, error) {
 	r := c.Request()
 	ctx := r.Context()
@@ -138,22 +146,27 @@ func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, d
 		reservation = r.ContentLength
 	}
 	reservation = max(reservation, bodyReservationMin)
-	if decode != nil && r.Header.Get(echo.HeaderContentEncoding) != "" {
-		reservation += limit
-	}
 	if !s.unverified.reserve(client, reservation) {
 		dropConnection(c)
-		s.metrics.webhook(source, outcomeRejected, "busy")
-		answer := newError(http.StatusServiceUnavailable, "too many unverified webhooks in flight, retry later")
-		answer.retryAfter = retryAfterBusy
-		return nil, answer
+		return nil, s.unverifiedBusy(source)
 	}
 	body, err := readLimited(r.Body, limit, r.ContentLength)
 	if err == nil && decode != nil {
-		body, err = decode(r, body, limit)
+		body, err = decode(r, body, limit, func(n int64) bool {
+			if !s.unverified.reserve(client, n) {
+				return false
+			}
+			reservation += n
+			return true
+		})
 	}
 	verified := err == nil && verify(r, body)
 	s.unverified.release(client, reservation)
+	if errors.Is(err, errUnverifiedBusy) {
+		// Refused for room, like a request that found the budget full
+		// before its body: not charged as a failed signature.
+		return nil, s.unverifiedBusy(source)
+	}
 	if !verified {
 		s.chargeUnverified(c, client)
 		if err != nil {
@@ -171,6 +184,15 @@ func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, d
 		}
 	}
 	return body, nil
+}
+
+// unverifiedBusy is the answer to a request the unverified budget has no
+// room for: 503 with Retry-After, counted under source.
+func (s *Server) unverifiedBusy(source string) error {
+	s.metrics.webhook(source, outcomeRejected, "busy")
+	answer := newError(http.StatusServiceUnavailable, "too many unverified webhooks in flight, retry later")
+	answer.retryAfter = retryAfterBusy
+	return answer
 }
 
 // dropConnection closes the connection after an answer sent without
@@ -191,17 +213,31 @@ func (s *Server) chargeUnverified(c echo.Context, client string) {
 // with what arrives and never past the declared length (or limit) plus
 // the one byte that tells a body over limit: memory follows bytes sent.
 func readLimited(r io.Reader, limit, declared int64) ([]byte, error) {
+	return readLimitedGrowing(r, limit, declared, nil)
+}
+
+// readLimitedGrowing is readLimited asking grow (when not nil) for every
+// byte of buffer capacity before taking it: errUnverifiedBusy when refused.
+func readLimitedGrowing(r io.Reader, limit, declared int64, grow func(n int64) bool) ([]byte, error) {
 	bound := limit + 1
 	if declared >= 0 && declared < limit {
 		bound = declared + 1
 	}
-	buf := make([]byte, 0, min(bound, bodyBufferInitial))
+	first := min(bound, bodyBufferInitial)
+	if grow != nil && !grow(first) {
+		return nil, errUnverifiedBusy
+	}
+	buf := make([]byte, 0, first)
 	for {
 		if len(buf) == cap(buf) {
 			if int64(len(buf)) == bound {
 				break
 			}
-			grown := make([]byte, len(buf), min(bound, 2*int64(cap(buf))))
+			size := min(bound, 2*int64(cap(buf)))
+			if grow != nil && !grow(size-int64(cap(buf))) {
+				return nil, errUnverifiedBusy
+			}
+			grown := make([]byte, len(buf), size)
 			copy(grown, buf)
 			buf = grown
 		}

@@ -59,3 +59,29 @@ func FuzzReadLimited(f *testing.F) {
 		require.LessOrEqual(t, int64(cap(got)), bound)
 	})
 }
+
+// readLimitedGrowing asks for every byte of buffer it takes, before it
+// takes it, and stops with errUnverifiedBusy as soon as it is refused.
+func TestReadLimitedGrowingReservesAsItGrows(t *testing.T) {
+	data := bytes.Repeat([]byte("x"), 100_000)
+	var granted int64
+	got, err := readLimitedGrowing(bytes.NewReader(data), 1<<20, -1, func(n int64) bool {
+		granted += n
+		return true
+	})
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+	require.Equal(t, int64(cap(got)), granted)
+	require.Less(t, granted, int64(4*len(data)), "reserved far more than was read")
+
+	granted = 0
+	_, err = readLimitedGrowing(bytes.NewReader(data), 1<<20, -1, func(n int64) bool {
+		if granted+n > 50_000 {
+			return false
+		}
+		granted += n
+		return true
+	})
+	require.ErrorIs(t, err, errUnverifiedBusy)
+	require.LessOrEqual(t, granted, int64(50_000))
+}
