@@ -23,6 +23,7 @@ import (
 	"github.com/settle/settle/pkg/intake"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/quicknode"
 )
 
 // Limits of the HTTP server. Webhook bodies have their own limits.
@@ -182,6 +183,9 @@ type Server struct {
 	unverifiedLimit *limiter
 	verifiedLimit   *limiter
 	unverified      *unverifiedBytes
+	// quickNodeReplays remembers verified QuickNode deliveries over
+	// their replay window.
+	quickNodeReplays *replayGuard
 
 	// routes holds every registered route template, quietRoutes those
 	// logged at debug level (probes and scrapes).
@@ -263,6 +267,10 @@ func New(opts Options) (*Server, error) {
 		clientBytesMax = min(UnverifiedClientBytesMaxDefault, bytesMax)
 	}
 	s.unverified = newUnverifiedBytes(bytesMax, clientBytesMax, registry)
+	// A timestamp passes the window from FutureSkewMax before it to
+	// WEBHOOK_MAX_AGE after it: a claim made at the earliest must last
+	// until the latest.
+	s.quickNodeReplays = newReplayGuard(opts.Redis, limitTimeout, s.webhookMaxAge+quicknode.FutureSkewMax+time.Second, opts.Log, registry)
 
 	e := s.echo
 	e.HideBanner, e.HidePort = true, true

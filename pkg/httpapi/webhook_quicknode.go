@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/settle/settle/pkg/intake"
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/quicknode"
@@ -52,6 +53,38 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 		}
 		return err
 	}
+	// An exact replay of a delivery handled already changes nothing.
+	r := c.Request()
+	claim, state, err := s.quickNodeReplays.claim(r.Context(), replayKey(sourceQuickNode,
+		[]byte(r.Header.Get(HeaderQuickNodeNonce)), []byte(r.Header.Get(HeaderQuickNodeTimestamp)), body))
+	switch {
+	case err != nil:
+		answer := newError(http.StatusServiceUnavailable, "cannot check the delivery for a replay, retry later")
+		answer.cause = err
+		return answer
+	case state == replaySeen:
+		s.metrics.webhook(sourceQuickNode, outcomeDuplicate, "replay")
+		logging.From(r.Context()).Info().Msg("quicknode delivery replayed (same nonce, timestamp and body); nothing applied")
+		return c.JSON(http.StatusOK, replayAnswer{Answer: s.startIntake(c, providerQuickNode).Answer(), Replay: true})
+	case state == replayInFlight:
+		s.metrics.webhook(sourceQuickNode, outcomeRejected, "replay_in_flight")
+		answer := newError(http.StatusServiceUnavailable, "the same delivery is being handled, retry later")
+		answer.retryAfter = retryAfterBusy
+		return answer
+	}
+	err = s.handleQuickNode(c, body)
+	s.quickNodeReplays.settle(r.Context(), claim, err == nil && c.Response().Status < http.StatusMultipleChoices)
+	return err
+}
+
+// replayAnswer is the answer to an exact replay: every count zero.
+type replayAnswer struct {
+	intake.Answer
+	Replay bool `json:"replay,omitempty"`
+}
+
+// handleQuickNode decodes a verified delivery and hands it to the intake.
+func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
 	payload, err := quicknode.Decode(body)
 	if err != nil {
 		s.metrics.webhook(sourceQuickNode, outcomeRejected, "malformed_json")

@@ -1,0 +1,111 @@
+package httpapi_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/quicknode"
+)
+
+// signedQuickNode is a captured QuickNode request: its headers, signed
+// over nonce, timestamp and body.
+func signedQuickNode(nonce string, sent time.Time, body []byte) map[string]string {
+	ts := strconv.FormatInt(sent.Unix(), 10)
+	return map[string]string{"Content-Type": "application/json", httpapi.HeaderQuickNodeNonce: nonce,
+		httpapi.HeaderQuickNodeTimestamp: ts, httpapi.HeaderQuickNodeSignature: quicknode.Sign(nonce, ts, body, []byte(quickNodeToken))}
+}
+
+// TestQuickNodeReplayWithinWindow: X-QN-Nonce is QuickNode's anti-replay
+// value, so a signed delivery sent again unchanged (nonce, timestamp,
+// signature, body) while its timestamp is still inside WEBHOOK_MAX_AGE
+// changes nothing. The case that matters, on a network without an RPC: a
+// deposit is reported (delivery A), QuickNode then reports its block
+// reorged and the deposit is reversed; A replayed byte for byte must not
+// reopen it. The replay is answered 200 with every count zero and
+// "replay": true, and counted.
+func TestQuickNodeReplayWithinWindow(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
+
+	bodyA := quickNodeLogs("0x1", false)
+	captured := signedQuickNode("nonce-A", fixedNow.Add(-2*time.Minute), bodyA)
+
+	r := h.do(http.MethodPost, "/webhook/quicknode", bodyA, captured)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+
+	r = h.postQuickNode(quickNodeLogs("0x1", true), fixedNow.Add(-time.Minute), false)
+	require.Equal(t, 1.0, r.body["reversed"], "%s", r.raw)
+	e, err := h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusFailed, e.Status)
+
+	// The captured request A, replayed unchanged.
+	r = h.do(http.MethodPost, "/webhook/quicknode", bodyA, captured)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	e, err = h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusFailed, e.Status, "an exact replay reopened a deposit the reorg report had reversed: %s", r.raw)
+	for _, count := range []string{"accepted", "duplicates", "reopened", "rechecked", "reversed", "ignored"} {
+		require.Equal(t, 0.0, r.body[count], "%s in %s", count, r.raw)
+	}
+	require.Equal(t, true, r.body["replay"], "%s", r.raw)
+	require.Equal(t, 1.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total",
+		map[string]string{"source": "quicknode", "outcome": "duplicate", "reason": "replay"}))
+
+	// A new delivery of the same transfer (another nonce) is no replay:
+	// the intake decides about it as ever.
+	r = h.do(http.MethodPost, "/webhook/quicknode", bodyA, signedQuickNode("nonce-B", fixedNow, bodyA))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Nil(t, r.body["replay"], "%s", r.raw)
+}
+
+// A delivery that was not answered 2xx is not remembered: the provider
+// retries a failed delivery, possibly with the same nonce, and the retry
+// is handled, not taken for a replay.
+func TestQuickNodeFailedDeliveryIsNotAReplay(t *testing.T) {
+	h := providerHarness(t)
+	body := []byte(`{"data": "not a dataset"}`)
+	hdr := signedQuickNode("nonce-bad", fixedNow, body)
+	for range 2 {
+		r := h.do(http.MethodPost, "/webhook/quicknode", body, hdr)
+		requireError(t, r, http.StatusBadRequest)
+	}
+}
+
+// With Redis unreachable, ingest goes on (the api needs only PostgreSQL
+// for it) and replays are still refused: the replica remembers the
+// deliveries it handled in process, and counts that it did.
+func TestQuickNodeReplayGuardWithoutRedis(t *testing.T) {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	h := newHarness(t, harnessOptions{
+		redisURL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), // nothing listens there
+		change:   func(o *httpapi.Options) { o.QuickNodeTokens = []string{quickNodeToken} },
+	})
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+
+	body := quickNodeLogs("0x1", false)
+	hdr := signedQuickNode("nonce-A", fixedNow, body)
+	r := h.do(http.MethodPost, "/webhook/quicknode", body, hdr)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+
+	r = h.do(http.MethodPost, "/webhook/quicknode", body, hdr)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, true, r.body["replay"], "%s", r.raw)
+	require.Equal(t, 0.0, r.body["duplicates"], "%s", r.raw)
+	require.GreaterOrEqual(t, counter(t, h.metrics, "settle_api_replay_guard_fallback_total", nil), 2.0)
+}
