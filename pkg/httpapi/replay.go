@@ -60,17 +60,16 @@ if redis.call('GET', KEYS[1]) == ARGV[3] then return 2 end
 return 3
 `)
 
-// settleScript ends this claim (ARGV[1]): marks it done (ARGV[2] = done,
-// keeping its expiry) or deletes it (ARGV[2] empty). Another's claim is
-// left alone.
+// settleScript ends this claim (ARGV[1]): marks it done (ARGV[2] = done)
+// for the whole window (ARGV[3] ms) or deletes it (ARGV[2] empty).
+// Another's claim is left alone.
 var settleScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
   return 1
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl) end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 `)
 
@@ -81,7 +80,11 @@ type replayGuard struct {
 	redis   redis.UniversalClient
 	timeout time.Duration
 	ttl     time.Duration
-	log     zerolog.Logger
+	// inFlight is how long a claim not yet ended lasts: an api killed
+	// or panicking mid-delivery must not refuse the provider's retries
+	// until the window closes (then they would be too old to take).
+	inFlight time.Duration
+	log      zerolog.Logger
 
 	// redisRetryAt (unix nanoseconds) is when Redis may be tried again
 	// after a failure; 0 while it is healthy.
@@ -100,7 +103,8 @@ type localClaim struct {
 func newReplayGuard(client redis.UniversalClient, timeout, window time.Duration, log zerolog.Logger, reg prometheus.Registerer) *replayGuard {
 	g := &replayGuard{
 		redis: client, timeout: timeout, ttl: window + replayKeyGrace, log: log,
-		local: map[string]localClaim{},
+		inFlight: min(writeTimeout, window+replayKeyGrace),
+		local:    map[string]localClaim{},
 		fallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "settle_api_replay_guard_fallback_total",
 			Help: "Replay checks of signed QuickNode deliveries made in process because Redis was unreachable.",
@@ -133,7 +137,7 @@ func (g *replayGuard) claim(ctx context.Context, key string) (replayClaim, repla
 	c := replayClaim{key: key, id: hex.EncodeToString(raw[:])}
 	if retryAt := g.redisRetryAt.Load(); retryAt == 0 || time.Now().UnixNano() >= retryAt {
 		rctx, cancel := context.WithTimeout(ctx, g.timeout)
-		state, err := claimScript.Run(rctx, g.redis, []string{key}, c.id, g.ttl.Milliseconds(), replayDone).Int()
+		state, err := claimScript.Run(rctx, g.redis, []string{key}, c.id, g.inFlight.Milliseconds(), replayDone).Int()
 		cancel()
 		if err == nil {
 			if g.redisRetryAt.Swap(0) != 0 {
@@ -170,7 +174,7 @@ func (g *replayGuard) claim(ctx context.Context, key string) (replayClaim, repla
 			return c, 0, errReplayTableFull
 		}
 	}
-	g.local[key] = localClaim{value: c.id, expiresAt: now.Add(g.ttl)}
+	g.local[key] = localClaim{value: c.id, expiresAt: now.Add(g.inFlight)}
 	return c, replayNew, nil
 }
 
@@ -186,7 +190,7 @@ func (g *replayGuard) settle(ctx context.Context, c replayClaim, done bool) {
 		defer g.mu.Unlock()
 		if e, ok := g.local[c.key]; ok && e.value == c.id {
 			if done {
-				e.value = replayDone
+				e.value, e.expiresAt = replayDone, time.Now().Add(g.ttl)
 				g.local[c.key] = e
 			} else {
 				delete(g.local, c.key)
@@ -196,9 +200,9 @@ func (g *replayGuard) settle(ctx context.Context, c replayClaim, done bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 	defer cancel()
-	if err := settleScript.Run(ctx, g.redis, []string{c.key}, c.id, value).Err(); err != nil {
+	if err := settleScript.Run(ctx, g.redis, []string{c.key}, c.id, value, g.ttl.Milliseconds()).Err(); err != nil {
 		// A claim left in flight refuses the same delivery with 503
-		// until it expires; a done one left so answers it 200 again.
+		// until it expires (inFlight).
 		g.log.Warn().Err(err).Bool("done", done).Msg("replay guard: could not end a claim in Redis; it expires with the window")
 	}
 }
