@@ -34,14 +34,16 @@ func RedactError(err error) error {
 		if e == nil || depth > redactDepthMax {
 			return
 		}
-		if ue, ok := e.(*url.Error); ok && ue.URL != "" {
+		// Each node is looked at by itself: errors.As would stop at the
+		// first match and never see the others.
+		if ue, ok := e.(*url.Error); ok && ue.URL != "" { //nolint:errorlint // one node, not the chain
 			if short := URL(ue.URL); short != ue.URL {
 				// url.Error prints the URL with %q.
 				msg = strings.ReplaceAll(msg, strconv.Quote(ue.URL), strconv.Quote(short))
 				msg, changed = strings.ReplaceAll(msg, ue.URL, short), true
 			}
 		}
-		switch u := e.(type) {
+		switch u := e.(type) { //nolint:errorlint // unwrapping by hand
 		case interface{ Unwrap() error }:
 			walk(u.Unwrap(), depth+1)
 		case interface{ Unwrap() []error }:

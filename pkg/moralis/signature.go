@@ -43,9 +43,9 @@ func digests(body []byte, secrets ...[]byte) ([][]byte, error) {
 		return nil, err
 	}
 	sums := make([][]byte, len(secrets))
-	for i, h := range hashes {
-		_, _ = h.Write(secrets[i])
-		sums[i] = h.Sum(nil)
+	for i, secret := range secrets {
+		_, _ = hashes[i].Write(secret)
+		sums[i] = hashes[i].Sum(nil)
 	}
 	return sums, nil
 }
