@@ -2,24 +2,15 @@ package httpapi_test
 
 import (
 	"net/http"
-	"runtime"
-	"runtime/metrics"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/testenv"
 )
-
-func liveHeap() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
 
 // TestMoralisUnsignedBodiesHeap: two unsigned 4 MiB bodies from one
 // client (what its INGEST_UNVERIFIED_CLIENT_BYTES_MAX share of 8 MiB
@@ -34,40 +25,23 @@ func TestMoralisUnsignedBodiesHeap(t *testing.T) {
 	body := []byte("[" + strings.TrimSuffix(strings.Repeat("{},", httpapi.AlchemyBodyMax/3), ",") + "]")
 	require.LessOrEqual(t, len(body), httpapi.AlchemyBodyMax)
 
-	runtime.GC()
-	base := liveHeap()
-	var peak atomic.Uint64
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			if v := liveHeap(); v > base && v-base > peak.Load() {
-				peak.Store(v - base)
-			}
-			select {
-			case <-done:
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-		}
-	}()
-	var wg sync.WaitGroup
 	statuses := make([]int, 2)
-	for i := range statuses {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			statuses[i] = h.do(http.MethodPost, "/webhook/moralis", body,
-				map[string]string{httpapi.HeaderMoralisSignature: "0x" + strings.Repeat("0", 64)}).status
-		}()
-	}
-	wg.Wait()
-	close(done)
-	<-stopped
+	peak := testenv.PeakHeapGrowth(func() {
+		var wg sync.WaitGroup
+		for i := range statuses {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				statuses[i] = h.do(http.MethodPost, "/webhook/moralis", body,
+					map[string]string{httpapi.HeaderMoralisSignature: "0x" + strings.Repeat("0", 64)}).status
+			}()
+		}
+		wg.Wait()
+	})
 	for _, s := range statuses {
 		require.Equal(t, http.StatusUnauthorized, s)
 	}
-	t.Logf("2 unsigned bodies of %d bytes: api live heap peaked at +%d MiB", len(body), peak.Load()>>20)
-	require.Less(t, peak.Load(), uint64(64<<20),
-		"8 MiB of unauthenticated bytes made the api hold %d MiB (INGEST_UNVERIFIED_BYTES_MAX admits 8x this at once)", peak.Load()>>20)
+	t.Logf("2 unsigned bodies of %d bytes: api live heap peaked at +%d MiB", len(body), peak>>20)
+	require.Less(t, peak, uint64(64<<20),
+		"8 MiB of unauthenticated bytes made the api hold %d MiB (INGEST_UNVERIFIED_BYTES_MAX admits 8x this at once)", peak>>20)
 }

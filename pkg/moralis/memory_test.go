@@ -4,48 +4,12 @@ package moralis_test
 
 import (
 	"fmt"
-	"runtime"
-	"runtime/metrics"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/settle/settle/pkg/moralis"
+	"github.com/settle/settle/pkg/testenv"
 )
-
-// liveHeap is the bytes of live and not-yet-swept heap objects.
-func liveHeap() uint64 {
-	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
-// peakDuring runs f while sampling the heap and returns the highest growth
-// seen over the heap before f.
-func peakDuring(f func()) uint64 {
-	runtime.GC()
-	base := liveHeap()
-	var peak atomic.Uint64
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			if h := liveHeap(); h > base && h-base > peak.Load() {
-				peak.Store(h - base)
-			}
-			select {
-			case <-done:
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-		}
-	}()
-	f()
-	close(done)
-	<-stopped
-	return peak.Load()
-}
 
 // TestVerifyHoldsLittleOfAnUnsignedBody: Verify runs on bodies nobody has
 // authenticated yet (the signature is what it checks), and the api bounds
@@ -73,7 +37,7 @@ func TestVerifyHoldsLittleOfAnUnsignedBody(t *testing.T) {
 	forged := "0x" + strings.Repeat("0", 64)
 	for name, body := range bodies {
 		var ok bool
-		peak := peakDuring(func() { ok = moralis.Verify(body, forged, []byte("secret")) })
+		peak := testenv.PeakHeapGrowth(func() { ok = moralis.Verify(body, forged, []byte("secret")) })
 		if ok {
 			t.Fatal("forged signature verified")
 		}
