@@ -43,10 +43,10 @@ type Store interface {
 	DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	WatchedDeposits(ctx context.Context, limit int) ([]postgres.WatchedDeposit, error)
-	MarkFinal(ctx context.Context, eventID string) error
+	MarkFinal(ctx context.Context, eventID string) (givenBack bool, err error)
 	TouchWatched(ctx context.Context, eventID string) error
 	KeepWatching(ctx context.Context, eventID string) error
-	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (bool, error)
+	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error)
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
@@ -513,15 +513,22 @@ func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen cha
 	log := g.o.Log.With().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).Logger()
 	switch seen.State {
 	case chain.Final:
-		return g.o.Store.MarkFinal(ctx, w.EventID)
+		givenBack, err := g.o.Store.MarkFinal(ctx, w.EventID)
+		if givenBack {
+			g.givenBack(w)
+		}
+		return err
 	case chain.Canonical:
 		return g.o.Store.KeepWatching(ctx, w.EventID)
 	case chain.Moved:
-		moved, err := g.o.Store.MoveEvidence(ctx, w.EventID, w.BlockHash, int64(seen.BlockNumber), seen.BlockHash, seen.Final)
+		moved, givenBack, err := g.o.Store.MoveEvidence(ctx, w.EventID, w.BlockHash, int64(seen.BlockNumber), seen.BlockHash, seen.Final)
 		if err == nil && moved {
 			log.Warn().Int64("from_block", w.BlockNumber).Str("from_hash", w.BlockHash).
 				Uint64("block", seen.BlockNumber).Str("block_hash", seen.BlockHash).Bool("final", seen.Final).
 				Msg("credited deposit's transaction mined again in another block; credit kept, evidence moved")
+		}
+		if givenBack {
+			g.givenBack(w)
 		}
 		return err
 	case chain.Absent:
@@ -544,6 +551,13 @@ func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen cha
 		return g.reverse(ctx, w, fmt.Sprintf("transaction %s left the canonical chain: %s", w.TxHash, seen.Reason))
 	}
 	return fmt.Errorf("reorg watch of %s: chain returned unknown state %q", w.EventID, seen.State)
+}
+
+// givenBack says that a compensated deposit watched again is final on the
+// chain and its compensation reversed.
+func (g *Gate) givenBack(w postgres.WatchedDeposit) {
+	g.o.Log.Warn().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).
+		Msg("compensated deposit's transaction is final on the chain again; given back")
 }
 
 // reverse compensates a credited deposit the chain shows gone.

@@ -239,7 +239,7 @@ func TestMovedKeepsCreditAndMovesEvidence(t *testing.T) {
 	require.Zero(t, f.compensations("moved"))
 
 	// An answer about the old block after the move changes nothing.
-	_, err := f.db.MoveEvidence(context.Background(), "moved", blockHash(7), 8, blockHash(8), false)
+	_, _, err := f.db.MoveEvidence(context.Background(), "moved", blockHash(7), 8, blockHash(8), false)
 	require.NoError(t, err)
 	a, err := f.db.RecordAbsence(context.Background(), "moved", blockHash(7), 20, time.Second)
 	require.NoError(t, err)

@@ -27,9 +27,9 @@ const (
 )
 
 // reservedEventIDPrefixes name events settle derives itself; a caller may
-// not use them, or it could occupy the id of a future compensation or
-// Alchemy deposit.
-var reservedEventIDPrefixes = []string{"reorg:", alchemy.LegacyEventIDPrefix, payment.TransferEventIDPrefix}
+// not use them, or it could occupy the id of a future compensation, the
+// credit giving one back, or an Alchemy deposit.
+var reservedEventIDPrefixes = []string{"reorg:", payment.ReturnEventIDPrefix, alchemy.LegacyEventIDPrefix, payment.TransferEventIDPrefix}
 
 // rejection is a 400 with the reason it is counted under.
 type rejection struct {

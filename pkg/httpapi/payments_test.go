@@ -190,6 +190,7 @@ func TestPaymentsBadRequests(t *testing.T) {
 		"event_id a number":     with("event_id", `1`),
 		"event_id control char": with("event_id", `"a\u0000b"`),
 		"event_id reserved":     with("event_id", `"reorg:evt"`),
+		"event_id give-back":    with("event_id", `"return:1:evt"`),
 		"event_id alchemy":      with("event_id", `"alchemy:ETH_MAINNET:0x1:external"`),
 		"event_id transfer":     with("event_id", `"chain:ETH_MAINNET:0x1:native"`),
 		"amount a number":       with("amount", `1.5`),

@@ -28,6 +28,9 @@ type Store interface {
 	RecordReports(ctx context.Context, reporter string, events []string) error
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
+	// ReturnDeposit gives back (or watches again, when watch) a credited
+	// deposit that was compensated for a reorg and is reported again.
+	ReturnDeposit(ctx context.Context, eventID string, watch bool, reason string) (postgres.Return, error)
 	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
 	// SupersedeDeposit lets a conflicting report replace a deposit of the
 	// same transfer that ended failed/mismatch; any other is refused.
@@ -312,7 +315,8 @@ func (r *Run) removed(ctx context.Context, t payment.ReportedTransfer) error {
 // again handles a transfer that is already an event: one that ended
 // failed/reorged is seen again, so it is reopened, and the finality gate
 // credits it once the chain's policy holds (or at once without an RPC,
-// where the provider's word is the evidence either way).
+// where the provider's word is the evidence either way); one credited and
+// then compensated for a reorg is given back.
 func (r *Run) again(ctx context.Context, t payment.ReportedTransfer) error {
 	r.answer.Duplicates++
 	r.count(OutcomeDuplicate)
@@ -324,6 +328,24 @@ func (r *Run) again(ctx context.Context, t payment.ReportedTransfer) error {
 		r.answer.Reopened++
 		r.count(OutcomeReopened)
 		logging.From(ctx).Warn().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Msg("a provider reports a reorged deposit again; reopened")
+		return nil
+	}
+	// A credited deposit compensated for a reorg and reported again is
+	// given back: at once where the report is the evidence, once the
+	// chain shows it finalized where the chain can be asked.
+	back, err := r.in.o.Store.ReturnDeposit(ctx, t.EventID(), r.in.o.HasRPC(t.Network), r.p.Name+" reported the transfer again")
+	if err != nil {
+		return err
+	}
+	switch back {
+	case postgres.GivenBack, postgres.WatchedAgain:
+		r.answer.Reopened++
+		r.count(OutcomeReopened)
+		logging.From(ctx).Warn().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Str("return", back.String()).
+			Msg("a provider reports a compensated deposit again; its compensation is reversed")
+	case postgres.CyclesExhausted:
+		logging.From(ctx).Error().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).
+			Msg("a provider reports a compensated deposit again, but it was reorged away and back too often; it stays compensated for a human to decide")
 	}
 	return nil
 }

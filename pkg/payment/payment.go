@@ -211,6 +211,32 @@ func CompensationEventID(originalEventID string) string {
 	return "reorg:" + originalEventID
 }
 
+// ReturnEventIDPrefix starts the id of the credit that gives a
+// compensated deposit back when its transfer is on the chain again.
+const ReturnEventIDPrefix = "return:"
+
+// ReorgCyclesMax bounds how often one deposit is compensated and given
+// back: past it the deposit stays compensated and a human decides.
+const ReorgCyclesMax = 8
+
+// ReturnEventID names the credit that gives a compensated deposit back
+// after its cycle-th compensation. It names no transaction: the deposit
+// keeps its transfer's claim.
+func ReturnEventID(cycle int, depositID string) string {
+	return ReturnEventIDPrefix + strconv.Itoa(cycle) + ":" + depositID
+}
+
+// CycleCompensationEventID names a deposit's cycle-th compensation: the
+// first is CompensationEventID's; a later one reverses the credit that
+// gave the deposit back before it. Ids settle derives start with reserved
+// prefixes, so no two cycles of any deposits share one.
+func CycleCompensationEventID(cycle int, depositID string) string {
+	if cycle <= 1 {
+		return CompensationEventID(depositID)
+	}
+	return CompensationEventID(ReturnEventID(cycle-1, depositID))
+}
+
 // Event is a payment event as the ledger processes it.
 type Event struct {
 	ID     string

@@ -141,11 +141,25 @@ func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit,
 	return out, classify(stmt.name, rows.Err())
 }
 
-// MarkFinal stops watching a deposit whose block is finalized.
-func (db *DB) MarkFinal(ctx context.Context, eventID string) error {
+// MarkFinal stops watching a deposit whose block is finalized; one that
+// was compensated for a reorg and watched again is given back (givenBack).
+func (db *DB) MarkFinal(ctx context.Context, eventID string) (givenBack bool, err error) {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return false, classify("mark final", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	stmt := q("mark_final")
-	_, err := db.pool.Exec(ctx, stmt.text, eventID)
-	return classify(stmt.name, err)
+	tag, err := tx.Exec(ctx, stmt.text, eventID)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	if tag.RowsAffected() == 1 {
+		if givenBack, err = giveBackIfCompensated(ctx, tx, eventID); err != nil {
+			return false, err
+		}
+	}
+	return givenBack, classify("mark final commit", tx.Commit(ctx))
 }
 
 // TouchWatched moves a still-canonical deposit to the back of the watch
@@ -165,15 +179,28 @@ func (db *DB) KeepWatching(ctx context.Context, eventID string) error {
 }
 
 // MoveEvidence records that a watched deposit's transaction is canonical
-// in another block, and stops watching it if that block is final. It
-// reports false if the deposit was no longer watched in block fromHash.
-func (db *DB) MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (bool, error) {
-	stmt := q("move_evidence")
-	tag, err := db.pool.Exec(ctx, stmt.text, eventID, fromHash, blockNumber, blockHash, final)
+// in another block, and stops watching it if that block is final (giving
+// back a compensated deposit watched again, as MarkFinal does). It
+// reports moved false if the deposit was no longer watched in block
+// fromHash.
+func (db *DB) MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error) {
+	tx, err := db.pool.Begin(ctx)
 	if err != nil {
-		return false, classify(stmt.name, err)
+		return false, false, classify("move evidence", err)
 	}
-	return tag.RowsAffected() == 1, nil
+	defer func() { _ = tx.Rollback(ctx) }()
+	stmt := q("move_evidence")
+	tag, err := tx.Exec(ctx, stmt.text, eventID, fromHash, blockNumber, blockHash, final)
+	if err != nil {
+		return false, false, classify(stmt.name, err)
+	}
+	moved = tag.RowsAffected() == 1
+	if moved && final {
+		if givenBack, err = giveBackIfCompensated(ctx, tx, eventID); err != nil {
+			return false, false, err
+		}
+	}
+	return moved, givenBack, classify("move evidence commit", tx.Commit(ctx))
 }
 
 // Absence is what RecordAbsence found.

@@ -40,7 +40,8 @@ func (r Reversal) String() string {
 // canonical chain (receipt gone, block hash changed, or the provider's
 // removed: true). Uncredited, it fails with outcome reorged. Credited, it
 // gets a compensation event that debits it through the normal flow; the
-// compensation's id is fixed, so a reorg reported twice compensates once.
+// compensation's id is fixed per cycle (see reorgCycles), so a reorg
+// reported twice compensates once.
 // The event row is locked first, so a ledger batch crediting it right now
 // finishes before this decides.
 func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (Reversal, error) {
@@ -74,9 +75,27 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 	case payment.StatusFailed:
 		return AlreadyFailed, nil
 	case payment.StatusConfirmed:
+		// A deposit given back after a reorg can be reorged away again:
+		// each time it is on the chain in settle's books (as many
+		// compensations as give-backs) it gets the next compensation; one
+		// already off it is left compensated once.
+		comps, back, err := reorgCycles(ctx, tx, e.ID)
+		if err != nil {
+			return 0, err
+		}
+		if comps > back {
+			stmt := q("mark_reorged")
+			if _, err := tx.Exec(ctx, stmt.text, e.ID, reason); err != nil {
+				return 0, classify(stmt.name, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return 0, classify("reverse deposit commit", err)
+			}
+			return Compensating, nil
+		}
 		compensation := NewEvent{
 			Event: payment.Event{
-				ID: payment.CompensationEventID(e.ID), Type: payment.ReorgCompensation,
+				ID: payment.CycleCompensationEventID(comps+1, e.ID), Type: payment.ReorgCompensation,
 				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID, Network: e.Network,
 			},
 			Source:  SourceReorg,

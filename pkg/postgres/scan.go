@@ -53,6 +53,10 @@ type StoredDeposit struct {
 	// shows its transaction canonical again, so it went back to pending
 	// (ReopenDeposit).
 	Reopened bool
+	// Returned: the id held this very deposit, credited and then
+	// compensated for a reorg; WatchedAgain when it is watched again
+	// (ReturnDeposit), CyclesExhausted when it stays compensated.
+	Returned Return
 }
 
 // InitScanCursor creates the network's cursor at block start unless it
@@ -156,6 +160,15 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 				return nil, err
 			}
 			out[i].Reopened = reopened
+			if reopened {
+				continue
+			}
+			// A credited deposit compensated for a reorg: watched again,
+			// and given back once its block is finalized.
+			out[i].Returned, err = returnDeposit(ctx, tx, e.Event.ID, true, "the chain scanner found the transfer again")
+			if err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

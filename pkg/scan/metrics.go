@@ -13,8 +13,9 @@ const (
 	// SourceSuperseded: the id held a deposit the chain had contradicted
 	// (failed/mismatch), which now has the scanned content.
 	SourceSuperseded = "superseded"
-	// SourceReopened: the id held this deposit, failed/reorged; found
-	// again on the chain, it was reopened.
+	// SourceReopened: the id held this deposit, failed/reorged or
+	// credited and compensated; found again on the chain, it was reopened
+	// or is watched again to be given back.
 	SourceReopened = "reopened"
 )
 

@@ -140,12 +140,25 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 
 	byTx := map[string][]*storedEvent{}
 	outcomes := map[string]int{}
+	// What a deposit's compensations and give-backs moved, by deposit id,
+	// and how many compensations applied.
+	reorgMoved := map[string]decimal.Decimal{}
+	compensations := map[string]int{}
+	net := func(e *storedEvent) decimal.Decimal { return e.journalSum.Add(reorgMoved[e.ID]) }
 	for _, e := range stored {
 		if !isChainUser(e.User) {
 			continue
 		}
 		outcomes[e.Type+" "+e.status+"/"+e.outcome]++
-		if e.Type == "reorg_compensation" {
+		if origin := reorgOrigin(e.ID); origin != "" {
+			// A compensation, or the credit giving one back: it moves
+			// its deposit's money, counted with it (net below).
+			if e.journalRows > 0 {
+				reorgMoved[origin] = reorgMoved[origin].Add(e.journalSum)
+				if e.Type == "reorg_compensation" {
+					compensations[origin]++
+				}
+			}
 			continue
 		}
 		if e.txHash == "" {
@@ -242,6 +255,11 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 				unexplained++ // a provider-derived event (Alchemy's), one per transfer at most
 			}
 			if e.journalRows > 0 || e.status == "confirmed" {
+				if canonical && net(e).IsZero() && compensations[e.ID] > 0 {
+					// Compensated and never given back: no credit (the
+					// compensation check below says so).
+					continue
+				}
 				credits = append(credits, e)
 				continue
 			}
@@ -310,9 +328,10 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		case !canonical:
 			// Credited before the fork: it must be compensated, once.
 			for _, e := range credits {
-				comp, ok := stored["reorg:"+e.ID]
-				if !ok || comp.status != "confirmed" || comp.journalRows != 1 || !comp.journalSum.Equal(tr.amount.Neg()) {
-					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, compensation: %s", e.ID, tr.amount, tr.asset, tr.user, hash, describeOne(comp))
+				if compensations[e.ID] == 0 || !net(e).IsZero() {
+					comp := stored[payment.CompensationEventID(e.ID)]
+					v.fail("chain: REORGED TRANSFER STILL CREDITED", "%s credited %s %s to user %d; its transaction %s left the chain, %d compensations, net %s, first compensation: %s",
+						e.ID, tr.amount, tr.asset, tr.user, hash, compensations[e.ID], net(e), describeOne(comp))
 					v.trace(e.ID, hash)
 				}
 				compensated[e.ID] = true
@@ -389,13 +408,19 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	// of the RPC proxy is never evidence.
 	for _, e := range stored {
 		if isChainUser(e.User) && e.Type == "reorg_compensation" && e.journalRows > 0 {
-			origin := strings.TrimPrefix(e.ID, "reorg:")
+			origin := reorgOrigin(e.ID)
 			switch tr, ok := crediting[origin]; {
+			case ok && stored[origin] != nil && net(stored[origin]).Equal(tr.amount):
+				// Compensated, then given back when the transfer was
+				// final on the chain again.
 			case ok:
 				v.fail("chain: COMPENSATED A CANONICAL TRANSFER (a lie of the RPC taken as a reorg)", "%s debited %s %s of user %d; %s is canonical", e.ID, e.journalSum.Neg(), e.Asset, e.User, tr.hash)
 			case !compensated[origin]:
 				v.fail("chain: compensation of no credit of a dropped transfer", "%s: %s %s", e.ID, e.journalSum, e.Asset)
 			}
+		}
+		if isChainUser(e.User) && strings.HasPrefix(e.ID, payment.ReturnEventIDPrefix) && e.journalRows > 0 && compensations[reorgOrigin(e.ID)] == 0 {
+			v.fail("chain: give-back of no compensated credit", "%s: %s %s", e.ID, e.journalSum, e.Asset)
 		}
 	}
 	// Dead letters of the chain's events: only a fault that kept the
@@ -723,5 +748,37 @@ func TestBalanceWatchSeesNegative(t *testing.T) {
 	w.report(v)
 	if len(v.kinds) != 0 || w.checks != 1 {
 		t.Fatalf("a clean table gave findings %v (checks %d)", v.findings(), w.checks)
+	}
+}
+
+// reorgOrigin names the deposit a compensation or give-back belongs to:
+// "reorg:D", "reorg:return:n:D" and "return:n:D" all name D; "" for any
+// other id.
+func reorgOrigin(id string) string {
+	rest, compensation := strings.CutPrefix(id, "reorg:")
+	if r, ok := strings.CutPrefix(rest, payment.ReturnEventIDPrefix); ok {
+		if _, d, ok := strings.Cut(r, ":"); ok {
+			return d
+		}
+	}
+	if compensation {
+		return rest
+	}
+	return ""
+}
+
+func TestReorgOrigin(t *testing.T) {
+	for id, want := range map[string]string{
+		"reorg:chain:ETH_MAINNET:0x1:native":       "chain:ETH_MAINNET:0x1:native",
+		"return:1:chain:ETH_MAINNET:0x1:native":    "chain:ETH_MAINNET:0x1:native",
+		"reorg:return:3:pay-7":                     "pay-7",
+		payment.CycleCompensationEventID(5, "a:b"): "a:b",
+		payment.ReturnEventID(4, "return-less"):    "return-less",
+		"chain:ETH_MAINNET:0x1:native":             "",
+		"pay-7":                                    "",
+	} {
+		if got := reorgOrigin(id); got != want {
+			t.Errorf("reorgOrigin(%q) = %q, want %q", id, got, want)
+		}
 	}
 }

@@ -98,6 +98,9 @@ func (b *backend) Commit() common.Hash { return b.beacon.Commit() }
 // canonical once longer.
 func (b *backend) Fork(parentHash common.Hash) error { return b.beacon.Fork(parentHash) }
 
+// Rollback empties the pool of pending transactions.
+func (b *backend) Rollback() { b.beacon.Rollback() }
+
 // Close stops the beacon and the node.
 func (b *backend) Close() error {
 	b.client.Close()

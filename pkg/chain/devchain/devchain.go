@@ -612,6 +612,75 @@ func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
 	return Reorg{ForkedAt: block - 1, OldHead: oldHead, NewHead: newHead, Replacement: strings.ToLower(replacement.Hex())}, nil
 }
 
+// Drop takes a mined transaction off the canonical chain the way a reorg
+// that does not re-include it yet does: the chain forks at the parent of
+// its block, the pool is emptied (the dropped blocks' transactions with
+// it), and the new branch grows one block longer than the old one. No
+// replacement takes its nonce, so Resend can mine the very same
+// transaction again later. Finalized blocks cannot be dropped.
+func (c *Chain) Drop(ctx context.Context, txHash string) (*types.Transaction, error) {
+	if c.remote != nil {
+		return nil, ErrRemote
+	}
+	hash := common.HexToHash(txHash)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backend.Commit()
+	receipt, err := c.client.TransactionReceipt(ctx, hash)
+	if err != nil {
+		return nil, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
+	}
+	block := receipt.BlockNumber.Uint64()
+	finalized, err := c.Finalized(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if block <= finalized {
+		return nil, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
+	}
+	tx, _, err := c.client.TransactionByHash(ctx, hash)
+	if err != nil {
+		return nil, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
+	}
+	oldHead, err := c.client.BlockNumber(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("devchain: head: %w", err)
+	}
+	parent, err := c.client.HeaderByNumber(ctx, new(big.Int).SetUint64(block-1))
+	if err != nil {
+		return nil, fmt.Errorf("devchain: parent header: %w", err)
+	}
+	if err := c.backend.Fork(parent.Hash()); err != nil {
+		return nil, fmt.Errorf("devchain: fork at %d: %w", block-1, err)
+	}
+	c.backend.Rollback()
+	for range oldHead - (block - 1) + 1 {
+		c.backend.Commit()
+	}
+	if _, err := c.client.TransactionReceipt(ctx, hash); !errors.Is(err, ethereum.NotFound) {
+		return nil, fmt.Errorf("devchain: %s survived the drop (receipt error: %v)", txHash, err) //nolint:errorlint // err may be nil here: printed, not wrapped
+	}
+	return tx, nil
+}
+
+// Resend submits a transaction Drop took off the chain again and waits
+// until it is mined: the same hash, in a new block.
+func (c *Chain) Resend(ctx context.Context, tx *types.Transaction) (Tx, error) {
+	if c.remote != nil {
+		return Tx{}, ErrRemote
+	}
+	c.mu.Lock()
+	err := c.client.SendTransaction(ctx, tx)
+	if err == nil && c.manual {
+		c.backend.Commit()
+	}
+	c.mu.Unlock()
+	if err != nil {
+		return Tx{}, fmt.Errorf("devchain: resend %s: %w", tx.Hash().Hex(), err)
+	}
+	return c.waitMined(ctx, tx.Hash())
+}
+
 // replace sends a zero-value self-transfer with tx's nonce and higher
 // fees. Right after a fork the pool may still hold the old branch's
 // state and refuse the nonce as too low, so it retries, boundedly.

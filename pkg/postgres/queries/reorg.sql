@@ -31,3 +31,43 @@ WHERE NOT EXISTS (SELECT 1 FROM updated)
 UPDATE payment_events
 SET chain_state = 'reorged', error = $2, updated_at = now()
 WHERE event_id = $1;
+
+-- name: lock_credited
+-- A deposit about to be compensated or given back, locked so that a
+-- compensation and its giving back are decided one at a time.
+SELECT event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), trace_id, COALESCE(network, ''),
+       COALESCE(chain_state, '')
+FROM payment_events
+WHERE event_id = $1
+FOR UPDATE;
+
+-- name: reorg_cycle_events
+-- Which of a deposit's possible compensations and give-backs exist (by
+-- primary key: the ids are derived, at most 2 x ReorgCyclesMax of them).
+SELECT event_id FROM payment_events WHERE event_id = ANY($1::text[]);
+
+-- name: watch_returned
+-- A compensated deposit whose transfer is reported on the chain again is
+-- watched again from the block it was seen in; once that transfer's
+-- block is finalized, the deposit is given back (mark_final).
+UPDATE payment_events
+SET chain_state = 'watching', absent_since = NULL, absent_head = NULL, error = NULLIF($2, ''), updated_at = now()
+WHERE event_id = $1 AND status = 'confirmed' COLLATE "C" AND chain_state = 'reorged' COLLATE "C";
+
+-- name: mark_given_back
+-- The deposit's compensation is reversed by a give-back credit: it is on
+-- the chain again ($2: 'final' when its block is, NULL where the
+-- provider's word is the evidence and there is nothing to watch).
+UPDATE payment_events
+SET chain_state = $2, absent_since = NULL, absent_head = NULL, error = NULLIF($3, ''), updated_at = now()
+WHERE event_id = $1;
+
+-- name: lock_compensated
+-- lock_credited, for a credited deposit compensated for a reorg only: any
+-- other row is neither locked nor waited for, so a scan pass that meets
+-- deposits the webhooks reported first costs one index probe each.
+SELECT event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), trace_id, COALESCE(network, ''),
+       COALESCE(chain_state, '')
+FROM payment_events
+WHERE event_id = $1 AND status = 'confirmed' COLLATE "C" AND chain_state = 'reorged' COLLATE "C"
+FOR UPDATE;

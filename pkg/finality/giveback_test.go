@@ -1,0 +1,138 @@
+package finality_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func (f *watchFixture) balance() decimal.Decimal {
+	f.t.Helper()
+	var text string
+	require.NoError(f.t, f.conn.QueryRow(context.Background(), `SELECT COALESCE((SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'ETH'), '0')`).Scan(&text))
+	return decimal.RequireFromString(text)
+}
+
+func (f *watchFixture) exists(id string) bool {
+	f.t.Helper()
+	_, err := f.db.Event(context.Background(), id)
+	if err == nil {
+		return true
+	}
+	require.ErrorIs(f.t, err, payment.ErrNotFound)
+	return false
+}
+
+// TestCompensatedDepositIsGivenBackWhenFinalAgain: a credited deposit
+// reorged away is compensated; when the scanner finds its transaction on
+// the chain again, it is watched again and given back once its block is
+// finalized, never before, and only once. Leaving the chain again while
+// watched again takes nothing more: it was compensated already.
+func TestCompensatedDepositIsGivenBackWhenFinalAgain(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	ctx := context.Background()
+	tx := fmt.Sprintf("0x%064x", 0x9b)
+	f.credit("back", tx)
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+	gone := chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "no receipt; block 7 now has another hash"}
+	f.chain.set(tx, gone, nil)
+	f.watch()
+	require.Equal(t, 1, f.compensations("back"))
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+
+	// The scanner finds the transaction mined again: watched again, with
+	// the evidence it had; nothing is credited yet.
+	e, err := f.db.Event(ctx, "back")
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, "ETH_MAINNET", 0))
+	claim, ok, err := f.db.ClaimScanCursor(ctx, "ETH_MAINNET", "scanner-1", time.Minute, 10, 100)
+	require.NoError(t, err)
+	require.True(t, ok)
+	stored, err := f.db.CompleteScanPass(ctx, "ETH_MAINNET", "scanner-1", claim, []postgres.NewEvent{{Event: payment.Event{
+		ID: e.ID, Type: e.Type, UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: e.TraceID,
+	}, Source: postgres.SourcePayments}})
+	require.NoError(t, err)
+	require.Len(t, stored, 1)
+	require.NoError(t, stored[0].Err)
+	require.Equal(t, postgres.WatchedAgain, stored[0].Returned)
+	require.Equal(t, watchRow{ChainState: "watching", BlockNumber: 7, BlockHash: blockHash(7)}, f.row("back"))
+
+	// Mined in block 9, not final: still nothing.
+	f.chain.set(tx, chain.Canonicity{State: chain.Moved, BlockNumber: 9, BlockHash: blockHash(9)}, nil)
+	f.watch()
+	require.Equal(t, watchRow{ChainState: "watching", BlockNumber: 9, BlockHash: blockHash(9)}, f.row("back"))
+	require.False(t, f.exists(payment.ReturnEventID(1, "back")))
+
+	// Gone again before final: back to compensated, and no second
+	// compensation (the first still stands).
+	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 9, BlockHash: blockHash(9), Reason: "block 9 replaced"}, nil)
+	f.watch()
+	require.Equal(t, "reorged", f.row("back").ChainState)
+	require.False(t, f.exists(payment.CycleCompensationEventID(2, "back")))
+	require.False(t, f.exists(payment.ReturnEventID(1, "back")))
+
+	// Reported again, and this time final: given back, once.
+	r, err := f.db.ReturnDeposit(ctx, "back", true, "reported again")
+	require.NoError(t, err)
+	require.Equal(t, postgres.WatchedAgain, r)
+	f.chain.set(tx, chain.Canonicity{State: chain.Final, BlockNumber: 9, BlockHash: blockHash(9)}, nil)
+	f.watch()
+	require.Equal(t, "final", f.row("back").ChainState)
+	require.True(t, f.exists(payment.ReturnEventID(1, "back")))
+	f.chain.takeAsked()
+	f.watch()
+	require.Empty(t, f.chain.takeAsked(), "a deposit given back at finality is no longer watched")
+	r, err = f.db.ReturnDeposit(ctx, "back", true, "reported once more")
+	require.NoError(t, err)
+	require.Equal(t, postgres.NotCompensated, r, "given back once")
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+
+	var rows int
+	var sum string
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*), SUM(amount)::text FROM balance_events WHERE user_id = 1`).Scan(&rows, &sum))
+	require.Equal(t, 3, rows, "credit, compensation, give-back")
+	require.True(t, decimal.NewFromInt(1).Equal(decimal.RequireFromString(sum)))
+	testenv.RequireInvariants(t, f.db)
+}
+
+// TestGivenBackWhenMovedToAFinalBlock: the watcher's other road to
+// finality, a transaction found final in another block, gives a
+// compensated deposit back too; a deposit never compensated that moves
+// to a final block gets nothing more.
+func TestGivenBackWhenMovedToAFinalBlock(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	ctx := context.Background()
+	tx, plain := fmt.Sprintf("0x%064x", 0x9c), fmt.Sprintf("0x%064x", 0x9d)
+	f.credit("moved-back", tx)
+	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "replaced"}, nil)
+	f.watch()
+	r, err := f.db.ReturnDeposit(ctx, "moved-back", true, "reported again")
+	require.NoError(t, err)
+	require.Equal(t, postgres.WatchedAgain, r)
+	f.chain.set(tx, chain.Canonicity{State: chain.Moved, BlockNumber: 8, BlockHash: blockHash(8), Final: true}, nil)
+	f.watch()
+	require.Equal(t, "final", f.row("moved-back").ChainState)
+	require.True(t, f.exists(payment.ReturnEventID(1, "moved-back")))
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+
+	f.credit("plain", plain)
+	f.chain.set(plain, chain.Canonicity{State: chain.Moved, BlockNumber: 8, BlockHash: blockHash(8), Final: true}, nil)
+	f.watch()
+	require.Equal(t, "final", f.row("plain").ChainState)
+	require.False(t, f.exists(payment.ReturnEventID(1, "plain")))
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.NewFromInt(2).Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
+}
