@@ -42,11 +42,13 @@ func NewRechecker(gate *Gate, store RecheckStore) *Rechecker {
 func (r *Rechecker) HasRPC(network string) bool { return r.gate.HasRPC(network) }
 
 // Recheck asks the chain about a deposit that ended failed with an outcome
-// of payment.RecheckOutcomes. If the chain now shows its transfer final
-// under the policy and unclaimed by another event, the deposit is
-// reopened and the ledger credits it through the normal path (its
-// transfer claim there is the last word); otherwise it stays as it is and
-// the answer says what the chain shows. Every recheck is recorded with
+// of payment.RecheckOutcomes, or that was credited and then compensated
+// for a reorg. If the chain now shows its transfer final under the policy
+// and unclaimed by another event, a failed deposit is reopened and the
+// ledger credits it through the normal path (its transfer claim there is
+// the last word), and a compensated one is watched again and given back
+// once its block is finalized; otherwise it stays as it is and the answer
+// says what the chain shows. Every recheck is recorded with
 // who asked. The chain is asked with no row locked; the reopen is guarded
 // by the status read before, so two rechecks at once reopen once.
 //
@@ -108,6 +110,10 @@ func notRecheckable(t postgres.RecheckTarget) string {
 		return fmt.Sprintf("event is a %s, not a deposit", t.Event.Type)
 	case t.Event.TxHash == "":
 		return "the deposit names no transaction"
+	case t.Status == payment.StatusConfirmed && t.ChainState == "reorged":
+		// Credited, then compensated for a reorg: the chain may show it
+		// again, and then it is given back.
+		return ""
 	case t.Status != payment.StatusFailed:
 		return fmt.Sprintf("the deposit is %s", t.Status)
 	case !slices.Contains(payment.RecheckOutcomes, t.Outcome):

@@ -185,3 +185,50 @@ func TestRecheckSparesAClaimedTransfer(t *testing.T) {
 	require.Equal(t, postgres.RecheckReopened, got.Result)
 	require.Equal(t, "pending", f.status("rg-1"))
 }
+
+// TestRecheckWatchesACompensatedDepositAgain: a deposit credited and then
+// compensated for a reorg is rechecked; while the chain does not show it
+// the recheck changes nothing, and once it shows the transfer final the
+// deposit is watched again (given back when its block is finalized, see
+// TestCompensatedDepositIsGivenBackWhenFinalAgain). A second recheck
+// does nothing more.
+func TestRecheckWatchesACompensatedDepositAgain(t *testing.T) {
+	f := newRecheckFixture(t)
+	ctx := context.Background()
+	e := payment.Event{ID: "comp-1", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1"),
+		TxHash: fmt.Sprintf("0x%064x", 77), TraceID: "trace-comp-1"}
+	_, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event, Chain: &postgres.ChainEvidence{
+		BlockNumber: 7, BlockHash: fmt.Sprintf("0x%064x", 7), Watch: true, Transfers: []string{payment.TransferNative},
+	}}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	reversal, err := f.db.ReverseDeposit(ctx, "comp-1", "block 7 replaced", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Compensating, reversal)
+
+	f.chain.verdict = chain.Verdict{State: chain.Wait, Reason: "no receipt"}
+	r, err := f.r.Recheck(ctx, "comp-1", "alice")
+	require.NoError(t, err)
+	require.Equal(t, postgres.RecheckUnchanged, r.Result)
+	var state string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT chain_state FROM payment_events WHERE event_id = 'comp-1'`).Scan(&state))
+	require.Equal(t, "reorged", state)
+
+	f.chain.verdict = finalCredit
+	r, err = f.r.Recheck(ctx, "comp-1", "alice")
+	require.NoError(t, err)
+	require.Equal(t, postgres.RecheckReopened, r.Result)
+	require.Equal(t, payment.StatusConfirmed, r.Status)
+	require.Contains(t, r.Detail, "given back once its block is finalized")
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT chain_state FROM payment_events WHERE event_id = 'comp-1'`).Scan(&state))
+	require.Equal(t, "watching", state)
+
+	r, err = f.r.Recheck(ctx, "comp-1", "bob")
+	require.NoError(t, err)
+	require.Equal(t, postgres.RecheckNotApplicable, r.Result)
+	require.Equal(t, 2, f.chain.asked, "the recheck of a deposit watched again does not ask the chain")
+}

@@ -52,6 +52,9 @@ type RecheckTarget struct {
 	Outcome   payment.Outcome // "" while not terminal
 	Error     string
 	ToAddress string
+	// ChainState is "reorged" for a credited deposit compensated for a
+	// reorg (see ReturnDeposit).
+	ChainState string
 }
 
 // RecheckTarget reads one event; payment.ErrNotFound if there is none.
@@ -61,7 +64,7 @@ func (db *DB) RecheckTarget(ctx context.Context, eventID string) (RecheckTarget,
 	var eventType, amount, status, outcome string
 	var generation int32
 	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&r.Event.ID, &eventType, &r.Event.UserID, &r.Event.Asset, &amount,
-		&status, &outcome, &r.Error, &r.Event.TxHash, &r.Event.TransferIndex, &r.ToAddress, &r.Event.TraceID, &generation, &r.Event.Network)
+		&status, &outcome, &r.Error, &r.Event.TxHash, &r.Event.TransferIndex, &r.ToAddress, &r.Event.TraceID, &generation, &r.Event.Network, &r.ChainState)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RecheckTarget{}, fmt.Errorf("event %s: %w", eventID, payment.ErrNotFound)
 	}
@@ -96,8 +99,10 @@ func (db *DB) TransferClaims(ctx context.Context, network, txHash string) ([]Tra
 
 // RecordRecheck records a recheck and, when reopen is set, reopens its
 // failed deposit (ReopenDeposit with payment.RecheckOutcomes) in the same
-// transaction. A reopen that finds the deposit no longer failed with such
-// an outcome (a concurrent recheck won) is recorded as not_applicable.
+// transaction, or watches a compensated one again to give it back
+// (ReturnDeposit). A reopen that finds the deposit no longer failed with
+// such an outcome, or compensated (a concurrent recheck won), is recorded
+// as not_applicable.
 // r.Result is ignored when reopen is set; the answer carries the id, the
 // time, the result and the event's status after.
 func (db *DB) RecordRecheck(ctx context.Context, r Recheck, reopen bool) (Recheck, error) {
@@ -116,8 +121,19 @@ func (db *DB) RecordRecheck(ctx context.Context, r Recheck, reopen bool) (Rechec
 		}
 		r.Result = RecheckReopened
 		if !reopened {
-			r.Result = RecheckNotApplicable
-			r.Detail = "the event moved on while the chain was asked; " + r.Detail
+			back, err := returnDeposit(ctx, tx, r.EventID, true, "recheck by "+r.RequestedBy+": "+r.Detail)
+			switch {
+			case err != nil:
+				return Recheck{}, err
+			case back == WatchedAgain:
+				r.Detail += "; the deposit was compensated for a reorg: watched again, and given back once its block is finalized"
+			case back == CyclesExhausted:
+				r.Result = RecheckNotApplicable
+				r.Detail = fmt.Sprintf("the deposit was compensated and given back %d times, the most settle does; it stays compensated for a human to decide; ", payment.ReorgCyclesMax-1) + r.Detail
+			default:
+				r.Result = RecheckNotApplicable
+				r.Detail = "the event moved on while the chain was asked; " + r.Detail
+			}
 		}
 	}
 	stmt := q("insert_recheck")

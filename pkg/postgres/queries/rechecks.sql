@@ -2,7 +2,7 @@
 -- A deposit as a recheck asks the chain about it.
 SELECT event_id, event_type, user_id, asset, amount::text, status, COALESCE(outcome, ''), COALESCE(error, ''),
        COALESCE(tx_hash, ''), COALESCE(transfer_index, ''), COALESCE(to_address, ''), trace_id, generation,
-       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset))
+       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)), COALESCE(chain_state, '')
 FROM payment_events
 WHERE event_id = $1;
 
