@@ -199,6 +199,7 @@ func removableETHPayload(to, txHash string, removed bool) []byte {
 // Alchemy's removed as the evidence (the deposit is voided) and its
 // re-add as the evidence back (reopened, credited once); a recheck there
 // answers 409 naming ETH_RPC_URL, and settlectl without it says so too.
+// Removed once credited, the deposit is compensated; re-added, given back.
 func TestWithoutRPCTheFlagIsEvidence(t *testing.T) {
 	s := harness.NewStack(t)
 	s.Env["ALCHEMY_SIGNING_KEY"] = alchemyKey
@@ -245,5 +246,21 @@ func TestWithoutRPCTheFlagIsEvidence(t *testing.T) {
 	require.Zero(t, s.Count(`SELECT count(*) FROM event_rechecks`), "a recheck that cannot ask the chain records nothing")
 	time.Sleep(time.Second)
 	credited(t, s, func() string { return c.balance(t, 1, "ETH") }, eventID, "3")
+	requireInvariants(t, s)
+
+	// Credited, then removed: compensated. Re-added: given back, once.
+	status, body = c.alchemy(t, removableETHPayload(addrUser1, txHash, true))
+	require.Equal(t, http.StatusOK, status, body)
+	require.EqualValues(t, 1, body["reversed"], body)
+	c.waitStatus(t, "reorg:"+eventID, "confirmed")
+	require.Equal(t, "0", c.balance(t, 1, "ETH"))
+	for range 2 {
+		status, body = c.alchemy(t, removableETHPayload(addrUser1, txHash, false))
+		require.Equal(t, http.StatusOK, status, body)
+	}
+	c.waitStatus(t, "return:1:"+eventID, "confirmed")
+	time.Sleep(time.Second)
+	require.Equal(t, "3", c.balance(t, 1, "ETH"))
+	require.Equal(t, 1, s.Count(`SELECT count(*) FROM payment_events WHERE event_id LIKE 'return:%'`), "given back once")
 	requireInvariants(t, s)
 }
