@@ -2,12 +2,14 @@ package intake_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -80,4 +82,106 @@ func TestRemovedAndAddedBackWithoutAChain(t *testing.T) {
 	}
 	require.Equal(t, rows, journal+1, "the credit, and each compensation and give-back once")
 	testenv.RequireInvariants(t, f.db)
+}
+
+// TestRemovalsAndReaddsRacing: removals and re-adds of one credited
+// deposit race from separate connections while a ledger applies what
+// they enter. Whatever the order, the deposit's compensations and
+// give-backs alternate (one more compensation exactly when it is off the
+// chain in the books), its balance is what that says, and the invariants
+// hold.
+func TestRemovalsAndReaddsRacing(t *testing.T) {
+	f := setup(t)
+	in := f.intake(false)
+	tr := f.transfer(1, aliceETH, "1")
+	f.deliver(in, tr)
+	testenv.SettleOutbox(t, f.db)
+	removed := tr
+	removed.Removed = true
+
+	const racers, rounds = 4, 3
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, racers*rounds*2+1)
+	stop := make(chan struct{})
+	ledger := make(chan struct{})
+	go func() { // a worker applying the outbox meanwhile
+		defer close(ledger)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			claimed, err := f.db.ClaimOutbox(ctx, 50, 0, postgres.TaskEventsMax)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, c := range claimed {
+				if _, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}
+	}()
+	for r := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				report := tr
+				if (r+i)%2 == 0 {
+					report = removed
+				}
+				run := in.Start(provider, "trace-race")
+				if err := run.Store(ctx, []payment.ReportedTransfer{report}); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-ledger
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	testenv.SettleOutbox(t, f.db)
+
+	// Compensation n exists only once give-back n-1 was credited; the
+	// last give-back, voided (failed) if its transfer left again before
+	// it was credited, says whether the deposit is on the chain.
+	comps, back, voided := 0, 0, 0
+	onChain := true
+	for cycle := 1; cycle <= payment.ReorgCyclesMax; cycle++ {
+		if c, err := f.db.Event(ctx, payment.CycleCompensationEventID(cycle, tr.EventID())); err == nil {
+			require.Equal(t, comps, back, "compensation %d follows give-back %d", cycle, cycle-1)
+			require.Equal(t, payment.StatusConfirmed, c.Status)
+			comps++
+			onChain = false
+		}
+		if r, err := f.db.Event(ctx, payment.ReturnEventID(cycle, tr.EventID())); err == nil {
+			require.Equal(t, comps, back+1, "give-back %d follows compensation %d", cycle, cycle)
+			back++
+			onChain = r.Status == payment.StatusConfirmed
+			if r.Status == payment.StatusFailed {
+				require.Equal(t, string(payment.OutcomeReorged), r.Outcome)
+				require.Equal(t, cycle, comps, "only the last give-back can be voided: a later compensation needs it credited")
+				voided++
+			} else {
+				require.Equal(t, payment.StatusConfirmed, r.Status)
+			}
+		}
+	}
+	require.Positive(t, comps, "some removal won")
+	want := decimal.Zero
+	if onChain {
+		want = decimal.NewFromInt(1)
+	}
+	require.True(t, want.Equal(f.balance()), "%d compensations, %d give-backs (%d voided), balance %s", comps, back, voided, f.balance())
+	testenv.RequireInvariants(t, f.db)
+	t.Logf("%d compensations, %d give-backs (%d voided)", comps, back, voided)
 }

@@ -75,51 +75,13 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 	case payment.StatusFailed:
 		return AlreadyFailed, nil
 	case payment.StatusConfirmed:
-		// A deposit given back after a reorg can be reorged away again:
-		// each time it is on the chain in settle's books (as many
-		// compensations as give-backs) it gets the next compensation; one
-		// already off it is left compensated once.
-		comps, back, err := reorgCycles(ctx, tx, e.ID)
-		if err != nil {
+		if err := reverseCredited(ctx, tx, e, reason, traceID); err != nil {
 			return 0, err
-		}
-		if comps > back {
-			stmt := q("mark_reorged")
-			if _, err := tx.Exec(ctx, stmt.text, e.ID, reason); err != nil {
-				return 0, classify(stmt.name, err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				return 0, classify("reverse deposit commit", err)
-			}
-			return Compensating, nil
-		}
-		compensation := NewEvent{
-			Event: payment.Event{
-				ID: payment.CycleCompensationEventID(comps+1, e.ID), Type: payment.ReorgCompensation,
-				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID, Network: e.Network,
-			},
-			Source:  SourceReorg,
-			Related: e.ID,
-		}
-		if _, err := insertEvent(ctx, tx, compensation); err != nil && !errors.Is(err, payment.ErrConflict) {
-			return 0, err
-		}
-		stmt := q("mark_reorged")
-		if _, err := tx.Exec(ctx, stmt.text, e.ID, reason); err != nil {
-			return 0, classify(stmt.name, err)
 		}
 		result = Compensating
 	default:
-		_, refused, err := transition(ctx, tx, q("void_uncredited"), []string{e.ID}, nil, e.ID, reason)
-		if err != nil {
+		if err := voidUncredited(ctx, tx, e, payment.Status(status), reason); err != nil {
 			return 0, err
-		}
-		if r, ok := refused[e.ID]; ok {
-			return 0, r.Err(e.ID, []payment.Status{payment.Status(status)}, payment.StatusFailed)
-		}
-		stmt := q("record_outcome")
-		if _, err := tx.Exec(ctx, stmt.text, e.Key(), e.ID, string(payment.OutcomeReorged)); err != nil {
-			return 0, classify(stmt.name, err)
 		}
 		result = Voided
 	}
@@ -127,4 +89,19 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 		return 0, classify("reverse deposit commit", err)
 	}
 	return result, nil
+}
+
+// voidUncredited fails a deposit (or give-back) not credited yet with
+// outcome reorged; the caller holds its row lock.
+func voidUncredited(ctx context.Context, tx pgx.Tx, e payment.Event, status payment.Status, reason string) error {
+	_, refused, err := transition(ctx, tx, q("void_uncredited"), []string{e.ID}, nil, e.ID, reason)
+	if err != nil {
+		return err
+	}
+	if r, ok := refused[e.ID]; ok {
+		return r.Err(e.ID, []payment.Status{status}, payment.StatusFailed)
+	}
+	stmt := q("record_outcome")
+	_, err = tx.Exec(ctx, stmt.text, e.Key(), e.ID, string(payment.OutcomeReorged))
+	return classify(stmt.name, err)
 }

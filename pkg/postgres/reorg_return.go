@@ -73,36 +73,114 @@ func lockDeposit(ctx context.Context, tx pgx.Tx, stmt query, eventID string) (cr
 	return c, nil
 }
 
-// reorgCycles counts a deposit's compensations and the credits that gave
-// it back. Each is created after the one before (compensation n, then
-// give-back n), so the deposit is off the chain exactly when there is one
-// more compensation than give-backs. The caller holds the deposit's lock.
-func reorgCycles(ctx context.Context, tx pgx.Tx, depositID string) (compensations, givenBack int, err error) {
+// reorgCycle is where a credited deposit stands in its reorgs: each
+// compensation n reverses it (the first) or the give-back n-1 before it,
+// and give-back n reverses compensation n. They are created in that order.
+type reorgCycle struct {
+	// compensations counts the compensations created, applied or not.
+	compensations int
+	// back is the status of the give-back of the last compensation; ""
+	// when there is none.
+	back payment.Status
+}
+
+// onChain tells whether the deposit counts as on the chain in the books:
+// never compensated, or its last compensation given back (a give-back
+// voided before it was credited does not count).
+func (c reorgCycle) onChain() bool {
+	return c.compensations == 0 || c.back != "" && c.back != payment.StatusFailed
+}
+
+// readReorgCycle reads a deposit's compensations and give-backs; the
+// caller holds the deposit's lock, so no other is created meanwhile.
+func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycle, error) {
 	ids := make([]string, 0, 2*payment.ReorgCyclesMax)
-	kind := map[string]bool{} // true: a compensation
+	compensation := map[string]bool{}
 	for n := 1; n <= payment.ReorgCyclesMax; n++ {
-		c, r := payment.CycleCompensationEventID(n, depositID), payment.ReturnEventID(n, depositID)
-		ids = append(ids, c, r)
-		kind[c] = true
+		c := payment.CycleCompensationEventID(n, depositID)
+		ids = append(ids, c, payment.ReturnEventID(n, depositID))
+		compensation[c] = true
 	}
 	stmt := q("reorg_cycle_events")
 	rows, err := tx.Query(ctx, stmt.text, ids)
 	if err != nil {
-		return 0, 0, classify(stmt.name, err)
+		return reorgCycle{}, classify(stmt.name, err)
 	}
 	defer rows.Close()
+	backs := map[string]payment.Status{}
+	var c reorgCycle
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return 0, 0, classify(stmt.name, err)
+		var id, status string
+		if err := rows.Scan(&id, &status); err != nil {
+			return reorgCycle{}, classify(stmt.name, err)
 		}
-		if kind[id] {
-			compensations++
+		if compensation[id] {
+			c.compensations++
 		} else {
-			givenBack++
+			backs[id] = payment.Status(status)
 		}
 	}
-	return compensations, givenBack, classify(stmt.name, rows.Err())
+	if err := rows.Err(); err != nil {
+		return reorgCycle{}, classify(stmt.name, err)
+	}
+	if c.compensations > 0 {
+		c.back = backs[payment.ReturnEventID(c.compensations, depositID)]
+	}
+	return c, nil
+}
+
+// reverseCredited handles a credited deposit whose transaction left the
+// chain; the caller holds its lock. On the chain in the books, it gets
+// its next compensation, or, when it is on the chain through a give-back
+// not credited yet, that give-back is voided instead: a compensation is
+// created only once what it reverses has been credited, so it can never
+// be applied before it. Already off the chain, nothing more is taken.
+func reverseCredited(ctx context.Context, tx pgx.Tx, e payment.Event, reason, traceID string) error {
+	c, err := readReorgCycle(ctx, tx, e.ID)
+	if err != nil {
+		return err
+	}
+	compensate := func(id string) error {
+		compensation := NewEvent{
+			Event: payment.Event{
+				ID: payment.CompensationEventID(id), Type: payment.ReorgCompensation,
+				UserID: e.UserID, Asset: e.Asset, Amount: e.Amount, TxHash: e.TxHash, TraceID: traceID, Network: e.Network,
+			},
+			Source:  SourceReorg,
+			Related: e.ID,
+		}
+		if _, err := insertEvent(ctx, tx, compensation); err != nil && !errors.Is(err, payment.ErrConflict) {
+			return err
+		}
+		return nil
+	}
+	switch {
+	case !c.onChain():
+	case c.compensations == 0:
+		if err := compensate(e.ID); err != nil {
+			return err
+		}
+	default:
+		backID := payment.ReturnEventID(c.compensations, e.ID)
+		back, err := lockCredited(ctx, tx, backID)
+		if err != nil {
+			return err
+		}
+		switch back.Status {
+		case payment.StatusConfirmed:
+			err = compensate(backID)
+		case payment.StatusFailed:
+			// Voided meanwhile: off the chain already.
+		default:
+			err = voidUncredited(ctx, tx, back.Event, back.Status, reason)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	stmt := q("mark_reorged")
+	_, err = tx.Exec(ctx, stmt.text, e.ID, reason)
+	return classify(stmt.name, err)
 }
 
 // canGiveBack tells whether the cycle-th compensation of a deposit may be
@@ -139,24 +217,21 @@ func (db *DB) ReturnDeposit(ctx context.Context, eventID string, watch bool, rea
 
 // returnDeposit is ReturnDeposit inside the caller's transaction.
 func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, watch bool, reason string) (Return, error) {
-	c, err := lockDeposit(ctx, tx, q("lock_compensated"), eventID)
+	d, err := lockDeposit(ctx, tx, q("lock_compensated"), eventID)
 	if errors.Is(err, payment.ErrNotFound) {
 		return NotCompensated, nil
 	}
 	if err != nil {
 		return 0, err
 	}
-	if !c.Type.Credit() || c.TxHash == "" || c.Status != payment.StatusConfirmed || c.ChainState != "reorged" {
+	if !d.Type.Credit() || d.TxHash == "" || d.Status != payment.StatusConfirmed || d.ChainState != "reorged" {
 		return NotCompensated, nil
 	}
-	comps, back, err := reorgCycles(ctx, tx, eventID)
-	if err != nil {
-		return 0, err
+	c, err := readReorgCycle(ctx, tx, eventID)
+	if err != nil || c.onChain() {
+		return NotCompensated, err
 	}
-	if comps <= back {
-		return NotCompensated, nil
-	}
-	if !canGiveBack(comps, eventID) {
+	if !canGiveBack(c.compensations, eventID) {
 		return CyclesExhausted, nil
 	}
 	if watch {
@@ -164,7 +239,7 @@ func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, watch bool, r
 		_, err := tx.Exec(ctx, stmt.text, eventID, reason)
 		return WatchedAgain, classify(stmt.name, err)
 	}
-	return GivenBack, giveBack(ctx, tx, c, comps, "", reason)
+	return GivenBack, giveBack(ctx, tx, d, c, "", reason)
 }
 
 // giveBackIfCompensated gives back a deposit the watcher just saw
@@ -172,39 +247,55 @@ func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, watch bool, r
 // deposit watched again); a deposit never compensated is left as it is.
 // The caller's UPDATE holds the deposit's lock.
 func giveBackIfCompensated(ctx context.Context, tx pgx.Tx, eventID string) (bool, error) {
-	c, err := lockCredited(ctx, tx, eventID)
+	d, err := lockCredited(ctx, tx, eventID)
 	if err != nil {
 		return false, err
 	}
-	if !c.Type.Credit() || c.Status != payment.StatusConfirmed {
+	if !d.Type.Credit() || d.Status != payment.StatusConfirmed {
 		return false, nil
 	}
-	comps, back, err := reorgCycles(ctx, tx, eventID)
-	if err != nil || comps <= back {
+	c, err := readReorgCycle(ctx, tx, eventID)
+	if err != nil || c.onChain() || !canGiveBack(c.compensations, eventID) {
 		return false, err
 	}
-	return true, giveBack(ctx, tx, c, comps, "final", "the transfer is finalized on the chain again")
+	return true, giveBack(ctx, tx, d, c, "final", "the transfer is finalized on the chain again")
 }
 
-// giveBack enters the credit that reverses the deposit's cycle-th
-// compensation, and marks the deposit on the chain again (chainState).
-func giveBack(ctx context.Context, tx pgx.Tx, c credited, cycle int, chainState, reason string) error {
-	credit := NewEvent{
-		Event: payment.Event{
-			ID: payment.ReturnEventID(cycle, c.ID), Type: payment.Deposit,
-			UserID: c.UserID, Asset: c.Asset, Amount: c.Amount, TraceID: c.TraceID, Network: c.Network,
-		},
-		Source:  SourceReorg,
-		Related: c.ID,
-	}
-	if _, err := insertEvent(ctx, tx, credit); err != nil {
-		return err
+// giveBack reverses the deposit's last compensation with a credit (a
+// give-back voided before, reopened), and marks the deposit on the chain
+// again (chainState).
+func giveBack(ctx context.Context, tx pgx.Tx, d credited, c reorgCycle, chainState, reason string) error {
+	id := payment.ReturnEventID(c.compensations, d.ID)
+	if c.back == payment.StatusFailed {
+		_, refused, err := transition(ctx, tx, q("reopen_give_back"), []string{id}, nil, id, reason)
+		if err != nil {
+			return err
+		}
+		if r, ok := refused[id]; ok {
+			return r.Err(id, []payment.Status{payment.StatusFailed}, payment.StatusPending)
+		}
+		stmt := q("reopen_outcome")
+		if _, err := tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.Deposit), id); err != nil {
+			return classify(stmt.name, err)
+		}
+	} else {
+		credit := NewEvent{
+			Event: payment.Event{
+				ID: id, Type: payment.Deposit,
+				UserID: d.UserID, Asset: d.Asset, Amount: d.Amount, TraceID: d.TraceID, Network: d.Network,
+			},
+			Source:  SourceReorg,
+			Related: d.ID,
+		}
+		if _, err := insertEvent(ctx, tx, credit); err != nil {
+			return err
+		}
 	}
 	stmt := q("mark_given_back")
 	var state any
 	if chainState != "" {
 		state = chainState
 	}
-	_, err := tx.Exec(ctx, stmt.text, c.ID, state, reason)
+	_, err := tx.Exec(ctx, stmt.text, d.ID, state, reason)
 	return classify(stmt.name, err)
 }

@@ -42,9 +42,28 @@ WHERE event_id = $1
 FOR UPDATE;
 
 -- name: reorg_cycle_events
--- Which of a deposit's possible compensations and give-backs exist (by
--- primary key: the ids are derived, at most 2 x ReorgCyclesMax of them).
-SELECT event_id FROM payment_events WHERE event_id = ANY($1::text[]);
+-- Which of a deposit's possible compensations and give-backs exist, and
+-- their status (by primary key: the ids are derived, at most
+-- 2 x ReorgCyclesMax of them).
+SELECT event_id, status FROM payment_events WHERE event_id = ANY($1::text[]);
+
+-- name: reopen_give_back
+-- transition: failed -> pending
+-- A give-back voided before it was credited (its transfer left the chain
+-- again at once) goes back to the outbox when the transfer is back: the
+-- same id, a new generation, a first attempt for the ledger
+-- (reopen_outcome). $2 says why.
+WITH reopened AS (
+    UPDATE payment_events
+    SET status = 'pending', outcome = NULL, error = NULLIF($2, ''), retry_count = 0, generation = generation + 1,
+        chain_state = NULL, next_check_at = NULL, reopened_at = now(), updated_at = now()
+    WHERE event_id = $1 AND status = 'failed' COLLATE "C" AND outcome = 'reorged' AND event_type = 'deposit'
+      AND tx_hash IS NULL AND event_id LIKE 'return:%'
+    RETURNING event_id
+), wake AS (
+    SELECT pg_notify('settle_outbox', '') FROM reopened
+)
+SELECT event_id FROM reopened, (SELECT count(*) FROM wake) w;
 
 -- name: watch_returned
 -- A compensated deposit whose transfer is reported on the chain again is
