@@ -185,3 +185,49 @@ func TestRemovalsAndReaddsRacing(t *testing.T) {
 	testenv.RequireInvariants(t, f.db)
 	t.Logf("%d compensations, %d give-backs (%d voided)", comps, back, voided)
 }
+
+// TestGiveBackVoidedThenReopened: a removal that arrives while the
+// give-back is still in the outbox voids it rather than compensating a
+// credit not made; the transfer back once more reopens the same
+// give-back, which the ledger then credits once.
+func TestGiveBackVoidedThenReopened(t *testing.T) {
+	f := setup(t)
+	in := f.intake(false)
+	ctx := context.Background()
+	tr := f.transfer(1, aliceETH, "1")
+	f.deliver(in, tr)
+	testenv.SettleOutbox(t, f.db)
+	removed := tr
+	removed.Removed = true
+	back := payment.ReturnEventID(1, tr.EventID())
+
+	f.deliver(in, removed)
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+	require.Equal(t, 1, f.deliver(in, tr).Reopened)
+	require.Equal(t, payment.StatusPending, f.event(back).Status)
+
+	require.Equal(t, 1, f.deliver(in, removed).Reversed)
+	e := f.event(back)
+	require.Equal(t, payment.StatusFailed, e.Status)
+	require.Equal(t, string(payment.OutcomeReorged), e.Outcome)
+	_, err := f.db.Event(ctx, payment.CycleCompensationEventID(2, tr.EventID()))
+	require.ErrorIs(t, err, payment.ErrNotFound, "no compensation of a give-back never credited")
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+
+	require.Equal(t, 1, f.deliver(in, tr).Reopened)
+	require.Equal(t, payment.StatusPending, f.event(back).Status)
+	require.Equal(t, 0, f.deliver(in, tr).Reopened, "reopened once")
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, payment.StatusConfirmed, f.event(back).Status)
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
+
+	// And taken again, now that it is credited: compensation 2.
+	require.Equal(t, 1, f.deliver(in, removed).Reversed)
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, payment.StatusConfirmed, f.event(payment.CycleCompensationEventID(2, tr.EventID())).Status)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
+}
