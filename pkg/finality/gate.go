@@ -558,6 +558,10 @@ func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen cha
 func (g *Gate) givenBack(w postgres.WatchedDeposit) {
 	g.o.Log.Warn().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).
 		Msg("compensated deposit's transaction is final on the chain again; given back")
+	// The compensation raised a critical alert: say that it is undone.
+	g.o.Alerts.Raise("deposit_given_back:"+w.EventID, alert.Warning, "a compensated deposit is final on the chain again; given back", map[string]any{
+		"event_id": w.EventID, "trace_id": w.TraceID, "tx_hash": w.TxHash,
+	})
 }
 
 // reverse compensates a credited deposit the chain shows gone.

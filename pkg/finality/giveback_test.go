@@ -3,17 +3,39 @@ package finality_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
+
+// alerts records the keys of the alerts raised.
+type alerts struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (a *alerts) Raise(key string, _ alert.Severity, _ string, _ map[string]any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.keys = append(a.keys, key)
+}
+
+func (a *alerts) raised() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.keys...)
+}
 
 func (f *watchFixture) balance() decimal.Decimal {
 	f.t.Helper()
@@ -39,6 +61,11 @@ func (f *watchFixture) exists(id string) bool {
 // watched again takes nothing more: it was compensated already.
 func TestCompensatedDepositIsGivenBackWhenFinalAgain(t *testing.T) {
 	f := newWatchFixture(t, time.Hour)
+	raised := &alerts{}
+	f.gate = finality.New(finality.Options{
+		Store: f.db, Chain: f.chain, Assets: mustAssets(t, f.db), Policy: chain.FinalizedPolicy(),
+		ReorgRecheckDelay: time.Hour, Alerts: raised, Log: zerolog.Nop(),
+	})
 	ctx := context.Background()
 	tx := fmt.Sprintf("0x%064x", 0x9b)
 	f.credit("back", tx)
@@ -89,6 +116,7 @@ func TestCompensatedDepositIsGivenBackWhenFinalAgain(t *testing.T) {
 	f.watch()
 	require.Equal(t, "final", f.row("back").ChainState)
 	require.True(t, f.exists(payment.ReturnEventID(1, "back")))
+	require.Equal(t, []string{"deposit_reorged:back", "deposit_reorged:back", "deposit_given_back:back"}, raised.raised())
 	f.chain.takeAsked()
 	f.watch()
 	require.Empty(t, f.chain.takeAsked(), "a deposit given back at finality is no longer watched")
@@ -135,4 +163,11 @@ func TestGivenBackWhenMovedToAFinalBlock(t *testing.T) {
 	testenv.SettleOutbox(t, f.db)
 	require.True(t, decimal.NewFromInt(2).Equal(f.balance()))
 	testenv.RequireInvariants(t, f.db)
+}
+
+func mustAssets(t *testing.T, db *postgres.DB) *payment.Registry {
+	t.Helper()
+	assets, err := db.Assets(context.Background())
+	require.NoError(t, err)
+	return assets
 }
