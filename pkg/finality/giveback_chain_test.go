@@ -65,7 +65,7 @@ func TestDroppedThenMinedAgainIsGivenBack(t *testing.T) {
 	require.Equal(t, "watching", chainState())
 	require.True(t, decimal.NewFromInt(1).Equal(balance()))
 
-	raw, err := f.ch.Drop(f.ctx, tx.Hash)
+	_, raw, err := f.ch.Drop(f.ctx, tx.Hash)
 	require.NoError(t, err)
 	for range 3 { // a null after a fork is read once more first
 		require.NoError(t, gate.WatchReorgs(f.ctx))

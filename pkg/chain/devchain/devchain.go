@@ -124,6 +124,7 @@ type Reorg struct {
 // simulated backend's client, or an HTTP JSON-RPC client to a dev chain
 // running in another process (Dial).
 type nodeClient interface {
+	BlockByNumber(ctx context.Context, number *big.Int) (*types.Block, error)
 	BlockNumber(ctx context.Context) (uint64, error)
 	HeaderByNumber(ctx context.Context, number *big.Int) (*types.Header, error)
 	PendingNonceAt(ctx context.Context, account common.Address) (uint64, error)
@@ -613,14 +614,15 @@ func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
 }
 
 // Drop takes a mined transaction off the canonical chain the way a reorg
-// that does not re-include it yet does: the chain forks at the parent of
-// its block, the pool is emptied (the dropped blocks' transactions with
-// it), and the new branch grows one block longer than the old one. No
-// replacement takes its nonce, so Resend can mine the very same
-// transaction again later. Finalized blocks cannot be dropped.
-func (c *Chain) Drop(ctx context.Context, txHash string) (*types.Transaction, error) {
+// that does not re-include it (yet) does: the chain forks at the parent
+// of its block, the other transactions of the dropped blocks are mined
+// again on the new branch, and the new branch grows one block longer than
+// the old one. No replacement takes its nonce, so Resend can mine the
+// very same transaction again later; until then its sender's later
+// transactions wait behind it. Finalized blocks cannot be dropped.
+func (c *Chain) Drop(ctx context.Context, txHash string) (Reorg, *types.Transaction, error) {
 	if c.remote != nil {
-		return nil, ErrRemote
+		return Reorg{}, nil, ErrRemote
 	}
 	hash := common.HexToHash(txHash)
 	c.mu.Lock()
@@ -628,39 +630,61 @@ func (c *Chain) Drop(ctx context.Context, txHash string) (*types.Transaction, er
 	c.backend.Commit()
 	receipt, err := c.client.TransactionReceipt(ctx, hash)
 	if err != nil {
-		return nil, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
+		return Reorg{}, nil, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
 	}
 	block := receipt.BlockNumber.Uint64()
 	finalized, err := c.Finalized(ctx)
 	if err != nil {
-		return nil, err
+		return Reorg{}, nil, err
 	}
 	if block <= finalized {
-		return nil, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
+		return Reorg{}, nil, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
 	}
 	tx, _, err := c.client.TransactionByHash(ctx, hash)
 	if err != nil {
-		return nil, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
+		return Reorg{}, nil, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
 	}
 	oldHead, err := c.client.BlockNumber(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("devchain: head: %w", err)
+		return Reorg{}, nil, fmt.Errorf("devchain: head: %w", err)
+	}
+	// The other transactions of the blocks the fork drops, to mine again.
+	var others []*types.Transaction
+	for n := block; n <= oldHead; n++ {
+		b, err := c.client.BlockByNumber(ctx, new(big.Int).SetUint64(n))
+		if err != nil {
+			return Reorg{}, nil, fmt.Errorf("devchain: block %d: %w", n, err)
+		}
+		for _, t := range b.Transactions() {
+			if t.Hash() != hash {
+				others = append(others, t)
+			}
+		}
 	}
 	parent, err := c.client.HeaderByNumber(ctx, new(big.Int).SetUint64(block-1))
 	if err != nil {
-		return nil, fmt.Errorf("devchain: parent header: %w", err)
+		return Reorg{}, nil, fmt.Errorf("devchain: parent header: %w", err)
 	}
 	if err := c.backend.Fork(parent.Hash()); err != nil {
-		return nil, fmt.Errorf("devchain: fork at %d: %w", block-1, err)
+		return Reorg{}, nil, fmt.Errorf("devchain: fork at %d: %w", block-1, err)
 	}
 	c.backend.Rollback()
+	for _, t := range others {
+		// A transaction already known to the pool, or one whose nonce
+		// now waits behind the dropped one, is fine as it is.
+		_ = c.client.SendTransaction(ctx, t)
+	}
 	for range oldHead - (block - 1) + 1 {
 		c.backend.Commit()
 	}
-	if _, err := c.client.TransactionReceipt(ctx, hash); !errors.Is(err, ethereum.NotFound) {
-		return nil, fmt.Errorf("devchain: %s survived the drop (receipt error: %v)", txHash, err) //nolint:errorlint // err may be nil here: printed, not wrapped
+	newHead, err := c.client.BlockNumber(ctx)
+	if err != nil {
+		return Reorg{}, nil, fmt.Errorf("devchain: head: %w", err)
 	}
-	return tx, nil
+	if _, err := c.client.TransactionReceipt(ctx, hash); !errors.Is(err, ethereum.NotFound) {
+		return Reorg{}, nil, fmt.Errorf("devchain: %s survived the drop (receipt error: %v)", txHash, err) //nolint:errorlint // err may be nil here: printed, not wrapped
+	}
+	return Reorg{ForkedAt: block - 1, OldHead: oldHead, NewHead: newHead}, tx, nil
 }
 
 // Resend submits a transaction Drop took off the chain again and waits

@@ -147,6 +147,43 @@ func TestReorgDropsTransaction(t *testing.T) {
 	require.ErrorContains(t, err, "finalized")
 }
 
+// TestDropThenResend: Drop takes a transaction off the chain with no
+// replacement; the other transactions of the dropped blocks are mined
+// again, except the sender's later one, which waits behind it; Resend
+// mines the very same transaction again, and the later one with it.
+func TestDropThenResend(t *testing.T) {
+	c := start(t, devchain.Options{Manual: true})
+	ctx := context.Background()
+	accounts := c.Accounts()
+
+	drop, err := c.SendETH(ctx, 0, accounts[2].Address, big.NewInt(1_000))
+	require.NoError(t, err)
+	other, err := c.SendETH(ctx, 1, accounts[3].Address, big.NewInt(8))
+	require.NoError(t, err)
+	behind, err := c.SendETH(ctx, 0, accounts[3].Address, big.NewInt(9))
+	require.NoError(t, err)
+	require.NoError(t, c.CommitBlocks(ctx, 2))
+
+	r, tx, err := c.Drop(ctx, drop.Hash)
+	require.NoError(t, err)
+	require.Equal(t, drop.BlockNumber-1, r.ForkedAt)
+	require.Greater(t, r.NewHead, r.OldHead)
+	require.Equal(t, "null", string(rpcCall(t, c.URL(), "eth_getTransactionReceipt", drop.Hash)))
+	require.NotEqual(t, "null", string(rpcCall(t, c.URL(), "eth_getTransactionReceipt", other.Hash)), "another sender's transaction is mined again")
+	require.Equal(t, "null", string(rpcCall(t, c.URL(), "eth_getTransactionReceipt", behind.Hash)), "the sender's later one waits behind the dropped one")
+
+	again, err := c.Resend(ctx, tx)
+	require.NoError(t, err)
+	require.Equal(t, drop.Hash, again.Hash)
+	require.Greater(t, again.BlockNumber, r.NewHead)
+	require.EqualValues(t, 1, again.Status)
+	require.NotEqual(t, "null", string(rpcCall(t, c.URL(), "eth_getTransactionReceipt", behind.Hash)), "mined with it")
+
+	require.NoError(t, c.FinalizeThrough(ctx, again.BlockNumber))
+	_, _, err = c.Drop(ctx, drop.Hash)
+	require.ErrorContains(t, err, "finalized")
+}
+
 func TestTimerProducesBlocks(t *testing.T) {
 	c := start(t, devchain.Options{BlockInterval: 50 * time.Millisecond})
 	ctx := context.Background()
