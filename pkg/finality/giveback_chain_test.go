@@ -81,7 +81,7 @@ func TestDroppedThenMinedAgainIsGivenBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tx.Hash, mined.Hash)
 	require.NotEqual(t, tx.BlockHash, mined.BlockHash)
-	back, err := f.db.ReturnDeposit(f.ctx, "again", true, "reported again")
+	back, err := f.db.ReturnDeposit(f.ctx, "again", payment.Transfer{}, true, "reported again")
 	require.NoError(t, err)
 	require.Equal(t, postgres.WatchedAgain, back)
 

@@ -109,7 +109,7 @@ func TestCompensatedDepositIsGivenBackWhenFinalAgain(t *testing.T) {
 	require.False(t, f.exists(payment.ReturnEventID(1, "back")))
 
 	// Reported again, and this time final: given back, once.
-	r, err := f.db.ReturnDeposit(ctx, "back", true, "reported again")
+	r, err := f.db.ReturnDeposit(ctx, "back", payment.Transfer{}, true, "reported again")
 	require.NoError(t, err)
 	require.Equal(t, postgres.WatchedAgain, r)
 	f.chain.set(tx, chain.Canonicity{State: chain.Final, BlockNumber: 9, BlockHash: blockHash(9)}, nil)
@@ -120,7 +120,7 @@ func TestCompensatedDepositIsGivenBackWhenFinalAgain(t *testing.T) {
 	f.chain.takeAsked()
 	f.watch()
 	require.Empty(t, f.chain.takeAsked(), "a deposit given back at finality is no longer watched")
-	r, err = f.db.ReturnDeposit(ctx, "back", true, "reported once more")
+	r, err = f.db.ReturnDeposit(ctx, "back", payment.Transfer{}, true, "reported once more")
 	require.NoError(t, err)
 	require.Equal(t, postgres.NotCompensated, r, "given back once")
 	testenv.SettleOutbox(t, f.db)
@@ -145,7 +145,7 @@ func TestGivenBackWhenMovedToAFinalBlock(t *testing.T) {
 	f.credit("moved-back", tx)
 	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "replaced"}, nil)
 	f.watch()
-	r, err := f.db.ReturnDeposit(ctx, "moved-back", true, "reported again")
+	r, err := f.db.ReturnDeposit(ctx, "moved-back", payment.Transfer{}, true, "reported again")
 	require.NoError(t, err)
 	require.Equal(t, postgres.WatchedAgain, r)
 	f.chain.set(tx, chain.Canonicity{State: chain.Moved, BlockNumber: 8, BlockHash: blockHash(8), Final: true}, nil)
@@ -170,4 +170,46 @@ func mustAssets(t *testing.T, db *postgres.DB) *payment.Registry {
 	assets, err := db.Assets(context.Background())
 	require.NoError(t, err)
 	return assets
+}
+
+// TestScannerGivesBackADepositNamedByPayments: a deposit /webhook/payments
+// named (its own id) is credited, claims its transfer, and is compensated
+// when the transaction leaves the chain. The scanner then finds the
+// transfer mined again under the transfer's own id: that event ends
+// duplicate_transfer, and the deposit holding the claim is watched again
+// and given back once final.
+func TestScannerGivesBackADepositNamedByPayments(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	ctx := context.Background()
+	tx := fmt.Sprintf("0x%064x", 0x9e)
+	f.credit("pay-1", tx)
+	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "replaced"}, nil)
+	f.watch()
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+
+	scanned := payment.Transfer{Network: "ETH_MAINNET", TxHash: tx, Index: payment.TransferNative}
+	require.NoError(t, f.db.InitScanCursor(ctx, "ETH_MAINNET", 0))
+	claim, ok, err := f.db.ClaimScanCursor(ctx, "ETH_MAINNET", "scanner-1", time.Minute, 10, 100)
+	require.NoError(t, err)
+	require.True(t, ok)
+	stored, err := f.db.CompleteScanPass(ctx, "ETH_MAINNET", "scanner-1", claim, []postgres.NewEvent{{Event: payment.Event{
+		ID: scanned.EventID(), Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1"),
+		TxHash: tx, TransferIndex: payment.TransferNative, Network: "ETH_MAINNET", TraceID: "scan",
+	}, Source: postgres.Source("scanner")}})
+	require.NoError(t, err)
+	require.Len(t, stored, 1)
+	require.True(t, stored[0].Inserted)
+	require.Equal(t, postgres.WatchedAgain, stored[0].Returned)
+	require.Equal(t, "watching", f.row("pay-1").ChainState)
+
+	f.chain.set(tx, chain.Canonicity{State: chain.Moved, BlockNumber: 9, BlockHash: blockHash(9), Final: true}, nil)
+	f.watch()
+	require.True(t, f.exists(payment.ReturnEventID(1, "pay-1")))
+	testenv.SettleOutbox(t, f.db)
+	e, err := f.db.Event(ctx, scanned.EventID())
+	require.NoError(t, err)
+	require.Equal(t, string(payment.OutcomeDuplicateTransfer), e.Outcome, "the transfer stays claimed by the deposit that named it")
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
 }

@@ -2,6 +2,7 @@ package intake_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -229,5 +230,42 @@ func TestGiveBackVoidedThenReopened(t *testing.T) {
 	testenv.SettleOutbox(t, f.db)
 	require.Equal(t, payment.StatusConfirmed, f.event(payment.CycleCompensationEventID(2, tr.EventID())).Status)
 	require.True(t, decimal.Zero.Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
+}
+
+// TestProviderReportGivesBackADepositNamedByPayments: where the chain can
+// be asked, a provider's report of a transfer whose claim a compensated
+// /webhook/payments deposit holds is stored under the transfer's own id,
+// and the deposit holding the claim is watched again (the watcher gives
+// it back once final).
+func TestProviderReportGivesBackADepositNamedByPayments(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	tr := f.transfer(1, aliceETH, "1")
+	_, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{
+		ID: "pay-1", Type: payment.Deposit, UserID: alice, Asset: f.eth.Code, Amount: decimal.NewFromInt(1),
+		TxHash: tr.TxHash, TraceID: "trace-pay-1", Network: mainnet,
+	}, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event, Chain: &postgres.ChainEvidence{
+		BlockNumber: 7, BlockHash: fmt.Sprintf("0x%064x", 7), Watch: true, Transfers: []string{payment.TransferNative},
+	}}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	_, err = f.db.ReverseDeposit(ctx, "pay-1", "block 7 replaced", "")
+	require.NoError(t, err)
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(f.balance()))
+
+	answer := f.deliver(f.intake(true), tr)
+	require.Equal(t, 1, answer.Accepted)
+	require.Equal(t, 1, answer.Reopened)
+	e, err := f.db.Event(ctx, "pay-1")
+	require.NoError(t, err)
+	require.Equal(t, "watching", e.ChainState)
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, string(payment.OutcomeDuplicateTransfer), f.event(tr.EventID()).Outcome)
 	testenv.RequireInvariants(t, f.db)
 }

@@ -30,7 +30,7 @@ type Store interface {
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
 	// ReturnDeposit gives back (or watches again, when watch) a credited
 	// deposit that was compensated for a reorg and is reported again.
-	ReturnDeposit(ctx context.Context, eventID string, watch bool, reason string) (postgres.Return, error)
+	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
 	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
 	// SupersedeDeposit lets a conflicting report replace a deposit of the
 	// same transfer that ended failed/mismatch; any other is refused.
@@ -226,6 +226,12 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 			r.count(OutcomeAccepted)
 			log.Info().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Int64(logging.FieldUserID, user).
 				Str("asset", t.Asset.Code).Msg("provider deposit")
+			// The transfer may be claimed by a deposit /webhook/payments
+			// named that a reorg compensated since (this event then ends
+			// duplicate_transfer).
+			if err := r.returned(ctx, "", t); err != nil {
+				return err
+			}
 		case t.Removed:
 			// A reorged transfer settle already holds: the chain decides.
 			if err := r.removed(ctx, t); err != nil {
@@ -330,10 +336,16 @@ func (r *Run) again(ctx context.Context, t payment.ReportedTransfer) error {
 		logging.From(ctx).Warn().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Msg("a provider reports a reorged deposit again; reopened")
 		return nil
 	}
-	// A credited deposit compensated for a reorg and reported again is
-	// given back: at once where the report is the evidence, once the
-	// chain shows it finalized where the chain can be asked.
-	back, err := r.in.o.Store.ReturnDeposit(ctx, t.EventID(), r.in.o.HasRPC(t.Network), r.p.Name+" reported the transfer again")
+	return r.returned(ctx, t.EventID(), t)
+}
+
+// returned gives back a credited deposit compensated for a reorg whose
+// transfer is reported again: the event eventID, or the deposit holding
+// the transfer's claim under another id. It is given back at once where
+// the report is the evidence, once the chain shows it finalized where the
+// chain can be asked.
+func (r *Run) returned(ctx context.Context, eventID string, t payment.ReportedTransfer) error {
+	back, err := r.in.o.Store.ReturnDeposit(ctx, eventID, t.Transfer, r.in.o.HasRPC(t.Network), r.p.Name+" reported the transfer again")
 	if err != nil {
 		return err
 	}

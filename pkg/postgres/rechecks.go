@@ -121,7 +121,7 @@ func (db *DB) RecordRecheck(ctx context.Context, r Recheck, reopen bool) (Rechec
 		}
 		r.Result = RecheckReopened
 		if !reopened {
-			back, err := returnDeposit(ctx, tx, r.EventID, true, "recheck by "+r.RequestedBy+": "+r.Detail)
+			back, err := returnDeposit(ctx, tx, r.EventID, payment.Transfer{}, true, "recheck by "+r.RequestedBy+": "+r.Detail)
 			switch {
 			case err != nil:
 				return Recheck{}, err

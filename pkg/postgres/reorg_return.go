@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -65,6 +66,24 @@ func lockDeposit(ctx context.Context, tx pgx.Tx, stmt query, eventID string) (cr
 	err := tx.QueryRow(ctx, stmt.text, eventID).Scan(&eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return credited{}, fmt.Errorf("deposit %s: %w", eventID, payment.ErrNotFound)
+	}
+	if err != nil {
+		return credited{}, classify(stmt.name, err)
+	}
+	c.Type, c.Amount, c.Status = payment.EventType(eventType), decimal.RequireFromString(amount), payment.Status(status)
+	return c, nil
+}
+
+// lockClaimHolder locks the credited, compensated deposit holding the
+// claim on transfer t; payment.ErrNotFound when there is none.
+func lockClaimHolder(ctx context.Context, tx pgx.Tx, t payment.Transfer) (credited, error) {
+	stmt := q("lock_compensated_claim")
+	var c credited
+	var eventType, amount, status string
+	err := tx.QueryRow(ctx, stmt.text, t.Network, strings.ToLower(t.TxHash), strings.ToLower(t.Index)).
+		Scan(&c.ID, &eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return credited{}, fmt.Errorf("transfer %s %s %s: %w", t.Network, t.TxHash, t.Index, payment.ErrNotFound)
 	}
 	if err != nil {
 		return credited{}, classify(stmt.name, err)
@@ -193,19 +212,22 @@ func canGiveBack(cycle int, depositID string) bool {
 }
 
 // ReturnDeposit handles a credited deposit that was compensated for a
-// reorg and whose transfer is reported on the chain again. Where the
-// provider's word is the evidence (watch false: no RPC for the network),
-// a credit giving the deposit back enters the outbox now. Where the chain
-// can be asked (watch true), the deposit is watched again and given back
-// once the watcher sees its transfer finalized (MarkFinal, MoveEvidence).
-// Any other deposit, or none, is left as it is (NotCompensated).
-func (db *DB) ReturnDeposit(ctx context.Context, eventID string, watch bool, reason string) (Return, error) {
+// reorg and whose transfer is reported on the chain again: the event
+// eventID, or else the deposit holding the claim on transfer t (one
+// /webhook/payments named, reported now under the transfer's own id).
+// Where the provider's word is the evidence (watch false: no RPC for the
+// network), a credit giving the deposit back enters the outbox now. Where
+// the chain can be asked (watch true), the deposit is watched again and
+// given back once the watcher sees its transfer finalized (MarkFinal,
+// MoveEvidence). Any other deposit, or none, is left as it is
+// (NotCompensated).
+func (db *DB) ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (Return, error) {
 	tx, err := db.pool.Begin(ctx)
 	if err != nil {
 		return 0, classify("return deposit", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	r, err := returnDeposit(ctx, tx, eventID, watch, reason)
+	r, err := returnDeposit(ctx, tx, eventID, t, watch, reason)
 	if err != nil || r == NotCompensated || r == CyclesExhausted {
 		return r, err
 	}
@@ -216,14 +238,18 @@ func (db *DB) ReturnDeposit(ctx context.Context, eventID string, watch bool, rea
 }
 
 // returnDeposit is ReturnDeposit inside the caller's transaction.
-func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, watch bool, reason string) (Return, error) {
+func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, t payment.Transfer, watch bool, reason string) (Return, error) {
 	d, err := lockDeposit(ctx, tx, q("lock_compensated"), eventID)
+	if errors.Is(err, payment.ErrNotFound) && t.TxHash != "" && t.Index != "" {
+		d, err = lockClaimHolder(ctx, tx, t)
+	}
 	if errors.Is(err, payment.ErrNotFound) {
 		return NotCompensated, nil
 	}
 	if err != nil {
 		return 0, err
 	}
+	eventID = d.ID
 	if !d.Type.Credit() || d.TxHash == "" || d.Status != payment.StatusConfirmed || d.ChainState != "reorged" {
 		return NotCompensated, nil
 	}

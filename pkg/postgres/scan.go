@@ -152,6 +152,14 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 			return nil, err
 		case inserted:
 			out[i].Inserted = true
+			// New under the transfer's id, the transfer may still be
+			// claimed by a deposit /webhook/payments named, compensated
+			// since: watched again to be given back (this event then
+			// ends duplicate_transfer).
+			out[i].Returned, err = returnDeposit(ctx, tx, "", e.transfer(), true, "the chain scanner found the transfer again")
+			if err != nil {
+				return nil, err
+			}
 		default:
 			// Scanned means mined at or below the finality head: a deposit
 			// that ended reorged is on the chain again.
@@ -165,7 +173,7 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 			}
 			// A credited deposit compensated for a reorg: watched again,
 			// and given back once its block is finalized.
-			out[i].Returned, err = returnDeposit(ctx, tx, e.Event.ID, true, "the chain scanner found the transfer again")
+			out[i].Returned, err = returnDeposit(ctx, tx, e.Event.ID, e.transfer(), true, "the chain scanner found the transfer again")
 			if err != nil {
 				return nil, err
 			}
@@ -347,4 +355,9 @@ func (db *DB) FailRescan(ctx context.Context, id, owner, reason string) error {
 	stmt := q("rescan_fail")
 	_, err := db.pool.Exec(ctx, stmt.text, id, owner, reason)
 	return classify(stmt.name, err)
+}
+
+// transfer is the on-chain transfer a scanned deposit names.
+func (e NewEvent) transfer() payment.Transfer {
+	return payment.Transfer{Network: e.Event.Network, TxHash: e.Event.TxHash, Index: e.Event.TransferIndex}
 }

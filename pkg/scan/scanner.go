@@ -467,6 +467,14 @@ func (s *Scanner) allAddresses(ctx context.Context, network string) (addressSet,
 
 func (s *Scanner) record(network string, events []postgres.NewEvent, stored []postgres.StoredDeposit) {
 	for i, st := range stored {
+		switch st.Returned {
+		case postgres.WatchedAgain:
+			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
+				Msg("scanner found the transfer of a compensated deposit canonical again; watched until final, then given back")
+		case postgres.CyclesExhausted:
+			s.opts.Log.Error().Str(logging.FieldEventID, events[i].Event.ID).
+				Msg("scanner found a compensated deposit canonical again, but it was reorged away and back too often; it stays compensated for a human to decide")
+		}
 		switch {
 		case st.Err != nil:
 			s.metrics.deposits.WithLabelValues(network, SourceConflict).Inc()
@@ -479,14 +487,8 @@ func (s *Scanner) record(network string, events []postgres.NewEvent, stored []po
 			s.metrics.deposits.WithLabelValues(network, SourceReopened).Inc()
 			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
 				Msg("scanner found the transfer of a reorged deposit canonical again; reopened")
-		case st.Returned == postgres.WatchedAgain:
+		case st.Returned == postgres.WatchedAgain && !st.Inserted:
 			s.metrics.deposits.WithLabelValues(network, SourceReopened).Inc()
-			s.opts.Log.Warn().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).
-				Msg("scanner found the transfer of a compensated deposit canonical again; watched until final, then given back")
-		case st.Returned == postgres.CyclesExhausted:
-			s.metrics.deposits.WithLabelValues(network, SourceReported).Inc()
-			s.opts.Log.Error().Str(logging.FieldEventID, events[i].Event.ID).
-				Msg("scanner found a compensated deposit canonical again, but it was reorged away and back too often; it stays compensated for a human to decide")
 		case st.Inserted:
 			s.metrics.deposits.WithLabelValues(network, SourceScanner).Inc()
 			s.opts.Log.Info().Str(logging.FieldEventID, events[i].Event.ID).Int64(logging.FieldUserID, events[i].Event.UserID).

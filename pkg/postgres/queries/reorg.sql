@@ -90,3 +90,16 @@ SELECT event_type, user_id, asset, amount::text, status, COALESCE(tx_hash, ''), 
 FROM payment_events
 WHERE event_id = $1 AND status = 'confirmed' COLLATE "C" AND chain_state = 'reorged' COLLATE "C"
 FOR UPDATE;
+
+-- name: lock_compensated_claim
+-- lock_compensated, for the deposit that holds a transfer's claim when it
+-- is credited and compensated: a report or scan of the transfer under
+-- another id (the scanner's chain: id of a deposit /webhook/payments
+-- named) finds it here.
+SELECT p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, p.status, COALESCE(p.tx_hash, ''), p.trace_id,
+       COALESCE(p.network, ''), COALESCE(p.chain_state, '')
+FROM chain_transfers c
+JOIN payment_events p ON p.event_id = c.event_id
+WHERE c.network = $1 AND c.tx_hash = $2 AND c.transfer_index = $3
+  AND p.status = 'confirmed' COLLATE "C" AND p.chain_state = 'reorged' COLLATE "C"
+FOR UPDATE OF p;
