@@ -58,6 +58,13 @@ const (
 	// how long a report of a transfer a fork dropped before its credit
 	// waits before it ends reorged or not_found.
 	chainFinalityTimeout = 45 * time.Second
+	// remineAfter is how long a fork that mines a transaction again keeps
+	// it off the chain: a few reorg-watch passes (REORG_WATCH_INTERVAL 1s),
+	// so a credited deposit is compensated first and then given back.
+	remineAfter = 5 * time.Second
+	// remineDepth is the depth of the forks that mine their transaction
+	// again: past chainConfirmations, still far from finality.
+	remineDepth = 8
 	// rpcNullBurst bounds every lie about one transaction well inside
 	// reorgRecheckDelay: no two invented nulls are the delay apart.
 	rpcNullBurst = reorgRecheckDelay / 2
@@ -205,6 +212,9 @@ type transfer struct {
 	minedIndex string
 	reports    []*report
 	reorged    bool // under chainLoad.mu: a fork the soak made dropped it
+	// sender is the index of the load's sender account that sent it; -1
+	// for the doubler's.
+	sender int
 }
 
 // report is one provider delivery of a transfer, with the answers it got.
@@ -251,6 +261,11 @@ type chainLoad struct {
 
 	// faults, if set, is the provider-fault mode (providers_test.go).
 	faults *providerFaults
+
+	// senders[s] is held while sender s sends, and while a fork keeps one
+	// of its transactions off the chain to mine it again: no new
+	// transaction may take its nonce meanwhile.
+	senders [chainSenders]sync.Mutex
 }
 
 func newChainLoad(rig *chainRig, apiURL, runID string, seed uint64, rate float64) *chainLoad {
@@ -282,7 +297,10 @@ func (l *chainLoad) run(ctx context.Context, stop <-chan struct{}) {
 					return
 				case <-time.After(interval/2 + rand.N(interval)):
 				}
-				for _, tr := range l.transfer(ctx, rng, s, i) {
+				l.senders[s].Lock()
+				sent := l.transfer(ctx, rng, s, i)
+				l.senders[s].Unlock()
+				for _, tr := range sent {
 					for _, rep := range tr.reports {
 						seed := rng.Uint64() // rng belongs to this goroutine
 						if l.faults != nil {
@@ -313,10 +331,17 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 	if err != nil {
 		return "finalized: " + err.Error()
 	}
+	remine := l.faults != nil && *flagScanInterval != "off" && rand.N(2) == 0
+	if remine {
+		// Deep enough that its deposit is likely credited (and watched)
+		// already, so the fork takes money back and the transfer's return
+		// gives it back.
+		depth = max(depth, remineDepth)
+	}
 	l.mu.Lock()
 	var candidates []*transfer
 	for _, tr := range l.transfers {
-		if !tr.reorged && tr.block > finalized && head-tr.block+1 <= depth {
+		if !tr.reorged && tr.block > finalized && head-tr.block+1 <= depth && (!remine || l.remines(tr)) {
 			candidates = append(candidates, tr)
 		}
 	}
@@ -331,6 +356,9 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 		if c.block < tr.block {
 			tr = c
 		}
+	}
+	if remine {
+		return l.dropAndRemine(ctx, tr)
 	}
 	r, err := l.rig.chain.Reorg(ctx, tr.hash)
 	if err != nil {
@@ -359,10 +387,67 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 }
 
 // transfer sends one real transaction and plans its reports.
+// remines tells whether a fork may drop tr and mine it again later: a
+// native transfer of a sender account. Only while the scanner runs (it
+// finds the transfer again; a deposit compensated meanwhile is then
+// watched again and given back once final, which the verifier expects).
+func (l *chainLoad) remines(tr *transfer) bool {
+	return tr.asset == "ETH" && tr.sender >= 0
+}
+
+// dropAndRemine forks tr's transaction off the chain, as reorg does but
+// with no replacement: Alchemy reports its log removed, and after
+// remineAfter (long enough for the reorg watch to compensate a credited
+// deposit) the very same transaction is mined again in a later block. Its
+// sender sends nothing meanwhile.
+func (l *chainLoad) dropAndRemine(ctx context.Context, tr *transfer) string {
+	l.senders[tr.sender].Lock()
+	defer l.senders[tr.sender].Unlock()
+	r, raw, err := l.rig.chain.Drop(ctx, tr.hash)
+	if err != nil {
+		return fmt.Sprintf("drop of %s failed: %v", tr.hash, err)
+	}
+	l.mu.Lock()
+	l.forks = append(l.forks, r)
+	alchemyReported := false
+	for _, rep := range tr.reports {
+		alchemyReported = alchemyReported || rep.source == "alchemy"
+	}
+	l.mu.Unlock()
+	if l.faults != nil {
+		l.reports.Go(func() { l.faults.rescanFork(ctx, l.apiURL, r) })
+	}
+	if alchemyReported {
+		removed := &report{source: "alchemy", removed: true, body: alchemyBody(tr, tr.base, rand.New(rand.NewPCG(rand.Uint64(), 1)), true)}
+		l.reports.Go(func() { l.deliver(ctx, removed, false) })
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(remineAfter):
+	}
+	mined, err := l.rig.chain.Resend(ctx, raw)
+	what := fmt.Sprintf("dropped %s (%s %s to user %d, block %d): forked at %d, head %d → %d; mined again",
+		tr.hash, tr.amount, tr.asset, tr.user, tr.block, r.ForkedAt, r.OldHead, r.NewHead)
+	if err != nil {
+		// Still off the chain: the verifier reads the node, and a
+		// transfer it cannot find is one a fork dropped.
+		what += fmt.Sprintf(" failed: %v", err)
+	} else {
+		what += fmt.Sprintf(" in block %d", mined.BlockNumber)
+	}
+	l.mu.Lock()
+	if err == nil {
+		tr.block = mined.BlockNumber
+	}
+	l.reorgs = append(l.reorgs, what)
+	l.mu.Unlock()
+	return what
+}
+
 func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int) []*transfer {
 	user := l.rig.users[rng.IntN(len(l.rig.users))]
 	to := l.rig.addrs[user][rng.IntN(addressesPerUser)]
-	tr := &transfer{user: user, to: to, from: l.rig.chain.Accounts()[1+sender].Address, token: l.rig.token}
+	tr := &transfer{user: user, to: to, from: l.rig.chain.Accounts()[1+sender].Address, token: l.rig.token, sender: sender}
 	var tx devchain.Tx
 	var err error
 	var twinLogs [2]uint
@@ -379,7 +464,7 @@ func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int)
 			tx, err = l.rig.chain.SendETH(ctx, 1+sender, to, tr.base)
 		case pick < 50+50*twinPct/100:
 			twin = true
-			tr.from = strings.ToLower(l.rig.doubler.Hex())
+			tr.from, tr.sender = strings.ToLower(l.rig.doubler.Hex()), -1
 			tx, twinLogs, err = l.rig.sendTwin(ctx, to, tr.base)
 		default:
 			tx, err = l.rig.chain.TransferToken(ctx, 1+sender, l.rig.token, to, tr.base)

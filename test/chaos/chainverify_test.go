@@ -458,6 +458,13 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 	v.note("chain: %d transfers (%d credited, %d doubled, %d lost, %d not canonical; %d transactions with two identical logs, credited %d times); events of the chain's users: %v",
 		len(transfers), credited, doubled, lost, reorged, twins, twinCredits, outcomes)
 	v.note("chain: %d token transfers re-mined at another log index by a fork; %d reports naming the old index ended mismatch", remined, staleIndex)
+	givenBack := 0
+	for _, e := range stored {
+		if isChainUser(e.User) && strings.HasPrefix(e.ID, payment.ReturnEventIDPrefix) && e.journalRows > 0 {
+			givenBack++
+		}
+	}
+	v.note("chain: %d compensations applied, %d given back (a dropped transaction mined again)", sumCounts(compensations), givenBack)
 	v.note("chain: rpc proxy %s", rig.rpc.Stats())
 	if l.faults != nil {
 		verifyProviders(ctx, v, pool, l, l.faults.scans, scannerOnly, scannerOnlyCredited, belowCursor)
@@ -781,4 +788,12 @@ func TestReorgOrigin(t *testing.T) {
 			t.Errorf("reorgOrigin(%q) = %q, want %q", id, got, want)
 		}
 	}
+}
+
+func sumCounts(m map[string]int) int {
+	n := 0
+	for _, c := range m {
+		n += c
+	}
+	return n
 }
