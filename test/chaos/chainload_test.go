@@ -370,6 +370,16 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 	}
 	what := fmt.Sprintf("dropped %s (%s %s to user %d, block %d): forked at %d, head %d → %d", tr.hash, tr.amount, tr.asset, tr.user, tr.block, r.ForkedAt, r.OldHead, r.NewHead)
 	l.reorgs = append(l.reorgs, what)
+	l.mu.Unlock()
+	l.forked(ctx, tr, r)
+	return what
+}
+
+// forked records a fork the soak made, and what follows from it: a
+// rescan of the blocks it rewrote (provider-fault mode), and Alchemy's
+// report of tr's log removed if Alchemy reported tr.
+func (l *chainLoad) forked(ctx context.Context, tr *transfer, r devchain.Reorg) {
+	l.mu.Lock()
 	l.forks = append(l.forks, r)
 	alchemyReported := false
 	for _, rep := range tr.reports {
@@ -383,10 +393,8 @@ func (l *chainLoad) reorg(ctx context.Context, depth uint64) string {
 		removed := &report{source: "alchemy", removed: true, body: alchemyBody(tr, tr.base, rand.New(rand.NewPCG(rand.Uint64(), 1)), true)}
 		l.reports.Go(func() { l.deliver(ctx, removed, false) })
 	}
-	return what
 }
 
-// transfer sends one real transaction and plans its reports.
 // remines tells whether a fork may drop tr and mine it again later: a
 // native transfer of a sender account. Only while the scanner runs (it
 // finds the transfer again; a deposit compensated meanwhile is then
@@ -407,20 +415,7 @@ func (l *chainLoad) dropAndRemine(ctx context.Context, tr *transfer) string {
 	if err != nil {
 		return fmt.Sprintf("drop of %s failed: %v", tr.hash, err)
 	}
-	l.mu.Lock()
-	l.forks = append(l.forks, r)
-	alchemyReported := false
-	for _, rep := range tr.reports {
-		alchemyReported = alchemyReported || rep.source == "alchemy"
-	}
-	l.mu.Unlock()
-	if l.faults != nil {
-		l.reports.Go(func() { l.faults.rescanFork(ctx, l.apiURL, r) })
-	}
-	if alchemyReported {
-		removed := &report{source: "alchemy", removed: true, body: alchemyBody(tr, tr.base, rand.New(rand.NewPCG(rand.Uint64(), 1)), true)}
-		l.reports.Go(func() { l.deliver(ctx, removed, false) })
-	}
+	l.forked(ctx, tr, r)
 	select {
 	case <-ctx.Done():
 	case <-time.After(remineAfter):
@@ -444,6 +439,7 @@ func (l *chainLoad) dropAndRemine(ctx context.Context, tr *transfer) string {
 	return what
 }
 
+// transfer sends one real transaction and plans its reports.
 func (l *chainLoad) transfer(ctx context.Context, rng *rand.Rand, sender, i int) []*transfer {
 	user := l.rig.users[rng.IntN(len(l.rig.users))]
 	to := l.rig.addrs[user][rng.IntN(addressesPerUser)]

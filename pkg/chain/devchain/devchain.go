@@ -553,24 +553,9 @@ func (c *Chain) Reorg(ctx context.Context, txHash string) (Reorg, error) {
 	hash := common.HexToHash(txHash)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-
-	// A fork needs an empty pool: seal what is pending first.
-	c.backend.Commit()
-	receipt, err := c.client.TransactionReceipt(ctx, hash)
-	if err != nil {
-		return Reorg{}, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
-	}
-	block := receipt.BlockNumber.Uint64()
-	finalized, err := c.Finalized(ctx)
+	block, tx, err := c.forkable(ctx, hash)
 	if err != nil {
 		return Reorg{}, err
-	}
-	if block <= finalized {
-		return Reorg{}, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
-	}
-	tx, _, err := c.client.TransactionByHash(ctx, hash)
-	if err != nil {
-		return Reorg{}, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
 	}
 	sender, err := types.Sender(c.signer, tx)
 	if err != nil {
@@ -627,22 +612,9 @@ func (c *Chain) Drop(ctx context.Context, txHash string) (Reorg, *types.Transact
 	hash := common.HexToHash(txHash)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.backend.Commit()
-	receipt, err := c.client.TransactionReceipt(ctx, hash)
-	if err != nil {
-		return Reorg{}, nil, fmt.Errorf("devchain: receipt of %s: %w", txHash, err)
-	}
-	block := receipt.BlockNumber.Uint64()
-	finalized, err := c.Finalized(ctx)
+	block, tx, err := c.forkable(ctx, hash)
 	if err != nil {
 		return Reorg{}, nil, err
-	}
-	if block <= finalized {
-		return Reorg{}, nil, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
-	}
-	tx, _, err := c.client.TransactionByHash(ctx, hash)
-	if err != nil {
-		return Reorg{}, nil, fmt.Errorf("devchain: transaction %s: %w", txHash, err)
 	}
 	oldHead, err := c.client.BlockNumber(ctx)
 	if err != nil {
@@ -703,6 +675,30 @@ func (c *Chain) Resend(ctx context.Context, tx *types.Transaction) (Tx, error) {
 		return Tx{}, fmt.Errorf("devchain: resend %s: %w", tx.Hash().Hex(), err)
 	}
 	return c.waitMined(ctx, tx.Hash())
+}
+
+// forkable seals what is pending (a fork needs an empty pool) and finds
+// the mined transaction hash and its block, which must not be finalized.
+// The caller holds mu.
+func (c *Chain) forkable(ctx context.Context, hash common.Hash) (uint64, *types.Transaction, error) {
+	c.backend.Commit()
+	receipt, err := c.client.TransactionReceipt(ctx, hash)
+	if err != nil {
+		return 0, nil, fmt.Errorf("devchain: receipt of %s: %w", hash.Hex(), err)
+	}
+	block := receipt.BlockNumber.Uint64()
+	finalized, err := c.Finalized(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if block <= finalized {
+		return 0, nil, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", block, finalized)
+	}
+	tx, _, err := c.client.TransactionByHash(ctx, hash)
+	if err != nil {
+		return 0, nil, fmt.Errorf("devchain: transaction %s: %w", hash.Hex(), err)
+	}
+	return block, tx, nil
 }
 
 // replace sends a zero-value self-transfer with tx's nonce and higher
