@@ -53,9 +53,9 @@ type StoredDeposit struct {
 	// shows its transaction canonical again, so it went back to pending
 	// (ReopenDeposit).
 	Reopened bool
-	// Returned: the id held this very deposit, credited and then
-	// compensated for a reorg; WatchedAgain when it is watched again
-	// (ReturnDeposit), CyclesExhausted when it stays compensated.
+	// Returned: the id, or the transfer's claim, named a deposit credited
+	// and then compensated for a reorg; WatchedAgain when it is watched
+	// again (ReturnDeposit), CyclesExhausted when it stays compensated.
 	Returned Return
 }
 
