@@ -67,7 +67,8 @@ func holdState(t *testing.T, s *harness.Stack, id string) (status, resolvedBy st
 // TestPostSettlesOnChain: a post whose transaction reverts, or pays
 // another amount, fails with that outcome and leaves the hold open; a
 // later post with a transaction that pays the hold's amount to its
-// to_address debits once; a redelivered post is a duplicate.
+// to_address debits once; a redelivered post is a duplicate; another
+// hold posted with that payment is a duplicate_transfer.
 func TestPostSettlesOnChain(t *testing.T) {
 	c := newChainStack(t, "confirmations:1", nil)
 	ctx := context.Background()
@@ -134,6 +135,26 @@ func TestPostSettlesOnChain(t *testing.T) {
 	resolveWebhook(t, c.client, "p-tok", "withdrawal_post", 2, "h-tok", map[string]any{"tx_hash": paid.Hash})
 	c.waitStatus(t, "p-tok", "confirmed")
 	require.Equal(t, fundsRow{"45", "0"}, funds(t, c.Stack, 2, "TUSD"))
+
+	// One payment settles one hold: a second hold of the same amount to
+	// the same address, posted with the transaction that paid h-1, is a
+	// duplicate_transfer and stays open until its own payment.
+	holdWebhook(t, c.client, "h-2", 1, "ETH", "10", map[string]any{"to_address": payoutAddress})
+	c.waitStatus(t, "h-2", "confirmed")
+	resolveWebhook(t, c.client, "p-again", "withdrawal_post", 1, "h-2", map[string]any{"tx_hash": good.Hash})
+	c.waitStatus(t, "p-again", "failed")
+	_, outcome, reason := c.event(t, "p-again")
+	require.Equal(t, "duplicate_transfer", outcome)
+	require.Contains(t, reason, "already settles another post")
+	status, _ = holdState(t, c.Stack, "h-2")
+	require.Equal(t, "open", status)
+	require.Equal(t, fundsRow{"90", "10"}, funds(t, c.Stack, 1, "ETH"))
+	second, err := c.chain.SendETH(ctx, 0, payoutAddress, wei(10))
+	require.NoError(t, err)
+	resolveWebhook(t, c.client, "p-2", "withdrawal_post", 1, "h-2", map[string]any{"tx_hash": second.Hash})
+	c.waitStatus(t, "p-2", "confirmed")
+	require.Equal(t, fundsRow{"80", "0"}, funds(t, c.Stack, 1, "ETH"))
+	require.Equal(t, 3, c.Count(`SELECT count(*) FROM payout_transfers`), "p-good, p-tok and p-2 each hold their transfer")
 	requireInvariants(t, c.Stack)
 }
 

@@ -113,6 +113,13 @@ func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *
 		p.refuse(c, result, why, fmt.Sprintf("hold %s: %s", c.HoldID, why))
 		return true
 	}
+	if e.Type == payment.WithdrawalPost && !p.claimPayout(c, chain) {
+		// Every transfer of the transaction that pays this hold settles
+		// another post already: the money left once.
+		p.refuse(c, result, payment.OutcomeDuplicateTransfer,
+			fmt.Sprintf("the transfer of %s that pays hold %s already settles another post", e.TxHash, c.HoldID))
+		return true
+	}
 	to, _ := payment.HoldResolution(e.Type)
 	h.Status = to
 	p.w.Resolutions = append(p.w.Resolutions, HoldResolution{HoldID: h.ID, Status: to, By: e.ID})

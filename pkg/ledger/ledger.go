@@ -215,8 +215,10 @@ type Snapshot struct {
 	// is an unknown user or asset.
 	Balances map[Account]decimal.Decimal
 	Held     map[Account]decimal.Decimal
-	// Claims are the transfer claims held on the deposits' transactions.
-	Claims map[Tx][]TransferClaim
+	// Claims are the transfer claims held on the deposits' transactions,
+	// Payouts those held on the posts'.
+	Claims  map[Tx][]TransferClaim
+	Payouts map[Tx][]PayoutClaim
 	// Holds are the holds rows the batch's posts and voids name (locked),
 	// and HoldEvents the statuses of those holds' events.
 	Holds      map[string]*Hold
@@ -247,6 +249,8 @@ type Writes struct {
 	// log index their transfer has there.
 	NewClaims   []PlannedClaim
 	MovedClaims []PlannedClaim
+	// NewPayouts are the transfers that posts settle with, to write.
+	NewPayouts []PlannedPayout
 	// Outcomes to record, by idempotency key, with their event ids
 	// (KeyEvents); Reopened keys exist already (a dead-lettered attempt)
 	// and are updated.
@@ -282,8 +286,10 @@ type planner struct {
 	// pulled are the pulled hold events not yet applied, by id.
 	pulled  map[string]Claimed
 	replays map[string]payment.Outcome
-	// claims on each transaction, held before and planned here.
-	claims map[Tx][]TransferClaim
+	// claims on each transaction, held before and planned here; payouts
+	// the same for posts.
+	claims  map[Tx][]TransferClaim
+	payouts map[Tx][]PayoutClaim
 }
 
 // Plan decides each claimed event's fate against the running balances,
@@ -310,6 +316,7 @@ func Plan(s Snapshot) *Writes {
 		pulled:     map[string]Claimed{},
 		replays:    s.Replays,
 		claims:     map[Tx][]TransferClaim{},
+		payouts:    map[Tx][]PayoutClaim{},
 	}
 	w.Balances, w.Held = p.balances, p.held
 	for id, h := range s.Holds {
@@ -320,6 +327,9 @@ func Plan(s Snapshot) *Writes {
 	}
 	for k, held := range s.Claims {
 		p.claims[k] = slices.Clone(held)
+	}
+	for k, held := range s.Payouts {
+		p.payouts[k] = slices.Clone(held)
 	}
 	claimed := slices.Clone(s.Events)
 	for _, c := range claimed {

@@ -85,6 +85,13 @@ func claimed(events []ev) []ledger.Claimed {
 	return out
 }
 
+// twoHolds are two open holds of user 1 (one, if the ids are equal).
+func twoHolds(a, b, amount string) map[string]*ledger.Hold {
+	out := openHold(a, 1, amount, payment.HoldOpen)
+	out[b] = openHold(b, 1, amount, payment.HoldOpen)[b]
+	return out
+}
+
 func openHold(id string, user int64, amount string, status payment.HoldStatus) map[string]*ledger.Hold {
 	return map[string]*ledger.Hold{id: {ID: id, User: user, Asset: "ETH", Amount: d(amount), Status: status, Network: network}}
 }
@@ -104,12 +111,14 @@ type want struct {
 	// claims written as "event@index" ("event@index/block+position" for a
 	// log claimed with its block), moved claims likewise.
 	claims, moved []string
-	opened        []string // holds opened
-	resolved      []ledger.HoldResolution
-	deadLetters   []string // events dead-lettered
-	alerts        []string // events whose result asks a human now
-	rollback      []string // events the transaction rolls back for
-	reopened      []string // events whose dead-lettered key is updated
+	// payouts written as "post@transfer=index/block".
+	payouts     []string
+	opened      []string // holds opened
+	resolved    []ledger.HoldResolution
+	deadLetters []string // events dead-lettered
+	alerts      []string // events whose result asks a human now
+	rollback    []string // events the transaction rolls back for
+	reopened    []string // events whose dead-lettered key is updated
 	// pulled are the outcomes of the pulled hold events Plan applied.
 	pulled map[string]payment.Outcome
 }
@@ -122,6 +131,7 @@ type row struct {
 	balances   map[string]string
 	held       map[string]string
 	claims     map[ledger.Tx][]ledger.TransferClaim
+	payouts    map[ledger.Tx][]ledger.PayoutClaim
 	holds      map[string]*ledger.Hold
 	holdEvents map[string]payment.Status
 	// pulled are hold events the storage locked for the row's posts and
@@ -503,6 +513,74 @@ var rows = []row{
 			balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "0"},
 			notifications: []string{"hold_voided:v1:100"}, resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldVoided, By: "v1"}}},
 	},
+	// Payouts: one transfer settles one post.
+	{
+		name: "two posts naming one payment: the first settles, the second is duplicate_transfer and its hold stays open",
+		events: []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", tx: txA},
+			{id: "p2", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"p1": chainOf(blockA, 0, payment.TransferNative), "p2": chainOf(blockA, 0, payment.TransferNative)},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "60"},
+		holds: twoHolds("h0", "h1", "30"),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeDuplicateTransfer},
+			balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "30"},
+			journal: []string{"p1:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70"},
+			payouts:  []string{"p1@native=native/" + blockA},
+			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
+		name: "a payment of two matching transfers settles two posts",
+		events: []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", tx: txA},
+			{id: "p2", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"p1": chainOf(blockA, 3, "4", "6"), "p2": chainOf(blockA, 3, "4", "6")},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "60"},
+		holds: twoHolds("h0", "h1", "30"),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeSuccess},
+			balances: map[string]string{"1/ETH": "40"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70", "withdrawal_posted:p2:40"},
+			payouts:  []string{"p1@log:1=4/" + blockA, "p2@log:3=6/" + blockA},
+			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}, {HoldID: "h1", Status: payment.HoldPosted, By: "p2"}}},
+	},
+	{
+		name:     "a transfer claimed in another block is still taken: its place in the transaction is the same",
+		events:   []ev{{id: "p2", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"p2": chainOf(blockB, 10, "11")},
+		payouts:  map[ledger.Tx][]ledger.PayoutClaim{{Network: network, TxHash: txA}: {{Transfer: "log:1", Index: "4", BlockHash: blockA, Asset: "ETH", EventID: "p1"}}},
+		balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "30"},
+		holds: twoHolds("h1", "h1", "30"),
+		want: want{outcomes: map[string]payment.Outcome{"p2": payment.OutcomeDuplicateTransfer},
+			balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "30"}},
+	},
+	{
+		name:     "a post finds its own claim (replayed after a crash) and claims nothing more",
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"p1": chainOf(blockA, 0, payment.TransferNative)},
+		payouts:  map[ledger.Tx][]ledger.PayoutClaim{{Network: network, TxHash: txA}: {{Transfer: "native", Index: "native", BlockHash: blockA, Asset: "ETH", EventID: "p1"}}},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
+		holds: openHold("h0", 1, "30", payment.HoldOpen),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess}, balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70"},
+			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}}},
+	},
+	{
+		name: "posts the chain did not check claim nothing",
+		events: []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", tx: txA},
+			{id: "p2", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h1", tx: txA}},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "60"},
+		holds: twoHolds("h0", "h1", "30"),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeSuccess},
+			balances: map[string]string{"1/ETH": "40"}, held: map[string]string{"1/ETH": "0"},
+			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70", "withdrawal_posted:p2:40"},
+			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}, {HoldID: "h1", Status: payment.HoldPosted, By: "p2"}}},
+	},
+	{
+		name:     "a transfer before the transaction's first log is no evidence: nothing to claim",
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"p1": chainOf(blockA, 5, "4")},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
+		holds: openHold("h0", 1, "30", payment.HoldOpen),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeDuplicateTransfer},
+			balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"}},
+	},
 	{
 		name:     "post of a posted hold is hold_closed",
 		events:   []ev{{id: "p2", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0"}},
@@ -718,7 +796,7 @@ func TestPlan(t *testing.T) {
 			events := claimed(r.events)
 			s := ledger.Snapshot{
 				Events: events, Chain: map[int]*ledger.ChainEvidence{}, Replays: map[string]payment.Outcome{},
-				Balances: accounts(r.balances), Held: accounts(r.held), Claims: r.claims, Holds: r.holds, HoldEvents: r.holdEvents,
+				Balances: accounts(r.balances), Held: accounts(r.held), Claims: r.claims, Payouts: r.payouts, Holds: r.holds, HoldEvents: r.holdEvents,
 				Pulled: pulledOf(r.pulled),
 			}
 			for _, c := range events {
@@ -743,6 +821,7 @@ func TestPlan(t *testing.T) {
 			require.Equal(t, r.want.notifications, got.notifications, "notifications")
 			require.Equal(t, r.want.claims, got.claims, "new claims")
 			require.Equal(t, r.want.moved, got.moved, "moved claims")
+			require.Equal(t, r.want.payouts, got.payouts, "payout claims")
 			require.Equal(t, r.want.opened, got.opened, "holds opened")
 			require.Equal(t, r.want.resolved, w.Resolutions, "holds resolved")
 			require.Equal(t, r.want.deadLetters, got.deadLetters, "dead letters")
@@ -778,11 +857,11 @@ func filled(want, before map[string]string) map[string]string {
 }
 
 type observed struct {
-	outcomes                                      map[string]payment.Outcome
-	balances, held                                map[string]string
-	journal, notifications, claims, moved, opened []string
-	deadLetters, alerts, rollback, reopened       []string
-	pulled                                        map[string]payment.Outcome
+	outcomes                                               map[string]payment.Outcome
+	balances, held                                         map[string]string
+	journal, notifications, claims, moved, opened, payouts []string
+	deadLetters, alerts, rollback, reopened                []string
+	pulled                                                 map[string]payment.Outcome
 }
 
 // observe reads w back into a row's terms, and checks what holds of every
@@ -935,6 +1014,10 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 	for _, c := range w.MovedClaims {
 		o.moved = append(o.moved, claim(c))
 	}
+	for _, c := range w.NewPayouts {
+		require.Equal(t, network, c.Tx.Network)
+		o.payouts = append(o.payouts, fmt.Sprintf("%s@%s=%s/%s", c.Claim.EventID, c.Claim.Transfer, c.Claim.Index, c.Claim.BlockHash))
+	}
 	for _, h := range w.OpenHolds {
 		require.Equal(t, payment.HoldOpen, h.Status)
 		require.Equal(t, network, h.Network)
@@ -987,6 +1070,10 @@ func snapshotText(s ledger.Snapshot) string {
 	txs := slices.SortedFunc(maps.Keys(s.Claims), func(a, b ledger.Tx) int { return strings.Compare(a.Network+a.TxHash, b.Network+b.TxHash) })
 	for _, k := range txs {
 		fmt.Fprintf(&b, "%v=%v|", k, s.Claims[k])
+	}
+	payoutTxs := slices.SortedFunc(maps.Keys(s.Payouts), func(a, b ledger.Tx) int { return strings.Compare(a.Network+a.TxHash, b.Network+b.TxHash) })
+	for _, k := range payoutTxs {
+		fmt.Fprintf(&b, "payouts %v=%v|", k, s.Payouts[k])
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.Holds)) {
 		fmt.Fprintf(&b, "%s=%+v|", id, *s.Holds[id])

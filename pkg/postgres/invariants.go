@@ -56,6 +56,7 @@ var invariantChecks = []struct {
 	{name: "holds match their hold, post and void events", query: "inv_holds_match_events"},
 	{name: "every chain_transfers row names one confirmed deposit", query: "inv_transfer_claims"},
 	{name: "no transfer is claimed under two spellings", query: "inv_transfer_spellings"},
+	{name: "every payout_transfers row names one confirmed post", query: "inv_payout_claims"},
 	{name: "every confirmed deposit with a tx_hash holds one transfer", query: "inv_deposits_without_transfer"},
 	{name: "every accepted event is terminal", query: "inv_not_terminal", terminal: true},
 }

@@ -276,7 +276,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 	}
 	plan := ledger.Plan(ledger.Snapshot{
 		Events: claimed, Chain: chain, Replays: replays, Balances: balances, Held: held,
-		Claims: claim.claims, Holds: claim.holds, HoldEvents: claim.holdEvents, Pulled: claim.pulled,
+		Claims: claim.claims, Payouts: claim.payouts, Holds: claim.holds, HoldEvents: claim.holdEvents, Pulled: claim.pulled,
 	})
 	if len(plan.Retry) > 0 {
 		return nil, plan.Retry, nil
@@ -380,6 +380,10 @@ type claim struct {
 	// already held on those transactions.
 	txHashes []string
 	claims   map[ledger.Tx][]ledger.TransferClaim
+	// postHashes of the posts that name a transaction, and the payout
+	// claims already held on those transactions.
+	postHashes []string
+	payouts    map[ledger.Tx][]ledger.PayoutClaim
 	// resolving are the ids of posts and voids, with their tasks' users
 	// and assets; holds and holdEvents what the batch read of the holds
 	// they name, pulled the hold events it locked to apply first.
@@ -421,6 +425,9 @@ func newClaim(items []LedgerItem, live []int) *claim {
 		if e.TxHash != "" && e.Type.Credit() && !slices.Contains(c.txHashes, e.TxHash) {
 			c.txHashes = append(c.txHashes, e.TxHash)
 		}
+		if e.TxHash != "" && e.Type == payment.WithdrawalPost && !slices.Contains(c.postHashes, e.TxHash) {
+			c.postHashes = append(c.postHashes, e.TxHash)
+		}
 		if e.Type.ResolvesHold() {
 			c.resolving = append(c.resolving, e.ID)
 			c.resolvingUsers, c.resolvingAssets = append(c.resolvingUsers, e.UserID), append(c.resolvingAssets, e.Asset)
@@ -434,9 +441,14 @@ func (c *claim) queue(batch *pgx.Batch) {
 	if len(c.resolving) > 0 {
 		batch.Queue(q("ledger_pull_holds").text, c.resolving, c.resolvingUsers, c.resolvingAssets, c.ids)
 	}
+	if len(c.txHashes) > 0 || len(c.postHashes) > 0 {
+		batch.Queue(q("ledger_lock_transfers").text, append(slices.Clone(c.txHashes), c.postHashes...))
+	}
 	if len(c.txHashes) > 0 {
-		batch.Queue(q("ledger_lock_transfers").text, c.txHashes)
 		batch.Queue(q("ledger_transfer_claims").text, c.txHashes)
+	}
+	if len(c.postHashes) > 0 {
+		batch.Queue(q("ledger_payout_claims").text, c.postHashes)
 	}
 	if len(c.resolving) > 0 {
 		batch.Queue(q("ledger_hold_events").text, c.resolving)
@@ -465,11 +477,18 @@ func (c *claim) read(br pgx.BatchResults) error {
 			c.pulled[i].Item, c.pulled[i].Pulled = -1, true
 		}
 	}
-	if len(c.txHashes) > 0 {
+	if len(c.txHashes) > 0 || len(c.postHashes) > 0 {
 		if _, err := br.Exec(); err != nil { // ledger_lock_transfers
 			return err
 		}
+	}
+	if len(c.txHashes) > 0 {
 		if c.claims, err = readTransferClaims(br); err != nil {
+			return err
+		}
+	}
+	if len(c.postHashes) > 0 {
+		if c.payouts, err = readPayoutClaims(br); err != nil {
 			return err
 		}
 	}
@@ -524,6 +543,24 @@ func readTransferClaims(br pgx.BatchResults) (map[ledger.Tx][]ledger.TransferCla
 		var k ledger.Tx
 		var t ledger.TransferClaim
 		if err := rows.Scan(&k.Network, &k.TxHash, &t.Index, &t.Asset, &t.EventID, &t.BlockHash, &t.Position); err != nil {
+			return nil, err
+		}
+		claims[k] = append(claims[k], t)
+	}
+	return claims, rows.Err()
+}
+
+func readPayoutClaims(br pgx.BatchResults) (map[ledger.Tx][]ledger.PayoutClaim, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	claims := map[ledger.Tx][]ledger.PayoutClaim{}
+	for rows.Next() {
+		var k ledger.Tx
+		var t ledger.PayoutClaim
+		if err := rows.Scan(&k.Network, &k.TxHash, &t.Transfer, &t.EventID); err != nil {
 			return nil, err
 		}
 		claims[k] = append(claims[k], t)
@@ -634,6 +671,7 @@ const (
 	writeJournal
 	writeMovedTransfers
 	writeTransfers
+	writePayouts
 	writeOutcomes
 	writeKeyUpdates
 	writeConfirm
@@ -658,6 +696,7 @@ func writeOrder(w *ledger.Writes) []writeKind {
 	add(len(w.Resolutions) > 0, writeResolveHolds)
 	add(len(w.MovedClaims) > 0, writeMovedTransfers)
 	add(len(w.NewClaims) > 0, writeTransfers)
+	add(len(w.NewPayouts) > 0, writePayouts)
 	add(len(w.Outcomes) > len(w.Reopened), writeOutcomes)
 	add(len(w.Reopened) > 0, writeKeyUpdates)
 	add(len(w.Confirms) > 0, writeConfirm)
@@ -718,6 +757,14 @@ func queueWrites(batch *pgx.Batch, w *ledger.Writes, notify bool) []writeKind {
 				blocks[i], positions[i] = c.Claim.BlockHash, int32(c.Claim.Position)
 			}
 			batch.Queue(q("ledger_claim_transfers").text, networks, hashes, indexes, assets, events, blocks, positions)
+		case writePayouts:
+			n := len(w.NewPayouts)
+			networks, hashes, transfers, indexes, blocks, assets, events := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+			for i, c := range w.NewPayouts {
+				networks[i], hashes[i], transfers[i], indexes[i] = c.Tx.Network, c.Tx.TxHash, c.Claim.Transfer, c.Claim.Index
+				blocks[i], assets[i], events[i] = c.Claim.BlockHash, c.Claim.Asset, c.Claim.EventID
+			}
+			batch.Queue(q("ledger_claim_payouts").text, networks, hashes, transfers, indexes, blocks, assets, events)
 		case writeOutcomes:
 			var keys, events, outcomes []string
 			for k, o := range w.Outcomes {

@@ -63,6 +63,11 @@ func TestTraceIndexMigration(t *testing.T) {
 	require.Equal(t, "trace:call_0", f.claimOf(lowerTwin))
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id LIKE '%:trace:CALL_0_1'`), "event ids keep their text")
 
+	// Today's checker reads tables of later migrations, which leave the
+	// claims as they are.
+	_, err = db.Migrate(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "trace:CALL_0", f.claimOf(upperTwin))
 	findings, _, err := db.CheckInvariants(ctx, postgres.InvariantOptions{})
 	require.NoError(t, err)
 	var spellings postgres.Finding

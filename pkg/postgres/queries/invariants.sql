@@ -93,6 +93,18 @@ FROM (SELECT t.network, t.tx_hash, t.transfer_index, t.event_id, row_number() OV
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type NOT IN ('deposit', 'airdrop')
          OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
 
+-- name: inv_payout_claims
+-- Every payout_transfers row names a confirmed withdrawal_post of that
+-- transaction and asset (event_id is unique: one transfer per post, and
+-- the primary key: one post per transfer).
+SELECT count(*), COALESCE(string_agg(network || ':' || tx_hash || ':' || transfer || '=' || event_id, ', ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT t.network, t.tx_hash, t.transfer, t.event_id, row_number() OVER (ORDER BY t.created_at) AS rn
+      FROM payout_transfers t
+      LEFT JOIN payment_events e ON e.event_id = t.event_id
+      WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type <> 'withdrawal_post'
+         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
+
 -- name: inv_transfer_spellings
 -- 5. One transfer, one claim: a trace index is lowercase. Migration 0021
 -- moved every upper-case claim it could; one left has a lowercase twin,

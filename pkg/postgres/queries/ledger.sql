@@ -84,7 +84,8 @@ ORDER BY p.event_id
 FOR UPDATE OF p SKIP LOCKED;
 
 -- name: ledger_lock_transfers
--- Deposits with a transaction claim a transfer in chain_transfers. The
+-- Deposits with a transaction claim a transfer in chain_transfers, posts
+-- checked on the chain one in payout_transfers. The
 -- transaction-scoped lock per transaction hash (taken after the balances
 -- and events, in hash order) makes the claims of two batches on one
 -- transaction queue: the second reads the first's committed claims
@@ -96,6 +97,20 @@ FROM (SELECT DISTINCT hashtext(h) AS k FROM unnest($1::text[]) AS h ORDER BY 1) 
 SELECT network, tx_hash, transfer_index, asset, event_id, COALESCE(block_hash, ''), COALESCE(log_position, -1)
 FROM chain_transfers
 WHERE tx_hash = ANY($1::text[]);
+
+-- name: ledger_payout_claims
+-- The transfers already settling posts, on the posts' transactions (read
+-- under the same transfer locks).
+SELECT network, tx_hash, transfer, event_id
+FROM payout_transfers
+WHERE tx_hash = ANY($1::text[]);
+
+-- name: ledger_claim_payouts
+-- A violation here means the plan missed a claim: it aborts the batch.
+INSERT INTO payout_transfers (network, tx_hash, transfer, transfer_index, block_hash, asset, event_id)
+SELECT t.network, t.tx_hash, t.transfer, t.transfer_index, t.block_hash, t.asset, t.event_id
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+     AS t(network, tx_hash, transfer, transfer_index, block_hash, asset, event_id);
 
 -- name: ledger_move_claims
 -- Claims whose transaction is now mined in another block take the log
