@@ -50,6 +50,7 @@ type Store interface {
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
+	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
 }
 
 // Chain is what the gate asks the chain.
@@ -575,5 +576,45 @@ func (g *Gate) reverse(ctx context.Context, w postgres.WatchedDeposit, reason st
 	g.o.Alerts.Raise("deposit_reorged:"+w.EventID, alert.Critical, "credited deposit left the canonical chain; compensating", map[string]any{
 		"event_id": w.EventID, "trace_id": w.TraceID, "tx_hash": w.TxHash, "reversal": r.String(),
 	})
+	if r != postgres.Compensating {
+		return nil
+	}
+	return g.lookAgain(ctx, w)
+}
+
+// lookAgain asks the chain once more about a deposit just compensated. A
+// transaction mined again between the watch's read and the compensation's
+// commit may have been scanned or re-reported while the deposit was still
+// credited, which gives nothing back, and nobody reports it again. A read
+// after the commit sees any such block: in the chain now, the deposit is
+// watched again and given back once final, as if it had been reported.
+// A read that fails leaves it compensated (the recheck is the way out).
+func (g *Gate) lookAgain(ctx context.Context, w postgres.WatchedDeposit) error {
+	network := w.Network
+	if network == "" {
+		network = payment.DefaultNetwork
+	}
+	nc, ok := g.o.Networks[network]
+	if !ok {
+		return nil
+	}
+	log := g.o.Log.With().Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).Logger()
+	seen, err := g.stillCanonical(ctx, nc, network, w)
+	if err != nil {
+		log.Warn().Err(err).Msg("could not look at a compensated deposit's transaction again; a recheck gives it back if it is mined again")
+		return nil
+	}
+	switch seen.State {
+	case chain.Canonical, chain.Final, chain.Moved:
+	default:
+		return nil
+	}
+	r, err := g.o.Store.ReturnDeposit(ctx, w.EventID, payment.Transfer{}, true,
+		fmt.Sprintf("the transaction is in block %d again (%s), seen just after its compensation", seen.BlockNumber, seen.State))
+	if err != nil {
+		return err
+	}
+	log.Warn().Str("return", r.String()).Uint64("block", seen.BlockNumber).Str("chain", string(seen.State)).
+		Msg("compensated deposit's transaction is in the chain again; watched again")
 	return nil
 }

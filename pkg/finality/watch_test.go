@@ -27,9 +27,26 @@ type scriptedChain struct {
 	mu      sync.Mutex
 	answers map[string]chain.Canonicity
 	errs    map[string]error
-	asked   []string
+	// once are answers given one call each, before the standing ones.
+	once  map[string][]scriptedAnswer
+	asked []string
 	// deposits are what the watcher said each deposit claims.
 	deposits []chain.Deposit
+}
+
+type scriptedAnswer struct {
+	answer chain.Canonicity
+	err    error
+}
+
+// then queues an answer for the next call about txHash only.
+func (c *scriptedChain) then(txHash string, answer chain.Canonicity, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.once == nil {
+		c.once = map[string][]scriptedAnswer{}
+	}
+	c.once[txHash] = append(c.once[txHash], scriptedAnswer{answer, err})
 }
 
 func (c *scriptedChain) set(txHash string, answer chain.Canonicity, err error) {
@@ -52,6 +69,10 @@ func (c *scriptedChain) StillCanonical(_ context.Context, d chain.Deposit, block
 	txHash := d.TxHash
 	c.asked = append(c.asked, txHash)
 	c.deposits = append(c.deposits, d)
+	if q := c.once[txHash]; len(q) > 0 {
+		c.once[txHash] = q[1:]
+		return q[0].answer, q[0].err
+	}
 	if err := c.errs[txHash]; err != nil {
 		return chain.Canonicity{}, err
 	}
@@ -221,6 +242,37 @@ func TestGoneCompensatesAtOnce(t *testing.T) {
 	require.Contains(t, reason, "block 7 now has another hash")
 }
 
+// TestLookedAtOnceMoreAfterCompensating: right after a compensation
+// commits the watch asks the chain again. Seen in a block now (mined again
+// while it compensated), the deposit is watched again, then given back at
+// final; a read that fails leaves it compensated, and the pass goes on.
+func TestLookedAtOnceMoreAfterCompensating(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	back, failing := fmt.Sprintf("0x%064x", 0x700), fmt.Sprintf("0x%064x", 0x701)
+	f.credit("back", back)
+	f.credit("failing", failing)
+	gone := chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "block 7 now has another hash"}
+	f.chain.then(back, gone, nil)
+	f.chain.then(back, chain.Canonicity{State: chain.Moved, BlockNumber: 9, BlockHash: blockHash(9)}, nil)
+	f.chain.then(failing, gone, nil)
+	f.chain.then(failing, chain.Canonicity{}, payment.Unavailable("chain", errors.New("timeout")))
+	require.NoError(t, f.gate.WatchReorgs(context.Background()), "a failed look again is logged, not the pass's error")
+	require.Equal(t, 1, f.compensations("back"))
+	require.Equal(t, 1, f.compensations("failing"))
+	require.Equal(t, "watching", f.row("back").ChainState, "in a block again: watched again")
+	require.Equal(t, "reorged", f.row("failing").ChainState, "not seen again: stays compensated")
+	testenv.SettleOutbox(t, f.db)
+
+	f.chain.set(back, chain.Canonicity{State: chain.Moved, BlockNumber: 9, BlockHash: blockHash(9), Final: true}, nil)
+	f.watch()
+	require.Equal(t, watchRow{ChainState: "final", BlockNumber: 9, BlockHash: blockHash(9)}, f.row("back"))
+	testenv.SettleOutbox(t, f.db)
+	var balance string
+	require.NoError(t, f.conn.QueryRow(context.Background(), `SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'ETH'`).Scan(&balance))
+	require.True(t, decimal.RequireFromString(balance).Equal(decimal.NewFromInt(1)), "back given back, failing compensated: %s", balance)
+	testenv.RequireInvariants(t, f.db)
+}
+
 // TestMovedKeepsCreditAndMovesEvidence: a transaction mined again in
 // another block keeps its credit; its block number and hash follow it,
 // any absence is forgotten, and it stops being watched once that block
@@ -283,8 +335,12 @@ func TestWatchErrorsAreNotEvidence(t *testing.T) {
 	f.chain.clear(txs[0])
 	f.chain.set(txs[1], absent(10), nil)
 	f.watch()
-	require.Equal(t, []string{txs[2], txs[0], txs[1]}, f.chain.takeAsked())
+	// err-1 is asked once more just after its compensation commits, in
+	// case the transaction was mined again meanwhile (still absent: it
+	// stays compensated).
+	require.Equal(t, []string{txs[2], txs[0], txs[1], txs[1]}, f.chain.takeAsked())
 	require.Equal(t, 1, f.compensations("err-1"), "absent again, past the delay and a block later")
+	require.Equal(t, "reorged", f.row("err-1").ChainState)
 	require.Zero(t, f.compensations("err-0"))
 }
 
