@@ -85,16 +85,16 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		log.Info().Bool("rpc", s.Chain.HasRPC()).Dur("interval", s.Interval).Msg("chain scanner off")
 		return func() {}, nil
 	}
-	clients, err := finality.Dial(ctx, s.Chain, finality.Deps{Redis: rdb, Alerts: alerts, Log: log, Registerer: reg})
+	// A scanner on another chain than its network's would store events
+	// for transfers that never happened there (the worker, checking the
+	// same ids, refuses to start the same way); with the registry, each
+	// client also refuses calls until its node has said which chain it is.
+	registry, err := db.Assets(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// A scanner on another chain than its network's would store events
-	// for transfers that never happened there (the worker, checking the
-	// same ids, refuses to start the same way).
-	registry, err := db.Assets(ctx)
+	clients, err := finality.Dial(ctx, s.Chain, finality.Deps{Assets: registry, Redis: rdb, Alerts: alerts, Log: log, Registerer: reg})
 	if err != nil {
-		clients.Close()
 		return nil, err
 	}
 	checkCtx, cancelCheck := context.WithTimeout(ctx, s.Chain.CallTimeout+time.Second)
@@ -105,7 +105,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		return nil, err
 	}
 	if len(unreachable) > 0 {
-		log.Warn().Strs("networks", unreachable).Msg("scanner rpc endpoints unreachable at start; the worker checks their chain ids before crediting")
+		log.Warn().Strs("networks", unreachable).Msg("scanner rpc endpoints unreachable at start; each is asked its chain id before anything else once it answers")
 	}
 	var networks []scan.Network
 	for _, n := range s.Chain.Networks {

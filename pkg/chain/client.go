@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ethereum/go-ethereum"
@@ -115,6 +117,12 @@ type ClientOptions struct {
 	// ResponseMax bounds one answer's body in bytes (RPC_RESPONSE_MAX);
 	// zero takes ResponseMaxDefault.
 	ResponseMax int64
+	// ChainID, when set, is the chain the endpoint must serve: until an
+	// eth_chainId answer has matched it, each call asks that first, and
+	// an endpoint serving another chain answers every call ErrWrongChain.
+	// So an endpoint down when its process started, or answering from
+	// another chain once it is back, is never believed about anything.
+	ChainID int64
 }
 
 // probeTTLFor is the probe slot's TTL for a call timeout: the default,
@@ -134,6 +142,11 @@ type Client struct {
 	breaker     *breaker
 	metrics     *clientMetrics
 	callTimeout time.Duration
+	// chainID is the chain it must serve (0: not checked); chainChecked
+	// is set once eth_chainId matched, under chainMu so one caller asks.
+	chainID      int64
+	chainChecked atomic.Bool
+	chainMu      sync.Mutex
 }
 
 // Dial prepares a client for an http(s) JSON-RPC endpoint. It does not
@@ -188,6 +201,7 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 		breaker:     newBreaker(settings, opts.Redis, metrics, opts.Alerter, opts.Logger),
 		metrics:     metrics,
 		callTimeout: opts.CallTimeout,
+		chainID:     opts.ChainID,
 	}, nil
 }
 
@@ -316,6 +330,11 @@ func (c *Client) block(ctx context.Context, block string) (json.RawMessage, Head
 // found is an answer (success for the breaker); the caller's own
 // cancellation says nothing about the node; anything else is a failure.
 func (c *Client) call(ctx context.Context, method string, do func(ctx context.Context) error) (err error) {
+	if c.chainID != 0 && method != methodChainID && !c.chainChecked.Load() {
+		if err := c.checkChain(ctx); err != nil {
+			return payment.Unavailable("chain "+method, err)
+		}
+	}
 	ctx, span := tracing.StartChild(ctx, "chain.rpc", tracing.Client)
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("rpc.system", "jsonrpc"), attribute.String("rpc.method", method))

@@ -182,6 +182,8 @@ func (c Clients) Close() {
 // Dial prepares one client per enabled network with an RPC, each with
 // its own breaker (shared through Redis under the network's name), and
 // its metrics labelled with the network. It does not contact the nodes.
+// With the registry (d.Assets), each client answers nothing until its
+// node has said it serves the network's chain (chain.ClientOptions.ChainID).
 func Dial(ctx context.Context, s Settings, d Deps) (Clients, error) {
 	clients := Clients{}
 	for _, n := range s.networks() {
@@ -194,9 +196,15 @@ func Dial(ctx context.Context, s Settings, d Deps) (Clients, error) {
 		if d.Registerer != nil {
 			reg = prometheus.WrapRegistererWith(prometheus.Labels{"network": n.Name}, d.Registerer)
 		}
+		var chainID int64
+		if d.Assets != nil {
+			if network, ok := d.Assets.Network(n.Name); ok {
+				chainID = network.ChainID
+			}
+		}
 		client, err := chain.Dial(ctx, n.RPCURL, chain.ClientOptions{
 			Redis: d.Redis, Registerer: reg, Alerter: d.Alerts, Logger: d.Log.With().Str("network", n.Name).Logger(),
-			CallTimeout: s.CallTimeout, Breaker: breaker, ResponseMax: s.ResponseMax,
+			CallTimeout: s.CallTimeout, Breaker: breaker, ResponseMax: s.ResponseMax, ChainID: chainID,
 		})
 		if err != nil {
 			clients.Close()
@@ -216,7 +224,7 @@ func rpcSettingOf(network string) string {
 }
 
 // ErrWrongChain: an RPC endpoint serves another chain than its network's.
-var ErrWrongChain = errors.New("rpc endpoint serves another chain")
+var ErrWrongChain = chain.ErrWrongChain
 
 // CheckChainIDs asks every client for eth_chainId and compares it with
 // the network's chain id in the registry. A mismatch (or a network whose
