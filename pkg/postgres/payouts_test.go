@@ -137,6 +137,15 @@ func TestPayoutClaimsAcrossBatches(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"p1@log:1=4", "p2@log:2=5"}, claims)
 
+	// The console shows a post's transfer as it shows a deposit's.
+	story, err := f.db.EventStory(context.Background(), "p2")
+	require.NoError(t, err)
+	require.NotNil(t, story.Claim)
+	require.Equal(t, "5", story.Claim.TransferIndex)
+	require.Equal(t, blockA, story.Claim.BlockHash)
+	require.NotNil(t, story.Claim.LogPosition)
+	require.EqualValues(t, 2, *story.Claim.LogPosition)
+
 	// The same task again: done, nothing claimed twice.
 	require.Equal(t, postgres.AlreadyDone, apply(payoutEvidence(p1, blockA, 3, "4", "5")).Kind)
 

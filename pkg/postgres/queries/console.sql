@@ -59,11 +59,17 @@ WHERE n.delivery_id = ANY($1::text[])
 ORDER BY n.id;
 
 -- name: console_claim_of_event
--- The on-chain transfer the event holds (chain_transfers.event_id is
--- unique).
+-- The on-chain transfer the event holds: a deposit's in chain_transfers,
+-- a post's in payout_transfers (event_id is unique in each).
 SELECT network, tx_hash, transfer_index, asset, COALESCE(block_hash, ''), log_position, created_at
 FROM chain_transfers
-WHERE event_id = $1;
+WHERE event_id = $1
+UNION ALL
+SELECT network, tx_hash, transfer_index, asset, block_hash,
+       CASE WHEN transfer LIKE 'log:%' THEN substr(transfer, 5)::integer END, created_at
+FROM payout_transfers
+WHERE event_id = $1
+LIMIT 1;
 
 -- name: console_dlq_open_count
 -- Open entries, from the dead_letter_queue_open partial index.
