@@ -161,9 +161,12 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 				return nil, err
 			}
 		default:
-			// Scanned means mined at or below the finality head: a deposit
-			// that ended reorged is on the chain again.
-			reopened, err := reopenDeposit(ctx, tx, e.Event.ID, []payment.Outcome{payment.OutcomeReorged}, "the chain scanner found the transfer again")
+			// Scanned means mined, successful, at or below the finality
+			// head: a deposit that ended reorged, not_found (dropped, then
+			// mined again after FINALITY_TIMEOUT) or reverted (reorged into
+			// a block where it succeeds) is on the chain now. Reopened, it
+			// is credited through the gate and its transfer claim.
+			reopened, err := reopenDeposit(ctx, tx, e.Event.ID, scanReopens, "the chain scanner found the transfer again")
 			if err != nil {
 				return nil, err
 			}
@@ -184,6 +187,10 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 	}
 	return out, nil
 }
+
+// scanReopens are the outcomes of a stored deposit that the scanner's
+// finding its transfer undoes (a mismatch is superseded instead).
+var scanReopens = []payment.Outcome{payment.OutcomeReorged, payment.OutcomeNotFound, payment.OutcomeReverted}
 
 // ScanAddresses loads a page of at most limit (≤ ScanAddressesPageMax)
 // addresses of network after the address after.

@@ -132,9 +132,11 @@ func TestBackfillEnd(t *testing.T) {
 }
 
 // TestScanPassReopensReorged: a scanned transfer already stored with the
-// same content is a duplicate; if that deposit ended failed/reorged the
-// scan shows it on the chain again and it is reopened, in the pass's
-// transaction. Other failures stay. A reopen that cannot finish fails
+// same content is a duplicate; if that deposit ended failed/reorged,
+// not_found or reverted, the scan shows it final and successful on the
+// chain now (a transaction dropped and mined again past FINALITY_TIMEOUT)
+// and it is reopened, in the pass's transaction. A mismatch stays (the
+// chain's own content supersedes it instead). A reopen that cannot finish fails
 // the pass whole: nothing stored, the cursor where it was.
 func TestScanPassReopensReorged(t *testing.T) {
 	ctx := context.Background()
@@ -168,26 +170,31 @@ func TestScanPassReopensReorged(t *testing.T) {
 			Scan(&s, &outcome, &generation))
 		return s, outcome, generation
 	}
-	reorged, mismatch, locked := scanned(1), scanned(2), scanned(3)
-	stored, err := pass("a", reorged, mismatch, locked)
+	reorged, mismatch, locked, notFound, reverted := scanned(1), scanned(2), scanned(3), scanned(4), scanned(5)
+	stored, err := pass("a", reorged, mismatch, locked, notFound, reverted)
 	require.NoError(t, err)
-	require.Equal(t, []postgres.StoredDeposit{{Inserted: true}, {Inserted: true}, {Inserted: true}}, stored)
-	for id, outcome := range map[string]string{reorged.Event.ID: "reorged", mismatch.Event.ID: "mismatch", locked.Event.ID: "reorged"} {
-		_, err = f.sql.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = $2, chain_state = NULLIF($2, 'mismatch')
+	require.Equal(t, []postgres.StoredDeposit{{Inserted: true}, {Inserted: true}, {Inserted: true}, {Inserted: true}, {Inserted: true}}, stored)
+	for id, outcome := range map[string]string{reorged.Event.ID: "reorged", mismatch.Event.ID: "mismatch", locked.Event.ID: "reorged",
+		notFound.Event.ID: "not_found", reverted.Event.ID: "reverted"} {
+		_, err = f.sql.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = $2, chain_state = CASE $2 WHEN 'reorged' THEN 'reorged' END
 			WHERE event_id = $1`, id, outcome)
 		require.NoError(t, err)
 	}
 	_, _, before := status(reorged.Event.ID)
 
-	stored, err = pass("a", reorged, mismatch)
+	stored, err = pass("a", reorged, mismatch, notFound, reverted)
 	require.NoError(t, err)
-	require.Equal(t, []postgres.StoredDeposit{{Reopened: true}, {}}, stored)
+	require.Equal(t, []postgres.StoredDeposit{{Reopened: true}, {}, {Reopened: true}, {Reopened: true}}, stored)
+	for _, e := range []postgres.NewEvent{notFound, reverted} {
+		s, outcome, _ := status(e.Event.ID)
+		require.Equal(t, "pending/", s+"/"+outcome, e.Event.ID)
+	}
 	s, outcome, generation := status(reorged.Event.ID)
 	require.Equal(t, "pending", s)
 	require.Empty(t, outcome)
 	require.Equal(t, before+1, generation)
 	s, outcome, _ = status(mismatch.Event.ID)
-	require.Equal(t, "failed/mismatch", s+"/"+outcome, "only a reorged deposit is reopened by being seen again")
+	require.Equal(t, "failed/mismatch", s+"/"+outcome, "a mismatch is not reopened by its own content seen again")
 	stored, err = pass("a", reorged)
 	require.NoError(t, err)
 	require.Equal(t, []postgres.StoredDeposit{{}}, stored, "reopened once")
@@ -206,10 +213,10 @@ func TestScanPassReopensReorged(t *testing.T) {
 	claim, ok, err := f.db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 1000)
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, err = f.db.CompleteScanPass(short, network, "b", claim, []postgres.NewEvent{scanned(4), locked})
+	_, err = f.db.CompleteScanPass(short, network, "b", claim, []postgres.NewEvent{scanned(6), locked})
 	require.Error(t, err)
 	require.NoError(t, hold.Rollback(ctx))
-	_, err = f.db.Event(ctx, scanned(4).Event.ID)
+	_, err = f.db.Event(ctx, scanned(6).Event.ID)
 	require.ErrorIs(t, err, payment.ErrNotFound, "the failed pass stored nothing")
 	again, _, _, err := f.db.ScanCursor(ctx, network)
 	require.NoError(t, err)
