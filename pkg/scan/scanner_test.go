@@ -257,7 +257,8 @@ func (f *devScanFixture) drain(t *testing.T, ctx context.Context) {
 // failed/reorged (receipt seen, then gone past FINALITY_TIMEOUT), yet
 // its transaction is final on the chain. A rescan of its block finds the
 // very transfer again: the deposit is reopened (the contract: "the
-// scanner finds it"), counted as source reopened.
+// scanner finds it"), counted as source reopened. So is one that ended
+// not_found.
 func TestScannerReopensReorgedDeposit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -298,6 +299,19 @@ func TestScannerReopensReorgedDeposit(t *testing.T) {
 	require.Equal(t, 1, done.Found)
 	require.Equal(t, "pending/", state(), "found canonical and final again, the reorged deposit is reopened")
 	require.InDelta(t, 1, counterValue(t, f.reg, "settle_scan_deposits_total", SourceReopened), 0)
+
+	// Dropped before it was ever seen and mined again past
+	// FINALITY_TIMEOUT: not_found, and final on the chain all the same.
+	_, err = f.conn.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = 'not_found', chain_state = NULL,
+		error = 'transaction not found within 1h' WHERE event_id = $1`, id)
+	require.NoError(t, err)
+	_, err = f.db.CreateRescan(ctx, "rescan-not-found", network, tx.BlockNumber, tx.BlockNumber, "operator")
+	require.NoError(t, err)
+	did, err = f.scanner.RescanPass(ctx)
+	require.NoError(t, err)
+	require.True(t, did)
+	require.Equal(t, "pending/", state(), "found final, the not_found deposit is reopened")
+	require.InDelta(t, 2, counterValue(t, f.reg, "settle_scan_deposits_total", SourceReopened), 0)
 }
 
 // TestScannerFollowsHeadMinusN: under confirmations:N the scanner follows
