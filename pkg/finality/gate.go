@@ -51,6 +51,7 @@ type Store interface {
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
+	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
 }
 
 // Chain is what the gate asks the chain.
@@ -230,7 +231,7 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 			}
 			if ev.reorged != "" {
 				g.verdicts.WithLabelValues(networkOf(e), "reorged").Inc()
-				return g.decide(ctx, e, payment.OutcomeReorged, ev.reorged, true)
+				return g.decideUnseen(ctx, e, state, payment.OutcomeReorged, ev.reorged)
 			}
 			verdict.Reason += "; " + ev.seen.Reason
 			if ev.found {
@@ -239,7 +240,7 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 			}
 		case !verdict.ReceiptSeen:
 			g.verdicts.WithLabelValues(networkOf(e), "not_found").Inc()
-			return g.decide(ctx, e, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String(), true)
+			return g.decideUnseen(ctx, e, state, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String())
 		default:
 			// Mined and still canonical, only slow to finalize: a real
 			// deposit is never failed for the chain's slowness.
@@ -258,6 +259,35 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 		BlockHash:   verdict.BlockHash,
 		Note:        verdict.Reason,
 	})
+}
+
+// decideUnseen fails a deposit whose transaction the chain does not show
+// (not_found, reorged), then asks once more. Mined (again) between the
+// read that decided and the commit, it may have been reported meanwhile
+// to a deposit still waiting, which reopens nothing, and nobody reports
+// it again: seen now, the deposit is reopened (its transfer claim keeps
+// it to one credit). A read that fails leaves it failed (a recheck, or
+// the scanner at finality, reopens it).
+func (g *Gate) decideUnseen(ctx context.Context, e payment.Event, state postgres.ChainWaitState, outcome payment.Outcome, reason string) error {
+	moved, err := g.decided(ctx, e, outcome, reason, true)
+	if err != nil || !moved {
+		return err
+	}
+	log := logging.From(ctx)
+	v, _, err := g.verdict(ctx, e, state.ToAddress)
+	if err != nil {
+		log.Warn().Err(err).Msg("could not ask the chain again about a deposit just failed; a recheck reopens it if it is mined")
+		return nil
+	}
+	if !v.ReceiptSeen {
+		return nil
+	}
+	reopened, err := g.o.Store.ReopenDeposit(ctx, e.ID, []payment.Outcome{outcome},
+		fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed %s", v.BlockNumber, outcome))
+	if err == nil && reopened {
+		log.Warn().Uint64("block", v.BlockNumber).Msg("deposit's transaction mined just after it failed; reopened")
+	}
+	return err
 }
 
 // evidence is what reorgEvidence found.
@@ -434,9 +464,15 @@ func (g *Gate) park(ctx context.Context, e payment.Event, state postgres.ChainWa
 }
 
 func (g *Gate) decide(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string, raise bool) error {
+	_, err := g.decided(ctx, e, outcome, reason, raise)
+	return err
+}
+
+// decided fails a deposit with outcome, and says whether this call did.
+func (g *Gate) decided(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string, raise bool) (bool, error) {
 	moved, err := g.o.Store.DecideChainOutcome(ctx, e, outcome, reason)
 	if err != nil || !moved {
-		return err
+		return false, err
 	}
 	logging.From(ctx).Warn().Str("outcome", string(outcome)).Str("reason", reason).Msg("deposit refused by the chain")
 	if raise {
@@ -444,7 +480,7 @@ func (g *Gate) decide(ctx context.Context, e payment.Event, outcome payment.Outc
 			"event_id": e.ID, "trace_id": e.TraceID, "tx_hash": e.TxHash, "reason": reason,
 		})
 	}
-	return nil
+	return true, nil
 }
 
 // WatchReorgs follows credited, not yet final deposits: final ones stop

@@ -208,3 +208,35 @@ func TestTimeoutDroppedIsReorged(t *testing.T) {
 	require.Equal(t, "failed/reorged", status)
 	require.Contains(t, reason, fmt.Sprintf("receipt seen, then gone: no receipt; block %d now has hash", tx.BlockNumber))
 }
+
+// TestMinedJustAfterFailingIsReopened: past FINALITY_TIMEOUT a deposit's
+// transaction is not found (here: one null receipt, as a read just before
+// it was mined gives) and the deposit fails not_found. The gate asks once
+// more after that commit: mined now, the deposit is reopened, as a report
+// of it would have done had it not come while the deposit still waited.
+// Still not found on that read, it stays failed.
+func TestMinedJustAfterFailingIsReopened(t *testing.T) {
+	f := newTimeoutFixture(t)
+	gone := f.deposit("gone", 1)
+	f.expire("gone")
+	f.proxy.NullReceipt(gone.Hash, 2)
+	f.check()
+	status, _ := f.state("gone")
+	require.Equal(t, "failed/not_found", status, "not on the chain on the second read either")
+
+	generation := func() int {
+		t.Helper()
+		var g int
+		require.NoError(t, f.conn.QueryRow(f.ctx, `SELECT generation FROM payment_events WHERE event_id = 'late'`).Scan(&g))
+		return g
+	}
+	late := f.deposit("late", 0)
+	f.expire("late")
+	before := generation()
+	f.proxy.NullReceipt(late.Hash, 1)
+	f.check()
+	status, reason := f.state("late")
+	require.Equal(t, "pending/", status, "reopened")
+	require.Contains(t, reason, fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed not_found", late.BlockNumber))
+	require.Equal(t, before+1, generation(), "a new generation for the reopened deposit")
+}
