@@ -274,20 +274,37 @@ func (g *Gate) decideUnseen(ctx context.Context, e payment.Event, state postgres
 		return err
 	}
 	log := logging.From(ctx)
-	v, _, err := g.verdict(ctx, e, state.ToAddress)
+	seen, err := g.minedNow(ctx, e, state.ToAddress)
 	if err != nil {
 		log.Warn().Err(err).Msg("could not ask the chain again about a deposit just failed; a recheck reopens it if it is mined")
 		return nil
 	}
-	if !v.ReceiptSeen {
+	switch seen.State {
+	case chain.Canonical, chain.Final, chain.Moved:
+	default:
 		return nil
 	}
 	reopened, err := g.o.Store.ReopenDeposit(ctx, e.ID, []payment.Outcome{outcome},
-		fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed %s", v.BlockNumber, outcome))
+		fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed %s", seen.BlockNumber, outcome))
 	if err == nil && reopened {
-		log.Warn().Uint64("block", v.BlockNumber).Msg("deposit's transaction mined just after it failed; reopened")
+		log.Warn().Uint64("block", seen.BlockNumber).Msg("deposit's transaction mined just after it failed; reopened")
 	}
 	return err
+}
+
+// minedNow says where the chain shows a deposit's transaction: a receipt
+// (perhaps a cached hint, or one lagging backend's) is taken only once
+// the headers confirm its block, as the reorg watch takes it.
+func (g *Gate) minedNow(ctx context.Context, e payment.Event, toAddress string) (chain.Canonicity, error) {
+	v, _, err := g.verdict(ctx, e, toAddress)
+	if err != nil || !v.ReceiptSeen {
+		return chain.Canonicity{}, err
+	}
+	d, nc, _, err := g.claim(e, toAddress)
+	if err != nil {
+		return chain.Canonicity{}, err
+	}
+	return nc.Chain.StillCanonical(ctx, d, v.BlockNumber, v.BlockHash)
 }
 
 // evidence is what reorgEvidence found.

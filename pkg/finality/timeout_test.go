@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/rpc"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -239,4 +240,30 @@ func TestMinedJustAfterFailingIsReopened(t *testing.T) {
 	require.Equal(t, "pending/", status, "reopened")
 	require.Contains(t, reason, fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed not_found", late.BlockNumber))
 	require.Equal(t, before+1, generation(), "a new generation for the reopened deposit")
+}
+
+// TestStaleReceiptAfterReorgDoesNotReopen: a fork drops a deposit's
+// transaction and it fails reorged; on the gate's read after that, one
+// backend still serves the receipt from the dropped block. The headers do
+// not show that block, so the deposit is not reopened on its word.
+func TestStaleReceiptAfterReorgDoesNotReopen(t *testing.T) {
+	f := newTimeoutFixture(t)
+	tx := f.deposit("stale", 0)
+	f.check()
+	node, err := rpc.DialContext(f.ctx, f.ch.URL())
+	require.NoError(t, err)
+	defer node.Close()
+	var stale json.RawMessage
+	require.NoError(t, node.CallContext(f.ctx, &stale, "eth_getTransactionReceipt", tx.Hash))
+	require.NotEqual(t, "null", string(stale))
+	_, err = f.ch.Reorg(f.ctx, tx.Hash)
+	require.NoError(t, err)
+	f.expire("stale")
+	null := json.RawMessage("null")
+	// The decision's three reads see it gone; the two after, the old receipt.
+	f.proxy.Script("eth_getTransactionReceipt", tx.Hash, null, null, null, stale, stale)
+	f.check()
+	status, _ := f.state("stale")
+	require.Equal(t, "failed/reorged", status, "a receipt the headers do not show reopens nothing")
+	require.EqualValues(t, 5, f.proxy.Told("eth_getTransactionReceipt"))
 }

@@ -44,6 +44,8 @@ type lie struct {
 	param  string // first parameter, lowercase; empty: any
 	result json.RawMessage
 	left   int // Forever, or how many more answers
+	// script, when set, answers call by call instead (nil: the node's).
+	script []json.RawMessage
 }
 
 // NewProxy listens on a free local port in front of target (http URL).
@@ -85,6 +87,19 @@ func (p *Proxy) Answer(method, param string, result json.RawMessage, times int) 
 	if times > 0 || times == Forever {
 		p.lies = append(p.lies, &lie{method: method, param: param, result: result, left: times})
 	}
+}
+
+// Script makes the next calls of method (whose first parameter is param,
+// if not empty) answer answers in turn, a nil one passing the call to the
+// node; then the node answers again. It replaces any lie for that call.
+func (p *Proxy) Script(method, param string, answers ...json.RawMessage) {
+	p.Answer(method, param, nil, 0)
+	if len(answers) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lies = append(p.lies, &lie{method: method, param: strings.ToLower(param), script: answers})
 }
 
 // NullReceipt makes the next times receipt reads of txHash answer null.
@@ -153,6 +168,17 @@ func (p *Proxy) lieFor(req rpcRequest) (json.RawMessage, bool) {
 	for i, l := range p.lies {
 		if l.method != req.Method || (l.param != "" && l.param != first) {
 			continue
+		}
+		if l.script != nil {
+			answer := l.script[0]
+			if l.script = l.script[1:]; len(l.script) == 0 {
+				p.lies = append(p.lies[:i], p.lies[i+1:]...)
+			}
+			if answer == nil {
+				return nil, false
+			}
+			p.told[req.Method]++
+			return answer, true
 		}
 		p.told[req.Method]++
 		if l.left != Forever {
