@@ -279,9 +279,7 @@ func (g *Gate) decideUnseen(ctx context.Context, e payment.Event, state postgres
 		log.Warn().Err(err).Msg("could not ask the chain again about a deposit just failed; a recheck reopens it if it is mined")
 		return nil
 	}
-	switch seen.State {
-	case chain.Canonical, chain.Final, chain.Moved:
-	default:
+	if !inChain(seen.State) {
 		return nil
 	}
 	reopened, err := g.o.Store.ReopenDeposit(ctx, e.ID, []payment.Outcome{outcome},
@@ -514,10 +512,7 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 	var unchecked error
 	down := map[string]bool{}
 	for _, w := range watched {
-		network := w.Network
-		if network == "" {
-			network = payment.DefaultNetwork
-		}
+		network := watchedNetwork(w)
 		nc, ok := g.o.Networks[network]
 		if !ok || down[network] {
 			continue // another worker's network, or one down this pass
@@ -643,10 +638,7 @@ func (g *Gate) reverse(ctx context.Context, w postgres.WatchedDeposit, reason st
 // watched again and given back once final, as if it had been reported.
 // A read that fails leaves it compensated (the recheck is the way out).
 func (g *Gate) lookAgain(ctx context.Context, w postgres.WatchedDeposit) error {
-	network := w.Network
-	if network == "" {
-		network = payment.DefaultNetwork
-	}
+	network := watchedNetwork(w)
 	nc, ok := g.o.Networks[network]
 	if !ok {
 		return nil
@@ -657,9 +649,7 @@ func (g *Gate) lookAgain(ctx context.Context, w postgres.WatchedDeposit) error {
 		log.Warn().Err(err).Msg("could not look at a compensated deposit's transaction again; a recheck gives it back if it is mined again")
 		return nil
 	}
-	switch seen.State {
-	case chain.Canonical, chain.Final, chain.Moved:
-	default:
+	if !inChain(seen.State) {
 		return nil
 	}
 	r, err := g.o.Store.ReturnDeposit(ctx, w.EventID, payment.Transfer{}, true,
@@ -670,4 +660,19 @@ func (g *Gate) lookAgain(ctx context.Context, w postgres.WatchedDeposit) error {
 	log.Warn().Str("return", r.String()).Uint64("block", seen.BlockNumber).Str("chain", string(seen.State)).
 		Msg("compensated deposit's transaction is in the chain again; watched again")
 	return nil
+}
+
+// watchedNetwork is a watched deposit's network; deposits stored before
+// networks existed name none and were ETH_MAINNET's.
+func watchedNetwork(w postgres.WatchedDeposit) string {
+	if w.Network != "" {
+		return w.Network
+	}
+	return payment.DefaultNetwork
+}
+
+// inChain tells whether the chain shows a transaction in a block its
+// headers confirm (where it was, or mined again elsewhere).
+func inChain(s chain.CanonicalState) bool {
+	return s == chain.Canonical || s == chain.Final || s == chain.Moved
 }
