@@ -11,6 +11,7 @@ import (
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
+	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/rpc"
 
 	"github.com/settle/settle/pkg/payment"
@@ -64,6 +65,32 @@ type Block struct {
 	Number       uint64
 	Hash         string
 	Transactions []BlockTx
+	// Bloom is the block's logsBloom; HasBloom is false when the node
+	// sent none (then nothing can be told from it).
+	Bloom    types.Bloom
+	HasBloom bool
+}
+
+// MayHoldTransfer tells whether the block's logs bloom admits a Transfer
+// log of contract, to one of recipients when any are given. A bloom has
+// false positives but no false negatives: false means no such log. A
+// block without a bloom may hold anything.
+func (b Block) MayHoldTransfer(contract string, recipients []string) bool {
+	if !b.HasBloom {
+		return true
+	}
+	if !b.Bloom.Test(common.HexToAddress(contract).Bytes()) || !b.Bloom.Test(transferTopic.Bytes()) {
+		return false
+	}
+	if len(recipients) == 0 {
+		return true
+	}
+	for _, r := range recipients {
+		if b.Bloom.Test(common.BytesToHash(common.HexToAddress(r).Bytes()).Bytes()) {
+			return true
+		}
+	}
+	return false
 }
 
 // FinalityHead is the highest block deposits may be credited in under p:
@@ -132,6 +159,26 @@ func (c *Client) ContractTransferLogs(ctx context.Context, from, to uint64, cont
 	return c.filterTransfers(ctx, transferQuery(from, to, contracts), logsMax)
 }
 
+// TransferLogsAt asks eth_getLogs for every Transfer log of contracts in
+// the block of that hash (EIP-234): a node that lacks the block answers an
+// error, never an empty list, so the answer is the block's own. An answer
+// of more than logsMax logs, or a node's refusal, is ErrLogsLimit.
+func (c *Client) TransferLogsAt(ctx context.Context, blockHash string, contracts []string, logsMax int) ([]TransferLog, error) {
+	if len(contracts) == 0 {
+		return nil, nil
+	}
+	hash, err := parseHex(blockHash, hashHexLength, "block hash")
+	if err != nil || len(contracts) > ScanContractsMax || logsMax <= 0 {
+		return nil, payment.Invalid("eth_getLogs over %d contracts in block %q with at most %d logs is out of bounds", len(contracts), blockHash, logsMax)
+	}
+	h := common.HexToHash(hash)
+	q := ethereum.FilterQuery{BlockHash: &h, Topics: [][]common.Hash{{transferTopic}}}
+	for _, a := range contracts {
+		q.Addresses = append(q.Addresses, common.HexToAddress(a))
+	}
+	return c.filterTransfers(ctx, q, logsMax)
+}
+
 // transferQuery asks for the Transfer logs of contracts in from..to.
 func transferQuery(from, to uint64, contracts []string) ethereum.FilterQuery {
 	q := ethereum.FilterQuery{
@@ -194,8 +241,9 @@ func (c *Client) filterTransfers(ctx context.Context, q ethereum.FilterQuery, lo
 
 // fullBlockJSON is the part of eth_getBlockByNumber(n, true) we read.
 type fullBlockJSON struct {
-	Number       *string `json:"number"`
-	Hash         *string `json:"hash"`
+	Number       *string      `json:"number"`
+	Hash         *string      `json:"hash"`
+	LogsBloom    *types.Bloom `json:"logsBloom"`
 	Transactions []struct {
 		Hash  *string `json:"hash"`
 		To    *string `json:"to"`
@@ -250,6 +298,9 @@ func parseFullBlock(raw json.RawMessage) (Block, error) {
 	}
 	if out.Hash, err = parseHex(*b.Hash, hashHexLength, "block hash"); err != nil {
 		return Block{}, err
+	}
+	if b.LogsBloom != nil {
+		out.Bloom, out.HasBloom = *b.LogsBloom, true
 	}
 	for _, t := range b.Transactions {
 		if t.Hash == nil || t.Value == nil {

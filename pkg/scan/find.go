@@ -20,6 +20,7 @@ type RPC interface {
 	FinalityHead(ctx context.Context, p chain.Policy) (uint64, bool, error)
 	TransferLogs(ctx context.Context, from, to uint64, contracts, recipients []string) ([]chain.TransferLog, error)
 	ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error)
+	TransferLogsAt(ctx context.Context, blockHash string, contracts []string, logsMax int) ([]chain.TransferLog, error)
 	Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error)
 	ReceiptStatuses(ctx context.Context, txHashes []string) (map[string]uint64, error)
 }
@@ -84,23 +85,124 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 	// Token logs and blocks are independent questions: asked side by side,
 	// a pass waits for the slower of them, not for both in turn.
 	var tokens, native []postgres.NewEvent
+	var blocks []chain.Block
+	read := readLogs{present: map[blockContract]bool{}, verified: map[uint64]bool{}}
+	filtered := addrs.complete && len(addrs.sorted) <= f.filteredMax
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() (err error) {
-		if addrs.complete && len(addrs.sorted) <= f.filteredMax {
-			tokens, err = f.filteredTokenEvents(gctx, r, addrs)
+		if filtered {
+			tokens, err = f.filteredTokenEvents(gctx, r, addrs, &read)
 		} else {
-			tokens, err = f.contractTokenEvents(gctx, r, addrs)
+			tokens, err = f.contractTokenEvents(gctx, r, addrs, &read)
 		}
 		return err
 	})
 	g.Go(func() (err error) {
-		native, err = f.nativeEvents(gctx, r, addrs)
+		native, blocks, err = f.nativeEvents(gctx, r, addrs)
 		return err
 	})
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	if err := f.checkLogs(ctx, blocks, tokens, addrs, filtered, &read); err != nil {
+		return nil, err
+	}
 	return append(tokens, native...), nil
+}
+
+// blockContract names a token contract's logs in one block.
+type blockContract struct {
+	block    uint64
+	contract string
+}
+
+// readLogs is what a pass's eth_getLogs answers held: which contracts
+// had a Transfer log in which block, and the blocks read whole by
+// recipient (too busy for the contracts-only query).
+type readLogs struct {
+	present  map[blockContract]bool
+	verified map[uint64]bool
+}
+
+func (r *readLogs) add(logs []chain.TransferLog) {
+	for _, l := range logs {
+		r.present[blockContract{l.BlockNumber, l.Contract}] = true
+	}
+}
+
+// checkLogs holds the range's eth_getLogs answers to the blocks' own
+// blooms. A backend behind a balancer whose log index lags answers an
+// empty list for blocks it has not indexed, and the cursor would pass
+// their deposits for good. A block whose bloom admits a Transfer of a
+// listed token (to a registered address, when asked by recipient) that
+// the answer lacks is asked again by its hash (EIP-234: a node without
+// the block errs instead of answering empty); a deposit there that the
+// range answer missed fails the pass, which runs again. Blooms have no
+// false negatives, so no deposit escapes; their false positives cost one
+// call each. Blocks come with the native reads: a network without a
+// listed native coin reads none, and is not checked.
+func (f finder) checkLogs(ctx context.Context, blocks []chain.Block, tokens []postgres.NewEvent, addrs addressSet, filtered bool, read *readLogs) error {
+	contracts := f.tokens()
+	var recipients []string
+	if filtered {
+		recipients = addrs.sorted
+	}
+	var known map[string]bool
+	for _, b := range blocks {
+		if !b.HasBloom || read.verified[b.Number] {
+			continue // no bloom to hold the answer to (every node sends one)
+		}
+		suspect := false
+		for _, c := range contracts {
+			if !read.present[blockContract{b.Number, c}] && b.MayHoldTransfer(c, recipients) {
+				suspect = true
+				break
+			}
+		}
+		if !suspect {
+			continue
+		}
+		if known == nil {
+			known = make(map[string]bool, len(tokens))
+			for _, e := range tokens {
+				known[e.Event.ID] = true
+			}
+		}
+		if err := f.checkBlock(ctx, b, contracts, addrs, known); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkBlock asks for a suspect block's Transfer logs by its hash and
+// fails if they hold a deposit the range answer lacked.
+func (f finder) checkBlock(ctx context.Context, b chain.Block, contracts []string, addrs addressSet, known map[string]bool) error {
+	for _, cc := range chunks(len(contracts), chain.ScanContractsMax) {
+		logs, err := f.rpc.TransferLogsAt(ctx, b.Hash, contracts[cc[0]:cc[1]], f.logsMax)
+		f.count(chain.MethodLogs, 1)
+		if errors.Is(err, chain.ErrLogsLimit) {
+			return nil // a block that busy was indexed: the node has its logs
+		}
+		if err != nil {
+			return err
+		}
+		recipients := make([]string, 0, len(logs))
+		for _, l := range logs {
+			recipients = append(recipients, l.To)
+		}
+		owners, err := f.ownersOf(ctx, addrs, recipients)
+		if err != nil {
+			return err
+		}
+		for _, e := range f.tokenDeposits(span{b.Number, b.Number}, logs, owners) {
+			if !known[e.Event.ID] {
+				return payment.Unavailable("scan "+f.network, fmt.Errorf(
+					"eth_getLogs over the range answered without deposit %s of block %d, which the block holds: a lagging backend; the pass runs again", e.Event.ID, b.Number))
+			}
+		}
+	}
+	return nil
 }
 
 // tokens are the network's listed token contracts.
@@ -114,10 +216,10 @@ func (f finder) tokens() []string {
 
 // filteredTokenEvents asks for the transfers to the set's addresses,
 // recipients chunked, in windows of up to the pass.
-func (f finder) filteredTokenEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+func (f finder) filteredTokenEvents(ctx context.Context, r span, addrs addressSet, read *readLogs) ([]postgres.NewEvent, error) {
 	var out []postgres.NewEvent
 	err := windowed(ctx, r, f.windows.filtered, f.refused, func(ctx context.Context, w span) error {
-		events, err := f.filteredWindow(ctx, w, addrs)
+		events, err := f.filteredWindow(ctx, w, addrs, read)
 		out = append(out, events...)
 		return err
 	}, nil)
@@ -127,7 +229,7 @@ func (f finder) filteredTokenEvents(ctx context.Context, r span, addrs addressSe
 	return out, nil
 }
 
-func (f finder) filteredWindow(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+func (f finder) filteredWindow(ctx context.Context, r span, addrs addressSet, read *readLogs) ([]postgres.NewEvent, error) {
 	contracts := f.tokens()
 	var out []postgres.NewEvent
 	for _, cc := range chunks(len(contracts), chain.ScanContractsMax) {
@@ -137,6 +239,7 @@ func (f finder) filteredWindow(ctx context.Context, r span, addrs addressSet) ([
 			if err != nil {
 				return nil, err
 			}
+			read.add(logs)
 			out = append(out, f.tokenDeposits(r, logs, addrs.owner)...)
 		}
 	}
@@ -147,7 +250,7 @@ func (f finder) filteredWindow(ctx context.Context, r span, addrs addressSet) ([
 // windows of SCAN_LOG_WINDOW blocks and keeps those to registered
 // addresses: one call per window whatever the number of addresses, and
 // one owners query of the window's distinct recipients.
-func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSet, seen *readLogs) ([]postgres.NewEvent, error) {
 	contracts := f.tokens()
 	var out []postgres.NewEvent
 	for _, cc := range chunks(len(contracts), chain.ScanContractsMax) {
@@ -157,6 +260,7 @@ func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSe
 			if err != nil {
 				return err
 			}
+			seen.add(logs)
 			recipients := make([]string, 0, len(logs))
 			for _, l := range logs {
 				recipients = append(recipients, l.To)
@@ -179,7 +283,10 @@ func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSe
 					return err
 				}
 			}
-			events, err := f.filteredWindow(ctx, w, all)
+			events, err := f.filteredWindow(ctx, w, all, seen)
+			for n := w.from; n <= w.to; n++ {
+				seen.verified[n] = true // its logs were too many to be missing
+			}
 			out = append(out, events...)
 			return err
 		}
@@ -240,10 +347,10 @@ func (f finder) lookup(ctx context.Context, addresses []string) (map[string]int6
 	return out, nil
 }
 
-func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, []chain.Block, error) {
 	asset, ok := f.registry.Native(f.network)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
 	type candidate struct {
 		tx   chain.BlockTx
@@ -256,6 +363,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		batches = append(batches, span{start, min(r.to, start+chain.ScanBatchMax-1)})
 	}
 	found := make([][]candidate, len(batches))
+	read := make([][]chain.Block, len(batches))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(cmp.Or(f.batchesInFlight, BatchesInFlightDefault))
 	for i, batch := range batches {
@@ -272,6 +380,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 			if err != nil {
 				return err
 			}
+			read[i] = blocks
 			var recipients []string
 			for _, b := range blocks {
 				for _, tx := range b.Transactions {
@@ -295,7 +404,11 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var blocks []chain.Block
+	for _, b := range read {
+		blocks = append(blocks, b...)
 	}
 	var candidates []candidate
 	for _, c := range found {
@@ -310,7 +423,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		statuses, err := f.rpc.ReceiptStatuses(ctx, hashes)
 		f.count(chain.MethodReceipt, len(hashes))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, cand := range candidates[c[0]:c[1]] {
 			if statuses[cand.tx.Hash] != 1 {
@@ -321,7 +434,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 			}
 		}
 	}
-	return out, nil
+	return out, blocks, nil
 }
 
 // event is the deposit the provider webhooks make for the same transfer

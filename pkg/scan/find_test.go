@@ -72,6 +72,14 @@ func (r *countingRPC) ContractTransferLogs(_ context.Context, from, to uint64, c
 	return out, nil
 }
 
+// TransferLogsAt is never reached: these blocks carry no bloom.
+func (r *countingRPC) TransferLogsAt(context.Context, string, []string, int) ([]chain.TransferLog, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls["eth_getLogs by hash"]++
+	return nil, nil
+}
+
 func (r *countingRPC) Blocks(_ context.Context, numbers []uint64) ([]chain.Block, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -447,7 +455,7 @@ func TestFindStopsAfterAFailedRead(t *testing.T) {
 	f := finder{network: network, rpc: rpc, registry: registry, count: func(string, int) {}}
 	set := addressSet{sorted: []string{addr(1)}, owner: map[string]int64{addr(1): 1}, complete: true}
 
-	_, err := f.nativeEvents(context.Background(), span{1, 10 * chain.ScanBatchMax}, set)
+	_, _, err := f.nativeEvents(context.Background(), span{1, 10 * chain.ScanBatchMax}, set)
 	require.ErrorIs(t, err, errNodeDown)
 	require.Equal(t, int32(BatchesInFlightDefault), rpc.batches.Load(), "the batches open when the first failed, and no more")
 }

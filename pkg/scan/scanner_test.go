@@ -2,6 +2,7 @@ package scan
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/big"
 	"slices"
@@ -417,4 +418,78 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no single %s gauge", name)
 	return 0
+}
+
+// TestLaggingLogsIndexFailsThePass: behind a balancer one backend's log
+// index lags and answers eth_getLogs over the range with an empty list
+// while its blocks (from another backend) show a token deposit. The
+// blocks' blooms admit that Transfer, so the block is asked again by its
+// hash, the deposit is there, and the pass fails instead of moving the
+// cursor past it; the next pass, answered in full, stores it. Asked by
+// recipient (few addresses) and by contract (many) alike. Blocks whose
+// blooms admit nothing of the token are not asked again.
+func TestLaggingLogsIndexFailsThePass(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		name             string
+		addressesPerCall int
+	}{
+		{"asked by recipient", 0},
+		{"asked by contract", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const network = "ETH_MAINNET"
+			to, other := "0x00000000000000000000000000000000000a0e01", "0x00000000000000000000000000000000000a0e02"
+			f := newDevScanFixture(t, ctx, network, []string{to, other})
+			token, _, err := f.ch.DeployToken(ctx, 0)
+			require.NoError(t, err)
+			_, err = f.conn.Exec(ctx, `INSERT INTO assets (code, network, contract_address, decimals) VALUES ('TOK', $1, $2, 6)`, network, token)
+			require.NoError(t, err)
+			proxy, err := devchain.NewProxy(f.ch.URL())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = proxy.Close() })
+			client, err := chain.Dial(ctx, proxy.URL(), chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+			require.NoError(t, err)
+			t.Cleanup(client.Close)
+			reg := prometheus.NewRegistry()
+			n := Network{Name: network, RPC: client, Policy: chain.FinalizedPolicy()}
+			scanner := New(Options{Store: f.db, Owner: "dev-scan", Registerer: reg, Networks: []Network{n}, Log: zerolog.Nop(),
+				AddressesPerCall: c.addressesPerCall})
+
+			start, err := f.ch.Head(ctx)
+			require.NoError(t, err)
+			require.NoError(t, f.db.InitScanCursor(ctx, network, start+1))
+			require.NoError(t, f.ch.CommitBlocks(ctx, 3)) // blocks with no logs at all
+			tx, err := f.ch.TransferToken(ctx, 0, token, to, big.NewInt(2_000_000))
+			require.NoError(t, err)
+			head, err := f.ch.Head(ctx)
+			require.NoError(t, err)
+			require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+			id := payment.Transfer{Network: network, TxHash: tx.Hash, Index: payment.LogIndexTransfer(0)}.EventID()
+
+			// Every range query answers empty; by-hash queries pass.
+			proxy.Answer("eth_getLogs", "", json.RawMessage("[]"), 1)
+			before := proxy.Calls("eth_getLogs")
+			next, _, _, err := f.db.ScanCursor(ctx, network)
+			require.NoError(t, err)
+			_, err = scanner.CursorPass(ctx, n)
+			require.ErrorIs(t, err, payment.ErrUnavailable)
+			require.ErrorContains(t, err, "a lagging backend")
+			require.EqualValues(t, 2, proxy.Calls("eth_getLogs")-before, "the range, then the one block whose bloom admits the deposit")
+			again, _, _, err := f.db.ScanCursor(ctx, network)
+			require.NoError(t, err)
+			require.Equal(t, next, again, "the cursor did not pass the deposit")
+			_, err = f.db.Event(ctx, id)
+			require.ErrorIs(t, err, payment.ErrNotFound)
+
+			for more, passes := true, 0; more; passes++ {
+				require.Less(t, passes, 100)
+				more, err = scanner.CursorPass(ctx, n)
+				require.NoError(t, err)
+			}
+			_, err = f.db.Event(ctx, id)
+			require.NoError(t, err, "stored once the answers are whole")
+		})
+	}
 }
