@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/payment"
 )
 
 // TestScanCalls: the scanner's reads against a real dev chain: the
@@ -111,4 +113,45 @@ func FuzzFullBlock(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBlockBloomAndLogsByHash: a block's bloom admits the Transfer it
+// holds (to its recipient, not to another address) and nothing of a
+// token that logged nothing there; asked by the block's hash, the node
+// answers that block's logs, and for a hash it does not have, an error,
+// never an empty list (what the scanner's lagging-index check rests on).
+func TestBlockBloomAndLogsByHash(t *testing.T) {
+	ctx := testContext(t)
+	ch := startChain(t)
+	client, err := Dial(ctx, ch.URL(), ClientOptions{})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	token, _, err := ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	quiet, _, err := ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	const to, other = "0x1111111111111111111111111111111111111111", "0x2222222222222222222222222222222222222222"
+	tx, err := ch.TransferToken(ctx, 0, token, to, big.NewInt(7_000_000))
+	require.NoError(t, err)
+
+	blocks, err := client.Blocks(ctx, []uint64{tx.BlockNumber})
+	require.NoError(t, err)
+	b := blocks[0]
+	require.True(t, b.HasBloom)
+	require.True(t, b.MayHoldTransfer(token, nil))
+	require.True(t, b.MayHoldTransfer(token, []string{other, to}))
+	require.False(t, b.MayHoldTransfer(token, []string{other}), "a bloom of one log admits no other recipient")
+	require.False(t, b.MayHoldTransfer(quiet, nil), "nor a token that logged nothing in the block")
+	require.True(t, Block{}.MayHoldTransfer(quiet, nil), "without a bloom, anything may be there")
+
+	logs, err := client.TransferLogsAt(ctx, b.Hash, []string{token, quiet}, 10)
+	require.NoError(t, err)
+	require.Len(t, logs, 1)
+	require.Equal(t, tx.Hash, logs[0].TxHash)
+	require.Equal(t, to, logs[0].To)
+
+	_, err = client.TransferLogsAt(ctx, "0x"+strings.Repeat("ab", 32), []string{token}, 10)
+	require.Error(t, err, "a block the node does not have is an error, not an empty answer")
+	_, err = client.TransferLogsAt(ctx, "not a hash", []string{token}, 10)
+	require.ErrorIs(t, err, payment.ErrInvalid)
 }
