@@ -187,15 +187,11 @@ func (f finder) checkBlock(ctx context.Context, b chain.Block, contracts []strin
 		if err != nil {
 			return err
 		}
-		recipients := make([]string, 0, len(logs))
-		for _, l := range logs {
-			recipients = append(recipients, l.To)
-		}
-		owners, err := f.ownersOf(ctx, addrs, recipients)
+		deposits, err := f.depositsOf(ctx, span{b.Number, b.Number}, logs, addrs)
 		if err != nil {
 			return err
 		}
-		for _, e := range f.tokenDeposits(span{b.Number, b.Number}, logs, owners) {
+		for _, e := range deposits {
 			if !known[e.Event.ID] {
 				return payment.Unavailable("scan "+f.network, fmt.Errorf(
 					"eth_getLogs over the range answered without deposit %s of block %d, which the block holds: a lagging backend; the pass runs again", e.Event.ID, b.Number))
@@ -261,16 +257,9 @@ func (f finder) contractTokenEvents(ctx context.Context, r span, addrs addressSe
 				return err
 			}
 			seen.add(logs)
-			recipients := make([]string, 0, len(logs))
-			for _, l := range logs {
-				recipients = append(recipients, l.To)
-			}
-			owners, err := f.ownersOf(ctx, addrs, recipients)
-			if err != nil {
-				return err
-			}
-			out = append(out, f.tokenDeposits(w, logs, owners)...)
-			return nil
+			deposits, err := f.depositsOf(ctx, w, logs, addrs)
+			out = append(out, deposits...)
+			return err
 		}
 		// A block whose transfers alone pass the cap: its deposits, asked
 		// by recipient (rare, and costs a call per SCAN_ADDRESSES_PER_CALL
@@ -312,6 +301,19 @@ func (f finder) tokenDeposits(r span, logs []chain.TransferLog, owners map[strin
 		}
 	}
 	return out
+}
+
+// depositsOf are the logs' deposits, their recipients' owners looked up.
+func (f finder) depositsOf(ctx context.Context, r span, logs []chain.TransferLog, addrs addressSet) ([]postgres.NewEvent, error) {
+	recipients := make([]string, 0, len(logs))
+	for _, l := range logs {
+		recipients = append(recipients, l.To)
+	}
+	owners, err := f.ownersOf(ctx, addrs, recipients)
+	if err != nil {
+		return nil, err
+	}
+	return f.tokenDeposits(r, logs, owners), nil
 }
 
 // ownersOf maps recipients to owners: from the set when it is complete,
