@@ -210,6 +210,30 @@ func TestRemovedLog(t *testing.T) {
 	require.Equal(t, credited.EventID(), removed.EventID(), "a removal names the deposit it reverses")
 }
 
+// TestLogBlockHash: a token log's blockHash is read, lowercase; one that
+// is no hash is not read, and the transfer still counts; a native
+// transfer (no log) names no block.
+func TestLogBlockHash(t *testing.T) {
+	hash := "0x" + strings.Repeat("Ab", 32)
+	for name, c := range map[string]struct {
+		log  any
+		want string
+	}{
+		"a hash":          {map[string]any{"address": usdc, "logIndex": "0x6e", "blockHash": hash}, strings.ToLower(hash)},
+		"a removed block": {map[string]any{"address": usdc, "logIndex": "0x6e", "blockHash": hash, "removed": true}, strings.ToLower(hash)},
+		"too short":       {map[string]any{"address": usdc, "logIndex": "0x6e", "blockHash": hash[:65]}, ""},
+		"not hex":         {map[string]any{"address": usdc, "logIndex": "0x6e", "blockHash": "0x" + strings.Repeat("zz", 32)}, ""},
+		"none":            {map[string]any{"address": usdc, "logIndex": "0x6e"}, ""},
+	} {
+		tr, reason := judge(t, activityJSON(t, map[string]any{"log": c.log}))
+		require.Empty(t, reason, name)
+		require.Equal(t, c.want, tr.BlockHash, name)
+	}
+	eth, reason := judge(t, activityJSON(t, map[string]any{"category": "external", "log": nil, "rawContract": map[string]any{"rawValue": "0x1"}}))
+	require.Empty(t, reason)
+	require.Empty(t, eth.BlockHash)
+}
+
 func TestDecodeEnvelope(t *testing.T) {
 	for name, body := range map[string]string{
 		"not json":                  `{"event":`,

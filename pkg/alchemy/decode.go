@@ -142,6 +142,7 @@ type activityLog struct {
 	Address         *string `json:"address"`
 	TransactionHash *string `json:"transactionHash"`
 	LogIndex        *string `json:"logIndex"`
+	BlockHash       *string `json:"blockHash"`
 	Removed         bool    `json:"removed"`
 }
 
@@ -248,14 +249,21 @@ func transfer(network string, raw json.RawMessage, assets Assets) (payment.Repor
 	case err != nil:
 		return payment.ReportedTransfer{}, payment.IgnoreMalformed
 	}
-	removed := a.Log != nil && a.Log.Removed
-	return payment.ReportedTransfer{
+	t := payment.ReportedTransfer{
 		Transfer:  payment.Transfer{Network: network, TxHash: txHash, Index: index},
 		ToAddress: to,
 		Asset:     asset,
 		Amount:    amount,
-		Removed:   removed,
-	}, ""
+	}
+	if a.Log != nil {
+		t.Removed = a.Log.Removed
+		// A block hash that is no hash is not read: the report then
+		// counts as one that names no block.
+		if a.Log.BlockHash != nil {
+			t.BlockHash, _ = payment.NormalizeHex(*a.Log.BlockHash, 64)
+		}
+	}
+	return t, ""
 }
 
 func isNull(raw json.RawMessage) bool {

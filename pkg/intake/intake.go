@@ -32,6 +32,9 @@ type Store interface {
 	// deposit that was compensated for a reorg and is reported again.
 	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
 	HurryFinalityCheck(ctx context.Context, eventID string) (postgres.Hurry, error)
+	// SightTransfer records a report naming its block and brings the
+	// transfer's deposit in line with all such reports (no RPC).
+	SightTransfer(ctx context.Context, s postgres.Sighting) (postgres.Sighted, error)
 	// SupersedeDeposit lets a conflicting report replace a deposit of the
 	// same transfer that ended failed/mismatch; any other is refused.
 	SupersedeDeposit(ctx context.Context, e postgres.NewEvent, reporter string) (postgres.SupersedeResult, error)
@@ -69,6 +72,9 @@ const (
 	ReasonRemovedFinal payment.IgnoreReason = "removed_final"
 	// ReasonRemovedFailed: a removed transfer whose deposit failed already.
 	ReasonRemovedFailed payment.IgnoreReason = "removed_failed"
+	// ReasonRemovedSeenElsewhere: a transfer removed from one block that
+	// its providers report in another block not removed (no RPC).
+	ReasonRemovedSeenElsewhere payment.IgnoreReason = "removed_seen_elsewhere"
 )
 
 // chainStateWatching marks a deposit credited before finality.
@@ -171,7 +177,7 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 			continue
 		}
 		kept = append(kept, t)
-		if key := t.Network + "/" + t.ToAddress; (!t.Removed || r.storable(t)) && !seen[key] {
+		if key := t.Network + "/" + t.ToAddress; (!t.Removed || r.storable(t) || r.sights(t)) && !seen[key] {
 			seen[key] = true
 			byNetwork[t.Network] = append(byNetwork[t.Network], t.ToAddress)
 		}
@@ -188,7 +194,13 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 	}
 	for _, t := range kept {
 		if t.Removed && !r.storable(t) {
-			if err := r.removed(ctx, t); err != nil {
+			var err error
+			if _, known := owners[t.Network][t.ToAddress]; known && r.sights(t) {
+				err = r.sight(ctx, t)
+			} else {
+				err = r.removed(ctx, t)
+			}
+			if err != nil {
 				return err
 			}
 			continue
@@ -226,6 +238,12 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 			r.count(OutcomeAccepted)
 			log.Info().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Int64(logging.FieldUserID, user).
 				Str("asset", t.Asset.Code).Msg("provider deposit")
+			if r.sights(t) {
+				if err := r.sight(ctx, t); err != nil {
+					return err
+				}
+				break
+			}
 			// The transfer may be claimed by a deposit /webhook/payments
 			// named that a reorg compensated since (this event then ends
 			// duplicate_transfer).
@@ -235,6 +253,13 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 		case t.Removed:
 			// A reorged transfer settle already holds: the chain decides.
 			if err := r.removed(ctx, t); err != nil {
+				return err
+			}
+		case r.sights(t):
+			r.reported = append(r.reported, t.EventID())
+			r.answer.Duplicates++
+			r.count(OutcomeDuplicate)
+			if err := r.sight(ctx, t); err != nil {
 				return err
 			}
 		default:
@@ -263,6 +288,62 @@ func (r *Run) recordReports(ctx context.Context) {
 // again on a reorg's new branch, where the chain can be asked.
 func (r *Run) storable(t payment.ReportedTransfer) bool {
 	return t.Removed && t.Reorged && r.in.o.HasRPC(t.Network)
+}
+
+// sights tells whether a report is judged together with the transfer's
+// other reports by block (SightTransfer): one that names its block, on a
+// network whose chain cannot be asked, where the reports are the only
+// evidence and may arrive in any order.
+func (r *Run) sights(t payment.ReportedTransfer) bool {
+	return t.BlockHash != "" && !r.in.o.HasRPC(t.Network)
+}
+
+// sight records a report of t in its block, and counts what bringing its
+// deposit in line with every such report did: reversed when no reported
+// block is left (a removal, or an add redelivered after its block's
+// removal), reopened or given back when one is again.
+func (r *Run) sight(ctx context.Context, t payment.ReportedTransfer) error {
+	log := logging.From(ctx)
+	reason := r.p.Name + " reported the transfer again"
+	if t.Removed {
+		reason = r.p.Name + " reported the transfer as removed by a reorg"
+	}
+	s, err := r.in.o.Store.SightTransfer(ctx, postgres.Sighting{
+		Transfer: t.Transfer, BlockHash: t.BlockHash, Removed: t.Removed,
+		Reporter: r.p.Name, Reason: reason, TraceID: r.traceID,
+	})
+	switch {
+	case errors.Is(err, payment.ErrInvalid) && t.Removed:
+		r.Ignore(ReasonRemovedNotDeposit)
+		return nil
+	case err != nil:
+		return err
+	}
+	event := log.With().Str("provider", r.p.Name).Str(logging.FieldEventID, t.EventID()).Str("block_hash", t.BlockHash).Logger()
+	switch {
+	case !s.Known:
+		r.Ignore(ReasonRemovedUnknown)
+	case s.Reversal == postgres.AlreadyFailed && t.Removed:
+		r.Ignore(ReasonRemovedFailed)
+	case s.Reversal == postgres.Voided || s.Reversal == postgres.Compensating:
+		r.answer.Reversed++
+		r.count(OutcomeReversed)
+		msg := "provider deposit reversed"
+		if !t.Removed {
+			msg = "a provider reports a transfer in a block it reported removed; the deposit is reversed"
+		}
+		event.Warn().Str("reversal", s.Reversal.String()).Msg(msg)
+	case s.Reopened || s.Return == postgres.GivenBack:
+		r.answer.Reopened++
+		r.count(OutcomeReopened)
+		event.Warn().Bool("given_back", s.Return == postgres.GivenBack).Msg("a provider reports a reorged deposit on the chain again; reopened or given back")
+	case s.Return == postgres.CyclesExhausted:
+		event.Error().Msg("a provider reports a compensated deposit again, but it was reorged away and back too often; it stays compensated for a human to decide")
+	case t.Removed && s.OnChain:
+		r.Ignore(ReasonRemovedSeenElsewhere)
+		event.Info().Msg("a provider reports the transfer removed from one block and on the chain in another; nothing reversed")
+	}
+	return nil
 }
 
 // removed handles a transfer a provider reports taken away by a reorg.

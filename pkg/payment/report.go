@@ -28,6 +28,11 @@ type ReportedTransfer struct {
 	// gate asks before any credit) and a known one re-checked at once;
 	// where it cannot, it is a removal like Alchemy's.
 	Reorged bool
+	// BlockHash is the block the provider saw the transfer in (0x and 64
+	// lowercase hex digits), where its report names it in the form its
+	// removals do (Alchemy's token logs); "" otherwise. Where the chain
+	// cannot be asked, it orders a transfer's adds and removals.
+	BlockHash string
 }
 
 // IgnoreReason says why a reported candidate is not a deposit event. The

@@ -50,45 +50,55 @@ func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID strin
 		return 0, classify("reverse deposit", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-
-	stmt := q("lock_event")
-	var e payment.Event
-	var eventType, amount, status string
-	var generation int32
-	err = tx.QueryRow(ctx, stmt.text, eventID).Scan(&e.ID, &eventType, &e.UserID, &e.Asset, &amount, &status, &e.TxHash, &e.TraceID, &generation, &e.Network)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("deposit %s: %w", eventID, payment.ErrNotFound)
-	}
+	e, status, err := lockDepositEvent(ctx, tx, eventID)
 	if err != nil {
-		return 0, classify(stmt.name, err)
+		return 0, err
 	}
-	e.Type, e.Amount = payment.EventType(eventType), decimal.RequireFromString(amount)
-	if !e.Type.Credit() {
-		return 0, payment.Invalid("event %s is a %s, not a deposit", eventID, e.Type)
-	}
-	if traceID == "" {
-		traceID = e.TraceID
-	}
-
-	var result Reversal
-	switch payment.Status(status) {
-	case payment.StatusFailed:
-		return AlreadyFailed, nil
-	case payment.StatusConfirmed:
-		if err := reverseCredited(ctx, tx, e, reason, traceID); err != nil {
-			return 0, err
-		}
-		result = Compensating
-	default:
-		if err := voidUncredited(ctx, tx, e, payment.Status(status), reason); err != nil {
-			return 0, err
-		}
-		result = Voided
+	result, err := reverseLocked(ctx, tx, e, status, reason, traceID)
+	if err != nil || result == AlreadyFailed {
+		return result, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, classify("reverse deposit commit", err)
 	}
 	return result, nil
+}
+
+// lockDepositEvent locks a deposit's row (lock_event): payment.ErrNotFound
+// when there is none, payment.ErrInvalid when the event is no credit.
+func lockDepositEvent(ctx context.Context, tx pgx.Tx, eventID string) (payment.Event, payment.Status, error) {
+	stmt := q("lock_event")
+	var e payment.Event
+	var eventType, amount, status string
+	var generation int32
+	err := tx.QueryRow(ctx, stmt.text, eventID).Scan(&e.ID, &eventType, &e.UserID, &e.Asset, &amount, &status, &e.TxHash, &e.TraceID, &generation, &e.Network)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, "", fmt.Errorf("deposit %s: %w", eventID, payment.ErrNotFound)
+	}
+	if err != nil {
+		return e, "", classify(stmt.name, err)
+	}
+	e.Type, e.Amount = payment.EventType(eventType), decimal.RequireFromString(amount)
+	if !e.Type.Credit() {
+		return e, "", payment.Invalid("event %s is a %s, not a deposit", eventID, e.Type)
+	}
+	return e, payment.Status(status), nil
+}
+
+// reverseLocked is ReverseDeposit for a deposit whose row the caller
+// locked, inside the caller's transaction.
+func reverseLocked(ctx context.Context, tx pgx.Tx, e payment.Event, status payment.Status, reason, traceID string) (Reversal, error) {
+	if traceID == "" {
+		traceID = e.TraceID
+	}
+	switch status {
+	case payment.StatusFailed:
+		return AlreadyFailed, nil
+	case payment.StatusConfirmed:
+		return Compensating, reverseCredited(ctx, tx, e, reason, traceID)
+	default:
+		return Voided, voidUncredited(ctx, tx, e, status, reason)
+	}
 }
 
 // voidUncredited fails a deposit (or give-back) not credited yet with

@@ -62,19 +62,22 @@ func (db *DB) ProviderMisses(ctx context.Context, scanned int, grace time.Durati
 	return out, classify(stmt.name, err)
 }
 
-// DeleteOldReports deletes reports older than retention in batches of
-// at most batch rows, until none is left or ctx ends.
+// DeleteOldReports deletes reports and sightings older than retention in
+// batches of at most batch rows, until none is left or ctx ends.
 func (db *DB) DeleteOldReports(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	stmt := q("delete_old_reports")
 	var total int64
-	for {
-		tag, err := db.pool.Exec(ctx, stmt.text, interval(retention), batch)
-		if err != nil {
-			return total, classify(stmt.name, err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
-			return total, nil
+	for _, name := range []string{"delete_old_reports", "delete_old_sightings"} {
+		stmt := q(name)
+		for {
+			tag, err := db.pool.Exec(ctx, stmt.text, interval(retention), batch)
+			if err != nil {
+				return total, classify(stmt.name, err)
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() < int64(batch) {
+				break
+			}
 		}
 	}
+	return total, nil
 }

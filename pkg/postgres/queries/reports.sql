@@ -33,3 +33,26 @@ ORDER BY p.reporter;
 DELETE FROM transfer_reports
 WHERE (event_id, reporter) IN (SELECT event_id, reporter FROM transfer_reports
                                WHERE first_at < now() - $1::interval ORDER BY first_at LIMIT $2);
+
+-- name: sight_transfer
+-- A report naming its block; a removal marks the block removed for good,
+-- and a report of a block already removed (a stale redelivery) changes
+-- nothing.
+INSERT INTO transfer_sightings AS s (event_id, block_hash, removed, removed_at, reporter)
+VALUES ($1, $2, $3, CASE WHEN $3 THEN now() END, $4)
+ON CONFLICT (event_id, block_hash) DO UPDATE SET removed = true, removed_at = now()
+WHERE EXCLUDED.removed AND NOT s.removed;
+
+-- name: sighted_on_chain
+-- Whether some block the transfer was reported in is not removed.
+SELECT EXISTS (SELECT 1 FROM transfer_sightings WHERE event_id = $1 AND NOT removed);
+
+-- name: event_sightings
+SELECT block_hash, removed, reporter, first_at, removed_at FROM transfer_sightings
+WHERE event_id = $1 ORDER BY first_at, block_hash;
+
+-- name: delete_old_sightings
+-- One bounded batch off the first_at index; the caller repeats it.
+DELETE FROM transfer_sightings
+WHERE (event_id, block_hash) IN (SELECT event_id, block_hash FROM transfer_sightings
+                                 WHERE first_at < now() - $1::interval ORDER BY first_at LIMIT $2);
