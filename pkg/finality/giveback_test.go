@@ -145,6 +145,7 @@ func TestGivenBackWhenMovedToAFinalBlock(t *testing.T) {
 	f.credit("moved-back", tx)
 	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "replaced"}, nil)
 	f.watch()
+	testenv.SettleOutbox(t, f.db) // the compensation applied: a give-back credit reverses it
 	r, err := f.db.ReturnDeposit(ctx, "moved-back", payment.Transfer{}, true, "reported again")
 	require.NoError(t, err)
 	require.Equal(t, postgres.WatchedAgain, r)
@@ -211,5 +212,47 @@ func TestScannerGivesBackADepositNamedByPayments(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(payment.OutcomeDuplicateTransfer), e.Outcome, "the transfer stays claimed by the deposit that named it")
 	require.True(t, decimal.NewFromInt(1).Equal(f.balance()))
+	testenv.RequireInvariants(t, f.db)
+}
+
+// TestNothingGivenBackForACompensationNeverApplied: the watcher's road
+// for a deposit held for a withdrawal when its transaction left the
+// chain: its compensation is dead-lettered (the available balance is 0),
+// so when the transfer is final again nothing is given back: the
+// compensation is cancelled and its dead letter discarded. One credit, one
+// transfer on the chain.
+func TestNothingGivenBackForACompensationNeverApplied(t *testing.T) {
+	f := newWatchFixture(t, time.Hour)
+	ctx := context.Background()
+	tx := fmt.Sprintf("0x%064x", 0x9e)
+	f.credit("held", tx)
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "hold", Type: payment.WithdrawalHold, UserID: 1, Asset: "ETH",
+		Amount: decimal.NewFromInt(1), Network: "ETH_MAINNET", ToAddress: "0x00000000000000000000000000000000000000aa", TraceID: "trace-hold"},
+		Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	testenv.SettleOutbox(t, f.db)
+	f.chain.set(tx, chain.Canonicity{State: chain.Gone, BlockNumber: 7, BlockHash: blockHash(7), Reason: "replaced"}, nil)
+	f.watch()
+	testenv.SettleOutbox(t, f.db)
+	comp, err := f.db.Event(ctx, payment.CompensationEventID("held"))
+	require.NoError(t, err)
+	require.Equal(t, string(payment.OutcomeDeadLettered), comp.Outcome)
+
+	r, err := f.db.ReturnDeposit(ctx, "held", payment.Transfer{}, true, "reported again")
+	require.NoError(t, err)
+	require.Equal(t, postgres.WatchedAgain, r)
+	f.chain.set(tx, chain.Canonicity{State: chain.Moved, BlockNumber: 8, BlockHash: blockHash(8), Final: true}, nil)
+	f.watch()
+	require.Equal(t, "final", f.row("held").ChainState)
+	testenv.SettleOutbox(t, f.db)
+	require.False(t, f.exists(payment.ReturnEventID(1, "held")), "no give-back credit")
+	require.True(t, decimal.NewFromInt(1).Equal(f.balance()), "balance %s", f.balance())
+	comp, err = f.db.Event(ctx, payment.CompensationEventID("held"))
+	require.NoError(t, err)
+	require.Equal(t, string(payment.OutcomeReorged), comp.Outcome, "cancelled")
+	open, err := f.db.DeadLetters(ctx, "open", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, open)
 	testenv.RequireInvariants(t, f.db)
 }

@@ -269,3 +269,95 @@ func TestProviderReportGivesBackADepositNamedByPayments(t *testing.T) {
 	require.Equal(t, string(payment.OutcomeDuplicateTransfer), f.event(tr.EventID()).Outcome)
 	testenv.RequireInvariants(t, f.db)
 }
+
+// TestGiveBackOfACompensationNeverApplied: a compensation the ledger
+// could not apply (the deposit was held for a withdrawal, so the user's
+// available balance did not cover it) or had not applied yet took
+// nothing; when the transfer comes back it is cancelled, never answered
+// with a give-back credit, and its dead letter is discarded so no replay
+// takes the deposit back. When the transfer leaves again the same
+// compensation runs once more.
+func TestGiveBackOfACompensationNeverApplied(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	provider := f.intake(false)
+	tr := f.transfer(1, aliceETH, "1")
+	removed := tr
+	removed.Removed = true
+	compID := payment.CompensationEventID(tr.EventID())
+	f.deliver(provider, tr)
+	testenv.SettleOutbox(t, f.db)
+
+	// Dead-lettered: the deposit is held for a withdrawal.
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "hold-1", Type: payment.WithdrawalHold, UserID: alice,
+		Asset: f.eth.Code, Amount: decimal.NewFromInt(1), Network: mainnet, ToAddress: stranger, TraceID: "trace-hold"}, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, 1, f.deliver(provider, removed).Reversed)
+	testenv.SettleOutbox(t, f.db)
+	comp := f.event(compID)
+	require.Equal(t, payment.StatusFailed, comp.Status)
+	require.Equal(t, string(payment.OutcomeDeadLettered), comp.Outcome)
+	f.requireBalance(1, "the compensation could not be applied")
+
+	require.Equal(t, 1, f.deliver(provider, tr).Reopened)
+	testenv.SettleOutbox(t, f.db)
+	f.requireBalance(1, "back on the chain: nothing to give back")
+	_, err = f.db.Event(ctx, payment.ReturnEventID(1, tr.EventID()))
+	require.ErrorIs(t, err, payment.ErrNotFound, "no give-back credit")
+	comp = f.event(compID)
+	require.Equal(t, payment.StatusFailed, comp.Status)
+	require.Equal(t, string(payment.OutcomeReorged), comp.Outcome, "cancelled")
+	letters, err := f.db.DeadLetters(ctx, "open", 0, 10)
+	require.NoError(t, err)
+	require.Empty(t, letters, "its dead letter is discarded")
+	all, err := f.db.DeadLetters(ctx, "all", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, all, 1)
+	require.Equal(t, "discarded", all[0].Resolution)
+	replayed, err := f.db.ReplayDeadLetter(ctx, all[0].ID, "ops", "try")
+	require.ErrorIs(t, err, postgres.ErrDiscarded, "%v", replayed)
+	require.Zero(t, f.deliver(provider, tr).Reopened, "reported again: on the chain already")
+	testenv.RequireInvariants(t, f.db)
+
+	// The transfer leaves again, and the hold is released meanwhile: the
+	// same compensation runs and now applies.
+	inserted, err = f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "void-1", Type: payment.WithdrawalVoid, UserID: alice,
+		Asset: f.eth.Code, Amount: decimal.NewFromInt(1), HoldID: "hold-1", TraceID: "trace-void"}, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, 1, f.deliver(provider, removed).Reversed)
+	testenv.SettleOutbox(t, f.db)
+	require.Equal(t, payment.StatusConfirmed, f.event(compID).Status)
+	f.requireBalance(0, "compensated")
+	testenv.RequireInvariants(t, f.db)
+
+	// Not applied yet: back before the worker ran it.
+	tr2 := f.transfer(2, aliceETH, "2")
+	removed2 := tr2
+	removed2.Removed = true
+	f.deliver(provider, tr2)
+	testenv.SettleOutbox(t, f.db)
+	f.requireBalance(2, "the second deposit")
+	require.Equal(t, 1, f.deliver(provider, removed2).Reversed)
+	require.Equal(t, 1, f.deliver(provider, tr2).Reopened)
+	testenv.SettleOutbox(t, f.db)
+	f.requireBalance(2, "a compensation voided before it ran takes nothing, and nothing is given back")
+	comp2 := f.event(payment.CompensationEventID(tr2.EventID()))
+	require.Equal(t, payment.StatusFailed, comp2.Status)
+	require.Equal(t, string(payment.OutcomeReorged), comp2.Outcome)
+	_, err = f.db.Event(ctx, payment.ReturnEventID(1, tr2.EventID()))
+	require.ErrorIs(t, err, payment.ErrNotFound)
+
+	// A full cycle after it: compensated, then given back by a credit.
+	require.Equal(t, 1, f.deliver(provider, removed2).Reversed)
+	testenv.SettleOutbox(t, f.db)
+	f.requireBalance(0, "compensated at last")
+	require.Equal(t, 1, f.deliver(provider, tr2).Reopened)
+	testenv.SettleOutbox(t, f.db)
+	f.requireBalance(2, "given back")
+	require.Equal(t, payment.StatusConfirmed, f.event(payment.ReturnEventID(1, tr2.EventID())).Status)
+	testenv.RequireInvariants(t, f.db)
+}

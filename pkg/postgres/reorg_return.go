@@ -98,16 +98,19 @@ func lockClaimHolder(ctx context.Context, tx pgx.Tx, t payment.Transfer) (credit
 type reorgCycle struct {
 	// compensations counts the compensations created, applied or not.
 	compensations int
+	// cancelled: the last compensation was never applied and its transfer
+	// came back first (failed, outcome reorged); see cancelCompensation.
+	cancelled bool
 	// back is the status of the give-back of the last compensation; ""
 	// when there is none.
 	back payment.Status
 }
 
 // onChain tells whether the deposit counts as on the chain in the books:
-// never compensated, or its last compensation given back (a give-back
-// voided before it was credited does not count).
+// never compensated, its last compensation cancelled, or given back (a
+// give-back voided before it was credited does not count).
 func (c reorgCycle) onChain() bool {
-	return c.compensations == 0 || c.back != "" && c.back != payment.StatusFailed
+	return c.compensations == 0 || c.cancelled || c.back != "" && c.back != payment.StatusFailed
 }
 
 // readReorgCycle reads a deposit's compensations and give-backs; the
@@ -127,14 +130,16 @@ func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycl
 	}
 	defer rows.Close()
 	backs := map[string]payment.Status{}
+	cancelled := map[string]bool{}
 	var c reorgCycle
 	for rows.Next() {
-		var id, status string
-		if err := rows.Scan(&id, &status); err != nil {
+		var id, status, outcome string
+		if err := rows.Scan(&id, &status, &outcome); err != nil {
 			return reorgCycle{}, classify(stmt.name, err)
 		}
 		if compensation[id] {
 			c.compensations++
+			cancelled[id] = payment.Status(status) == payment.StatusFailed && payment.Outcome(outcome) == payment.OutcomeReorged
 		} else {
 			backs[id] = payment.Status(status)
 		}
@@ -143,6 +148,7 @@ func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycl
 		return reorgCycle{}, classify(stmt.name, err)
 	}
 	if c.compensations > 0 {
+		c.cancelled = cancelled[payment.CycleCompensationEventID(c.compensations, depositID)]
 		c.back = backs[payment.ReturnEventID(c.compensations, depositID)]
 	}
 	return c, nil
@@ -177,6 +183,12 @@ func reverseCredited(ctx context.Context, tx pgx.Tx, e payment.Event, reason, tr
 	case !c.onChain():
 	case c.compensations == 0:
 		if err := compensate(e.ID); err != nil {
+			return err
+		}
+	case c.cancelled:
+		// Its transfer came back before the compensation was applied,
+		// and has left again: the same compensation runs after all.
+		if err := reopenCompensation(ctx, tx, payment.CycleCompensationEventID(c.compensations, e.ID), reason); err != nil {
 			return err
 		}
 	default:
@@ -289,10 +301,17 @@ func giveBackIfCompensated(ctx context.Context, tx pgx.Tx, eventID string) (bool
 
 // giveBack reverses the deposit's last compensation with a credit (a
 // give-back voided before, reopened), and marks the deposit on the chain
-// again (chainState).
+// again (chainState). A compensation that was never applied is cancelled
+// instead (cancelCompensation): a credit would give back what was never
+// taken.
 func giveBack(ctx context.Context, tx pgx.Tx, d credited, c reorgCycle, chainState, reason string) error {
 	id := payment.ReturnEventID(c.compensations, d.ID)
-	if c.back == payment.StatusFailed {
+	applied, err := cancelCompensation(ctx, tx, payment.CycleCompensationEventID(c.compensations, d.ID), reason)
+	switch {
+	case err != nil:
+		return err
+	case !applied:
+	case c.back == payment.StatusFailed:
 		_, refused, err := transition(ctx, tx, q("reopen_give_back"), []string{id}, nil, id, reason)
 		if err != nil {
 			return err
@@ -304,7 +323,7 @@ func giveBack(ctx context.Context, tx pgx.Tx, d credited, c reorgCycle, chainSta
 		if _, err := tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.Deposit), id); err != nil {
 			return classify(stmt.name, err)
 		}
-	} else {
+	default:
 		credit := NewEvent{
 			Event: payment.Event{
 				ID: id, Type: payment.Deposit,
@@ -322,6 +341,64 @@ func giveBack(ctx context.Context, tx pgx.Tx, d credited, c reorgCycle, chainSta
 	if chainState != "" {
 		state = chainState
 	}
-	_, err := tx.Exec(ctx, stmt.text, d.ID, state, reason)
+	_, err = tx.Exec(ctx, stmt.text, d.ID, state, reason)
+	return classify(stmt.name, err)
+}
+
+// errCompensationInFlight: a compensation is being applied right now; the
+// caller asks again later, when it has ended one way or the other.
+var errCompensationInFlight = fmt.Errorf("%w: the reorg compensation is being applied; ask again", payment.ErrUnavailable)
+
+// cancelCompensation settles a deposit's compensation (id) whose transfer
+// is on the chain again. Applied (confirmed), it is left alone and
+// applied is true: a give-back credit reverses it. Not applied yet, it is
+// cancelled, failed with outcome reorged: one in the outbox is voided, and
+// one that was dead-lettered (the user's available balance did not cover
+// it) has its dead letters discarded, so a replay cannot take back a
+// deposit that is on the chain. The caller holds the deposit's lock; the
+// compensation's is taken here, after any ledger batch applying it.
+func cancelCompensation(ctx context.Context, tx pgx.Tx, id, reason string) (applied bool, err error) {
+	comp, err := lockCredited(ctx, tx, id)
+	if err != nil {
+		return false, err
+	}
+	switch comp.Status {
+	case payment.StatusConfirmed:
+		return true, nil
+	case payment.StatusProcessing:
+		return false, errCompensationInFlight
+	case payment.StatusFailed:
+		stmt := q("cancel_dead_lettered")
+		tag, err := tx.Exec(ctx, stmt.text, id, reason)
+		if err != nil {
+			return false, classify(stmt.name, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return false, nil // cancelled before
+		}
+		stmt = q("dlq_discard_event")
+		if _, err := tx.Exec(ctx, stmt.text, id, "settle", "the deposit's transfer is on the chain again: "+reason); err != nil {
+			return false, classify(stmt.name, err)
+		}
+		stmt = q("record_outcome")
+		_, err = tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.ReorgCompensation), id, string(payment.OutcomeReorged))
+		return false, classify(stmt.name, err)
+	default:
+		return false, voidUncredited(ctx, tx, comp.Event, comp.Status, reason)
+	}
+}
+
+// reopenCompensation sends a cancelled compensation back to the outbox:
+// the same id, a new generation, a first attempt for the ledger.
+func reopenCompensation(ctx context.Context, tx pgx.Tx, id, reason string) error {
+	_, refused, err := transition(ctx, tx, q("reopen_compensation"), []string{id}, nil, id, reason)
+	if err != nil {
+		return err
+	}
+	if r, ok := refused[id]; ok {
+		return r.Err(id, []payment.Status{payment.StatusFailed}, payment.StatusPending)
+	}
+	stmt := q("reopen_outcome")
+	_, err = tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.ReorgCompensation), id)
 	return classify(stmt.name, err)
 }

@@ -66,8 +66,7 @@ func (db *DB) ProviderMisses(ctx context.Context, scanned int, grace time.Durati
 // batches of at most batch rows, until none is left or ctx ends.
 func (db *DB) DeleteOldReports(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	var total int64
-	for _, name := range []string{"delete_old_reports", "delete_old_sightings"} {
-		stmt := q(name)
+	for _, stmt := range []query{q("delete_old_reports"), q("delete_old_sightings")} {
 		for {
 			tag, err := db.pool.Exec(ctx, stmt.text, interval(retention), batch)
 			if err != nil {

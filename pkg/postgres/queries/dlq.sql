@@ -53,6 +53,13 @@ UPDATE dead_letter_queue
 SET resolution = $2, resolved_by = $3, resolved_at = now(), resolution_reason = NULLIF($4, '')
 WHERE id = $1 AND resolution IS NULL;
 
+-- name: dlq_discard_event
+-- Every open entry of one event, closed by settle itself ($2) for a
+-- reason ($3).
+UPDATE dead_letter_queue
+SET resolution = 'discarded', resolved_by = $2, resolved_at = now(), resolution_reason = NULLIF($3, '')
+WHERE event_id = $1 AND resolution IS NULL;
+
 -- name: reopen_for_replay
 -- transition: failed -> pending
 -- A human replays a dead-lettered event: back to the outbox under a new

@@ -45,7 +45,7 @@ FOR UPDATE;
 -- Which of a deposit's possible compensations and give-backs exist, and
 -- their status (by primary key: the ids are derived, at most
 -- 2 x ReorgCyclesMax of them).
-SELECT event_id, status FROM payment_events WHERE event_id = ANY($1::text[]);
+SELECT event_id, status, COALESCE(outcome, '') FROM payment_events WHERE event_id = ANY($1::text[]);
 
 -- name: reopen_give_back
 -- transition: failed -> pending
@@ -64,6 +64,32 @@ WITH reopened AS (
     SELECT pg_notify('settle_outbox', '') FROM reopened
 )
 SELECT event_id FROM reopened, (SELECT count(*) FROM wake) w;
+
+-- name: reopen_compensation
+-- transition: failed -> pending
+-- A compensation cancelled because its transfer came back before it was
+-- applied goes back to the outbox when the transfer leaves again: the
+-- same id, a new generation, a first attempt for the ledger
+-- (reopen_outcome). $2 says why.
+WITH reopened AS (
+    UPDATE payment_events
+    SET status = 'pending', outcome = NULL, error = NULLIF($2, ''), retry_count = 0, generation = generation + 1,
+        chain_state = NULL, next_check_at = NULL, reopened_at = now(), updated_at = now()
+    WHERE event_id = $1 AND status = 'failed' COLLATE "C" AND outcome = 'reorged' AND event_type = 'reorg_compensation'
+    RETURNING event_id
+), wake AS (
+    SELECT pg_notify('settle_outbox', '') FROM reopened
+)
+SELECT event_id FROM reopened, (SELECT count(*) FROM wake) w;
+
+-- name: cancel_dead_lettered
+-- A compensation the ledger dead-lettered (the user's available balance
+-- did not cover it) whose transfer is on the chain again: nothing is owed
+-- any more, so it ends reorged, which no replay reopens. The caller holds
+-- its row lock. $2 says why.
+UPDATE payment_events
+SET outcome = 'reorged', error = NULLIF($2, ''), updated_at = now()
+WHERE event_id = $1 AND status = 'failed' COLLATE "C" AND outcome = 'dead_lettered' AND event_type = 'reorg_compensation';
 
 -- name: watch_returned
 -- A compensated deposit whose transfer is reported on the chain again is
