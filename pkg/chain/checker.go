@@ -106,8 +106,9 @@ const (
 	// mined again elsewhere.
 	Moved CanonicalState = "moved"
 	// Absent: no receipt, yet nothing else shows a reorg (the block at
-	// the stored height still has the stored hash, or the node has no
-	// block there): a lagging node or index. Not evidence on its own.
+	// the stored height still has the stored hash): a lagging index. Not
+	// evidence on its own. A node with no block there, or a head below
+	// it, answers ErrNodeBehind instead: no absence is recorded.
 	Absent CanonicalState = "absent"
 	// Gone: no receipt, and the block at the stored height has another
 	// hash without the transaction; or mined again in a block whose
@@ -475,8 +476,8 @@ func (c *Checker) stillPays(ctx context.Context, d Deposit, r *Receipt) (string,
 }
 
 // missing decides a transaction without a receipt by the block at its
-// stored height. The same hash, or no block yet, is a lagging node or
-// index (Absent). Another hash is a fork, yet one null receipt proves
+// stored height. The same hash is a lagging index (Absent); no block
+// there, a lagging node (ErrNodeBehind). Another hash is a fork, yet one null receipt proves
 // nothing: the receipt is read again, now that the headers show the fork,
 // and found is answered by found. Gone needs that second null and the
 // transaction missing from the block now at its height (the contract's
@@ -486,8 +487,9 @@ func (c *Checker) missing(ctx context.Context, txHash string, at Canonicity, fou
 	h, txs, err := c.client.BlockTxHashes(ctx, at.BlockNumber)
 	switch {
 	case errors.Is(err, ErrBlockNotFound):
-		at.Reason = fmt.Sprintf("no receipt; the node has no block %d yet", at.BlockNumber)
-		return c.absent(ctx, at)
+		// The block was there when the transaction was seen: a node
+		// without it lags, which is never evidence.
+		return Canonicity{}, fmt.Errorf("%w: no receipt, and no block %d", ErrNodeBehind, at.BlockNumber)
 	case err != nil:
 		return Canonicity{}, err
 	case h.Hash == at.BlockHash:
@@ -510,11 +512,16 @@ func (c *Checker) missing(ctx context.Context, txHash string, at Canonicity, fou
 }
 
 // absent completes an Absent answer with the head, read last, so that a
-// second absence can be told at least one new block after the first.
+// second absence can be told at least one new block after the first. A
+// head below the block is a lagging node (or backend), not an absence:
+// its rising head would make two of its reads look a block apart.
 func (c *Checker) absent(ctx context.Context, v Canonicity) (Canonicity, error) {
 	head, err := c.client.HeaderByTag(ctx, TagLatest)
 	if err != nil {
 		return Canonicity{}, err
+	}
+	if head.Number < v.BlockNumber {
+		return Canonicity{}, fmt.Errorf("%w: no receipt, and the head %d is below block %d", ErrNodeBehind, head.Number, v.BlockNumber)
 	}
 	v.State, v.Head = Absent, head.Number
 	return v, nil

@@ -23,4 +23,9 @@ var (
 	// payment.ErrUnavailable; it does not count against the breaker (the
 	// node is up and answering).
 	ErrTxIndexing = errors.New("the node is still indexing transactions")
+	// ErrNodeBehind: the node has no block at the height a transaction
+	// was seen mined at, or its head is below it: it lags (a resync, a
+	// rewound head, a backend behind a balancer), and a missing receipt
+	// there is no evidence of a reorg. It is also payment.ErrUnavailable.
+	ErrNodeBehind = fmt.Errorf("%w: the node is behind the block the transaction was seen in", payment.ErrUnavailable)
 )
