@@ -1,6 +1,8 @@
 package finality_test
 
 import (
+	"math/big"
+
 	"testing"
 	"time"
 
@@ -155,4 +157,125 @@ func TestMinedAgainBeforeTheCompensationCommitsIsWatched(t *testing.T) {
 	require.NoError(t, g.conn.QueryRow(g.ctx, `SELECT block_number FROM payment_events WHERE event_id = 'again'`).Scan(&block))
 	require.EqualValues(t, mined.BlockNumber, block, "the evidence follows the transaction")
 	g.finalGiveBack(mined)
+}
+
+// TestTokenMinedAgainAtAnotherLogIndexIsGivenBack, on a real dev chain: a
+// token deposit credited at one confirmation as the block's only log
+// (index 0) is dropped by a reorg and compensated; its transaction is
+// mined again behind another token transfer, so its Transfer is log 1
+// there. The provider's report of that log is a new chain: id, whose
+// index no claim names: it still finds the compensated deposit (by its
+// transaction), which is watched again and given back once final, while
+// the new event ends duplicate_transfer. The user ends credited once.
+func TestTokenMinedAgainAtAnotherLogIndexIsGivenBack(t *testing.T) {
+	t.Run("reported", func(t *testing.T) { tokenMinedAgain(t, false) })
+	t.Run("rechecked", func(t *testing.T) { tokenMinedAgain(t, true) })
+}
+
+// tokenMinedAgain: the deposit is found again by a provider's report, or
+// by an operator's recheck, which asks the chain for any Transfer log of
+// the transaction that pays it (the stored log index names another log
+// in the new block).
+func tokenMinedAgain(t *testing.T, recheck bool) {
+	f := newTimeoutFixture(t)
+	ctx := f.ctx
+	token, _, err := f.ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	_, err = f.db.AddAsset(ctx, payment.Asset{Code: "TOK", Network: payment.DefaultNetwork, Contract: token, Decimals: 6})
+	require.NoError(t, err)
+	assets, err := f.db.Assets(ctx)
+	require.NoError(t, err)
+	policy, err := chain.ConfirmationsPolicy(1)
+	require.NoError(t, err)
+	checker := chain.NewChecker(f.client, chain.CheckerOptions{Registerer: prometheus.NewRegistry(), NotFinalTTL: -1, Network: payment.DefaultNetwork})
+	gate := finality.New(finality.Options{
+		Store: f.db, Chain: checker, Assets: assets, Policy: policy,
+		Timeout: time.Hour, RecheckFirst: time.Millisecond, RecheckMax: time.Millisecond,
+		ReorgRecheckDelay: 30 * time.Second, Alerts: noAlerts{}, Log: zerolog.Nop(),
+	})
+	other := f.ch.Accounts()[2].Address
+	_, err = f.ch.TransferToken(ctx, 0, token, other, big.NewInt(100_000_000))
+	require.NoError(t, err)
+	balance := func() decimal.Decimal {
+		var text string
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT COALESCE((SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'TOK'), '0')`).Scan(&text))
+		return decimal.RequireFromString(text)
+	}
+	// apply runs one stored event through the gate and the ledger.
+	apply := func(id string) postgres.LedgerResult {
+		var claimed []postgres.Claimed
+		for range 100 {
+			claimed, err = f.db.ClaimOutbox(ctx, 10, 10, postgres.TaskEventsMax)
+			require.NoError(t, err)
+			if len(claimed) > 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		require.Len(t, claimed, 1)
+		require.Equal(t, id, claimed[0].Event.ID)
+		item, err := gate.Check(ctx, postgres.LedgerItem{Event: claimed[0].Event})
+		require.NoError(t, err)
+		require.NotNil(t, item, "one confirmation: decided")
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{*item}, postgres.LedgerOptions{})
+		require.NoError(t, err)
+		return results[0]
+	}
+	report := func(tx devchain.Tx, index string) string {
+		tr := payment.Transfer{Network: payment.DefaultNetwork, TxHash: tx.Hash, Index: index}
+		e := payment.Event{ID: tr.EventID(), Type: payment.Deposit, UserID: 1, Asset: "TOK", Amount: decimal.RequireFromString("5"),
+			TxHash: tx.Hash, TransferIndex: index, TraceID: "trace-" + index, Network: payment.DefaultNetwork}
+		inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourceAlchemy, ToAddress: f.to})
+		require.NoError(t, err)
+		require.True(t, inserted)
+		return e.ID
+	}
+
+	tx, err := f.ch.TransferToken(ctx, 0, token, f.to, big.NewInt(5_000_000))
+	require.NoError(t, err)
+	first := report(tx, "0")
+	require.NoError(t, f.ch.CommitBlocks(ctx, 2))
+	require.Equal(t, payment.OutcomeSuccess, apply(first).Outcome)
+	require.True(t, decimal.NewFromInt(5).Equal(balance()))
+
+	_, raw, err := f.ch.Drop(ctx, tx.Hash)
+	require.NoError(t, err)
+	for range 3 { // a null after a fork is read once more first
+		require.NoError(t, gate.WatchReorgs(ctx))
+		var n int
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, payment.CompensationEventID(first)).Scan(&n))
+		if n == 1 {
+			break
+		}
+	}
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.Zero.Equal(balance()), "compensated")
+
+	_, err = f.ch.QueueTokenTransfer(ctx, 2, token, f.ch.Accounts()[3].Address, big.NewInt(1))
+	require.NoError(t, err)
+	mined, err := f.ch.Resend(ctx, raw)
+	require.NoError(t, err)
+	if recheck {
+		require.NoError(t, f.ch.CommitBlocks(ctx, 1))
+		done, err := finality.NewRechecker(gate, f.db).Recheck(ctx, first, "ops")
+		require.NoError(t, err)
+		require.Equal(t, postgres.RecheckReopened, done.Result, done.Detail)
+	} else {
+		again := report(mined, "1")
+		back, err := f.db.ReturnDeposit(ctx, "", payment.Transfer{Network: payment.DefaultNetwork, TxHash: mined.Hash, Index: "1"}, true, "reported again")
+		require.NoError(t, err)
+		require.Equal(t, postgres.WatchedAgain, back, "found by its transaction, not the old log index")
+		require.NoError(t, f.ch.CommitBlocks(ctx, 1))
+		result := apply(again)
+		require.Equal(t, payment.OutcomeDuplicateTransfer, result.Outcome, "the first deposit's claim moved to log 1")
+	}
+	var state string
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT chain_state FROM payment_events WHERE event_id = $1`, first).Scan(&state))
+	require.Equal(t, "watching", state)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, mined.BlockNumber))
+	require.NoError(t, gate.WatchReorgs(ctx))
+	require.NoError(t, gate.WatchReorgs(ctx))
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, decimal.NewFromInt(5).Equal(balance()), "credited once: credit, compensation, give-back; balance %s", balance())
+	testenv.RequireInvariants(t, f.db)
 }

@@ -66,7 +66,14 @@ func (r *Rechecker) Recheck(ctx context.Context, eventID, who string) (postgres.
 		record.Detail = why
 		return r.store.RecordRecheck(ctx, record, false)
 	}
-	verdict, err := r.gate.Verdict(ctx, target.Event, target.ToAddress)
+	asked := target.Event
+	if _, isLog := payment.LogIndex(asked.TransferIndex); isLog && target.ChainState == "reorged" {
+		// Compensated: its transaction may be mined again in another
+		// block, where a log index names another log. Any Transfer log
+		// of it that pays the deposit will do, as for the reorg watch.
+		asked.TransferIndex = ""
+	}
+	verdict, err := r.gate.Verdict(ctx, asked, target.ToAddress)
 	switch {
 	case errors.Is(err, payment.ErrUnavailable):
 		record.ChainState, record.Result, record.Detail = ChainUnavailable, postgres.RecheckUnchanged, "the chain cannot be asked: "+err.Error()

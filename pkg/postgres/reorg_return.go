@@ -253,6 +253,9 @@ func (db *DB) ReturnDeposit(ctx context.Context, eventID string, t payment.Trans
 func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, t payment.Transfer, watch bool, reason string) (Return, error) {
 	d, err := lockDeposit(ctx, tx, q("lock_compensated"), eventID)
 	if errors.Is(err, payment.ErrNotFound) && t.TxHash != "" && t.Index != "" {
+		if watch {
+			return returnTransactionHolders(ctx, tx, t, reason)
+		}
 		d, err = lockClaimHolder(ctx, tx, t)
 	}
 	if errors.Is(err, payment.ErrNotFound) {
@@ -261,23 +264,73 @@ func returnDeposit(ctx context.Context, tx pgx.Tx, eventID string, t payment.Tra
 	if err != nil {
 		return 0, err
 	}
-	eventID = d.ID
+	return returnLocked(ctx, tx, d, watch, reason)
+}
+
+// returnLocked is returnDeposit for a deposit the caller locked.
+func returnLocked(ctx context.Context, tx pgx.Tx, d credited, watch bool, reason string) (Return, error) {
 	if !d.Type.Credit() || d.TxHash == "" || d.Status != payment.StatusConfirmed || d.ChainState != "reorged" {
 		return NotCompensated, nil
 	}
-	c, err := readReorgCycle(ctx, tx, eventID)
+	c, err := readReorgCycle(ctx, tx, d.ID)
 	if err != nil || c.onChain() {
 		return NotCompensated, err
 	}
-	if !canGiveBack(c.compensations, eventID) {
+	if !canGiveBack(c.compensations, d.ID) {
 		return CyclesExhausted, nil
 	}
 	if watch {
 		stmt := q("watch_returned")
-		_, err := tx.Exec(ctx, stmt.text, eventID, reason)
+		_, err := tx.Exec(ctx, stmt.text, d.ID, reason)
 		return WatchedAgain, classify(stmt.name, err)
 	}
 	return GivenBack, giveBack(ctx, tx, d, c, "", reason)
+}
+
+// ReturnHoldersMax bounds the compensated deposits of one transaction
+// that one report watches again; a later report takes the next ones (those
+// watched already are no longer compensated).
+const ReturnHoldersMax = 1000
+
+// returnTransactionHolders watches again every compensated deposit that
+// holds a claim on t's transaction, where the chain decides (watch), not
+// only the one whose claim names t's index: a log index counts within its
+// block, so a transaction mined again in another block reports its
+// Transfer under another index than the one claimed. The watcher then
+// checks each deposit against the transaction's receipt now, and gives
+// back only one it still pays, once final. Where the report is the
+// evidence (no watch) only the exact claim is trusted.
+func returnTransactionHolders(ctx context.Context, tx pgx.Tx, t payment.Transfer, reason string) (Return, error) {
+	stmt := q("lock_compensated_claims_of_tx")
+	rows, err := tx.Query(ctx, stmt.text, t.Network, strings.ToLower(t.TxHash), ReturnHoldersMax)
+	if err != nil {
+		return 0, classify(stmt.name, err)
+	}
+	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (credited, error) {
+		var c credited
+		var eventType, amount, status string
+		if err := row.Scan(&c.ID, &eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState); err != nil {
+			return c, err
+		}
+		c.Type, c.Amount, c.Status = payment.EventType(eventType), decimal.RequireFromString(amount), payment.Status(status)
+		return c, nil
+	})
+	if err != nil {
+		return 0, classify(stmt.name, err)
+	}
+	result := NotCompensated
+	for _, d := range holders {
+		r, err := returnLocked(ctx, tx, d, true, reason)
+		switch {
+		case err != nil:
+			return 0, err
+		case r == WatchedAgain:
+			result = WatchedAgain
+		case r == CyclesExhausted && result == NotCompensated:
+			result = CyclesExhausted
+		}
+	}
+	return result, nil
 }
 
 // giveBackIfCompensated gives back a deposit the watcher just saw

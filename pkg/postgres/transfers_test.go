@@ -240,3 +240,53 @@ func TestClaimFollowsTheTransferToAnotherBlock(t *testing.T) {
 	require.True(t, dec("20").Equal(f.balance(1, "USDC")))
 	f.requireInvariants()
 }
+
+// TestCompensatedClaimFoundFromAnotherBlock: a token deposit credited
+// in block A, compensated when a reorg dropped its transaction, which is
+// then mined again in block B, where its Transfer has another log index:
+// the report of that index (a new chain: id, by a provider or the
+// scanner) watches the compensated deposit again, as a report of its own
+// index would, so the watcher can give it back. Where the report is the
+// evidence (no watch), only the exact claim counts. A deposit on another
+// transaction is not touched.
+func TestCompensatedClaimFoundFromAnotherBlock(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	blockA := "0x" + strings.Repeat("a", 64)
+	credit := func(id, tx string) {
+		e := f.transferDeposit(id, 1, "USDC", "10", tx, "5")
+		item := postgres.LedgerItem{Event: e, Chain: &postgres.ChainEvidence{BlockNumber: 9, BlockHash: blockA, FirstLogIndex: 3, Watch: true, Transfers: []string{"5"}}}
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{item}, postgres.LedgerOptions{})
+		require.NoError(t, err)
+		require.Equal(t, payment.OutcomeSuccess, results[0].Outcome)
+	}
+	credit("dropped", txA)
+	credit("elsewhere", txB)
+	for _, id := range []string{"dropped", "elsewhere"} {
+		r, err := f.db.ReverseDeposit(ctx, id, "gone", "")
+		require.NoError(t, err)
+		require.Equal(t, postgres.Compensating, r)
+	}
+	testenv.SettleOutbox(t, f.db)
+	require.True(t, dec("0").Equal(f.balance(1, "USDC")))
+
+	moved := payment.Transfer{Network: "ETH_MAINNET", TxHash: txA, Index: "12"}
+	r, err := f.db.ReturnDeposit(ctx, "", moved, false, "reported in block B")
+	require.NoError(t, err)
+	require.Equal(t, postgres.NotCompensated, r, "the report's word alone: only the exact claim")
+	r, err = f.db.ReturnDeposit(ctx, "", moved, true, "reported in block B")
+	require.NoError(t, err)
+	require.Equal(t, postgres.WatchedAgain, r)
+	state := func(id string) string {
+		var s string
+		require.NoError(t, f.sql.QueryRow(ctx, `SELECT chain_state FROM payment_events WHERE event_id = $1`, id).Scan(&s))
+		return s
+	}
+	require.Equal(t, "watching", state("dropped"))
+	require.Equal(t, "reorged", state("elsewhere"), "another transaction's deposit")
+	r, err = f.db.ReturnDeposit(ctx, "", moved, true, "reported again")
+	require.NoError(t, err)
+	require.Equal(t, postgres.NotCompensated, r, "watched already")
+	f.requireInvariants()
+}

@@ -435,6 +435,28 @@ func (c *Chain) TransferToken(ctx context.Context, from int, token, to string, v
 	return c.send(ctx, from, &contract, new(big.Int), gasTokenCall, transferCalldata(recipient, value))
 }
 
+// QueueTokenTransfer sends a token transfer to the pool without mining
+// it: on a manual chain, the next transaction sent (or Resend) is mined
+// in the same block, after it. It answers the transaction's hash.
+func (c *Chain) QueueTokenTransfer(ctx context.Context, from int, token, to string, value *big.Int) (string, error) {
+	contract, err := address(token)
+	if err != nil {
+		return "", err
+	}
+	recipient, err := address(to)
+	if err != nil {
+		return "", err
+	}
+	acct, err := c.account(from)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hash, err := c.submit(ctx, acct, &contract, new(big.Int), gasTokenCall, transferCalldata(recipient, value))
+	return strings.ToLower(hash.Hex()), err
+}
+
 // SendReverting calls the token with calldata it refuses: a mined
 // transaction whose receipt has status 0.
 func (c *Chain) SendReverting(ctx context.Context, from int, token string) (Tx, error) {

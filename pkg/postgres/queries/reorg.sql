@@ -117,6 +117,21 @@ FROM payment_events
 WHERE event_id = $1 AND status = 'confirmed' COLLATE "C" AND chain_state = 'reorged' COLLATE "C"
 FOR UPDATE;
 
+-- name: lock_compensated_claims_of_tx
+-- lock_compensated_claim for every claim on a transaction ($1, $2),
+-- whatever its index (a transaction mined again in another block gives
+-- its logs other indexes), at most $3, in id order so two reports lock
+-- them in the same order.
+SELECT p.event_id, p.event_type, p.user_id, p.asset, p.amount::text, p.status, COALESCE(p.tx_hash, ''), p.trace_id,
+       COALESCE(p.network, ''), COALESCE(p.chain_state, '')
+FROM chain_transfers c
+JOIN payment_events p ON p.event_id = c.event_id
+WHERE c.network = $1 AND c.tx_hash = $2
+  AND p.status = 'confirmed' COLLATE "C" AND p.chain_state = 'reorged' COLLATE "C"
+ORDER BY p.event_id
+LIMIT $3
+FOR UPDATE OF p;
+
 -- name: lock_compensated_claim
 -- lock_compensated, for the deposit that holds a transfer's claim when it
 -- is credited and compensated: a report or scan of the transfer under
