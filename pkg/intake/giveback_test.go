@@ -9,10 +9,58 @@ import (
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/intake"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
+
+// applyMeanwhile runs a worker that applies the outbox, one event a
+// transaction, until the returned function stops it (and waits for it);
+// its errors go to errs.
+func (f *fixture) applyMeanwhile(errs chan<- error) (stop func()) {
+	ctx := context.Background()
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			claimed, err := f.db.ClaimOutbox(ctx, 50, 0, postgres.TaskEventsMax)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, c := range claimed {
+				if _, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
+// store delivers one report through in, as its own delivery.
+func store(in *intake.Intake, report payment.ReportedTransfer) error {
+	return in.Start(provider, "trace-race").Store(context.Background(), []payment.ReportedTransfer{report})
+}
+
+// requireNoErrors closes errs and fails on any error in it.
+func requireNoErrors(t *testing.T, errs chan error) {
+	t.Helper()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
 
 func (f *fixture) balance() decimal.Decimal {
 	f.t.Helper()
@@ -104,29 +152,7 @@ func TestRemovalsAndReaddsRacing(t *testing.T) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, racers*rounds*2+1)
-	stop := make(chan struct{})
-	ledger := make(chan struct{})
-	go func() { // a worker applying the outbox meanwhile
-		defer close(ledger)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			claimed, err := f.db.ClaimOutbox(ctx, 50, 0, postgres.TaskEventsMax)
-			if err != nil {
-				errs <- err
-				return
-			}
-			for _, c := range claimed {
-				if _, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{}); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}
-	}()
+	stopLedger := f.applyMeanwhile(errs)
 	for r := range racers {
 		wg.Add(1)
 		go func() {
@@ -136,20 +162,15 @@ func TestRemovalsAndReaddsRacing(t *testing.T) {
 				if (r+i)%2 == 0 {
 					report = removed
 				}
-				run := in.Start(provider, "trace-race")
-				if err := run.Store(ctx, []payment.ReportedTransfer{report}); err != nil {
+				if err := store(in, report); err != nil {
 					errs <- err
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	<-ledger
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	stopLedger()
+	requireNoErrors(t, errs)
 	testenv.SettleOutbox(t, f.db)
 
 	// Compensation n exists only once give-back n-1 was credited; the

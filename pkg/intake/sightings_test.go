@@ -12,7 +12,6 @@ import (
 
 	"github.com/settle/settle/pkg/intake"
 	"github.com/settle/settle/pkg/payment"
-	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -189,32 +188,8 @@ func TestSightingsRacing(t *testing.T) {
 			provider := f.intake(false)
 			tr := f.transfer(1, aliceETH, "1")
 			reports := c.reports(tr)
-			ctx := context.Background()
-			stop := make(chan struct{})
 			errs := make(chan error, 64)
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() { // a worker applying the outbox meanwhile
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					claimed, err := f.db.ClaimOutbox(ctx, 50, 0, postgres.TaskEventsMax)
-					if err != nil {
-						errs <- err
-						return
-					}
-					for _, c := range claimed {
-						if _, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: c.Event}}, postgres.LedgerOptions{}); err != nil {
-							errs <- err
-							return
-						}
-					}
-				}
-			}()
+			stopLedger := f.applyMeanwhile(errs)
 			var racers sync.WaitGroup
 			for r := range 4 {
 				racers.Add(1)
@@ -225,8 +200,7 @@ func TestSightingsRacing(t *testing.T) {
 						order := append([]payment.ReportedTransfer(nil), reports...)
 						rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 						for _, report := range order {
-							run := provider.Start(intake.Provider{Name: "alchemy", Source: postgres.SourceAlchemy}, "trace-race")
-							if err := run.Store(ctx, []payment.ReportedTransfer{report}); err != nil {
+							if err := store(provider, report); err != nil {
 								errs <- err
 							}
 						}
@@ -234,12 +208,8 @@ func TestSightingsRacing(t *testing.T) {
 				}()
 			}
 			racers.Wait()
-			close(stop)
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			stopLedger()
+			requireNoErrors(t, errs)
 			testenv.SettleOutbox(t, f.db)
 			f.requireBalance(c.want, c.name)
 			testenv.RequireInvariants(t, f.db)
@@ -254,7 +224,6 @@ func TestSightingsRacing(t *testing.T) {
 func TestFirstReportsRacing(t *testing.T) {
 	f := setup(t)
 	provider := f.intake(false)
-	ctx := context.Background()
 	const transfers = 300
 	errs := make(chan error, 2*transfers)
 	for n := range transfers {
@@ -266,8 +235,7 @@ func TestFirstReportsRacing(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				run := provider.Start(intake.Provider{Name: "alchemy", Source: postgres.SourceAlchemy}, "trace-race")
-				if err := run.Store(ctx, []payment.ReportedTransfer{report}); err != nil {
+				if err := store(provider, report); err != nil {
 					errs <- err
 				}
 			}()
@@ -275,10 +243,7 @@ func TestFirstReportsRacing(t *testing.T) {
 		close(start)
 		wg.Wait()
 	}
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	requireNoErrors(t, errs)
 	testenv.SettleOutbox(t, f.db)
 	f.requireBalance(0, "every transfer was removed")
 	testenv.RequireInvariants(t, f.db)
