@@ -375,3 +375,35 @@ func TestStillCanonicalErrorsAreNotAnswers(t *testing.T) {
 	p.Clear()
 	require.Equal(t, Canonical, stillCanonical(t, w, ethDeposit(tx, c.Accounts()[1].Address), tx.BlockNumber, tx.BlockHash).State)
 }
+
+// TestMovedKeepsItsLogPosition: a token deposit credited for the log at
+// one position of its transaction, found mined again in another block,
+// keeps its credit only if the log at that same position still pays it:
+// the ledger moves its claim there, so a paying log elsewhere in the
+// transaction (a re-execution that emitted its logs in another order) is
+// another transfer, free for another report to claim. Without a known
+// position, any paying log will do.
+func TestMovedKeepsItsLogPosition(t *testing.T) {
+	c, _, w := lyingNode(t)
+	ctx := testContext(t)
+	advanceTo(t, c, 3)
+	token, _, err := c.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	to := c.Accounts()[2].Address
+	deposit, err := c.TransferToken(ctx, 0, token, to, big.NewInt(5_000_000))
+	require.NoError(t, err)
+	// As if credited in the block before, where the transaction's logs
+	// were laid out otherwise.
+	before, _, err := w.client.BlockTxHashes(ctx, deposit.BlockNumber-1)
+	require.NoError(t, err)
+	at := func(position *int64) Canonicity {
+		d := Deposit{TxHash: deposit.Hash, Token: token, Recipients: []string{to}, Amount: big.NewInt(5_000_000), Index: "7", LogPosition: position}
+		return stillCanonical(t, w, d, deposit.BlockNumber-1, before.Hash)
+	}
+	zero, one := int64(0), int64(1)
+	require.Equal(t, Moved, at(nil).State, "no position: any paying log")
+	require.Equal(t, Moved, at(&zero).State, "the log at its position pays it")
+	gone := at(&one)
+	require.Equal(t, Gone, gone.State, "nothing pays it at its position")
+	require.Contains(t, gone.Reason, "without the deposit's transfer")
+}

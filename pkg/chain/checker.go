@@ -82,6 +82,12 @@ type Deposit struct {
 	// Index is the transfer the deposit names (a decimal log index,
 	// "native", or "trace:<address>"); empty: any matching transfer.
 	Index string
+	// LogPosition is the position within the transaction of the log a
+	// credited token deposit claimed (nil: unknown). Mined again in
+	// another block, the transaction must still pay the deposit with the
+	// log at that position: the ledger moves the claim there, so another
+	// log paying it is another transfer, free to be claimed.
+	LogPosition *int64
 	// Owner, when Recipients is empty, says which of the addresses the
 	// chain shows belong to the depositor: every registered address
 	// counts, looked up by the addresses themselves.
@@ -459,10 +465,15 @@ func (c *Checker) located(ctx context.Context, d Deposit, r *Receipt, at Canonic
 // stillPays checks a deposit against a receipt as a credit would, the
 // policy aside: "" when it pays, else why not. A log index is block-wide,
 // so the one claimed in the old block names nothing in the new one: a
-// token deposit takes any Transfer log of its transaction that pays it.
+// token deposit takes the log at its claim's position in the transaction
+// (where the ledger moves the claim), or any Transfer log of the
+// transaction that pays it when no position is known.
 func (c *Checker) stillPays(ctx context.Context, d Deposit, r *Receipt) (string, error) {
 	if d.Token != "" {
 		d.Index = ""
+		if d.LogPosition != nil && *d.LogPosition >= 0 {
+			d.Index = payment.LogIndexTransfer(uint64(r.FirstLogIndex) + uint64(*d.LogPosition))
+		}
 	}
 	d, err := c.resolveRecipients(ctx, d, r)
 	if err != nil {
@@ -678,7 +689,7 @@ func listAddresses(transfers []Transfer, pick func(Transfer) string) string {
 
 // normalized validates a deposit and lowercases its hex.
 func (d Deposit) normalized() (Deposit, error) {
-	out := Deposit{Amount: d.Amount, Internal: d.Internal, Index: d.Index, Owner: d.Owner}
+	out := Deposit{Amount: d.Amount, Internal: d.Internal, Index: d.Index, Owner: d.Owner, LogPosition: d.LogPosition}
 	var err error
 	if out.TxHash, err = ParseTxHash(d.TxHash); err != nil {
 		return Deposit{}, err

@@ -551,6 +551,7 @@ func (g *Gate) stillCanonical(ctx context.Context, nc NetworkChain, network stri
 	if err != nil {
 		return chain.Canonicity{}, err
 	}
+	d.LogPosition = w.LogPosition
 	return nc.Chain.StillCanonical(ctx, d, uint64(w.BlockNumber), w.BlockHash)
 }
 

@@ -358,6 +358,9 @@ func TestWatcherAsksWithTheDepositsClaim(t *testing.T) {
 	const to = "0x00000000000000000000000000000000000c1a17"
 	_, err := f.conn.Exec(ctx, `UPDATE payment_events SET to_address = $2 WHERE event_id = $1`, "claim", to)
 	require.NoError(t, err)
+	// The claim's log position, as a token's claim holds it.
+	_, err = f.conn.Exec(ctx, `UPDATE chain_transfers SET log_position = 4 WHERE event_id = $1`, "claim")
+	require.NoError(t, err)
 	f.watch()
 	require.Len(t, f.chain.deposits, 2)
 	d := f.chain.deposits[0]
@@ -365,6 +368,9 @@ func TestWatcherAsksWithTheDepositsClaim(t *testing.T) {
 	require.Equal(t, "1000000000000000000", d.Amount.String(), "1 ETH in wei")
 	require.Equal(t, []string{to}, d.Recipients)
 	require.Empty(t, d.Token)
+	require.NotNil(t, d.LogPosition, "the claim's position")
+	require.EqualValues(t, 4, *d.LogPosition)
+	require.Nil(t, f.chain.deposits[1].LogPosition, "a claim without one")
 	f.chain.deposits = nil
 	f.chain.takeAsked()
 

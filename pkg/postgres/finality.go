@@ -116,6 +116,9 @@ type WatchedDeposit struct {
 	Amount        decimal.Decimal
 	ToAddress     string
 	TransferIndex string
+	// LogPosition is the position within its transaction of the log the
+	// deposit's claim holds (a token's), nil when none is known.
+	LogPosition *int64
 }
 
 // WatchedDeposits lists up to limit deposits credited before finality,
@@ -132,7 +135,7 @@ func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit,
 		var w WatchedDeposit
 		var amount string
 		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID, &w.Network,
-			&amount, &w.ToAddress, &w.TransferIndex); err != nil {
+			&amount, &w.ToAddress, &w.TransferIndex, &w.LogPosition); err != nil {
 			return nil, classify(stmt.name, err)
 		}
 		w.Amount = decimal.RequireFromString(amount) // NUMERIC's text always parses

@@ -65,7 +65,8 @@ RETURNING prev.absent_since IS NULL,
 -- mined again elsewhere must still pay.
 SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id,
        COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)),
-       amount::text, COALESCE(to_address, ''), COALESCE(transfer_index, '')
+       amount::text, COALESCE(to_address, ''), COALESCE(transfer_index, ''),
+       (SELECT c.log_position FROM chain_transfers c WHERE c.event_id = payment_events.event_id)
 FROM payment_events
 WHERE chain_state = 'watching'
 ORDER BY updated_at
