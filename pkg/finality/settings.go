@@ -114,8 +114,11 @@ func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 	case mainnet != "":
 		s.RPCURL = mainnet
 	}
+	// Every network's default is DEPOSIT_FINALITY, never another network's
+	// override (s.Policy becomes ETH_MAINNET's below).
+	base := s.Policy
 	for _, name := range ReadNetworks(env) {
-		n := NetworkSettings{Name: name, Policy: config.Parse(env, "DEPOSIT_FINALITY_"+name, s.Policy, chain.ParsePolicy)}
+		n := NetworkSettings{Name: name, Policy: config.Parse(env, "DEPOSIT_FINALITY_"+name, base, chain.ParsePolicy)}
 		if name == payment.DefaultNetwork {
 			n.RPCURL, s.Policy = s.RPCURL, n.Policy
 		} else {

@@ -45,6 +45,25 @@ func TestResponseMaxSetting(t *testing.T) {
 	}
 }
 
+// TestEachNetworksPolicyIsItsOwn: DEPOSIT_FINALITY_<NETWORK> overrides the
+// policy for that network alone; the networks listed after ETH_MAINNET
+// keep DEPOSIT_FINALITY, not its override.
+func TestEachNetworksPolicyIsItsOwn(t *testing.T) {
+	for _, order := range []string{"ETH_MAINNET,BASE_MAINNET,ARB_MAINNET", "BASE_MAINNET,ETH_MAINNET,ARB_MAINNET"} {
+		env := config.FromMap(map[string]string{
+			"NETWORKS": order, "DEPOSIT_FINALITY": "finalized", "DEPOSIT_FINALITY_ETH_MAINNET": "confirmations:12",
+			"DEPOSIT_FINALITY_ARB_MAINNET": "confirmations:3",
+		})
+		s := finality.ReadSettings(env, false)
+		require.NoError(t, env.Err())
+		policies := map[string]string{}
+		for _, n := range s.Networks {
+			policies[n.Name] = n.Policy.String()
+		}
+		require.Equal(t, map[string]string{"ETH_MAINNET": "confirmations:12", "BASE_MAINNET": "finalized", "ARB_MAINNET": "confirmations:3"}, policies, order)
+	}
+}
+
 // TestGateKnowsEachNetworksRPC: the api's gate (and so the intake) reads
 // the same per-network settings as the worker's: a network without
 // RPC_URL_<NETWORK> cannot be asked, whatever the others have.
