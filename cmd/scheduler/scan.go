@@ -40,7 +40,19 @@ type scanSettings struct {
 	BatchesInFlight int
 	PassTimeout     time.Duration
 	Traces          bool
-	Chain           finality.Settings
+	// ReorgRescan: blocks below the cursor rescanned after a reorg
+	// replaced blocks it passed (0: never).
+	ReorgRescan int
+	Chain       finality.Settings
+}
+
+// reorgRescan is SCAN_REORG_RESCAN as scan.Options takes it: 0 turns the
+// rescan off.
+func reorgRescan(blocks int) int64 {
+	if blocks == 0 {
+		return -1
+	}
+	return int64(blocks)
 }
 
 func readScanSettings(env *config.Env) scanSettings {
@@ -71,6 +83,7 @@ func readScanSettings(env *config.Env) scanSettings {
 		BatchesInFlight: env.Int("SCAN_BATCHES_IN_FLIGHT", scan.BatchesInFlightDefault, 1, scan.BatchesInFlightLimit),
 		PassTimeout:     env.Duration("SCAN_PASS_TIMEOUT", scan.PassTimeoutDefault),
 		Traces:          env.OneOf("SCAN_TRACES", "off", "on", "off") == "on",
+		ReorgRescan:     env.Int("SCAN_REORG_RESCAN", scan.ReorgRescanDefault, 0, scan.ReorgRescanLimit),
 		Chain:           finality.ReadSettings(env, false),
 	}
 	return s
@@ -132,6 +145,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		BatchesInFlight:  s.BatchesInFlight,
 		PassTimeout:      s.PassTimeout,
 		Traces:           s.Traces,
+		ReorgRescan:      reorgRescan(s.ReorgRescan),
 		Log:              log.With().Str("component", "scanner").Logger(),
 		Registerer:       reg,
 	})

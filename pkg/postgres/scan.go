@@ -34,6 +34,12 @@ const RescanOperatorMax = 1500
 // ScanClaim is a claimed cursor range, From through To.
 type ScanClaim struct {
 	From, To uint64
+	// LastHash is the hash of block From-1 as the pass before read it;
+	// "" when not known.
+	LastHash string
+	// ToHash is the hash of block To as this pass saw it before reading
+	// (set by the scanner; stored with the cursor's advance).
+	ToHash string
 }
 
 // DepositAddress is a registered address and its user.
@@ -87,14 +93,15 @@ func (db *DB) ScanCursor(ctx context.Context, network string) (next uint64, upda
 func (db *DB) ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (ScanClaim, bool, error) {
 	stmt := q("scan_cursor_claim")
 	var from, to int64
-	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(blocksMax), int64(head)).Scan(&from, &to)
+	var last string
+	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(blocksMax), int64(head)).Scan(&from, &to, &last)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ScanClaim{}, false, nil
 	}
 	if err != nil {
 		return ScanClaim{}, false, classify(stmt.name, err)
 	}
-	return ScanClaim{From: uint64(from), To: uint64(to)}, true, nil
+	return ScanClaim{From: uint64(from), To: uint64(to), LastHash: last}, true, nil
 }
 
 // CompleteScanPass stores a pass's deposits and moves the cursor past
@@ -104,12 +111,20 @@ func (db *DB) CompleteScanPass(ctx context.Context, network, owner string, claim
 	stmt := q("scan_cursor_advance")
 	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
 		var next int64
-		err := tx.QueryRow(ctx, stmt.text, network, owner, int64(claim.From), int64(claim.To)).Scan(&next)
+		err := tx.QueryRow(ctx, stmt.text, network, owner, int64(claim.From), int64(claim.To), claim.ToHash).Scan(&next)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
 		return err == nil, classify(stmt.name, err)
 	})
+}
+
+// RehashScanCursor records hash as the hash of the block below the
+// claimed range (the chain's now), for the pass holding the lease.
+func (db *DB) RehashScanCursor(ctx context.Context, network, owner string, claim ScanClaim, hash string) error {
+	stmt := q("scan_cursor_rehash")
+	_, err := db.pool.Exec(ctx, stmt.text, network, owner, int64(claim.From), hash)
+	return classify(stmt.name, err)
 }
 
 // ReleaseScanCursor gives a failed pass's lease back.

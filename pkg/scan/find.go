@@ -18,6 +18,7 @@ import (
 // RPC is what a scan asks a network's node; *chain.Client implements it.
 type RPC interface {
 	FinalityHead(ctx context.Context, p chain.Policy) (uint64, bool, error)
+	HeaderByNumber(ctx context.Context, number uint64) (chain.Header, error)
 	TransferLogs(ctx context.Context, from, to uint64, contracts, recipients []string) ([]chain.TransferLog, error)
 	ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error)
 	TransferLogsAt(ctx context.Context, blockHash string, contracts []string, logsMax int) ([]chain.TransferLog, error)

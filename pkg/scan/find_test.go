@@ -38,6 +38,10 @@ func (r *countingRPC) FinalityHead(context.Context, chain.Policy) (uint64, bool,
 	return 0, false, nil
 }
 
+func (r *countingRPC) HeaderByNumber(_ context.Context, number uint64) (chain.Header, error) {
+	return chain.Header{Number: number, Hash: fmt.Sprintf("0x%064x", number)}, nil
+}
+
 func (r *countingRPC) TransferLogs(_ context.Context, from, to uint64, contracts, recipients []string) ([]chain.TransferLog, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

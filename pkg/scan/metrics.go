@@ -42,6 +42,7 @@ type metrics struct {
 	blocks      *prometheus.CounterVec
 	lastSuccess *prometheus.GaugeVec
 	logsRefused *prometheus.CounterVec
+	reorgs      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -67,9 +68,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		logsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_scan_logs_refused_total", Help: "eth_getLogs answers refused as too large (the provider's result or range limit, or SCAN_LOGS_MAX), each asked again over half the blocks.",
 		}, []string{"network"}),
+		reorgs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_scan_reorgs_below_cursor_total", Help: "Cursor passes that found the block below their range replaced by a reorg deeper than the finality policy, each asking for a rescan of the blocks below (SCAN_REORG_RESCAN).",
+		}, []string{"network"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused)
+		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs)
 	}
 	return m
 }

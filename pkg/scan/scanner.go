@@ -33,6 +33,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/trace"
@@ -68,6 +69,12 @@ const (
 	// batch's calls in turn; two keep it and the scanner both busy.
 	BatchesInFlightDefault = 2
 	BatchesInFlightLimit   = 8
+	// ReorgRescanDefault: blocks below the cursor a pass asks to rescan
+	// when it finds the block below its range replaced (SCAN_REORG_RESCAN;
+	// confirmations:N and none only): forks deeper than the policy are
+	// rare, and their depth is seldom more than a few dozen blocks.
+	ReorgRescanDefault = 128
+	ReorgRescanLimit   = 10_000
 	// leaseMarginDivisor: a lease outlasts the pass's timeout by a quarter
 	// of it, so the COMMIT after the reads still belongs to the lease.
 	leaseMarginDivisor = 4
@@ -90,6 +97,8 @@ type Store interface {
 	ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (postgres.ScanClaim, bool, error)
 	CompleteScanPass(ctx context.Context, network, owner string, claim postgres.ScanClaim, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	ReleaseScanCursor(ctx context.Context, network, owner string) error
+	RehashScanCursor(ctx context.Context, network, owner string, claim postgres.ScanClaim, hash string) error
+	CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (postgres.RescanJob, error)
 	ScanAddresses(ctx context.Context, network, after string, limit int) ([]postgres.DepositAddress, error)
 	ScanAddressOwner(ctx context.Context, network, address string) (int64, bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
@@ -131,6 +140,9 @@ type Options struct {
 	Registerer      prometheus.Registerer
 	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
 	Traces bool
+	// ReorgRescan: blocks below the cursor rescanned when a reorg
+	// replaced what the cursor passed (negative: never; see checkBelow).
+	ReorgRescan int64
 }
 
 // Scanner runs the passes of its networks.
@@ -170,6 +182,9 @@ func New(opts Options) *Scanner {
 	}
 	if opts.BatchesInFlight <= 0 {
 		opts.BatchesInFlight = BatchesInFlightDefault
+	}
+	if opts.ReorgRescan == 0 {
+		opts.ReorgRescan = ReorgRescanDefault
 	}
 	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}, windows: map[string]logWindows{}}
 	for _, n := range opts.Networks {
@@ -284,6 +299,10 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	}
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()
+	if err := s.checkBelow(ctx, n, &claim); err != nil {
+		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
+		return false, err
+	}
 	events, err := s.read(ctx, n, span{claim.From, claim.To}, "", traceID)
 	if err != nil {
 		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
@@ -306,6 +325,54 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	s.opts.Log.Debug().Str(logging.FieldTraceID, traceID).Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).
 		Int("deposits", len(events)).Msg("scan pass")
 	return claim.To < head, nil
+}
+
+// checkBelow guards the blocks the cursor passed where a reorg may still
+// replace them (confirmations:N, none): deeper than the policy, a fork
+// mines transactions at heights the cursor has left, which no pass would
+// read. The block below the claimed range must still have the hash the
+// pass before saw; another hash asks for a rescan of up to ReorgRescan
+// blocks below the range (rescans store what they find once, by transfer
+// identity), and records the new hash so the next pass does not ask
+// again. It then reads the hash of the range's last block, before the
+// range: a reorg after that read makes the next pass rescan, never miss.
+// Under finalized nothing the cursor passed can change, and nothing is
+// read.
+func (s *Scanner) checkBelow(ctx context.Context, n Network, claim *postgres.ScanClaim) error {
+	if n.Policy.Kind() == chain.Finalized || s.opts.ReorgRescan < 0 {
+		return nil
+	}
+	if claim.LastHash != "" && claim.From > 0 {
+		below, err := n.RPC.HeaderByNumber(ctx, claim.From-1)
+		s.count(n.Name, chain.MethodBlock, 1)
+		if err != nil {
+			return err
+		}
+		if below.Hash != claim.LastHash {
+			from := uint64(0)
+			if depth := uint64(s.opts.ReorgRescan); claim.From > depth {
+				from = claim.From - depth
+			}
+			job, err := s.opts.Store.CreateRescan(ctx, "rescan_"+uuid.NewString(), n.Name, from, claim.From-1,
+				fmt.Sprintf("settle: block %d replaced below the scan cursor (hash %s, was %s)", claim.From-1, below.Hash, claim.LastHash))
+			if err != nil {
+				return err
+			}
+			if err := s.opts.Store.RehashScanCursor(ctx, n.Name, s.opts.Owner, *claim, below.Hash); err != nil {
+				return err
+			}
+			s.metrics.reorgs.WithLabelValues(n.Name).Inc()
+			s.opts.Log.Warn().Str("network", n.Name).Uint64("block", claim.From-1).Str("hash", below.Hash).Str("was", claim.LastHash).
+				Str("rescan", job.ID).Uint64("from", from).Msg("a reorg replaced blocks the scan cursor passed; rescanning below it")
+		}
+	}
+	to, err := n.RPC.HeaderByNumber(ctx, claim.To)
+	s.count(n.Name, chain.MethodBlock, 1)
+	if err != nil {
+		return err
+	}
+	claim.ToHash = to.Hash
+	return nil
 }
 
 // RescanPass runs one pass of the oldest free rescan or backfill job;

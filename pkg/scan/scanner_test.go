@@ -493,3 +493,71 @@ func TestLaggingLogsIndexFailsThePass(t *testing.T) {
 		})
 	}
 }
+
+// TestReorgBelowTheCursorIsRescanned: under confirmations:2 a fork deeper
+// than the policy replaces blocks the cursor has passed with a branch
+// holding a deposit the old one never had. The next cursor pass finds the
+// block below its range replaced and asks for a rescan of the blocks
+// below it (once: the passes after it compare with the new branch's
+// hashes), which stores the deposit.
+func TestReorgBelowTheCursorIsRescanned(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d19"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+	policy, err := chain.ConfirmationsPolicy(2)
+	require.NoError(t, err)
+	f.n.Policy = policy
+	f.scanner.networks[network] = f.n
+	f.scanner.opts.ReorgRescan = 16
+
+	require.NoError(t, f.ch.CommitBlocks(ctx, 3))
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, start+1))
+	require.NoError(t, f.ch.CommitBlocks(ctx, 8))
+	f.drain(t, ctx)
+	next, _, _, err := f.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+
+	// Deeper than two confirmations: the new branch replaces heights the
+	// cursor left, and the deposit is mined at one of them.
+	parent := next - 4
+	oldHead, err := f.ch.ForkAt(ctx, parent)
+	require.NoError(t, err)
+	_, err = f.ch.QueueETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.NoError(t, f.ch.CommitBlocks(ctx, int(oldHead-parent)+1))
+	var deposit string
+	for n := parent + 1; n < next && deposit == ""; n++ {
+		_, txs, err := f.client.BlockTxHashes(ctx, n)
+		require.NoError(t, err)
+		if len(txs) > 0 {
+			deposit = txs[0]
+		}
+	}
+	require.NotEmpty(t, deposit, "the deposit is mined below the cursor")
+	id := payment.Transfer{Network: network, TxHash: deposit, Index: payment.TransferNative}.EventID()
+	stored := func() int {
+		var n int
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
+		return n
+	}
+
+	f.drain(t, ctx)
+	require.Zero(t, stored(), "the cursor passes never read below themselves")
+	var jobs int
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM rescan_jobs WHERE network = $1 AND operator LIKE 'settle: %' AND to_block = $2 - 1`, network, next).Scan(&jobs))
+	require.Equal(t, 1, jobs, "one rescan of the blocks below the cursor")
+	require.InDelta(t, 1, counterValue(t, f.reg, "settle_scan_reorgs_below_cursor_total", ""), 0)
+	require.NoError(t, f.ch.CommitBlocks(ctx, 3))
+	f.drain(t, ctx)
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM rescan_jobs WHERE network = $1`, network).Scan(&jobs))
+	require.Equal(t, 1, jobs, "asked once")
+	for did := true; did; {
+		did, err = f.scanner.RescanPass(ctx)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, stored(), "the rescan finds the deposit the new branch holds")
+}

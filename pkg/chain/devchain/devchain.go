@@ -435,6 +435,60 @@ func (c *Chain) TransferToken(ctx context.Context, from int, token, to string, v
 	return c.send(ctx, from, &contract, new(big.Int), gasTokenCall, transferCalldata(recipient, value))
 }
 
+// ForkAt forks the chain after block parent, as a reorg deeper than any
+// confirmations would: the blocks above it (none finalized) and their
+// transactions are gone, and nothing is mined yet. Transactions queued
+// next (QueueETH, QueueTokenTransfer) go into the new branch as
+// CommitBlocks mines it. It answers the old head.
+func (c *Chain) ForkAt(ctx context.Context, parent uint64) (uint64, error) {
+	if c.remote != nil {
+		return 0, ErrRemote
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backend.Commit() // a fork needs an empty pool
+	finalized, err := c.Finalized(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if parent < finalized {
+		return 0, fmt.Errorf("devchain: block %d is finalized (finalized: %d); finalized blocks are never reorged", parent+1, finalized)
+	}
+	oldHead, err := c.client.BlockNumber(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("devchain: head: %w", err)
+	}
+	header, err := c.client.HeaderByNumber(ctx, new(big.Int).SetUint64(parent))
+	if err != nil {
+		return 0, fmt.Errorf("devchain: header %d: %w", parent, err)
+	}
+	if err := c.backend.Fork(header.Hash()); err != nil {
+		return 0, fmt.Errorf("devchain: fork at %d: %w", parent, err)
+	}
+	c.backend.Rollback()
+	return oldHead, nil
+}
+
+// QueueETH sends wei to the pool without mining it (see
+// QueueTokenTransfer); it answers the transaction's hash.
+func (c *Chain) QueueETH(ctx context.Context, from int, to string, wei *big.Int) (string, error) {
+	recipient, err := address(to)
+	if err != nil {
+		return "", err
+	}
+	if wei == nil || wei.Sign() < 0 {
+		return "", errors.New("devchain: amount must be zero or more wei")
+	}
+	acct, err := c.account(from)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hash, err := c.submit(ctx, acct, &recipient, wei, gasTransfer, nil)
+	return strings.ToLower(hash.Hex()), err
+}
+
 // QueueTokenTransfer sends a token transfer to the pool without mining
 // it: on a manual chain, the next transaction sent (or Resend) is mined
 // in the same block, after it. It answers the transaction's hash.

@@ -18,7 +18,7 @@ SET lease_owner = $2, lease_until = now() + $3 * interval '1 millisecond',
 WHERE network = $1
   AND next_block <= $5
   AND (lease_until IS NULL OR lease_until < now() OR lease_owner = $2)
-RETURNING next_block, lease_to_block;
+RETURNING next_block, lease_to_block, COALESCE(last_hash, '');
 
 -- name: scan_cursor_get
 SELECT next_block, updated_at FROM chain_cursors WHERE network = $1;
@@ -28,9 +28,16 @@ SELECT next_block, updated_at FROM chain_cursors WHERE network = $1;
 -- lease another scheduler took over moves nothing (the other one scans
 -- the same range and stores the same event ids).
 UPDATE chain_cursors
-SET next_block = $4 + 1, lease_owner = NULL, lease_until = NULL, updated_at = now()
+SET next_block = $4 + 1, last_hash = NULLIF($5, ''), lease_owner = NULL, lease_until = NULL, updated_at = now()
 WHERE network = $1 AND next_block = $3 AND lease_owner = $2
 RETURNING next_block;
+
+-- name: scan_cursor_rehash
+-- A pass that found the block below its range replaced records the
+-- chain's hash now (and asked for a rescan), so the next pass does not
+-- ask again. Guarded by its lease.
+UPDATE chain_cursors SET last_hash = $4
+WHERE network = $1 AND lease_owner = $2 AND next_block = $3;
 
 -- name: scan_cursor_release
 -- A failed pass gives its lease back at once, so the next pass (here or
