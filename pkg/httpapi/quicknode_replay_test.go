@@ -39,7 +39,7 @@ func TestQuickNodeReplayWithinWindow(t *testing.T) {
 	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
 
 	bodyA := quickNodeLogs("0x1", false)
-	captured := signedQuickNode("nonce-A", fixedNow.Add(-2*time.Minute), bodyA)
+	captured := signedQuickNode("nonce-A0", fixedNow.Add(-2*time.Minute), bodyA)
 
 	r := h.do(http.MethodPost, "/webhook/quicknode", bodyA, captured)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
@@ -63,6 +63,21 @@ func TestQuickNodeReplayWithinWindow(t *testing.T) {
 	require.Equal(t, true, r.body["replay"], "%s", r.raw)
 	require.Equal(t, 1.0, counter(t, h.metrics, "settle_api_webhook_outcomes_total",
 		map[string]string{"source": "quicknode", "outcome": "duplicate", "reason": "replay"}))
+
+	// The same signed bytes split otherwise: the nonce's last '0' moved
+	// to the front of the timestamp (the same time). The signature covers
+	// them run together, so it still matches; the leading zero is refused.
+	moved := map[string]string{}
+	for k, v := range captured {
+		moved[k] = v
+	}
+	moved[httpapi.HeaderQuickNodeNonce] = "nonce-A"
+	moved[httpapi.HeaderQuickNodeTimestamp] = "0" + captured[httpapi.HeaderQuickNodeTimestamp]
+	r = h.do(http.MethodPost, "/webhook/quicknode", bodyA, moved)
+	requireError(t, r, http.StatusUnauthorized)
+	e, err = h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusFailed, e.Status, "a replay split otherwise reopened the reversed deposit: %s", r.raw)
 
 	// A new delivery of the same transfer (another nonce) is no replay:
 	// the intake decides about it as ever.

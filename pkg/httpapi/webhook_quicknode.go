@@ -55,8 +55,11 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 	}
 	// An exact replay of a delivery handled already changes nothing.
 	r := c.Request()
+	// Keyed by the bytes the signature covers, as it covers them (nonce
+	// and timestamp run together): however a delivery's headers split
+	// them, one signed message is one delivery.
 	claim, state, err := s.quickNodeReplays.claim(r.Context(), replayKey(sourceQuickNode,
-		[]byte(r.Header.Get(HeaderQuickNodeNonce)), []byte(r.Header.Get(HeaderQuickNodeTimestamp)), body))
+		[]byte(r.Header.Get(HeaderQuickNodeNonce)+r.Header.Get(HeaderQuickNodeTimestamp)), body))
 	switch {
 	case err != nil:
 		answer := newError(http.StatusServiceUnavailable, "cannot check the delivery for a replay, retry later")

@@ -40,6 +40,13 @@ func TestSignatureKnownAnswers(t *testing.T) {
 	// years old).
 	require.True(t, quicknode.Verify("nonce-abc1231", "700000000", []byte(body), good, []byte(token)), "digit moved")
 	require.False(t, quicknode.Fresh("700000000", time.Unix(1_700_000_000, 0), quicknode.MaxAgeDefault))
+	// A '0' moved the same way would leave the time as it was: a leading
+	// zero is refused, so the signature fails.
+	zero := quicknode.Sign("nonce-abc120", "1700000000", []byte(body), []byte(token))
+	require.True(t, quicknode.Verify("nonce-abc120", "1700000000", []byte(body), zero, []byte(token)))
+	require.False(t, quicknode.Verify("nonce-abc12", "01700000000", []byte(body), zero, []byte(token)), "zero moved")
+	require.False(t, quicknode.Fresh("01700000000", time.Unix(1_700_000_000, 0), quicknode.MaxAgeDefault))
+	require.True(t, quicknode.Fresh("0", time.Unix(0, 0), quicknode.MaxAgeDefault), "zero itself is a timestamp")
 	require.False(t, quicknode.Verify("nonce-abc123", "+1700000000", []byte(body), quicknode.Sign("nonce-abc123", "+1700000000", []byte(body), []byte(token)), []byte(token)), "signed but not a timestamp")
 	require.False(t, quicknode.Verify("", "1700000000", []byte(body), quicknode.Sign("", "1700000000", []byte(body), []byte(token)), []byte(token)), "no nonce")
 }

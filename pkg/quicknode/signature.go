@@ -87,9 +87,12 @@ func Fresh(timestamp string, now time.Time, maxAge time.Duration) bool {
 }
 
 // parseTimestamp reads decimal unix seconds: digits only (no sign, no
-// spaces), so the signed text and the checked value are one thing.
+// spaces, no leading zero), so the signed text and the checked value are
+// one thing. A leading zero would let a '0' move from the end of the
+// nonce to the timestamp: the same signed bytes, the same time, another
+// delivery to the replay guard.
 func parseTimestamp(s string) (int64, bool) {
-	if s == "" || len(s) > timestampDigitsMax {
+	if s == "" || len(s) > timestampDigitsMax || len(s) > 1 && s[0] == '0' {
 		return 0, false
 	}
 	for i := 0; i < len(s); i++ {
