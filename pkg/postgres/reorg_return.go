@@ -365,16 +365,8 @@ func giveBack(ctx context.Context, tx pgx.Tx, d credited, c reorgCycle, chainSta
 		return err
 	case !applied:
 	case c.back == payment.StatusFailed:
-		_, refused, err := transition(ctx, tx, q("reopen_give_back"), []string{id}, nil, id, reason)
-		if err != nil {
+		if err := reopenVoided(ctx, tx, q("reopen_give_back"), id, payment.Deposit, reason); err != nil {
 			return err
-		}
-		if r, ok := refused[id]; ok {
-			return r.Err(id, []payment.Status{payment.StatusFailed}, payment.StatusPending)
-		}
-		stmt := q("reopen_outcome")
-		if _, err := tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.Deposit), id); err != nil {
-			return classify(stmt.name, err)
 		}
 	default:
 		credit := NewEvent{
@@ -441,17 +433,23 @@ func cancelCompensation(ctx context.Context, tx pgx.Tx, id, reason string) (appl
 	}
 }
 
-// reopenCompensation sends a cancelled compensation back to the outbox:
-// the same id, a new generation, a first attempt for the ledger.
+// reopenCompensation sends a cancelled compensation back to the outbox.
 func reopenCompensation(ctx context.Context, tx pgx.Tx, id, reason string) error {
-	_, refused, err := transition(ctx, tx, q("reopen_compensation"), []string{id}, nil, id, reason)
+	return reopenVoided(ctx, tx, q("reopen_compensation"), id, payment.ReorgCompensation, reason)
+}
+
+// reopenVoided sends a reorg event that ended failed/reorged before it
+// was applied (a give-back, a compensation) back to the outbox through
+// stmt: the same id, a new generation, a first attempt for the ledger.
+func reopenVoided(ctx context.Context, tx pgx.Tx, stmt query, id string, kind payment.EventType, reason string) error {
+	_, refused, err := transition(ctx, tx, stmt, []string{id}, nil, id, reason)
 	if err != nil {
 		return err
 	}
 	if r, ok := refused[id]; ok {
 		return r.Err(id, []payment.Status{payment.StatusFailed}, payment.StatusPending)
 	}
-	stmt := q("reopen_outcome")
-	_, err = tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.ReorgCompensation), id)
-	return classify(stmt.name, err)
+	outcome := q("reopen_outcome")
+	_, err = tx.Exec(ctx, outcome.text, payment.IdempotencyKey(id, kind), id)
+	return classify(outcome.name, err)
 }
