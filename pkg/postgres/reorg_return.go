@@ -78,15 +78,23 @@ func lockDeposit(ctx context.Context, tx pgx.Tx, stmt query, eventID string) (cr
 // claim on transfer t; payment.ErrNotFound when there is none.
 func lockClaimHolder(ctx context.Context, tx pgx.Tx, t payment.Transfer) (credited, error) {
 	stmt := q("lock_compensated_claim")
-	var c credited
-	var eventType, amount, status string
-	err := tx.QueryRow(ctx, stmt.text, t.Network, strings.ToLower(t.TxHash), strings.ToLower(t.Index)).
-		Scan(&c.ID, &eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState)
+	c, err := scanHolder(tx.QueryRow(ctx, stmt.text, t.Network, strings.ToLower(t.TxHash), strings.ToLower(t.Index)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return credited{}, fmt.Errorf("transfer %s %s %s: %w", t.Network, t.TxHash, t.Index, payment.ErrNotFound)
 	}
 	if err != nil {
 		return credited{}, classify(stmt.name, err)
+	}
+	return c, nil
+}
+
+// scanHolder reads a claim holder's row (lock_compensated_claim's
+// columns).
+func scanHolder(row pgx.Row) (credited, error) {
+	var c credited
+	var eventType, amount, status string
+	if err := row.Scan(&c.ID, &eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState); err != nil {
+		return credited{}, err
 	}
 	c.Type, c.Amount, c.Status = payment.EventType(eventType), decimal.RequireFromString(amount), payment.Status(status)
 	return c, nil
@@ -306,15 +314,7 @@ func returnTransactionHolders(ctx context.Context, tx pgx.Tx, t payment.Transfer
 	if err != nil {
 		return 0, classify(stmt.name, err)
 	}
-	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (credited, error) {
-		var c credited
-		var eventType, amount, status string
-		if err := row.Scan(&c.ID, &eventType, &c.UserID, &c.Asset, &amount, &status, &c.TxHash, &c.TraceID, &c.Network, &c.ChainState); err != nil {
-			return c, err
-		}
-		c.Type, c.Amount, c.Status = payment.EventType(eventType), decimal.RequireFromString(amount), payment.Status(status)
-		return c, nil
-	})
+	holders, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (credited, error) { return scanHolder(row) })
 	if err != nil {
 		return 0, classify(stmt.name, err)
 	}
