@@ -28,4 +28,8 @@ var (
 	// rewound head, a backend behind a balancer), and a missing receipt
 	// there is no evidence of a reorg. It is also payment.ErrUnavailable.
 	ErrNodeBehind = fmt.Errorf("%w: the node is behind the block the transaction was seen in", payment.ErrUnavailable)
+	// ErrOtherFork: a receipt came from another block than the one a
+	// scan pass read its transaction in (a backend on another fork, or a
+	// reorg between the two reads). The pass runs again.
+	ErrOtherFork = errors.New("the receipt is from another block than the pass read")
 )

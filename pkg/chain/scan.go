@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -326,42 +327,72 @@ func parseFullBlock(raw json.RawMessage) (Block, error) {
 // receiptStatusJSON is the part of a receipt the scanner reads.
 type receiptStatusJSON struct {
 	TransactionHash *string `json:"transactionHash"`
+	BlockHash       *string `json:"blockHash"`
+	BlockNumber     *string `json:"blockNumber"`
 	Status          *string `json:"status"`
 }
 
+// MinedTx is a transaction as a pass read it: in the block of that hash
+// (a trace names no hash: then by number alone).
+type MinedTx struct {
+	Hash        string
+	BlockHash   string
+	BlockNumber uint64
+}
+
 // ReceiptStatuses reads the status (1 success, 0 reverted) of mined
-// transactions in one batch (at most ScanBatchMax).
-func (c *Client) ReceiptStatuses(ctx context.Context, txHashes []string) (map[string]uint64, error) {
-	if len(txHashes) == 0 {
+// transactions in one batch (at most ScanBatchMax). A receipt from
+// another block than the pass read is unavailable, never a status: a
+// backend on another fork could call a paying transaction reverted there
+// (under confirmations or none), and the pass would pass it for good.
+func (c *Client) ReceiptStatuses(ctx context.Context, txs []MinedTx) (map[string]uint64, error) {
+	if len(txs) == 0 {
 		return map[string]uint64{}, nil
 	}
-	if len(txHashes) > ScanBatchMax {
-		return nil, payment.Invalid("%d receipts in one batch, at most %d", len(txHashes), ScanBatchMax)
+	if len(txs) > ScanBatchMax {
+		return nil, payment.Invalid("%d receipts in one batch, at most %d", len(txs), ScanBatchMax)
 	}
-	raws := make([]json.RawMessage, len(txHashes))
-	elems := make([]rpc.BatchElem, len(txHashes))
-	for i, h := range txHashes {
-		elems[i] = rpc.BatchElem{Method: MethodReceipt, Args: []any{h}, Result: &raws[i]}
+	raws := make([]json.RawMessage, len(txs))
+	elems := make([]rpc.BatchElem, len(txs))
+	for i, tx := range txs {
+		elems[i] = rpc.BatchElem{Method: MethodReceipt, Args: []any{tx.Hash}, Result: &raws[i]}
 	}
 	if err := c.batch(ctx, MethodReceipt, elems); err != nil {
 		return nil, err
 	}
-	out := make(map[string]uint64, len(txHashes))
+	out := make(map[string]uint64, len(txs))
 	for i, raw := range raws {
-		var r receiptStatusJSON
-		if len(raw) == 0 || string(raw) == "null" {
-			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("no receipt for %s, though its block is final", txHashes[i]))
-		}
-		if err := json.Unmarshal(raw, &r); err != nil || r.Status == nil || r.TransactionHash == nil || !strings.EqualFold(*r.TransactionHash, txHashes[i]) {
-			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("malformed receipt for %s", txHashes[i]))
-		}
-		status, err := parseQuantity(*r.Status)
+		status, err := receiptStatus(raw, txs[i])
 		if err != nil {
-			return nil, payment.Unavailable("chain "+MethodReceipt, fmt.Errorf("receipt status of %s: %w", txHashes[i], err))
+			return nil, payment.Unavailable("chain "+MethodReceipt, err)
 		}
-		out[txHashes[i]] = status
+		out[txs[i].Hash] = status
 	}
 	return out, nil
+}
+
+// receiptStatus reads one answer of ReceiptStatuses' batch.
+func receiptStatus(raw json.RawMessage, tx MinedTx) (uint64, error) {
+	var r receiptStatusJSON
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, fmt.Errorf("no receipt for %s, though its block was read", tx.Hash)
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || r.Status == nil || r.TransactionHash == nil || !strings.EqualFold(*r.TransactionHash, tx.Hash) ||
+		r.BlockHash == nil || r.BlockNumber == nil {
+		return 0, fmt.Errorf("malformed receipt for %s", tx.Hash)
+	}
+	number, err := parseQuantity(*r.BlockNumber)
+	if err != nil {
+		return 0, fmt.Errorf("receipt block number of %s: %w", tx.Hash, err)
+	}
+	if number != tx.BlockNumber || (tx.BlockHash != "" && !strings.EqualFold(*r.BlockHash, tx.BlockHash)) {
+		return 0, fmt.Errorf("%w: %s in block %d %s, read in block %d %s", ErrOtherFork, tx.Hash, number, *r.BlockHash, tx.BlockNumber, cmp.Or(tx.BlockHash, "(by number)"))
+	}
+	status, err := parseQuantity(*r.Status)
+	if err != nil {
+		return 0, fmt.Errorf("receipt status of %s: %w", tx.Hash, err)
+	}
+	return status, nil
 }
 
 // ProbeTraces asks debug_traceBlockByNumber about the latest block with

@@ -1,6 +1,7 @@
 package chain
 
 import (
+	"encoding/json"
 	"math/big"
 	"strings"
 	"testing"
@@ -79,9 +80,26 @@ func TestScanCalls(t *testing.T) {
 	require.Len(t, blocks[0].Transactions, 1)
 	require.Equal(t, BlockTx{Hash: ethTx.Hash, To: to, Value: big.NewInt(5)}, blocks[0].Transactions[0])
 
-	statuses, err := client.ReceiptStatuses(ctx, []string{ethTx.Hash, reverted.Hash})
+	mined := []MinedTx{
+		{Hash: ethTx.Hash, BlockHash: blocks[0].Hash, BlockNumber: blocks[0].Number},
+		{Hash: reverted.Hash, BlockHash: blocks[1].Hash, BlockNumber: blocks[1].Number},
+	}
+	statuses, err := client.ReceiptStatuses(ctx, mined)
 	require.NoError(t, err)
 	require.Equal(t, map[string]uint64{ethTx.Hash: 1, reverted.Hash: 0}, statuses)
+	// A receipt from another block than the pass read (a backend on
+	// another fork) is no status: the pass asks again.
+	for _, other := range []MinedTx{
+		{Hash: reverted.Hash, BlockHash: blocks[0].Hash, BlockNumber: blocks[1].Number},
+		{Hash: reverted.Hash, BlockNumber: blocks[1].Number + 1},
+	} {
+		_, err = client.ReceiptStatuses(ctx, []MinedTx{mined[0], other})
+		require.ErrorIs(t, err, ErrOtherFork, "asked as read in %+v", other)
+		require.ErrorIs(t, err, payment.ErrUnavailable)
+	}
+	statuses, err = client.ReceiptStatuses(ctx, []MinedTx{{Hash: reverted.Hash, BlockNumber: blocks[1].Number}})
+	require.NoError(t, err, "a trace's transaction is asked by its block's number")
+	require.Equal(t, map[string]uint64{reverted.Hash: 0}, statuses)
 
 	_, err = client.Blocks(ctx, []uint64{head + 100})
 	require.Error(t, err, "a block past the head is an error, never an empty block")
@@ -111,6 +129,33 @@ func FuzzFullBlock(f *testing.F) {
 			if len(tx.Hash) != hashHexLength || (tx.To != "" && len(tx.To) != addressHexLength) || tx.Value == nil || tx.Value.Sign() < 0 {
 				t.Fatalf("accepted %+v", tx)
 			}
+		}
+	})
+}
+
+// FuzzReceiptStatus: a node's receipt never panics the parser, and a
+// status it accepts is of that transaction in the block the pass read.
+func FuzzReceiptStatus(f *testing.F) {
+	tx, block := "0x"+strings.Repeat("cd", 32), "0x"+strings.Repeat("ab", 32)
+	f.Add([]byte(`{"transactionHash":"`+tx+`","blockHash":"`+block+`","blockNumber":"0x2","status":"0x1"}`), true)
+	f.Add([]byte(`{"transactionHash":"`+tx+`","blockHash":"0x`+strings.Repeat("ef", 32)+`","blockNumber":"0x2","status":"0x0"}`), false)
+	f.Add([]byte(`null`), true)
+	f.Fuzz(func(t *testing.T, raw []byte, byHash bool) {
+		want := MinedTx{Hash: tx, BlockNumber: 2}
+		if byHash {
+			want.BlockHash = block
+		}
+		status, err := receiptStatus(raw, want)
+		if err != nil {
+			return
+		}
+		var r receiptStatusJSON
+		if json.Unmarshal(raw, &r) != nil || !strings.EqualFold(*r.TransactionHash, tx) || *r.BlockNumber == "" ||
+			(byHash && !strings.EqualFold(*r.BlockHash, block)) {
+			t.Fatalf("accepted %q (status %d)", raw, status)
+		}
+		if n, err := parseQuantity(*r.BlockNumber); err != nil || n != 2 {
+			t.Fatalf("accepted block number %q", *r.BlockNumber)
 		}
 	})
 }

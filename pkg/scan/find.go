@@ -23,7 +23,7 @@ type RPC interface {
 	ContractTransferLogs(ctx context.Context, from, to uint64, contracts []string, logsMax int) ([]chain.TransferLog, error)
 	TransferLogsAt(ctx context.Context, blockHash string, contracts []string, logsMax int) ([]chain.TransferLog, error)
 	Blocks(ctx context.Context, numbers []uint64) ([]chain.Block, error)
-	ReceiptStatuses(ctx context.Context, txHashes []string) (map[string]uint64, error)
+	ReceiptStatuses(ctx context.Context, txs []chain.MinedTx) (map[string]uint64, error)
 }
 
 // addressSet is a network's registered addresses, sorted, with owners,
@@ -356,8 +356,9 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 		return nil, nil, nil
 	}
 	type candidate struct {
-		tx   chain.BlockTx
-		user int64
+		tx    chain.BlockTx
+		block chain.Block
+		user  int64
 	}
 	// Batches are read batchesInFlight at a time, their candidates kept
 	// in block order.
@@ -399,7 +400,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 			for _, b := range blocks {
 				for _, tx := range b.Transactions {
 					if user, ok := owners[tx.To]; ok && tx.To != "" && tx.Value.Sign() > 0 {
-						found[i] = append(found[i], candidate{tx, user})
+						found[i] = append(found[i], candidate{tx, b, user})
 					}
 				}
 			}
@@ -419,12 +420,12 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 	}
 	var out []postgres.NewEvent
 	for _, c := range chunks(len(candidates), chain.ScanBatchMax) {
-		hashes := make([]string, 0, c[1]-c[0])
+		txs := make([]chain.MinedTx, 0, c[1]-c[0])
 		for _, cand := range candidates[c[0]:c[1]] {
-			hashes = append(hashes, cand.tx.Hash)
+			txs = append(txs, chain.MinedTx{Hash: cand.tx.Hash, BlockHash: cand.block.Hash, BlockNumber: cand.block.Number})
 		}
-		statuses, err := f.rpc.ReceiptStatuses(ctx, hashes)
-		f.count(chain.MethodReceipt, len(hashes))
+		statuses, err := f.rpc.ReceiptStatuses(ctx, txs)
+		f.count(chain.MethodReceipt, len(txs))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -95,13 +95,13 @@ func (r *countingRPC) Blocks(_ context.Context, numbers []uint64) ([]chain.Block
 	return out, nil
 }
 
-func (r *countingRPC) ReceiptStatuses(_ context.Context, hashes []string) (map[string]uint64, error) {
+func (r *countingRPC) ReceiptStatuses(_ context.Context, txs []chain.MinedTx) (map[string]uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.calls[chain.MethodReceipt] += len(hashes)
+	r.calls[chain.MethodReceipt] += len(txs)
 	out := map[string]uint64{}
-	for _, h := range hashes {
-		out[h] = r.statuses[h]
+	for _, tx := range txs {
+		out[tx.Hash] = r.statuses[tx.Hash]
 	}
 	return out, nil
 }

@@ -78,15 +78,15 @@ func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet) ([
 	var out []postgres.NewEvent
 	for _, c := range chunks(len(candidates), chain.ScanBatchMax) {
 		seen := map[string]bool{}
-		var hashes []string
+		var txs []chain.MinedTx
 		for _, cand := range candidates[c[0]:c[1]] {
 			if !seen[cand.transfer.TxHash] {
 				seen[cand.transfer.TxHash] = true
-				hashes = append(hashes, cand.transfer.TxHash)
+				txs = append(txs, chain.MinedTx{Hash: cand.transfer.TxHash, BlockNumber: cand.transfer.BlockNumber})
 			}
 		}
-		statuses, err := f.rpc.ReceiptStatuses(ctx, hashes)
-		f.count(chain.MethodReceipt, len(hashes))
+		statuses, err := f.rpc.ReceiptStatuses(ctx, txs)
+		f.count(chain.MethodReceipt, len(txs))
 		if err != nil {
 			return nil, err
 		}
