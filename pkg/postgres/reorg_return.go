@@ -112,13 +112,17 @@ type reorgCycle struct {
 	// back is the status of the give-back of the last compensation; ""
 	// when there is none.
 	back payment.Status
+	// backDead: that give-back was dead-lettered. It still stands (its
+	// credit waits for a replay), unlike one voided.
+	backDead bool
 }
 
 // onChain tells whether the deposit counts as on the chain in the books:
 // never compensated, its last compensation cancelled, or given back (a
-// give-back voided before it was credited does not count).
+// give-back voided before it was credited does not count; one
+// dead-lettered does).
 func (c reorgCycle) onChain() bool {
-	return c.compensations == 0 || c.cancelled || c.back != "" && c.back != payment.StatusFailed
+	return c.compensations == 0 || c.cancelled || c.back != "" && (c.back != payment.StatusFailed || c.backDead)
 }
 
 // readReorgCycle reads a deposit's compensations and give-backs; the
@@ -138,7 +142,7 @@ func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycl
 	}
 	defer rows.Close()
 	backs := map[string]payment.Status{}
-	cancelled := map[string]bool{}
+	cancelled, dead := map[string]bool{}, map[string]bool{}
 	var c reorgCycle
 	for rows.Next() {
 		var id, status, outcome string
@@ -150,6 +154,7 @@ func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycl
 			cancelled[id] = payment.Status(status) == payment.StatusFailed && payment.Outcome(outcome) == payment.OutcomeReorged
 		} else {
 			backs[id] = payment.Status(status)
+			dead[id] = payment.Status(status) == payment.StatusFailed && payment.Outcome(outcome) == payment.OutcomeDeadLettered
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -157,7 +162,8 @@ func readReorgCycle(ctx context.Context, tx pgx.Tx, depositID string) (reorgCycl
 	}
 	if c.compensations > 0 {
 		c.cancelled = cancelled[payment.CycleCompensationEventID(c.compensations, depositID)]
-		c.back = backs[payment.ReturnEventID(c.compensations, depositID)]
+		back := payment.ReturnEventID(c.compensations, depositID)
+		c.back, c.backDead = backs[back], dead[back]
 	}
 	return c, nil
 }
@@ -209,7 +215,9 @@ func reverseCredited(ctx context.Context, tx pgx.Tx, e payment.Event, reason, tr
 		case payment.StatusConfirmed:
 			err = compensate(backID)
 		case payment.StatusFailed:
-			// Voided meanwhile: off the chain already.
+			// Dead-lettered (or voided meanwhile): a replay must not
+			// credit a transfer off the chain.
+			_, err = cancelDeadLettered(ctx, tx, backID, payment.Deposit, "the deposit's transfer left the chain again", reason)
 		default:
 			err = voidUncredited(ctx, tx, back.Event, back.Status, reason)
 		}
@@ -413,24 +421,34 @@ func cancelCompensation(ctx context.Context, tx pgx.Tx, id, reason string) (appl
 	case payment.StatusProcessing:
 		return false, errCompensationInFlight
 	case payment.StatusFailed:
-		stmt := q("cancel_dead_lettered")
-		tag, err := tx.Exec(ctx, stmt.text, id, reason)
-		if err != nil {
-			return false, classify(stmt.name, err)
-		}
-		if tag.RowsAffected() == 0 {
-			return false, nil // cancelled before
-		}
-		stmt = q("dlq_discard_event")
-		if _, err := tx.Exec(ctx, stmt.text, id, "settle", "the deposit's transfer is on the chain again: "+reason); err != nil {
-			return false, classify(stmt.name, err)
-		}
-		stmt = q("record_outcome")
-		_, err = tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, payment.ReorgCompensation), id, string(payment.OutcomeReorged))
-		return false, classify(stmt.name, err)
+		_, err := cancelDeadLettered(ctx, tx, id, payment.ReorgCompensation, "the deposit's transfer is on the chain again", reason)
+		return false, err
 	default:
 		return false, voidUncredited(ctx, tx, comp.Event, comp.Status, reason)
 	}
+}
+
+// cancelDeadLettered ends a reorg event (a compensation, a give-back) that
+// the ledger dead-lettered and the chain has since made moot: failed with
+// outcome reorged, which no replay reopens, its dead letters discarded by
+// settle saying why. False when it was not dead-lettered (cancelled or
+// voided before). The caller holds the event's row lock.
+func cancelDeadLettered(ctx context.Context, tx pgx.Tx, id string, kind payment.EventType, why, reason string) (bool, error) {
+	stmt := q("cancel_dead_lettered")
+	tag, err := tx.Exec(ctx, stmt.text, id, reason)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil
+	}
+	stmt = q("dlq_discard_event")
+	if _, err := tx.Exec(ctx, stmt.text, id, "settle", why+": "+reason); err != nil {
+		return false, classify(stmt.name, err)
+	}
+	stmt = q("record_outcome")
+	_, err = tx.Exec(ctx, stmt.text, payment.IdempotencyKey(id, kind), id, string(payment.OutcomeReorged))
+	return true, classify(stmt.name, err)
 }
 
 // reopenCompensation sends a cancelled compensation back to the outbox.

@@ -83,13 +83,15 @@ WITH reopened AS (
 SELECT event_id FROM reopened, (SELECT count(*) FROM wake) w;
 
 -- name: cancel_dead_lettered
--- A compensation the ledger dead-lettered (the user's available balance
--- did not cover it) whose transfer is on the chain again: nothing is owed
--- any more, so it ends reorged, which no replay reopens. The caller holds
--- its row lock. $2 says why.
+-- A reorg event the ledger dead-lettered that the chain has made moot: a
+-- compensation (the user's available balance did not cover it) whose
+-- transfer is on the chain again, or a give-back whose transfer left it
+-- again. Nothing is owed any more, so it ends reorged, which no replay
+-- reopens. The caller holds its row lock. $2 says why.
 UPDATE payment_events
 SET outcome = 'reorged', error = NULLIF($2, ''), updated_at = now()
-WHERE event_id = $1 AND status = 'failed' COLLATE "C" AND outcome = 'dead_lettered' AND event_type = 'reorg_compensation';
+WHERE event_id = $1 AND status = 'failed' COLLATE "C" AND outcome = 'dead_lettered'
+  AND (event_type = 'reorg_compensation' OR event_type = 'deposit' AND tx_hash IS NULL AND event_id LIKE 'return:%');
 
 -- name: watch_returned
 -- A compensated deposit whose transfer is reported on the chain again is
