@@ -21,16 +21,18 @@ import (
 const chainIDRecheckEvery = 30 * time.Second
 
 // newGate builds the finality gate on the enabled networks' RPCs, after
-// checking that each serves its network's chain; without any RPC (policy
-// none everywhere) deposits with a tx hash are trusted and there is no
-// gate. wrongChain receives a mismatch found after start, on an endpoint
-// that was down then.
+// checking that each serves its network's chain. Without any RPC there is
+// a gate all the same: deposits on a network enabled under policy none
+// pass it unchecked, and those on any other network (taken out of
+// NETWORKS while they waited) wait for an operator, never credited
+// unasked. wrongChain receives a mismatch found after start, on an
+// endpoint that was down then.
 func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, registry *payment.Registry, rdb redis.UniversalClient,
 	alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, wrongChain func(error)) (worker.Gate, func(), error) {
-	if !s.HasRPC() {
-		return nil, func() {}, nil
-	}
 	deps := finality.Deps{Store: db, Assets: registry, Redis: rdb, Alerts: alerts, Log: log, Registerer: reg}
+	if !s.HasRPC() {
+		return finality.NewOnClients(s, deps, nil), func() {}, nil
+	}
 	clients, err := finality.Dial(ctx, s, deps)
 	if err != nil {
 		return nil, nil, err

@@ -9,7 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,7 +31,8 @@ const (
 	TimeoutDefault      = time.Hour
 	RecheckFirstDefault = 2 * time.Second
 	RecheckMaxDefault   = time.Minute
-	// WatchBatchMax bounds one reorg-watch pass.
+	// WatchBatchMax bounds one reorg-watch pass, shared equally by the
+	// networks the worker asks.
 	WatchBatchMax = 500
 	// ReorgRecheckDelayDefault: two reads of a missing receipt this far
 	// apart (and a block apart) are evidence of a reorg.
@@ -42,7 +45,7 @@ type Store interface {
 	AwaitFinality(ctx context.Context, e payment.Event, w postgres.Wait) (bool, error)
 	DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
-	WatchedDeposits(ctx context.Context, limit int) ([]postgres.WatchedDeposit, error)
+	WatchedDeposits(ctx context.Context, networks []string, perNetwork int) ([]postgres.WatchedDeposit, error)
 	MarkFinal(ctx context.Context, eventID string) (givenBack bool, err error)
 	TouchWatched(ctx context.Context, eventID string) error
 	KeepWatching(ctx context.Context, eventID string) error
@@ -157,6 +160,9 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	ctx, span := tracing.Start(ctx, "finality.check", tracing.Internal)
 	defer span.End()
 	e := item.Event
+	if e.Network != "" && g.o.Unchecked[e.Network] {
+		return &item, nil // policy none without an RPC: nothing to ask
+	}
 	log := logging.From(ctx)
 	state, err := g.o.Store.ChainWait(ctx, e.ID)
 	if err != nil {
@@ -505,7 +511,13 @@ func (g *Gate) decided(ctx context.Context, e payment.Event, outcome payment.Out
 // A deposit the chain could not be asked about goes to the back of the
 // list; an outage ends the pass.
 func (g *Gate) WatchReorgs(ctx context.Context) error {
-	watched, err := g.o.Store.WatchedDeposits(ctx, WatchBatchMax)
+	// Only the networks this worker can ask, each its own share: one
+	// network down, or with many rows, never takes the others' turn.
+	networks := slices.Sorted(maps.Keys(g.o.Networks))
+	if len(networks) == 0 {
+		return nil
+	}
+	watched, err := g.o.Store.WatchedDeposits(ctx, networks, max(WatchBatchMax/len(networks), 1))
 	if err != nil {
 		return err
 	}
@@ -513,9 +525,9 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 	down := map[string]bool{}
 	for _, w := range watched {
 		network := watchedNetwork(w)
-		nc, ok := g.o.Networks[network]
-		if !ok || down[network] {
-			continue // another worker's network, or one down this pass
+		nc := g.o.Networks[network]
+		if down[network] {
+			continue // down this pass: its next rows wait their turn
 		}
 		seen, askErr := g.stillCanonical(ctx, nc, network, w)
 		if askErr != nil {

@@ -121,11 +121,14 @@ type WatchedDeposit struct {
 	LogPosition *int64
 }
 
-// WatchedDeposits lists up to limit deposits credited before finality,
-// least recently checked first.
-func (db *DB) WatchedDeposits(ctx context.Context, limit int) ([]WatchedDeposit, error) {
+// WatchedDeposits lists deposits credited before finality on each of
+// networks, up to perNetwork of each, least recently checked first.
+func (db *DB) WatchedDeposits(ctx context.Context, networks []string, perNetwork int) ([]WatchedDeposit, error) {
+	if len(networks) == 0 {
+		return nil, nil
+	}
 	stmt := q("watched_deposits")
-	rows, err := db.pool.Query(ctx, stmt.text, limit)
+	rows, err := db.pool.Query(ctx, stmt.text, networks, perNetwork)
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}

@@ -62,15 +62,23 @@ RETURNING prev.absent_since IS NULL,
 -- name: watched_deposits
 -- Credited deposits whose block was not final when they were credited,
 -- with what they claim (amount, recipient, transfer), which a transaction
--- mined again elsewhere must still pay.
-SELECT event_id, user_id, asset, COALESCE(tx_hash, ''), COALESCE(block_number, 0), COALESCE(block_hash, ''), trace_id,
-       COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)),
-       amount::text, COALESCE(to_address, ''), COALESCE(transfer_index, ''),
-       (SELECT c.log_position FROM chain_transfers c WHERE c.event_id = payment_events.event_id)
-FROM payment_events
-WHERE chain_state = 'watching'
-ORDER BY updated_at
-LIMIT $1;
+-- mined again elsewhere must still pay: the $2 longest unwatched of each
+-- network in $1, so that one network (down, or many rows) never takes
+-- another's turn.
+SELECT w.event_id, w.user_id, w.asset, w.tx_hash, w.block_number, w.block_hash, w.trace_id, n.network,
+       w.amount, w.to_address, w.transfer_index,
+       (SELECT c.log_position FROM chain_transfers c WHERE c.event_id = w.event_id)
+FROM unnest($1::text[]) AS n(network)
+CROSS JOIN LATERAL (
+    SELECT event_id, user_id, asset, COALESCE(tx_hash, '') AS tx_hash, COALESCE(block_number, 0) AS block_number,
+           COALESCE(block_hash, '') AS block_hash, trace_id, amount::text AS amount,
+           COALESCE(to_address, '') AS to_address, COALESCE(transfer_index, '') AS transfer_index
+    FROM payment_events
+    WHERE chain_state = 'watching'
+      AND COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)) = n.network
+    ORDER BY updated_at
+    LIMIT $2
+) AS w;
 
 -- name: mark_final
 UPDATE payment_events
