@@ -131,6 +131,14 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	if !states[eventID].Found {
 		return "", ErrNoEvent
 	}
+	stmt := q("dlq_failure_discarded")
+	var discarded bool
+	if err := tx.QueryRow(ctx, stmt.text, eventID).Scan(&discarded); err != nil {
+		return "", classify(stmt.name, err)
+	}
+	if discarded {
+		return "", ErrDiscarded
+	}
 	moved, _, err := transition(ctx, tx, q("reopen_for_replay"), nil, nil, eventID)
 	if err != nil {
 		return "", err
@@ -141,7 +149,7 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	} else if why == "" {
 		why = "event was " + string(states[eventID].Status) + " at replay"
 	}
-	stmt := q("dlq_resolve")
+	stmt = q("dlq_resolve")
 	if _, err := tx.Exec(ctx, stmt.text, id, "replayed", who, why); err != nil {
 		return "", classify(stmt.name, err)
 	}
@@ -151,8 +159,10 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	return result, nil
 }
 
-// DiscardDeadLetter closes an entry for good; a reason is required.
-// Discarding twice is a no-op; a replayed entry cannot be discarded.
+// DiscardDeadLetter closes an entry for good, with every other open entry
+// of its event's failure; a reason is required. Discarding twice is a
+// no-op; a replayed entry cannot be discarded, and no entry of a failure
+// discarded can be replayed.
 func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) (bool, error) {
 	if who == "" || why == "" {
 		return false, payment.Invalid("a discard needs the operator's name and a reason")
@@ -162,7 +172,7 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 		return false, classify("discard dead letter", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	_, resolution, err := lockDeadLetter(ctx, tx, id)
+	eventID, resolution, err := lockDeadLetter(ctx, tx, id)
 	if err != nil {
 		return false, err
 	}
@@ -176,15 +186,36 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 	if _, err := tx.Exec(ctx, stmt.text, id, "discarded", who, why); err != nil {
 		return false, classify(stmt.name, err)
 	}
+	// The decision is about the event: its other open entries (one per
+	// failed attempt, or a copy drained from the fallback list) close
+	// with it, or a replay of one would undo it.
+	stmt = q("dlq_discard_event")
+	if _, err := tx.Exec(ctx, stmt.text, eventID, who, why); err != nil {
+		return false, classify(stmt.name, err)
+	}
 	return true, classify("discard dead letter commit", tx.Commit(ctx))
 }
 
+// lockDeadLetter locks an entry's event (when stored), then the entry.
 func lockDeadLetter(ctx context.Context, tx pgx.Tx, id int64) (string, string, error) {
-	stmt := q("dlq_lock")
+	notFound := fmt.Errorf("dead letter %d: %w", id, payment.ErrNotFound)
+	stmt := q("dlq_event_of")
 	var eventID, resolution string
-	err := tx.QueryRow(ctx, stmt.text, id).Scan(&eventID, &resolution)
+	err := tx.QueryRow(ctx, stmt.text, id).Scan(&eventID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", fmt.Errorf("dead letter %d: %w", id, payment.ErrNotFound)
+		return "", "", notFound
+	}
+	if err != nil {
+		return "", "", classify(stmt.name, err)
+	}
+	stmt = q("dlq_lock_event")
+	if _, err := tx.Exec(ctx, stmt.text, eventID); err != nil {
+		return "", "", classify(stmt.name, err)
+	}
+	stmt = q("dlq_lock")
+	err = tx.QueryRow(ctx, stmt.text, id).Scan(&eventID, &resolution)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", notFound
 	}
 	return eventID, resolution, classify(stmt.name, err)
 }

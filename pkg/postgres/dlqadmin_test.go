@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -109,6 +111,65 @@ func TestDiscardedEntryCannotBeReplayed(t *testing.T) {
 	require.Len(t, resolved, 1)
 	require.Equal(t, "discarded", resolved[0].Resolution)
 	require.Equal(t, "duplicate of a manual refund", resolved[0].Reason)
+}
+
+// TestDiscardIsAboutTheEvent: a withdrawal with two open entries for one
+// failure (a second attempt's, a copy drained from the fallback list). A
+// discard of one closes the other, and a copy drained after the discard
+// replays nothing either: a replay of a sibling entry debited a
+// withdrawal an operator had discarded. Racing a replay of one entry
+// against a discard of the other, exactly one of them wins.
+func TestDiscardIsAboutTheEvent(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "10"})
+	ctx := context.Background()
+	task := f.enqueue("wd-twice", payment.Withdrawal, 1, "ETH", "4")
+	first := f.deadLetter(task, "retries exhausted")
+	letter := payment.DeadLetter{EventID: task.ID, EventType: string(task.Type), Error: "attempt two", Generation: task.Generation, Source: payment.SourceDrain}
+	sibling, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{letter})
+	require.NoError(t, err)
+
+	changed, err := f.db.DiscardDeadLetter(ctx, first, "alice", "fraudulent: never process")
+	require.NoError(t, err)
+	require.True(t, changed)
+	entry, err := f.db.DeadLetter(ctx, sibling[0])
+	require.NoError(t, err)
+	require.Equal(t, "discarded", entry.Resolution, "closed with the first")
+	require.Equal(t, "alice", entry.ResolvedBy)
+	_, err = f.db.ReplayDeadLetter(ctx, sibling[0], "bob", "")
+	require.ErrorIs(t, err, postgres.ErrDiscarded)
+
+	late, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{letter})
+	require.NoError(t, err)
+	_, err = f.db.ReplayDeadLetter(ctx, late[0], "bob", "")
+	require.ErrorIs(t, err, postgres.ErrDiscarded, "a copy of the discarded failure drained late")
+	status, _ := f.status("wd-twice")
+	require.Equal(t, payment.StatusFailed, status)
+	require.True(t, f.balance(1, "ETH").Equal(dec("10")), "nothing debited")
+
+	for i := range 20 {
+		id := fmt.Sprintf("wd-race-%d", i)
+		task := f.enqueue(id, payment.Withdrawal, 1, "ETH", "0.1")
+		one := f.deadLetter(task, "retries exhausted")
+		other, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: id, EventType: string(task.Type), Error: "copy", Generation: task.Generation, Source: payment.SourceDrain}})
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		var replayErr, discardErr error
+		var replayed postgres.ReplayResult
+		wg.Add(2)
+		go func() { defer wg.Done(); replayed, replayErr = f.db.ReplayDeadLetter(ctx, other[0], "bob", "") }()
+		go func() { defer wg.Done(); _, discardErr = f.db.DiscardDeadLetter(ctx, one, "alice", "never") }()
+		wg.Wait()
+		require.NoError(t, discardErr)
+		status, _ := f.status(id)
+		if replayErr == nil {
+			require.Equal(t, postgres.Reopened, replayed, "the replay came first")
+			require.NotEqual(t, payment.StatusFailed, status)
+			continue
+		}
+		require.ErrorIs(t, replayErr, postgres.ErrDiscarded, "the discard came first")
+		require.Equal(t, payment.StatusFailed, status)
+	}
 }
 
 func TestReplayedEntryCannotBeDiscardedAndOrphansCannotBeReplayed(t *testing.T) {

@@ -42,11 +42,29 @@ FROM dead_letter_queue d
 LEFT JOIN payment_events e ON e.event_id = d.event_id
 WHERE d.id = $1;
 
+-- name: dlq_event_of
+SELECT event_id FROM dead_letter_queue WHERE id = $1;
+
+-- name: dlq_lock_event
+-- An operator's action locks the event before its entry, the order the
+-- worker's dead-lettering and settle's cancels take, so actions on one
+-- event's entries run one after another.
+SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE;
+
 -- name: dlq_lock
 SELECT event_id, COALESCE(resolution, '')
 FROM dead_letter_queue
 WHERE id = $1
 FOR UPDATE;
+
+-- name: dlq_failure_discarded
+-- An operator discarded the event's current failure (an entry of its
+-- generation): no entry of that failure replays it, not even a copy
+-- drained from the fallback list after the discard.
+SELECT EXISTS (
+    SELECT 1 FROM dead_letter_queue d JOIN payment_events e ON e.event_id = d.event_id
+    WHERE d.event_id = $1 AND d.resolution = 'discarded' AND d.generation = e.generation
+);
 
 -- name: dlq_resolve
 UPDATE dead_letter_queue
