@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
@@ -16,7 +17,8 @@ import (
 
 // TestSightingsKeptAndDeleted: a sighting's block must be a block hash;
 // a removal sticks, whatever is reported of the block after it; sightings
-// older than the retention go with the transfer reports, newer ones stay.
+// older than the retention go with the transfer reports, newer ones stay,
+// and a transfer with a block reported removed keeps them all.
 func TestSightingsKeptAndDeleted(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.DatabaseURL(t)
@@ -25,31 +27,84 @@ func TestSightingsKeptAndDeleted(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(ctx) })
 
-	tr := payment.Transfer{Network: "ETH_MAINNET", TxHash: fmt.Sprintf("0x%064x", 1), Index: "3"}
-	sight := func(block string, removed bool) error {
+	reorged := payment.Transfer{Network: "ETH_MAINNET", TxHash: fmt.Sprintf("0x%064x", 1), Index: "3"}
+	plain := payment.Transfer{Network: "ETH_MAINNET", TxHash: fmt.Sprintf("0x%064x", 2), Index: "0"}
+	sight := func(tr payment.Transfer, block string, removed bool) error {
 		_, err := db.SightTransfer(ctx, postgres.Sighting{Transfer: tr, BlockHash: block, Removed: removed, Reporter: "alchemy", Reason: "test"})
 		return err
 	}
-	require.Error(t, sight("0xABC", false), "not a block hash")
+	require.Error(t, sight(reorged, "0xABC", false), "not a block hash")
 	old, kept := fmt.Sprintf("0x%064x", 0xb1), fmt.Sprintf("0x%064x", 0xb2)
-	require.NoError(t, sight(old, true))
-	require.NoError(t, sight(old, false))
-	require.NoError(t, sight(kept, false))
-	s, err := db.EventSightings(ctx, tr.EventID())
+	require.NoError(t, sight(reorged, old, true))
+	require.NoError(t, sight(reorged, old, false))
+	require.NoError(t, sight(reorged, kept, false))
+	s, err := db.EventSightings(ctx, reorged.EventID())
 	require.NoError(t, err)
 	require.Len(t, s, 2)
 	require.Equal(t, old, s[0].BlockHash)
 	require.True(t, s[0].Removed, "a removal sticks")
 	require.NotNil(t, s[0].RemovedAt)
 	require.False(t, s[1].Removed)
+	require.NoError(t, sight(plain, old, false))
+	require.NoError(t, sight(plain, kept, false))
 
 	_, err = conn.Exec(ctx, `UPDATE transfer_sightings SET first_at = now() - interval '10 days' WHERE block_hash = $1`, old)
 	require.NoError(t, err)
 	n, err := db.DeleteOldReports(ctx, 7*24*time.Hour, 1)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	s, err = db.EventSightings(ctx, tr.EventID())
+	require.EqualValues(t, 1, n, "the plain transfer's old sighting")
+	s, err = db.EventSightings(ctx, plain.EventID())
 	require.NoError(t, err)
 	require.Len(t, s, 1)
 	require.Equal(t, kept, s[0].BlockHash)
+	s, err = db.EventSightings(ctx, reorged.EventID())
+	require.NoError(t, err)
+	require.Len(t, s, 2, "a transfer with a removed block keeps its sightings")
+}
+
+// TestRemovedSightingOutlivesRetention: on a network without an RPC, a
+// deposit compensated because its block was reported removed stays so
+// when a stale add of that block arrives after the retention's cleanup
+// (the cleanup deleted the removal, and the stale add gave it back).
+func TestRemovedSightingOutlivesRetention(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+
+	tr := payment.Transfer{Network: "BASE_MAINNET", TxHash: fmt.Sprintf("0x%064x", 7), Index: "3"}
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: tr.EventID(), Type: payment.Deposit, UserID: 1, Asset: "USDC",
+		Amount: decimal.RequireFromString("10"), TxHash: tr.TxHash, Network: tr.Network}, Source: postgres.SourceAlchemy})
+	require.NoError(t, err)
+	testenv.SettleOutbox(t, db)
+	balance := func() string {
+		var b string
+		require.NoError(t, conn.QueryRow(ctx, `SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'USDC'`).Scan(&b))
+		return decimal.RequireFromString(b).String()
+	}
+	require.Equal(t, "10", balance())
+
+	block := fmt.Sprintf("0x%064x", 0xa)
+	sight := func(removed bool) postgres.Sighted {
+		s, err := db.SightTransfer(ctx, postgres.Sighting{Transfer: tr, BlockHash: block, Removed: removed, Reporter: "alchemy", Reason: "test"})
+		require.NoError(t, err)
+		return s
+	}
+	sight(false)
+	require.Equal(t, postgres.Compensating, sight(true).Reversal)
+	testenv.SettleOutbox(t, db)
+	require.Equal(t, "0", balance(), "compensated")
+
+	_, err = conn.Exec(ctx, `UPDATE transfer_sightings SET first_at = now() - interval '15 days'`)
+	require.NoError(t, err)
+	_, err = db.DeleteOldReports(ctx, postgres.CleanupRetentionDefault, postgres.CleanupBatchDefault)
+	require.NoError(t, err)
+	s := sight(false)
+	require.False(t, s.OnChain, "block removed")
+	testenv.SettleOutbox(t, db)
+	require.Equal(t, "0", balance(), "a stale add of a removed block credits nothing")
 }

@@ -52,7 +52,12 @@ SELECT block_hash, removed, reporter, first_at, removed_at FROM transfer_sightin
 WHERE event_id = $1 ORDER BY first_at, block_hash;
 
 -- name: delete_old_sightings
--- One bounded batch off the first_at index; the caller repeats it.
+-- One bounded batch off the first_at index; the caller repeats it. A
+-- transfer with a block reported removed keeps all its sightings: without
+-- them a stale or replayed add of that block would put it back on the
+-- chain. Those are few (one per reorg report) and stay.
 DELETE FROM transfer_sightings
-WHERE (event_id, block_hash) IN (SELECT event_id, block_hash FROM transfer_sightings
-                                 WHERE first_at < now() - $1::interval ORDER BY first_at LIMIT $2);
+WHERE (event_id, block_hash) IN (SELECT s.event_id, s.block_hash FROM transfer_sightings s
+                                 WHERE s.first_at < now() - $1::interval
+                                   AND NOT EXISTS (SELECT 1 FROM transfer_sightings r WHERE r.event_id = s.event_id AND r.removed)
+                                 ORDER BY s.first_at LIMIT $2);
