@@ -153,6 +153,8 @@ func TestAlchemyRemovedWithRPCAsksTheChain(t *testing.T) {
 
 	// Credited before finality: the reorg watcher decides.
 	execSQL(t, h.dsn, `UPDATE payment_events SET status = 'enqueued' WHERE event_id = $1`, id)
+	execSQL(t, h.dsn, `INSERT INTO chain_transfers (network, tx_hash, transfer_index, event_id, asset)
+		SELECT network, tx_hash, '1', event_id, asset FROM payment_events WHERE event_id = $1`, id) // a credit holds its claim (0027)
 	execSQL(t, h.dsn, `UPDATE payment_events SET status = 'confirmed', outcome = 'success', chain_state = 'watching' WHERE event_id = $1`, id)
 	r = h.postAlchemy(tokenPayload(t, "0x1", true), alchemyKey)
 	require.Equal(t, 1.0, r.body["rechecked"], "%s", r.raw)

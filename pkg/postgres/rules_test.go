@@ -146,3 +146,62 @@ func TestPaymentEventsChecksStayCheap(t *testing.T) {
 	require.Equal(t, 1, count, "payment_events has %d CHECKs", count)
 	require.Less(t, size, 4096, "payment_events' CHECKs store %d bytes of node tree", size)
 }
+
+// TestCreditWithoutClaimRefused (0027): a deposit naming a transaction
+// commits confirmed only with its transfer claim, whoever writes it, in
+// whichever order; one without a transaction needs none. A round-one
+// worker credited after 0007 without a claim, and the same transfer
+// reported again under its chain: id was credited twice.
+func TestCreditWithoutClaimRefused(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	_, err := testenv.OpenDB(t, dsn).CreateUser(ctx, 1)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	tx := "0x" + strings.Repeat("ab", 32)
+	insert := func(id, txHash string) {
+		t.Helper()
+		var hash any
+		if txHash != "" {
+			hash = txHash
+		}
+		_, err := conn.Exec(ctx, `INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, tx_hash, trace_id, content_hash)
+			VALUES ($1, 'deposit', 1, 'ETH', 1, $2, 't', sha256(convert_to($3, 'UTF8')))`, id, hash, id)
+		require.NoError(t, err)
+	}
+	confirm := func(id string, claimFirst, claim bool, index string) error {
+		t.Helper()
+		txn, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = txn.Rollback(ctx) }()
+		writeClaim := func() {
+			_, err := txn.Exec(ctx, `INSERT INTO chain_transfers (network, tx_hash, transfer_index, event_id, asset) VALUES ('ETH_MAINNET', $1, $2, $3, 'ETH')`, tx, index, id)
+			require.NoError(t, err)
+		}
+		if claim && claimFirst {
+			writeClaim()
+		}
+		for _, next := range []string{"enqueued", "processing", "confirmed"} {
+			if _, err := txn.Exec(ctx, `UPDATE payment_events SET status = $2, outcome = CASE WHEN $2 = 'confirmed' THEN 'success' END WHERE event_id = $1`, id, next); err != nil {
+				return err
+			}
+		}
+		if claim && !claimFirst {
+			writeClaim()
+		}
+		return txn.Commit(ctx)
+	}
+	insert("no-claim", tx)
+	err = confirm("no-claim", false, false, "")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "refused at commit: %v", err)
+	require.Equal(t, "payment_events_credit_holds_claim", pgErr.ConstraintName)
+	insert("claim-after", tx)
+	require.NoError(t, confirm("claim-after", false, true, "0"))
+	insert("claim-before", tx)
+	require.NoError(t, confirm("claim-before", true, true, "1"))
+	insert("no-transaction", "")
+	require.NoError(t, confirm("no-transaction", false, false, ""))
+}

@@ -58,6 +58,10 @@ func TestSupersedeRacesTheLedger(t *testing.T) {
 				_, err = ledger.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = 'mismatch', error = 'pays 1 ETH' WHERE event_id = $1`, wrong.Event.ID)
 			} else {
 				_, err = ledger.Exec(ctx, `UPDATE payment_events SET status = 'confirmed', outcome = 'success' WHERE event_id = $1`, wrong.Event.ID)
+				require.NoError(t, err)
+				// A credit holds its transfer's claim (0027 refuses it otherwise).
+				_, err = ledger.Exec(ctx, `INSERT INTO chain_transfers (network, tx_hash, transfer_index, event_id, asset) VALUES ($1, $2, $3, $4, 'ETH')`,
+					payment.DefaultNetwork, wrong.Event.TxHash, payment.TransferNative, wrong.Event.ID)
 			}
 			require.NoError(t, err)
 
