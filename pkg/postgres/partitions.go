@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -19,8 +20,14 @@ const PartitionsAheadDefault = 30
 // behind it. So each statement waits at most PartitionLockTimeoutDefault,
 // is tried partitionDDLTries times with a growing pause, and is then left
 // for the next run: with 30 days created ahead, a skipped day is harmless.
+// A day whose records are already in the default partition is moved while
+// holding that lock, each statement of the move at most
+// PartitionMoveTimeoutDefault: with the lock wait, its three that scan or
+// write the records take less than LedgerLockTimeoutDefault together, so
+// the ledger's writes queued behind the move wait and do not fail.
 const (
 	PartitionLockTimeoutDefault = 100 * time.Millisecond
+	PartitionMoveTimeoutDefault = 500 * time.Millisecond
 	partitionDDLTries           = 3
 	partitionDDLPauseFirst      = 250 * time.Millisecond
 )
@@ -32,9 +39,18 @@ type PartitionReport struct {
 	// pending records (the zombie check reports those).
 	KeptPending []string
 	// Deferred names the partitions whose DDL did not get its lock within
-	// the lock timeout on any try; the next run does them.
+	// the lock timeout on any try; the next run does them (a day that is
+	// past by then stays in the default partition).
 	Deferred []string
-	// DefaultRows counts records that fell outside every daily partition.
+	// Moved counts records of today (or a later day) that had fallen into
+	// the default partition for want of their day's partition, and were
+	// moved into it when this run created it.
+	Moved int64
+	// Skipped names the days left to the default partition: their records
+	// were there and could not be moved within the move timeout.
+	Skipped []string
+	// DefaultRows counts records that fell outside every daily partition
+	// and are still in the default partition.
 	DefaultRows int64
 	// Trimmed counts rows deleted from the pre-partitioning partition.
 	Trimmed int64
@@ -48,6 +64,9 @@ type PartitionOptions struct {
 	LockTimeout time.Duration
 	// PauseFirst is the pause before the second try; it doubles.
 	PauseFirst time.Duration
+	// MoveTimeout bounds each statement of a day's move out of the
+	// default partition.
+	MoveTimeout time.Duration
 }
 
 // MaintainPartitions keeps processed_events' daily partitions: it creates
@@ -55,6 +74,8 @@ type PartitionOptions struct {
 // holds a pending record), and trims the rows from before partitioning
 // out of their legacy partition, dropping it once it is empty. DDL that
 // cannot get its lock in time is reported in Deferred, not as an error.
+// A failure on one partition does not stop the others: every step runs,
+// and the failures are returned together at the end.
 func (db *DB) MaintainPartitions(ctx context.Context, retention time.Duration, ahead int, now time.Time, o PartitionOptions) (PartitionReport, error) {
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = PartitionLockTimeoutDefault
@@ -62,36 +83,131 @@ func (db *DB) MaintainPartitions(ctx context.Context, retention time.Duration, a
 	if o.PauseFirst <= 0 {
 		o.PauseFirst = partitionDDLPauseFirst
 	}
+	if o.MoveTimeout <= 0 {
+		o.MoveTimeout = PartitionMoveTimeoutDefault
+	}
 	var r PartitionReport
+	var errs []error
 	// One day per statement, so a lock timeout costs only that day.
 	var today time.Time
 	if err := db.pool.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&today); err != nil {
 		return r, classify("partition day", err)
 	}
-	stmt := q("partitions_ahead")
 	for i := range ahead {
 		day := today.Add(time.Duration(i) * 24 * time.Hour)
-		var created int
-		done, err := db.partitionDDL(ctx, o, func(tx pgx.Tx) error {
-			return tx.QueryRow(ctx, stmt.text, day).Scan(&created)
-		})
-		if err != nil {
-			return r, classify(stmt.name, err)
+		if err := db.createPartition(ctx, o, day, &r); err != nil {
+			if ctx.Err() != nil {
+				return r, err
+			}
+			errs = append(errs, err)
 		}
-		if !done {
-			r.Deferred = append(r.Deferred, partitionName(day))
-		}
-		r.Created += created
 	}
-	stmt = q("processed_partitions")
+	if err := db.dropPartitions(ctx, retention, now, o, &r); err != nil {
+		if ctx.Err() != nil {
+			return r, errors.Join(append(errs, err)...)
+		}
+		errs = append(errs, err)
+	}
+	stmt := q("default_partition_rows")
+	if err := db.pool.QueryRow(ctx, stmt.text).Scan(&r.DefaultRows); err != nil {
+		return r, errors.Join(append(errs, classify(stmt.name, err))...)
+	}
+	trimmed, err := db.trimLegacy(ctx, retention, o, &r)
+	r.Trimmed = trimmed
+	return r, errors.Join(append(errs, err)...)
+}
+
+// createPartition creates day's partition. When the default partition
+// already holds records of that day (its partition went missing: the
+// cleanup did not run for PartitionsAheadDefault days, or deferred the
+// day every time), CREATE fails on them, and they are moved instead.
+func (db *DB) createPartition(ctx context.Context, o PartitionOptions, day time.Time, r *PartitionReport) error {
+	stmt := q("partitions_ahead")
+	var created int
+	done, err := db.partitionDDL(ctx, o, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, stmt.text, day).Scan(&created)
+	})
+	if isCode(err, codeCheckViolation) {
+		return db.movePartitionDay(ctx, o, day, r)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", partitionName(day), classify(stmt.name, err))
+	}
+	if !done {
+		r.Deferred = append(r.Deferred, partitionName(day))
+	}
+	r.Created += created
+	return nil
+}
+
+// movePartitionDay moves day's records out of the default partition into
+// a staging table, creates the day's partition and moves them into it,
+// all in one transaction that holds ACCESS EXCLUSIVE on processed_events
+// from the start: the ledger's writes and reads wait for it and then find
+// every record in its day's partition, none missing meanwhile. A move that
+// outlasts the move timeout is rolled back and the day left to the default
+// partition (Skipped): a stall of the ledger would cost more than records
+// out of place, which the retention trim deletes like the others.
+func (db *DB) movePartitionDay(ctx context.Context, o PartitionOptions, day time.Time, r *PartitionReport) error {
+	var created int
+	var moved int64
+	name := "partition_move"
+	done, err := db.partitionDDL(ctx, o, func(tx pgx.Tx) error {
+		steps := []struct {
+			stmt query
+			args []any
+		}{
+			{q("partition_move_timeout"), []any{durationSetting(o.MoveTimeout)}},
+			{q("partition_move_lock"), nil},
+			{q("partition_move_stage"), nil},
+			{q("partition_move_out"), []any{day, day.Add(24 * time.Hour)}},
+		}
+		for _, step := range steps {
+			name = step.stmt.name
+			if _, err := tx.Exec(ctx, step.stmt.text, step.args...); err != nil {
+				return err
+			}
+		}
+		stmt := q("partitions_ahead")
+		name = stmt.name
+		if err := tx.QueryRow(ctx, stmt.text, day).Scan(&created); err != nil {
+			return err
+		}
+		stmt = q("partition_move_in")
+		name = stmt.name
+		tag, err := tx.Exec(ctx, stmt.text)
+		moved = tag.RowsAffected()
+		return err
+	})
+	if isCode(err, codeQueryCanceled) && ctx.Err() == nil {
+		r.Skipped = append(r.Skipped, partitionName(day))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", partitionName(day), classify(name, err))
+	}
+	if !done {
+		r.Deferred = append(r.Deferred, partitionName(day))
+		return nil
+	}
+	r.Created += created
+	r.Moved += moved
+	return nil
+}
+
+// dropPartitions drops the daily partitions past retention that hold no
+// pending record.
+func (db *DB) dropPartitions(ctx context.Context, retention time.Duration, now time.Time, o PartitionOptions, r *PartitionReport) error {
+	stmt := q("processed_partitions")
 	rows, err := db.pool.Query(ctx, stmt.text)
 	if err != nil {
-		return r, classify(stmt.name, err)
+		return classify(stmt.name, err)
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return r, classify(stmt.name, err)
+		return classify(stmt.name, err)
 	}
+	var errs []error
 	cutoff := now.UTC().Add(-retention)
 	for _, name := range names {
 		day, err := time.Parse("20060102", strings.TrimPrefix(name, partitionPrefix))
@@ -102,7 +218,7 @@ func (db *DB) MaintainPartitions(ctx context.Context, retention time.Duration, a
 		var pending bool
 		stmt := q("partition_has_pending")
 		if err := db.pool.QueryRow(ctx, fmt.Sprintf(stmt.text, ident)).Scan(&pending); err != nil {
-			return r, classify(stmt.name, err)
+			return errors.Join(append(errs, fmt.Errorf("%s: %w", name, classify(stmt.name, err)))...)
 		}
 		if pending {
 			r.KeptPending = append(r.KeptPending, name)
@@ -114,7 +230,11 @@ func (db *DB) MaintainPartitions(ctx context.Context, retention time.Duration, a
 			return err
 		})
 		if err != nil {
-			return r, classify(stmt.name, err)
+			if ctx.Err() != nil {
+				return errors.Join(append(errs, err)...)
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", name, classify(stmt.name, err)))
+			continue
 		}
 		if !done {
 			r.Deferred = append(r.Deferred, name)
@@ -122,14 +242,7 @@ func (db *DB) MaintainPartitions(ctx context.Context, retention time.Duration, a
 		}
 		r.Dropped++
 	}
-	stmt = q("default_partition_rows")
-	if err := db.pool.QueryRow(ctx, stmt.text).Scan(&r.DefaultRows); err != nil {
-		return r, classify(stmt.name, err)
-	}
-	if r.Trimmed, err = db.trimLegacy(ctx, retention, o, &r); err != nil {
-		return r, err
-	}
-	return r, nil
+	return errors.Join(errs...)
 }
 
 const partitionPrefix = "processed_events_p"

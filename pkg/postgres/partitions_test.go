@@ -330,3 +330,157 @@ func TestPartitionsMigrationRepairsDSTDays(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM processed_events WHERE event_id = 'kept'`).Scan(&n))
 	require.Equal(t, 1, n)
 }
+
+// lostDaysAhead drops the pre-partitioning partition (in production it
+// ended long ago; in a fresh test database it still covers today) and the
+// daily partitions from today on, as if the cleanup had not run for
+// PartitionsAheadDefault days. It returns today's partition's name.
+func lostDaysAhead(t *testing.T, f *fixture) string {
+	t.Helper()
+	ctx := context.Background()
+	_, err := f.sql.Exec(ctx, `DROP TABLE processed_events_legacy`)
+	require.NoError(t, err)
+	rows, err := f.sql.Query(ctx, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'processed_events'::regclass AND c.relname ~ '^processed_events_p[0-9]{8}$'
+		  AND to_date(substring(c.relname from 19), 'YYYYMMDD') >= (now() AT TIME ZONE 'UTC')::date`)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	for _, n := range names {
+		_, err := f.sql.Exec(ctx, `DROP TABLE `+pgx.Identifier{n}.Sanitize())
+		require.NoError(t, err)
+	}
+	var today string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT 'processed_events_p' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')`).Scan(&today))
+	return today
+}
+
+// TestMissingTodayPartitionDoesNotLockTheCleanupOut: once today's
+// partition is missing, the ledger's records of today land in the default
+// partition, and creating the day fails on them (23514). The maintenance
+// failed on that first statement every run from then on: no default rows
+// counted (no alert), no later day created, no trim. Now today's records
+// are moved into today's new partition and the run goes on; a past day's
+// records stay in the default partition (found by an audit).
+func TestMissingTodayPartitionDoesNotLockTheCleanupOut(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	today := lostDaysAhead(t, f)
+	_, err := f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at) VALUES
+		(repeat('c', 64), 'today', 'success', now()),
+		(repeat('d', 64), 'long-ago', 'pending', '2000-01-01T00:00:00Z')`)
+	require.NoError(t, err)
+	require.Equal(t, 2, f.count(`SELECT count(*) FROM processed_events_default`))
+
+	report, err := f.db.MaintainPartitions(ctx, postgres.CleanupRetentionDefault, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+	require.NoError(t, err, "the maintenance must get past a day whose records are in the default partition")
+	require.Equal(t, postgres.PartitionsAheadDefault, report.Created, "today and every later day")
+	require.Equal(t, int64(1), report.Moved)
+	require.Empty(t, report.Skipped)
+	require.Equal(t, int64(1), report.DefaultRows, "the past day's record stays there, counted")
+	var part string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT tableoid::regclass::text FROM processed_events WHERE event_id = 'today'`).Scan(&part))
+	require.Equal(t, today, part)
+
+	report, err = f.db.MaintainPartitions(ctx, postgres.CleanupRetentionDefault, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+	require.NoError(t, err)
+	require.Zero(t, report.Created)
+	require.Zero(t, report.Moved)
+}
+
+// TestTodayPartitionMovedUnderDeposits: today's records are moved out of
+// the default partition while deposits are applied: every deposit
+// commits, each leaves one record, all in today's partition.
+func TestTodayPartitionMovedUnderDeposits(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	today := lostDaysAhead(t, f)
+	const deposits = 120
+	tasks := make([]payment.Event, deposits)
+	for i := range tasks {
+		tasks[i] = f.enqueue(fmt.Sprintf("move-%d", i), payment.Deposit, 1, "ETH", "1")
+	}
+	apply := func(e payment.Event) {
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: e}}, postgres.LedgerOptions{LockTimeout: time.Second})
+		require.NoError(t, err, "deposit %s waited behind the move", e.ID)
+		require.Equal(t, payment.OutcomeSuccess, results[0].Outcome)
+	}
+	const before = 60 // in the default partition when the maintenance starts
+	for _, e := range tasks[:before] {
+		apply(e)
+	}
+	type result struct {
+		report postgres.PartitionReport
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := f.db.MaintainPartitions(ctx, postgres.CleanupRetentionDefault, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+		done <- result{r, err}
+	}()
+	for _, e := range tasks[before:] {
+		apply(e)
+	}
+	maintained := <-done
+	require.NoError(t, maintained.err)
+	require.GreaterOrEqual(t, maintained.report.Moved, int64(before))
+	require.Empty(t, maintained.report.Skipped)
+	require.Zero(t, maintained.report.DefaultRows)
+
+	require.True(t, f.balance(1, "ETH").Equal(dec(fmt.Sprint(deposits))))
+	require.Equal(t, deposits, f.count(`SELECT count(DISTINCT idempotency_key) FROM processed_events`))
+	require.Equal(t, deposits, f.count(`SELECT count(*) FROM processed_events`))
+	require.Equal(t, deposits, f.count(`SELECT count(*) FROM processed_events WHERE tableoid = $1::regclass`, today))
+	f.requireJournalInvariant()
+}
+
+// TestPartitionDayTooLongToMoveStaysInDefault: a move that outlasts its
+// timeout is rolled back; the day stays in the default partition (and is
+// counted there) and the later days are still created.
+func TestPartitionDayTooLongToMoveStaysInDefault(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	today := lostDaysAhead(t, f)
+	const records = 50000
+	_, err := f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome)
+		SELECT encode(sha256(('k' || i)::bytea), 'hex'), 'e' || i, 'success' FROM generate_series(1, $1) i`, records)
+	require.NoError(t, err)
+
+	report, err := f.db.MaintainPartitions(ctx, postgres.CleanupRetentionDefault, postgres.PartitionsAheadDefault, time.Now(),
+		postgres.PartitionOptions{MoveTimeout: time.Millisecond})
+	require.NoError(t, err)
+	require.Equal(t, []string{today}, report.Skipped)
+	require.Equal(t, postgres.PartitionsAheadDefault-1, report.Created, "every day after today")
+	require.Zero(t, report.Moved)
+	require.Equal(t, int64(records), report.DefaultRows)
+	require.Zero(t, f.count(`SELECT count(*) FROM pg_class WHERE relname = $1`, today))
+}
+
+// TestPartitionErrorOnOneDayKeepsTheRest: a day that cannot be created
+// (here overlapped by a partition of other bounds) is an error of the run,
+// but the later days are still created, the default partition counted and
+// trimmed.
+func TestPartitionErrorOnOneDayKeepsTheRest(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	lostDaysAhead(t, f)
+	_, err := f.sql.Exec(ctx, `CREATE TABLE processed_events_odd PARTITION OF processed_events
+		FOR VALUES FROM ((date_trunc('day', now() AT TIME ZONE 'UTC') + interval '4 days 12 hours') AT TIME ZONE 'UTC')
+		             TO ((date_trunc('day', now() AT TIME ZONE 'UTC') + interval '5 days 12 hours') AT TIME ZONE 'UTC')`)
+	require.NoError(t, err)
+	_, err = f.sql.Exec(ctx, `INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at) VALUES
+		(repeat('a', 64), 'old-done', 'success', now() - interval '20 days'),
+		(repeat('b', 64), 'old-pending', 'pending', now() - interval '20 days')`)
+	require.NoError(t, err)
+
+	report, err := f.db.MaintainPartitions(ctx, postgres.CleanupRetentionDefault, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{})
+	require.Error(t, err, "the overlapped days are reported")
+	t.Logf("error: %v", err)
+	require.Equal(t, postgres.PartitionsAheadDefault-2, report.Created, "every day but the two overlapped")
+	require.Equal(t, int64(2), report.DefaultRows)
+	require.Equal(t, int64(1), report.Trimmed)
+	var last string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT 'processed_events_p' || to_char(now() AT TIME ZONE 'UTC' + interval '29 days', 'YYYYMMDD')`).Scan(&last))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM pg_class WHERE relname = $1`, last))
+}

@@ -3,6 +3,34 @@
 -- waiting for ACCESS EXCLUSIVE never queues the ledger's writes for long.
 SELECT set_config('lock_timeout', $1, true);
 
+-- name: partition_move_timeout
+-- A day's move holds ACCESS EXCLUSIVE on processed_events while it runs:
+-- each of its statements is bounded, so the ledger waits at most that.
+SELECT set_config('statement_timeout', $1, true);
+
+-- name: partition_move_lock
+-- Taken first, so no ledger write lands in the default partition, and no
+-- read misses a record, between the move out and the move back in.
+LOCK TABLE processed_events IN ACCESS EXCLUSIVE MODE;
+
+-- name: partition_move_stage
+CREATE TEMP TABLE processed_events_moving (LIKE processed_events) ON COMMIT DROP;
+
+-- name: partition_move_out
+-- One day's records out of the default partition ($1, $2: its bounds).
+WITH moved AS (
+    DELETE FROM processed_events_default
+    WHERE created_at >= $1 AND created_at < $2
+    RETURNING idempotency_key, event_id, outcome, created_at, updated_at
+)
+INSERT INTO processed_events_moving (idempotency_key, event_id, outcome, created_at, updated_at)
+SELECT idempotency_key, event_id, outcome, created_at, updated_at FROM moved;
+
+-- name: partition_move_in
+-- Run once the day's partition exists: the records land in it, unchanged.
+INSERT INTO processed_events (idempotency_key, event_id, outcome, created_at, updated_at)
+SELECT idempotency_key, event_id, outcome, created_at, updated_at FROM processed_events_moving;
+
 -- name: partitions_ahead
 -- One day's partition ($1 is its midnight, UTC); 1 if it was created.
 SELECT settle_processed_partitions_ahead($1, 1);
