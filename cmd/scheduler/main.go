@@ -200,7 +200,11 @@ func run(s settings, log zerolog.Logger) error {
 }
 
 // cleanup keeps processed_events' daily partitions (days ahead created,
-// days past retention dropped whole) and deletes old settled notifications.
+// days past retention dropped whole) and deletes old settled notifications
+// and transfer reports. Each part runs whatever the others did: a
+// partition maintenance failing every night must not let the other
+// tables grow without bound. The failures are logged and returned
+// together (settle_job_runs_total counts the run as an error).
 func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, retention, lockTimeout time.Duration) func(context.Context) error {
 	deferred := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "settle_partition_ddl_deferred_total",
@@ -208,9 +212,9 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 	})
 	reg.MustRegister(deferred)
 	return func(ctx context.Context) error {
-		report, err := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{LockTimeout: lockTimeout})
+		report, partErr := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{LockTimeout: lockTimeout})
 		log.Info().Int("created", report.Created).Int("dropped", report.Dropped).Int64("trimmed", report.Trimmed).
-			Int64("default_rows", report.DefaultRows).Strs("kept_pending", report.KeptPending).Msg("processed_events partitions")
+			Int64("default_rows", report.DefaultRows).Int64("moved", report.Moved).Strs("kept_pending", report.KeptPending).Msg("processed_events partitions")
 		if len(report.Deferred) > 0 {
 			// Harmless for a while (30 days are created ahead); the next
 			// run tries again. Something holds locks on processed_events.
@@ -218,21 +222,23 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 			log.Warn().Strs("deferred", report.Deferred).Dur("lock_timeout", lockTimeout).
 				Msg("partition DDL did not get its lock in time; the next cleanup retries it")
 		}
-		if report.DefaultRows > 0 {
+		if len(report.Skipped) > 0 {
+			log.Warn().Strs("skipped", report.Skipped).
+				Msg("days whose records were already in the default partition, too many to move in time: they stay there")
+		}
+		if report.DefaultRows > 0 || report.Moved > 0 {
 			alerts.Raise("processed_events_default_partition", alert.Warning,
-				"idempotency records fell outside every daily partition (is the cleanup job running?)", map[string]any{"rows": report.DefaultRows})
+				"idempotency records fell outside every daily partition (is the cleanup job running?)",
+				map[string]any{"rows": report.DefaultRows, "moved": report.Moved})
 		}
-		if err != nil {
-			return err
+		if partErr != nil {
+			log.Error().Err(partErr).Msg("processed_events partition maintenance failed; the other cleanups run")
 		}
-		n, err := db.CleanupNotifications(ctx, retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
+		n, notifyErr := db.CleanupNotifications(ctx, retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
 		log.Info().Int64("deleted", n).Msg("notification outbox cleanup")
-		if err != nil {
-			return err
-		}
-		n, err = db.DeleteOldReports(ctx, retention, postgres.CleanupBatchDefault)
+		n, reportsErr := db.DeleteOldReports(ctx, retention, postgres.CleanupBatchDefault)
 		log.Info().Int64("deleted", n).Msg("transfer reports cleanup")
-		return err
+		return errors.Join(partErr, notifyErr, reportsErr)
 	}
 }
 
