@@ -247,7 +247,9 @@ func (f *fixture) enqueueClaimed(id string) payment.Event {
 
 func TestDebitsTakeOnlyFromAvailable(t *testing.T) {
 	f := newFixture(t)
-	f.user(1, map[string]string{"ETH": "100"})
+	f.user(1, map[string]string{"ETH": "99"})
+	// The deposit the compensation below reverses.
+	requireOutcome(t, f.apply(f.enqueue("x", payment.Deposit, 1, "ETH", "1"))[0], payment.StatusConfirmed, payment.OutcomeSuccess)
 	f.apply(f.holdTask("h1", 1, "60"))
 	for _, typ := range []payment.EventType{payment.Withdrawal, payment.WithdrawalFee} {
 		e := f.enqueue("over-"+string(typ), typ, 1, "ETH", "41")
@@ -259,8 +261,12 @@ func TestDebitsTakeOnlyFromAvailable(t *testing.T) {
 	require.Equal(t, "60", f.held(1, "ETH"))
 
 	// A compensation that only held money could cover goes to the DLQ.
-	comp := f.enqueue("reorg:x", payment.ReorgCompensation, 1, "ETH", "1")
-	r := f.apply(comp)[0]
+	_, err := f.db.InsertEvent(context.Background(), postgres.NewEvent{
+		Event:  payment.Event{ID: "reorg:x", Type: payment.ReorgCompensation, UserID: 1, Asset: "ETH", Amount: dec("1")},
+		Source: postgres.SourceReorg, Related: "x",
+	})
+	require.NoError(t, err)
+	r := f.apply(f.enqueueClaimed("reorg:x"))[0]
 	requireOutcome(t, r, payment.StatusFailed, payment.OutcomeDeadLettered)
 	require.NotEmpty(t, r.Alert)
 	require.Equal(t, "60", f.balance(1, "ETH").String())

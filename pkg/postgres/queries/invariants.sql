@@ -56,14 +56,22 @@ FROM (SELECT event_id, status, row_number() OVER (ORDER BY created_at) AS rn
       FROM payment_events WHERE status NOT IN ('confirmed', 'failed')) x;
 
 -- name: inv_failed_unexplained
--- A failed event has a DLQ row or a recorded business outcome.
+-- A failed event has a DLQ row or a recorded business outcome. A
+-- dead-lettered event's row is of its current generation (every writer
+-- records the generation it failed, and only a reopen to pending bumps
+-- it) and not replayed: a replayed row is an earlier failure's, whose
+-- replay reopened the event. A discarded one still explains it (the
+-- event stays failed).
 SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
       WHERE e.status = 'failed'
         AND (e.outcome IS NULL
              OR e.outcome NOT IN ('insufficient_funds', 'reorged', 'reverted', 'not_found', 'mismatch', 'duplicate_transfer',
                                   'hold_closed', 'unknown_hold', 'dead_lettered')
-             OR (e.outcome = 'dead_lettered' AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.event_id = e.event_id)))) x;
+             OR (e.outcome = 'dead_lettered'
+                 AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d
+                                 WHERE d.event_id = e.event_id AND d.generation = e.generation
+                                   AND d.resolution IS DISTINCT FROM 'replayed')))) x;
 
 -- name: inv_processed_pending
 -- No idempotency record stuck pending past the bound.
@@ -90,8 +98,14 @@ SELECT count(*), COALESCE(string_agg(network || ':' || tx_hash || ':' || transfe
 FROM (SELECT t.network, t.tx_hash, t.transfer_index, t.event_id, row_number() OVER (ORDER BY t.created_at) AS rn
       FROM chain_transfers t
       LEFT JOIN payment_events e ON e.event_id = t.event_id
+      LEFT JOIN assets a ON a.code = e.asset
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type NOT IN ('deposit', 'airdrop')
-         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
+         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset
+         -- An event without a network predates networks: its network is
+         -- its asset's, as the ledger reads it, or for an Alchemy id the
+         -- one the id names, as migration 0007 claimed it.
+         OR (t.network IS DISTINCT FROM COALESCE(e.network, a.network)
+             AND NOT (e.network IS NULL AND e.event_id LIKE 'alchemy:%' AND t.network = split_part(e.event_id, ':', 2)))) x;
 
 -- name: inv_payout_claims
 -- Every payout_transfers row names a confirmed withdrawal_post of that
@@ -155,6 +169,88 @@ FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.user_id <> h.user_id OR e.asset <> h.asset OR e.amount <> h.amount
          OR (h.status <> 'open' AND (r.event_id IS NULL OR r.status <> 'confirmed' OR r.hold_id IS DISTINCT FROM h.hold_id
                                      OR r.event_type <> CASE h.status WHEN 'posted' THEN 'withdrawal_post' ELSE 'withdrawal_void' END))) x;
+
+-- name: inv_holds_of_confirmed
+-- 4. A confirmed withdrawal_hold reserved its amount: it has its holds row
+-- (open or resolved since). Without one, nothing is reserved and no post
+-- can settle it.
+SELECT count(*), COALESCE(string_agg(event_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
+      WHERE e.event_type = 'withdrawal_hold' AND e.status = 'confirmed'
+        AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.hold_id = e.event_id)) x;
+
+-- name: inv_hold_resolvers
+-- 4. A confirmed post or void is what resolved its hold: the hold's
+-- resolved_by names it and its status is the post's or void's. A post
+-- whose hold stayed open debited money the hold still reserves.
+SELECT count(*), COALESCE(string_agg(event_id || ' of ' || hold_id, ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, e.hold_id, row_number() OVER (ORDER BY e.created_at) AS rn FROM payment_events e
+      LEFT JOIN holds h ON h.hold_id = e.hold_id
+      WHERE e.event_type IN ('withdrawal_post', 'withdrawal_void') AND e.status = 'confirmed'
+        AND (h.hold_id IS NULL OR h.resolved_by IS DISTINCT FROM e.event_id
+             OR h.status <> CASE e.event_type WHEN 'withdrawal_post' THEN 'posted' ELSE 'voided' END)) x;
+
+-- name: inv_hold_resolved_once
+-- 4. A hold resolves once: at most one confirmed post or void names it.
+SELECT count(*), COALESCE(string_agg(hold_id || ': ' || resolvers, '; ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT hold_id, string_agg(event_id, ', ' ORDER BY event_id) AS resolvers,
+             row_number() OVER (ORDER BY hold_id) AS rn
+      FROM payment_events
+      WHERE event_type IN ('withdrawal_post', 'withdrawal_void') AND status = 'confirmed'
+      GROUP BY hold_id HAVING count(*) > 1) x;
+
+-- name: inv_reorg_events_match
+-- A reorg compensation, and a give-back (a credit of source reorg), names
+-- in related_event_id the confirmed deposit it concerns, carries its
+-- user, asset and amount, and has one of that deposit's cycle ids
+-- (n, the cycle, is NULL for any other id).
+WITH r AS (
+    SELECT e.event_id, e.user_id, e.asset, e.amount, e.related_event_id, e.created_at,
+           CASE
+               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:' || e.related_event_id THEN 1
+               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:return:' || k.n || ':' || e.related_event_id THEN k.n + 1
+               WHEN e.event_type = 'deposit' AND e.event_id = 'return:' || k.n || ':' || e.related_event_id THEN k.n
+           END AS n
+    FROM payment_events e
+    CROSS JOIN LATERAL (SELECT (substring(e.event_id FROM '^(?:reorg:)?return:([0-9]{1,9}):'))::int AS n) k
+    WHERE e.event_type = 'reorg_compensation' OR (e.event_type = 'deposit' AND e.source = 'reorg')
+)
+SELECT count(*), COALESCE(string_agg(event_id || ' of ' || COALESCE(related_event_id, '?'), ', ') FILTER (WHERE rn <= 10), '')
+FROM (SELECT r.event_id, r.related_event_id, row_number() OVER (ORDER BY r.created_at) AS rn
+      FROM r
+      LEFT JOIN payment_events d ON d.event_id = r.related_event_id
+      WHERE r.n IS NULL OR d.event_id IS NULL OR d.status <> 'confirmed' OR d.event_type NOT IN ('deposit', 'airdrop')
+         OR d.user_id <> r.user_id OR d.asset <> r.asset OR d.amount <> r.amount) x;
+
+-- name: inv_reorg_cycles
+-- A deposit is taken back at most once per reorg: compensation n reverses
+-- the deposit (n = 1) or give-back n-1, and give-back n reverses
+-- compensation n. So its confirmed compensations are cycles 1..c, its
+-- confirmed give-backs 1..b, and c - b is 0 (on the chain) or 1 (off).
+-- Cancelled compensations and voided give-backs ended failed and do not
+-- count.
+WITH r AS (
+    SELECT e.related_event_id AS deposit, e.event_type = 'reorg_compensation' AS comp,
+           CASE
+               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:' || e.related_event_id THEN 1
+               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:return:' || k.n || ':' || e.related_event_id THEN k.n + 1
+               WHEN e.event_type = 'deposit' AND e.event_id = 'return:' || k.n || ':' || e.related_event_id THEN k.n
+           END AS n
+    FROM payment_events e
+    CROSS JOIN LATERAL (SELECT (substring(e.event_id FROM '^(?:reorg:)?return:([0-9]{1,9}):'))::int AS n) k
+    WHERE e.status = 'confirmed' AND e.related_event_id IS NOT NULL
+      AND (e.event_type = 'reorg_compensation' OR (e.event_type = 'deposit' AND e.source = 'reorg'))
+), per_deposit AS (
+    SELECT deposit,
+           count(*) FILTER (WHERE comp) AS c, COALESCE(max(n) FILTER (WHERE comp), 0) AS c_max,
+           count(*) FILTER (WHERE NOT comp) AS b, COALESCE(max(n) FILTER (WHERE NOT comp), 0) AS b_max
+    FROM r GROUP BY deposit
+)
+SELECT count(*), COALESCE(string_agg(format('%s: %s compensation(s), %s give-back(s)', deposit, c, b), '; ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT deposit, c, b, row_number() OVER (ORDER BY deposit) AS rn
+      FROM per_deposit
+      WHERE c - b NOT IN (0, 1) OR c <> c_max OR b <> b_max) x;
 
 -- name: inv_conservation
 -- Money conservation per asset: SUM(balance) = SUM(initial) + confirmed

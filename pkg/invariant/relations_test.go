@@ -1,0 +1,308 @@
+package invariant_test
+
+// States in which money moved wrongly while each table stays consistent
+// with itself: only relating holds to their posts, compensations to their
+// deposits, claims to their event's network and dead letters to their
+// event's generation shows them.
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/invariant"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// settleEvent inserts e and runs it through the ledger alone.
+func settleEvent(t *testing.T, db *postgres.DB, e postgres.NewEvent) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.InsertEvent(ctx, e)
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+}
+
+func statusOf(t *testing.T, conn *pgx.Conn, id string) string {
+	t.Helper()
+	var s, o string
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT status, COALESCE(outcome,'') FROM payment_events WHERE event_id = $1`, id).Scan(&s, &o))
+	return s + "/" + o
+}
+
+func execAll(t *testing.T, conn *pgx.Conn, statements ...string) {
+	t.Helper()
+	for _, s := range statements {
+		_, err := conn.Exec(context.Background(), s)
+		require.NoError(t, err, s)
+	}
+}
+
+func requireOK(t *testing.T, db *postgres.DB) {
+	t.Helper()
+	report, err := invariant.Check(context.Background(), db, invariant.Quiet())
+	require.NoError(t, err)
+	require.True(t, report.OK(), report.String())
+}
+
+func requireFailing(t *testing.T, db *postgres.DB, checks ...string) invariant.Report {
+	t.Helper()
+	report, err := invariant.Check(context.Background(), db, invariant.Quiet())
+	require.NoError(t, err)
+	require.ElementsMatch(t, checks, failing(report), report.String())
+	return report
+}
+
+// forgedPost is a confirmed, journalled post of hold h1 that the ledger
+// never applied: the user is debited 3 a second time.
+var forgedPost = []string{
+	`INSERT INTO payment_events (event_id, event_type, user_id, asset, amount, content_hash, hold_id)
+	 VALUES ('p2', 'withdrawal_post', 1, 'ETH', 3, decode(repeat('00', 32), 'hex'), 'h1')`,
+	`UPDATE payment_events SET status = 'enqueued' WHERE event_id = 'p2'`,
+	`UPDATE payment_events SET status = 'confirmed', outcome = 'success' WHERE event_id = 'p2'`,
+	`INSERT INTO balance_events (user_id, asset, amount, event_type, source_event_id) VALUES (1, 'ETH', -3, 'withdrawal', 'p2')`,
+	`UPDATE balances SET balance = balance - 3 WHERE user_id = 1 AND asset = 'ETH'`,
+}
+
+func holdFixture(t *testing.T) (*postgres.DB, *pgx.Conn) {
+	t.Helper()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("10")))
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "h1", Type: payment.WithdrawalHold, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3")}})
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	require.Equal(t, "confirmed/held", statusOf(t, conn, "h1"))
+	return db, conn
+}
+
+// A hold resolves once: a second confirmed post of it debits the user
+// twice for one withdrawal.
+func TestCheckerCatchesSecondPostOfOneHold(t *testing.T) {
+	db, conn := holdFixture(t)
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3"), HoldID: "h1"}})
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
+	requireOK(t, db)
+
+	execAll(t, conn, forgedPost...)
+	report := requireFailing(t, db, "every confirmed post or void resolved its hold", "at most one confirmed post or void per hold")
+	require.Contains(t, report.String(), "h1: p1, p2")
+}
+
+// A confirmed, debited post whose hold is still open: the money left and
+// is still reserved.
+func TestCheckerCatchesPostWhoseHoldStaysOpen(t *testing.T) {
+	db, conn := holdFixture(t)
+	requireOK(t, db)
+	execAll(t, conn, forgedPost...)
+	report := requireFailing(t, db, "every confirmed post or void resolved its hold")
+	require.Contains(t, report.String(), "p2 of h1")
+}
+
+// A void the hold names with the status of a post.
+func TestCheckerCatchesResolutionOfAnotherKind(t *testing.T) {
+	db, conn := holdFixture(t)
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "v1", Type: payment.WithdrawalVoid, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3"), HoldID: "h1"}})
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "v1"))
+	requireOK(t, db)
+	// A resolved hold's status is guarded; lifted for the tampering.
+	execAll(t, conn,
+		`ALTER TABLE holds DISABLE TRIGGER holds_transition_guard`,
+		`UPDATE holds SET status = 'posted' WHERE hold_id = 'h1'`,
+		`ALTER TABLE holds ENABLE TRIGGER holds_transition_guard`)
+	requireFailing(t, db, "every confirmed post or void resolved its hold", "holds match their hold, post and void events")
+}
+
+// A confirmed hold ("held") that reserves nothing: its holds row is gone
+// and held was lowered with it.
+func TestCheckerCatchesConfirmedHoldWithoutItsRow(t *testing.T) {
+	db, conn := holdFixture(t)
+	execAll(t, conn,
+		`DELETE FROM holds WHERE hold_id = 'h1'`,
+		`UPDATE balances SET held = held - 3 WHERE user_id = 1 AND asset = 'ETH'`)
+	report := requireFailing(t, db, "every confirmed withdrawal_hold has its holds row")
+	require.Contains(t, report.String(), "e.g. h1")
+}
+
+func reorgFixture(t *testing.T) (*postgres.DB, *pgx.Conn) {
+	t.Helper()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("100")))
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "d1", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("10")}})
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return db, conn
+}
+
+func compensation(cycle int, deposit, amount string) postgres.NewEvent {
+	return postgres.NewEvent{
+		Event:  payment.Event{ID: payment.CycleCompensationEventID(cycle, deposit), Type: payment.ReorgCompensation, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString(amount)},
+		Source: postgres.SourceReorg, Related: deposit,
+	}
+}
+
+func giveBack(cycle int, deposit, amount string) postgres.NewEvent {
+	return postgres.NewEvent{
+		Event:  payment.Event{ID: payment.ReturnEventID(cycle, deposit), Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString(amount)},
+		Source: postgres.SourceReorg, Related: deposit,
+	}
+}
+
+// Cycles of reorgs and returns, each compensation reversing the deposit or
+// the give-back before it, pass.
+func TestCheckerPassesReorgCycles(t *testing.T) {
+	db, _ := reorgFixture(t)
+	settleEvent(t, db, compensation(1, "d1", "10"))
+	requireOK(t, db)
+	settleEvent(t, db, giveBack(1, "d1", "10"))
+	requireOK(t, db)
+	settleEvent(t, db, compensation(2, "d1", "10"))
+	requireOK(t, db)
+	settleEvent(t, db, giveBack(2, "d1", "10"))
+	requireOK(t, db)
+}
+
+// A deposit compensated twice for one reorg, with no give-back between:
+// the user lost 10 more than the reorg took.
+func TestCheckerCatchesDoubleCompensation(t *testing.T) {
+	db, conn := reorgFixture(t)
+	settleEvent(t, db, compensation(1, "d1", "10"))
+	settleEvent(t, db, compensation(2, "d1", "10"))
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "reorg:return:1:d1"))
+	report := requireFailing(t, db, "a deposit is compensated at most once more than given back")
+	require.Contains(t, report.String(), "d1: 2 compensation(s), 0 give-back(s)")
+}
+
+// A give-back of a cycle whose compensation never ran credits the deposit
+// a second time.
+func TestCheckerCatchesGiveBackWithoutCompensation(t *testing.T) {
+	db, _ := reorgFixture(t)
+	settleEvent(t, db, giveBack(1, "d1", "10"))
+	requireFailing(t, db, "a deposit is compensated at most once more than given back")
+}
+
+// A compensation takes back what its deposit credited, from its user.
+func TestCheckerCatchesCompensationOfAnotherAmount(t *testing.T) {
+	db, _ := reorgFixture(t)
+	settleEvent(t, db, compensation(1, "d1", "7"))
+	report := requireFailing(t, db, "reorg compensations and give-backs match their deposit")
+	require.Contains(t, report.String(), "reorg:d1 of d1")
+}
+
+// Invariant 5 names a transfer by (network, tx_hash, index): a Base
+// deposit whose claim sits under ETH_MAINNET leaves its Base transfer
+// unclaimed. A row from before networks (no network) is its asset's.
+func TestCheckerCatchesClaimOnAnotherNetwork(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	tx := "0xab00000000000000000000000000000000000000000000000000000000000000"
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "d1", Type: payment.Deposit, UserID: 1, Asset: "USDC",
+		Amount: decimal.RequireFromString("5"), TxHash: tx, Network: "BASE_MAINNET"}})
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "d1"))
+	requireOK(t, db)
+
+	execAll(t, conn, `UPDATE chain_transfers SET network = 'ETH_MAINNET' WHERE event_id = 'd1'`)
+	report := requireFailing(t, db, "every chain_transfers row names one confirmed deposit")
+	require.Contains(t, report.String(), "ETH_MAINNET:"+tx)
+
+	// Without a network the deposit is its asset's (USDC's first listing
+	// is on ETH_MAINNET), and the claim there is right.
+	var assetNetwork string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT network FROM assets WHERE code = 'USDC'`).Scan(&assetNetwork))
+	require.Equal(t, "ETH_MAINNET", assetNetwork)
+	execAll(t, conn, `UPDATE payment_events SET network = NULL WHERE event_id = 'd1'`)
+	requireOK(t, db)
+
+	// A legacy Alchemy id names its network, and migration 0007 claimed
+	// its transfer there.
+	legacy := "alchemy:BASE_MAINNET:0xcd00000000000000000000000000000000000000000000000000000000000000:token:3"
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: legacy, Type: payment.Deposit, UserID: 1, Asset: "USDC",
+		Amount: decimal.RequireFromString("2"), TxHash: "0xcd00000000000000000000000000000000000000000000000000000000000000", Network: "BASE_MAINNET"}})
+	_, err = conn.Exec(ctx, `UPDATE payment_events SET network = NULL WHERE event_id = $1`, legacy)
+	require.NoError(t, err)
+	requireOK(t, db)
+	execAll(t, conn, `UPDATE chain_transfers SET network = 'ARB_MAINNET' WHERE event_id LIKE 'alchemy:%'`)
+	requireFailing(t, db, "every chain_transfers row names one confirmed deposit")
+}
+
+// A dead-lettered event is explained by a letter of its failure, not by
+// the replayed letter of an earlier one.
+func TestCheckerCatchesDeadLetterOfEarlierGeneration(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "x", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1")}})
+	require.NoError(t, err)
+	fail := func() int64 {
+		claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		e := claimed[0].Event
+		moved, id, err := db.FailToDLQ(ctx, payment.DeadLetter{EventID: e.ID, EventType: string(e.Type), Error: "boom", Generation: e.Generation, Source: payment.SourceWorker})
+		require.NoError(t, err)
+		require.True(t, moved)
+		return id
+	}
+	first := fail()
+	requireOK(t, db)
+	r, err := db.ReplayDeadLetter(ctx, first, "ops", "try again")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, r)
+	second := fail()
+	requireOK(t, db)
+
+	// The second failure's letter gone: only the replayed first is left.
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `DELETE FROM dead_letter_queue WHERE id = $1`, second)
+	require.NoError(t, err)
+	requireFailing(t, db, "failed events have a DLQ row or a business outcome")
+
+	// A discarded letter of the current failure explains it: the event
+	// stays failed for good.
+	third := letterOfCurrentGeneration(t, db, conn)
+	discarded, err := db.DiscardDeadLetter(ctx, third, "ops", "refunded by hand")
+	require.NoError(t, err)
+	require.True(t, discarded)
+	requireOK(t, db)
+}
+
+// letterOfCurrentGeneration writes a letter of x's current generation
+// without failing it again (it is failed already), as a drained fallback
+// entry does.
+func letterOfCurrentGeneration(t *testing.T, db *postgres.DB, conn *pgx.Conn) int64 {
+	t.Helper()
+	var generation int
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT generation FROM payment_events WHERE event_id = 'x'`).Scan(&generation))
+	ids, err := db.InsertDeadLetters(context.Background(), []payment.DeadLetter{{EventID: "x", EventType: "deposit", Error: "boom", Generation: generation, Source: payment.SourceDrain}})
+	require.NoError(t, err)
+	require.Len(t, ids, 1)
+	return ids[0]
+}
