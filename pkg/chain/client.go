@@ -147,6 +147,9 @@ type Client struct {
 	chainID      int64
 	chainChecked atomic.Bool
 	chainMu      sync.Mutex
+	// redact takes the endpoint's API key (its path, query, user info)
+	// out of every error leaving the client.
+	redact *logging.Redactor
 }
 
 // Dial prepares a client for an http(s) JSON-RPC endpoint. It does not
@@ -190,9 +193,10 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 		}}
 	}
 	httpClient.Transport = boundResponses(httpClient.Transport, opts.ResponseMax)
+	redact := logging.NewRedactor(rawURL)
 	rc, err := rpc.DialOptions(ctx, rawURL, rpc.WithHTTPClient(httpClient))
 	if err != nil {
-		return nil, fmt.Errorf("ethereum rpc client: %w", err)
+		return nil, fmt.Errorf("ethereum rpc client: %w", redactError(redact, err))
 	}
 	metrics := newClientMetrics(opts.Registerer)
 	return &Client{
@@ -202,6 +206,7 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 		metrics:     metrics,
 		callTimeout: opts.CallTimeout,
 		chainID:     opts.ChainID,
+		redact:      redact,
 	}, nil
 }
 
@@ -369,7 +374,7 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 	// The endpoint's path and query hold the provider's API key
 	// (https://host/v3/<key>), and these errors reach logs, alerts and
 	// DLQ rows.
-	err = logging.RedactError(err)
+	err = redactError(c.redact, err)
 	c.breaker.report(ctx, t, o, err)
 	switch {
 	case err == nil:
@@ -378,6 +383,32 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 		return err
 	}
 	return payment.Unavailable("chain "+method, err)
+}
+
+// Bounds of an error's text once redacted: an error page (an HTTP error's
+// body, up to 64 KiB) is shown by its first bytes only, and the whole text
+// is cut too, since it lands in rows, alerts and log lines.
+const (
+	errorBodyShownMax = 300
+	errorTextMax      = 1024
+)
+
+// redactError is err with the endpoint's secrets out of its text, wherever
+// they appear (a server's error page may repeat the requested path), an
+// HTTP error's page shortened to one line of errorBodyShownMax bytes, and
+// the text cut at errorTextMax. errors.Is and errors.As see err as before.
+func redactError(redact *logging.Redactor, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := logging.RedactError(err).Error()
+	var httpErr rpc.HTTPError
+	if errors.As(err, &httpErr) && len(httpErr.Body) > 0 {
+		// Secrets out before the cut, so none is left half there.
+		body := strings.Join(strings.Fields(redact.String(string(httpErr.Body))), " ")
+		msg = strings.Replace(msg, httpErr.Error(), httpErr.Status+": "+logging.Cut(body, errorBodyShownMax), 1)
+	}
+	return logging.Redacted(err, logging.Cut(redact.String(msg), errorTextMax))
 }
 
 func isTxIndexing(err error) bool {

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/ethereum/go-ethereum/rpc"
+
+	"github.com/settle/settle/pkg/logging"
 )
 
 // logsLimitPhrases are how nodes and providers word an eth_getLogs they
@@ -49,21 +51,23 @@ const rpcErrorBodyMax = 64 << 10
 
 // logsLimitError reports whether err is a node's refusal of an eth_getLogs
 // as too large, with the node's message (at most a line) as the reason.
-func logsLimitError(err error) (reason string, ok bool) {
+// The endpoint's secrets (redact; nil: none) leave the message before it
+// is cut, so no part of one is left at the cut.
+func logsLimitError(err error, redact *logging.Redactor) (reason string, ok bool) {
 	if err == nil {
 		return "", false
 	}
 	if errors.Is(err, ErrResponseTooLarge) {
 		// Ours, not the node's: fewer blocks make a shorter answer.
-		return err.Error(), true
+		return redact.Error(err).Error(), true
 	}
 	var rpcErr rpc.Error
 	if errors.As(err, &rpcErr) {
-		return logsLimitMessage(rpcErr.Error())
+		return logsLimitMessage(redact.String(rpcErr.Error()))
 	}
 	var httpErr rpc.HTTPError
 	if errors.As(err, &httpErr) {
-		return logsLimitHTTP(httpErr.StatusCode, httpErr.Body)
+		return logsLimitHTTP(httpErr.StatusCode, httpErr.Body, redact)
 	}
 	return "", false
 }
@@ -71,7 +75,7 @@ func logsLimitError(err error) (reason string, ok bool) {
 // logsLimitHTTP reads a non-2xx answer's JSON-RPC error (QuickNode sends
 // its range limit with status 413). A rate limit (429) is never a size
 // limit, whatever its text says: a narrower range would not help.
-func logsLimitHTTP(status int, body []byte) (string, bool) {
+func logsLimitHTTP(status int, body []byte, redact *logging.Redactor) (string, bool) {
 	if status == http.StatusTooManyRequests || len(body) > rpcErrorBodyMax {
 		return "", false
 	}
@@ -83,7 +87,7 @@ func logsLimitHTTP(status int, body []byte) (string, bool) {
 	if json.Unmarshal(body, &answer) != nil || answer.Error == nil {
 		return "", false
 	}
-	return logsLimitMessage(answer.Error.Message)
+	return logsLimitMessage(redact.String(answer.Error.Message))
 }
 
 // logsLimitReasonMax bounds the node's message kept in the error.

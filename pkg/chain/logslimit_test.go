@@ -112,7 +112,7 @@ func TestLogsLimitError(t *testing.T) {
 		{"nil", nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			reason, ok := logsLimitError(c.err)
+			reason, ok := logsLimitError(c.err, nil)
 			require.Equal(t, c.want, ok)
 			if ok {
 				require.NotEmpty(t, reason)
@@ -143,7 +143,7 @@ func FuzzLogsLimitAnswer(f *testing.F) {
 	f.Add(http.StatusBadGateway, []byte(`<html>bad gateway</html>`))
 	f.Add(http.StatusOK, []byte(`{"error":null}`))
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
-		reason, ok := logsLimitHTTP(status, body)
+		reason, ok := logsLimitHTTP(status, body, nil)
 		if !ok {
 			return
 		}

@@ -202,7 +202,7 @@ func (c *Client) filterTransfers(ctx context.Context, q ethereum.FilterQuery, lo
 	var limit error
 	err := c.call(ctx, MethodLogs, func(ctx context.Context) error {
 		logs, err := c.eth.FilterLogs(ctx, q)
-		if reason, ok := logsLimitError(err); ok {
+		if reason, ok := logsLimitError(err, c.redact); ok {
 			limit = fmt.Errorf("%w: %s", ErrLogsLimit, reason)
 			return nil
 		}

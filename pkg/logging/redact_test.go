@@ -74,3 +74,36 @@ func TestRedactErrorStripsEveryURLOfAJoinedError(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactorHidesAnEndpointsSecretsAnywhere: the path (raw and
+// escaped), the query, the user info and key-like pieces of them leave
+// any text, wherever a server or library repeated them; trivial parts
+// ("/", a short path) that would mangle ordinary words are not touched.
+func TestRedactorHidesAnEndpointsSecretsAnywhere(t *testing.T) {
+	r := logging.NewRedactor("https://user:pa55word@node.example/v3/KEY0123456789abcdef/x%2Fy?apikey=QKEY0123456789abcdef&n=1")
+	for text, want := range map[string]string{
+		"Post \"https://user:pa55word@node.example/v3/KEY0123456789abcdef/x%2Fy?apikey=QKEY0123456789abcdef&n=1\": 404": "Post \"https://node.example\": 404",
+		"The requested URL /v3/KEY0123456789abcdef/x%2Fy?apikey=QKEY0123456789abcdef&n=1 was not found":                 "The requested URL [redacted] was not found",
+		`{"path":"/v3/KEY0123456789abcdef/x/y"}`:    `{"path":"[redacted]"}`,
+		"URI: /v3/KEY0123456789abcdef/x%2Fy":        "URI: [redacted]",
+		"invalid project id KEY0123456789abcdef":    "invalid project id [redacted]",
+		"bad key QKEY0123456789abcdef":              "bad key [redacted]",
+		"user user:pa55word, password pa55word":     "user [redacted], password [redacted]",
+		"/ is fine, and so are v3, x and n=1 alone": "/ is fine, and so are v3, x and n=1 alone",
+	} {
+		require.Equal(t, want, r.String(text), text)
+	}
+
+	root := logging.NewRedactor("http://127.0.0.1:8545/")
+	require.Equal(t, "POST / 404, path /", root.String("POST / 404, path /"), "a bare / is no secret")
+	require.Equal(t, "x", (*logging.Redactor)(nil).String("x"))
+
+	base := errors.New("404 Not Found: <p>The requested URL /v3/KEY0123456789abcdef/x%2Fy was not found</p>")
+	wrapped := fmt.Errorf("call: %w", base)
+	red := r.Error(wrapped)
+	require.Equal(t, "call: 404 Not Found: <p>The requested URL [redacted] was not found</p>", red.Error())
+	require.ErrorIs(t, red, base, "the chain is kept")
+	plain := errors.New("nothing secret")
+	require.Same(t, plain, r.Error(plain))
+	require.NoError(t, r.Error(nil))
+}
