@@ -70,11 +70,13 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 		return off, nil
 	}
 	configured := false
+	var endpoints []string
 	for _, name := range []string{EnvEndpoint, EnvTracesEndpoint} {
 		value := os.Getenv(name)
 		if value == "" {
 			continue
 		}
+		endpoints = append(endpoints, value)
 		// The exporter would quietly fall back to localhost on a bad one.
 		if u, err := url.Parse(value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("%s: not an http(s) URL with a host", name)
@@ -84,9 +86,12 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 	if !configured {
 		return off, nil
 	}
+	// The exporter's errors name the URL it posts to, whose path or query
+	// may hold the collector's ingest key, and quote the collector's answer.
+	redact := logging.NewRedactor(endpoints...)
 	exporter, err := otlptracehttp.New(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", EnvEndpoint, err)
+		return nil, fmt.Errorf("%s: %w", EnvEndpoint, redactExportError(redact, err))
 	}
 	// OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, read last, win over
 	// the binary's own name, as operators expect of the standard settings.
@@ -97,7 +102,7 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 	if err != nil {
 		return nil, fmt.Errorf("tracing resource: %w", err)
 	}
-	otel.SetErrorHandler(errorLogger(log))
+	otel.SetErrorHandler(errorLogger(log, redact))
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exporter),
 		sdktrace.WithResource(res),
@@ -106,7 +111,7 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 	restore := Use(tp)
 	return func(ctx context.Context) error {
 		defer restore()
-		return tp.Shutdown(ctx)
+		return redactExportError(redact, tp.Shutdown(ctx))
 	}, nil
 }
 
@@ -194,9 +199,24 @@ func End(span trace.Span, err error) {
 	span.End()
 }
 
+// exportErrorMax bounds an export error's text in the log: it quotes the
+// collector's answer, whatever its length.
+const exportErrorMax = 1024
+
+// redactExportError is err with the configured endpoints shortened to
+// scheme and host, their secret parts hidden wherever they appear, and
+// its text cut at exportErrorMax.
+func redactExportError(redact *logging.Redactor, err error) error {
+	if err == nil {
+		return nil
+	}
+	return logging.Redacted(err, logging.Cut(redact.Error(err).Error(), exportErrorMax))
+}
+
 // errorLogger sends otel's own errors (an export that failed) to the
-// binary's log, URLs shortened, at most one line per exportErrorLogEvery.
-func errorLogger(log zerolog.Logger) otel.ErrorHandler {
+// binary's log, the endpoints' secrets hidden, at most one line per
+// exportErrorLogEvery.
+func errorLogger(log zerolog.Logger, redact *logging.Redactor) otel.ErrorHandler {
 	var last atomic.Int64
 	var suppressed atomic.Int64
 	return otel.ErrorHandlerFunc(func(err error) {
@@ -206,7 +226,7 @@ func errorLogger(log zerolog.Logger) otel.ErrorHandler {
 			suppressed.Add(1)
 			return
 		}
-		log.Warn().Err(logging.RedactError(err)).Int64("suppressed", suppressed.Swap(0)).
+		log.Warn().Err(redactExportError(redact, err)).Int64("suppressed", suppressed.Swap(0)).
 			Msg("tracing: spans not exported")
 	})
 }
