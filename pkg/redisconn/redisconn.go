@@ -69,9 +69,15 @@ type Options struct {
 // Parse validates a REDIS_URL. It reads tls_ca_file, so a missing or
 // unreadable CA fails here, at start, rather than at the first call.
 func Parse(raw string) (Options, error) {
-	scheme, _, ok := strings.Cut(raw, "://")
+	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return Options{}, errors.New("not a URL (expected redis://, rediss:// or redis-sentinel://)")
+	}
+	if misplacedAt(rest) {
+		// A password with an unescaped '/', '?' or '#' ends the host
+		// there, so what follows would be quoted back as a host, a path
+		// or an option: the error names no part of the URL.
+		return Options{}, errors.New("an '@' after the host: a password with '/', '?' or '#' in it must be percent-encoded (%2F, %3F, %23)")
 	}
 	switch scheme {
 	case "redis", "rediss":
@@ -188,6 +194,38 @@ func parseSentinel(raw string) (Options, error) {
 	return Options{Sentinel: opts}, nil
 }
 
+// misplacedAt reports an '@' past the authority of rest (the URL after
+// "://") while the authority has none: in the path or fragment, or in an
+// option's name. None of them takes one, and a user info whose password
+// holds a '/', '?' or '#' unescaped looks just so. An '@' in an option's
+// value (sentinel_password=p@ss) is fine.
+func misplacedAt(rest string) bool {
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 || strings.Contains(rest[:end], "@") {
+		return false
+	}
+	after := rest[end:]
+	query, fragment := "", ""
+	if i := strings.IndexByte(after, '#'); i >= 0 {
+		after, fragment = after[:i], after[i:]
+	}
+	if i := strings.IndexByte(after, '?'); i >= 0 {
+		after, query = after[:i], after[i+1:]
+	}
+	if strings.Contains(after, "@") || strings.Contains(fragment, "@") {
+		return true
+	}
+	for _, option := range strings.Split(query, "&") {
+		name, _, _ := strings.Cut(option, "=")
+		if strings.Contains(name, "@") {
+			return true
+		}
+	}
+	return false
+}
+
+// sentinelAddrs checks the host list. Its errors count entries rather than
+// quote them: a misplaced password can end up in the list.
 func sentinelAddrs(hosts string) ([]string, error) {
 	if hosts == "" {
 		return nil, errors.New("redis-sentinel:// needs at least one sentinel host:port")
@@ -197,13 +235,13 @@ func sentinelAddrs(hosts string) ([]string, error) {
 		return nil, fmt.Errorf("%d sentinels (at most %d)", len(list), sentinelsMax)
 	}
 	addrs := make([]string, 0, len(list))
-	for _, hostPort := range list {
+	for i, hostPort := range list {
 		host, port, err := net.SplitHostPort(hostPort)
 		if err != nil || host == "" {
-			return nil, fmt.Errorf("sentinel %q is not host:port", hostPort)
+			return nil, fmt.Errorf("sentinel %d of %d is not host:port", i+1, len(list))
 		}
 		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("sentinel %q: port is not 1..65535", hostPort)
+			return nil, fmt.Errorf("sentinel %d of %d: port is not 1..65535", i+1, len(list))
 		}
 		addrs = append(addrs, net.JoinHostPort(host, port))
 	}

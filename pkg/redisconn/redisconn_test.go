@@ -113,8 +113,8 @@ func TestParseSentinel(t *testing.T) {
 		{name: "no master", url: "redis-sentinel://s1:1", err: "master name"},
 		{name: "no master, only query", url: "redis-sentinel://s1:1?tls=true", err: "master name"},
 		{name: "no sentinels", url: "redis-sentinel:///m", err: "at least one sentinel"},
-		{name: "sentinel without port", url: "redis-sentinel://s1,s2:2/m", err: `sentinel "s1" is not host:port`},
-		{name: "empty entry", url: "redis-sentinel://s1:1,,s2:2/m", err: `sentinel "" is not host:port`},
+		{name: "sentinel without port", url: "redis-sentinel://s1,s2:2/m", err: "sentinel 1 of 2 is not host:port"},
+		{name: "empty entry", url: "redis-sentinel://s1:1,,s2:2/m", err: "sentinel 2 of 3 is not host:port"},
 		{name: "bad port", url: "redis-sentinel://s1:0/m", err: "port is not 1..65535"},
 		{name: "db not a number", url: "redis-sentinel://s1:1/m/x", err: `database "x"`},
 		{name: "negative db", url: "redis-sentinel://s1:1/m/-1", err: `database "-1"`},
@@ -155,6 +155,43 @@ func TestParseSentinel(t *testing.T) {
 // TestTLSConnection talks to a real TLS-only redis-server whose
 // certificate comes from a private CA: trusted through tls_ca_file it
 // works; with the system roots alone the handshake is refused.
+// TestParseNeverEchoesAMisplacedPassword: a password pasted unescaped
+// (openssl rand -base64 has '/' and '+') ends the host at its '/', '?' or
+// '#', so its pieces would be read as a host, a path or an option; the
+// error says how to write it and quotes none of it.
+func TestParseNeverEchoesAMisplacedPassword(t *testing.T) {
+	const before, after = "k9Qx7Lm2Zt", "pWq3xYz"
+	for _, raw := range []string{
+		"redis-sentinel://:" + before + "/" + after + "@s1:26379,s2:26379/mymaster",
+		"redis-sentinel://app:" + before + "/" + after + "@s1:26379/m",
+		"redis-sentinel://app:26379/" + after + "@s1:26379/m",
+		"redis-sentinel://app:" + before + "?" + after + "@s1:26379/m",
+		"redis-sentinel://app:" + before + "#" + after + "@s1:26379/m",
+		"redis://:" + before + "/" + after + "@r1:6379/0",
+		"redis://app:6379/" + after + "@r1:6379/0",
+		"rediss://app:6379?" + after + "@r1:6379/0",
+		"redis://app:6379#" + after + "@r1:6379/0",
+	} {
+		_, err := redisconn.Parse(raw)
+		require.ErrorContains(t, err, "percent-encoded", raw)
+		for _, piece := range []string{before, after} {
+			require.NotContains(t, err.Error(), piece, raw)
+		}
+	}
+	// An '@' where one may stand still parses.
+	for _, raw := range []string{
+		"redis-sentinel://s1:1/m?sentinel_password=p@ss",
+		"redis-sentinel://:" + before + "%2F" + after + "@s1:1/m",
+		"redis://:" + before + "%2F" + after + "@r1:6379/0",
+	} {
+		_, err := redisconn.Parse(raw)
+		require.NoError(t, err, raw)
+	}
+	// A bad entry in the list is counted, not quoted.
+	_, err := redisconn.Parse("redis-sentinel://s1:1," + before + "/m")
+	require.EqualError(t, err, "sentinel 2 of 2 is not host:port")
+}
+
 func TestTLSConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
