@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -172,4 +174,30 @@ func TestListLimitsAreChecked(t *testing.T) {
 		_, err := runCtl(t, dsn, args...)
 		require.NoError(t, err, "settlectl %s", strings.Join(args, " "))
 	}
+}
+
+// TestRescanCancel: `rescan cancel ID --reason WHY` ends a running job
+// (one typed far above the head waits forever otherwise), its error
+// naming who and why; it needs a reason, and a job not running is not
+// found.
+func TestRescanCancel(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `INSERT INTO rescan_jobs (id, network, from_block, to_block, next_block, operator)
+		VALUES ('rescan-typo', 'ETH_MAINNET', 30000000, 30000100, 30000000, 'alice')`)
+	require.NoError(t, err)
+
+	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo")
+	require.ErrorIs(t, err, config.ErrUsage, "a cancel says why")
+	out, err := runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--operator", "bob", "--reason", "typo: block 3,000,000 meant")
+	require.NoError(t, err)
+	var job map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &job), out)
+	require.Equal(t, "failed", job["status"])
+	require.Equal(t, "cancelled by bob: typo: block 3,000,000 meant", job["error"])
+	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--reason", "again")
+	require.ErrorIs(t, err, payment.ErrNotFound)
 }

@@ -20,7 +20,7 @@ import (
 const rescanBlocksMaxDefault = 100_000
 
 func init() {
-	register("rescan", "rescan --network N --from B --to B [--operator NAME] [--reason WHY] | rescan status ID", runRescan)
+	register("rescan", "rescan --network N --from B --to B [--operator NAME] [--reason WHY] | rescan status ID | rescan cancel ID --reason WHY [--operator NAME]", runRescan)
 }
 
 // runRescan schedules a rescan the way POST /admin/rescan does, or shows
@@ -41,6 +41,9 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		return writeJSON(out, rescanOutput(job))
+	}
+	if len(args) > 0 && args[0] == "cancel" {
+		return cancelRescan(ctx, args[1:], out)
 	}
 	fs := flag.NewFlagSet("rescan", flag.ContinueOnError)
 	network := fs.String("network", "", "network name, e.g. ETH_MAINNET")
@@ -94,6 +97,36 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	return writeJSON(out, rescanOutput(job))
 }
 
+// cancelRescan ends a running job (one waiting for a range typed above
+// the head, say): failed, its error naming who cancelled it and why.
+// Deposits its passes stored stay; the rest of its range is not scanned.
+func cancelRescan(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("rescan cancel", flag.ContinueOnError)
+	who := fs.String("operator", "", "who cancels (default: your login name)")
+	reason := fs.String("reason", "", "why (required)")
+	rest, err := parseFlags(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	why := strings.TrimSpace(*reason)
+	if why == "" {
+		return fmt.Errorf("%w: cancel needs --reason", config.ErrUsage)
+	}
+	db, err := openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := db.CancelRescan(ctx, rest[0], "cancelled by "+operator(*who)+": "+why); err != nil {
+		return err
+	}
+	job, err := db.Rescan(ctx, rest[0])
+	if err != nil {
+		return err
+	}
+	return writeJSON(out, rescanOutput(job))
+}
+
 // rescanOutput is GET /admin/rescan/{id}'s shape.
 func rescanOutput(j postgres.RescanJob) map[string]any {
 	out := map[string]any{
@@ -106,6 +139,9 @@ func rescanOutput(j postgres.RescanJob) map[string]any {
 	}
 	if j.Error != "" {
 		out["error"] = j.Error
+	}
+	if j.WaitingHead != nil {
+		out["waiting_head"] = *j.WaitingHead
 	}
 	return out
 }

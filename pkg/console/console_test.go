@@ -442,6 +442,12 @@ func TestHoldsAndRescans(t *testing.T) {
 	require.Contains(t, a.body, jobID)
 	require.Contains(t, a.body, "0/100")
 	require.Contains(t, a.body, html.EscapeString(job.Operator))
+	require.NotContains(t, a.body, "waiting: finality head")
+	// A job the scanner found above the finality head says it waits.
+	_, err = conn.Exec(ctx, `UPDATE rescan_jobs SET waiting_head = 42 WHERE id = $1`, jobID)
+	require.NoError(t, err)
+	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
+	require.Contains(t, a.body, "waiting: finality head 42")
 	// The admin API's own rules refuse, and say why.
 	for name, change := range map[string]url.Values{
 		"to before from":         {"to_block": {"99"}},

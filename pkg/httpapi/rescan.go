@@ -42,16 +42,19 @@ type RescanStore interface {
 var _ RescanStore = (*postgres.DB)(nil)
 
 type rescanJSON struct {
-	ID          string    `json:"id"`
-	Network     string    `json:"network"`
-	Address     string    `json:"address,omitempty"`
-	FromBlock   uint64    `json:"from_block"`
-	ToBlock     *uint64   `json:"to_block"`
-	NextBlock   uint64    `json:"next_block"`
-	BlocksDone  uint64    `json:"blocks_done"`
-	BlocksTotal *uint64   `json:"blocks_total"`
-	Status      string    `json:"status"`
-	Error       string    `json:"error,omitempty"`
+	ID          string  `json:"id"`
+	Network     string  `json:"network"`
+	Address     string  `json:"address,omitempty"`
+	FromBlock   uint64  `json:"from_block"`
+	ToBlock     *uint64 `json:"to_block"`
+	NextBlock   uint64  `json:"next_block"`
+	BlocksDone  uint64  `json:"blocks_done"`
+	BlocksTotal *uint64 `json:"blocks_total"`
+	Status      string  `json:"status"`
+	Error       string  `json:"error,omitempty"`
+	// WaitingHead: present while the job waits for the chain, the
+	// network's finality head the scanner last read, below next_block.
+	WaitingHead *uint64   `json:"waiting_head,omitempty"`
 	Found       int       `json:"found"`
 	RequestedBy string    `json:"requested_by"`
 	Operator    string    `json:"operator,omitempty"`
@@ -62,7 +65,7 @@ type rescanJSON struct {
 
 func rescanView(j postgres.RescanJob, traceID string) rescanJSON {
 	v := rescanJSON{ID: j.ID, Network: j.Network, Address: j.Address, FromBlock: j.FromBlock, ToBlock: j.ToBlock,
-		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, Found: j.Found, RequestedBy: j.RequestedBy, Operator: j.Operator,
+		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, WaitingHead: j.WaitingHead, Found: j.Found, RequestedBy: j.RequestedBy, Operator: j.Operator,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, TraceID: traceID}
 	if j.NextBlock > j.FromBlock {
 		v.BlocksDone = j.NextBlock - j.FromBlock

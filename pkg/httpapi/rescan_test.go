@@ -60,6 +60,11 @@ func TestRescanRequests(t *testing.T) {
 	require.EqualValues(t, 99999, got.body["to_block"])
 	require.Equal(t, "admin", got.body["requested_by"])
 	require.Regexp(t, `^admin-api @`, got.body["operator"], "who asked is stored with the job")
+	require.NotContains(t, got.body, "waiting_head")
+	// Once the scanner found its range above the finality head, it says so.
+	execSQL(t, h.dsn, "UPDATE rescan_jobs SET waiting_head = 7 WHERE id = $1", id)
+	got = h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
+	require.EqualValues(t, 7, got.body["waiting_head"])
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/nope", nil, admin), http.StatusNotFound)
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/"+id, nil, nil), http.StatusUnauthorized)
 	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs"))

@@ -473,10 +473,10 @@ func (db *DB) RescanJobs(ctx context.Context, limit int) (jobs []RescanJob, foun
 	jobs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (RescanJob, error) {
 		var j RescanJob
 		var from, next int64
-		var to *int64
+		var to, waiting *int64
 		err := row.Scan(&j.ID, &j.Network, &j.Address, &from, &to, &next, &j.Status, &j.Error,
-			&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt)
-		j.FromBlock, j.NextBlock = uint64(from), uint64(next)
+			&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting)
+		j.FromBlock, j.NextBlock, j.WaitingHead = uint64(from), uint64(next), blockPtr(waiting)
 		if to != nil {
 			end := uint64(*to)
 			j.ToBlock = &end

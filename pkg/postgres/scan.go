@@ -261,6 +261,10 @@ type RescanJob struct {
 	Operator  string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// WaitingHead is set while a running job waits for the chain: the
+	// network's finality head as the scanner last read it was below
+	// NextBlock.
+	WaitingHead *uint64
 }
 
 // CreateRescan records a rescan of network's blocks from through to for
@@ -304,20 +308,29 @@ func (db *DB) Rescan(ctx context.Context, id string) (RescanJob, error) {
 	var j RescanJob
 	var from, to, next int64
 	var pending bool
+	var waiting *int64
 	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&j.ID, &j.Network, &j.Address, &from, &to, &pending, &next, &j.Status, &j.Error,
-		&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt)
+		&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RescanJob{}, fmt.Errorf("rescan %s: %w", id, payment.ErrNotFound)
 	}
 	if err != nil {
 		return RescanJob{}, classify(stmt.name, err)
 	}
-	j.FromBlock, j.NextBlock = uint64(from), uint64(next)
+	j.FromBlock, j.NextBlock, j.WaitingHead = uint64(from), uint64(next), blockPtr(waiting)
 	if !pending {
 		end := uint64(max(to, 0))
 		j.ToBlock = &end
 	}
 	return j, nil
+}
+
+func blockPtr(n *int64) *uint64 {
+	if n == nil {
+		return nil
+	}
+	b := uint64(*n)
+	return &b
 }
 
 // ResolveBackfills gives the open-ended backfills of networks their end.
@@ -333,13 +346,35 @@ type RescanClaim struct {
 	Next, To             uint64
 }
 
-// ClaimRescan leases the oldest free running job of networks; ok false
-// when there is none.
-func (db *DB) ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (RescanClaim, bool, error) {
+// RescanNetworks names the networks among networks with a job to claim.
+func (db *DB) RescanNetworks(ctx context.Context, networks []string) ([]string, error) {
+	stmt := q("rescan_networks")
+	rows, err := db.pool.Query(ctx, stmt.text, networks)
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return out, classify(stmt.name, err)
+}
+
+// MarkRescansWaiting records which running jobs of network wait for the
+// chain (next block above head, the finality head just read) and
+// answers how many.
+func (db *DB) MarkRescansWaiting(ctx context.Context, network string, head uint64) (int, error) {
+	stmt := q("rescan_mark_waiting")
+	var n int
+	err := db.pool.QueryRow(ctx, stmt.text, network, int64(head)).Scan(&n)
+	return n, classify(stmt.name, err)
+}
+
+// ClaimRescan leases a free running job of network whose next block is
+// at or below head, the one whose last pass is oldest; ok false when
+// there is none.
+func (db *DB) ClaimRescan(ctx context.Context, network string, head uint64, owner string, lease time.Duration) (RescanClaim, bool, error) {
 	stmt := q("rescan_claim")
 	var c RescanClaim
 	var next, to int64
-	err := db.pool.QueryRow(ctx, stmt.text, networks, owner, lease.Milliseconds()).Scan(&c.ID, &c.Network, &c.Address, &next, &to)
+	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(head)).Scan(&c.ID, &c.Network, &c.Address, &next, &to)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RescanClaim{}, false, nil
 	}
@@ -369,6 +404,17 @@ func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to
 func (db *DB) ReleaseRescan(ctx context.Context, id, owner string) error {
 	stmt := q("rescan_release")
 	_, err := db.pool.Exec(ctx, stmt.text, id, owner)
+	return classify(stmt.name, err)
+}
+
+// CancelRescan ends a running job at an operator's request: failed, with
+// reason as its error. payment.ErrNotFound when no job id is running.
+func (db *DB) CancelRescan(ctx context.Context, id, reason string) error {
+	stmt := q("rescan_cancel")
+	err := db.pool.QueryRow(ctx, stmt.text, id, reason).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("no running rescan %s: %w", id, payment.ErrNotFound)
+	}
 	return classify(stmt.name, err)
 }
 

@@ -92,7 +92,7 @@ func TestBackfillEnd(t *testing.T) {
 	job, err := db.Rescan(ctx, "bf-1")
 	require.NoError(t, err)
 	require.Nil(t, job.ToBlock, "no cursor yet: the end waits")
-	_, ok, err := db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	_, ok, err := db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.False(t, ok, "a backfill without an end is not claimed")
 
@@ -110,7 +110,7 @@ func TestBackfillEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "done", job.Status, "from block 200 on the cursor sees the address")
 
-	claim, ok, err := db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	claim, ok, err := db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, postgres.RescanClaim{ID: "bf-1", Network: network, Address: "0x" + strings.Repeat("11", 20), Next: 40, To: 109}, claim)
@@ -118,7 +118,7 @@ func TestBackfillEnd(t *testing.T) {
 	require.ErrorIs(t, err, postgres.ErrLeaseLost)
 	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, 2, nil)
 	require.NoError(t, err)
-	claim, ok, err = db.ClaimRescan(ctx, []string{network}, "a", time.Minute)
+	claim, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 90, claim.Next)
@@ -223,4 +223,83 @@ func TestScanPassReopensReorged(t *testing.T) {
 	require.Equal(t, next, again, "the cursor did not move")
 	s, outcome, _ = status(locked.Event.ID)
 	require.Equal(t, "failed/reorged", s+"/"+outcome)
+}
+
+// TestRescanClaimTurnsAndWaits: a job whose next block is above the
+// finality head is not claimed and is marked waiting, so it holds no
+// other back; the claimable jobs take turns by their last pass; an
+// operator's cancel ends a running job, and a pass under way then stores
+// nothing.
+func TestRescanClaimTurnsAndWaits(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.DB(t)
+	const network = "ETH_MAINNET"
+	_, err := db.CreateRescan(ctx, "r-future", network, 5000, 5100, "op")
+	require.NoError(t, err)
+	_, err = db.CreateRescan(ctx, "r-long", network, 10, 40, "op")
+	require.NoError(t, err)
+	_, err = db.CreateRescan(ctx, "r-short", network, 50, 50, "op")
+	require.NoError(t, err)
+	_, err = db.CreateRescan(ctx, "r-other", "BASE_MAINNET", 1, 1, "op")
+	require.NoError(t, err)
+
+	networks, err := db.RescanNetworks(ctx, []string{network, "BASE_MAINNET", "OP_MAINNET"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"BASE_MAINNET", network}, networks)
+	waiting, err := db.MarkRescansWaiting(ctx, network, 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, waiting)
+	job, err := db.Rescan(ctx, "r-future")
+	require.NoError(t, err)
+	require.NotNil(t, job.WaitingHead)
+	require.EqualValues(t, 100, *job.WaitingHead)
+	job, err = db.Rescan(ctx, "r-long")
+	require.NoError(t, err)
+	require.Nil(t, job.WaitingHead)
+
+	claim, ok, err := db.ClaimRescan(ctx, network, 100, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r-long", claim.ID, "the oldest job the head allows")
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 10, 19, 0, nil)
+	require.NoError(t, err)
+	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r-short", claim.ID, "after a pass of the long job, the next one's turn")
+	_, err = db.CompleteRescanPass(ctx, "r-short", "a", 50, 50, 0, nil)
+	require.NoError(t, err)
+	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r-long", claim.ID)
+	_, ok, err = db.ClaimRescan(ctx, network, 100, "b", time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "leased, and the rest waits above the head")
+
+	require.NoError(t, db.CancelRescan(ctx, "r-long", "cancelled by op"))
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, 0, nil)
+	require.ErrorIs(t, err, postgres.ErrLeaseLost, "the pass under way stores nothing")
+	job, err = db.Rescan(ctx, "r-long")
+	require.NoError(t, err)
+	require.Equal(t, "failed", job.Status)
+	require.Equal(t, "cancelled by op", job.Error)
+	require.EqualValues(t, 20, job.NextBlock)
+	require.ErrorIs(t, db.CancelRescan(ctx, "r-long", "again"), payment.ErrNotFound)
+	require.ErrorIs(t, db.CancelRescan(ctx, "r-short", "done already"), payment.ErrNotFound)
+
+	// A pending backfill can be cancelled too (its end is no longer pending).
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.AddDepositAddress(ctx, network, "0x"+strings.Repeat("33", 20), 1)
+	require.NoError(t, err)
+	require.NoError(t, db.AddBackfill(ctx, "bf-c", network, "0x"+strings.Repeat("33", 20), 7))
+	require.NoError(t, db.CancelRescan(ctx, "bf-c", "cancelled by op"))
+
+	waiting, err = db.MarkRescansWaiting(ctx, network, 6000)
+	require.NoError(t, err)
+	require.Zero(t, waiting)
+	job, err = db.Rescan(ctx, "r-future")
+	require.NoError(t, err)
+	require.Nil(t, job.WaitingHead, "the head reached it")
 }

@@ -43,6 +43,8 @@ type metrics struct {
 	lastSuccess *prometheus.GaugeVec
 	logsRefused *prometheus.CounterVec
 	reorgs      *prometheus.CounterVec
+	// rescansWaiting: running jobs whose next block is above the finality head.
+	rescansWaiting *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -71,9 +73,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reorgs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_scan_reorgs_below_cursor_total", Help: "Cursor passes that found the block below their range replaced by a reorg deeper than the finality policy, each asking for a rescan of the blocks below (SCAN_REORG_RESCAN).",
 		}, []string{"network"}),
+		rescansWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_rescans_waiting", Help: "Running rescan and backfill jobs whose next block is above the network's finality head as the scanner last read it: they wait for the chain (a range asked above the head waits until the chain gets there; settlectl rescan cancel ends one).",
+		}, []string{"network"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs)
+		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs, m.rescansWaiting)
 	}
 	return m
 }

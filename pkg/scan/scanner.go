@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -81,8 +82,10 @@ const (
 	// catchUpPassesMax bounds the passes one interval runs back to back
 	// while the cursor is behind.
 	catchUpPassesMax = 20
-	// rescanPassesMax bounds the rescan passes of one interval, so the
-	// cursor is never starved by a large rescan.
+	// rescanPassesMax bounds one network's rescan passes in one interval,
+	// so its cursor is never starved by a large rescan. Each network has
+	// its own: one whose node is down or whose jobs wait for the chain
+	// holds no other network's jobs back.
 	rescanPassesMax = 4
 	// addressesMax bounds the registered addresses of one network loaded
 	// for a pass (100,000 is the sized target; 10x leaves room).
@@ -103,7 +106,9 @@ type Store interface {
 	ScanAddressOwner(ctx context.Context, network, address string) (int64, bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
 	ResolveBackfills(ctx context.Context, networks []string) error
-	ClaimRescan(ctx context.Context, networks []string, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
+	RescanNetworks(ctx context.Context, networks []string) ([]string, error)
+	MarkRescansWaiting(ctx context.Context, network string, head uint64) (int, error)
+	ClaimRescan(ctx context.Context, network string, head uint64, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
 	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	ReleaseRescan(ctx context.Context, id, owner string) error
 	FailRescan(ctx context.Context, id, owner, reason string) error
@@ -212,7 +217,8 @@ func (s *Scanner) Run(ctx context.Context) {
 }
 
 // Tick runs one interval's work: the cursor passes of every network (back
-// to back while behind, up to catchUpPassesMax), then rescan passes.
+// to back while behind, up to catchUpPassesMax), then each network's
+// rescan passes (up to rescanPassesMax).
 func (s *Scanner) Tick(ctx context.Context) {
 	for _, name := range s.names {
 		n := s.networks[name]
@@ -229,13 +235,26 @@ func (s *Scanner) Tick(ctx context.Context) {
 	if err := s.opts.Store.ResolveBackfills(ctx, s.names); err != nil && ctx.Err() == nil {
 		s.opts.Log.Warn().Err(err).Msg("backfill ends not resolved; the next interval tries again")
 	}
-	for range rescanPassesMax {
-		did, err := s.RescanPass(ctx)
-		if err != nil && ctx.Err() == nil {
-			s.opts.Log.Warn().Err(err).Msg("rescan pass failed; the next interval tries again")
+	networks, err := s.opts.Store.RescanNetworks(ctx, s.names)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.opts.Log.Warn().Err(err).Msg("rescan jobs not read; the next interval tries again")
 		}
-		if err != nil || !did {
-			break
+		return
+	}
+	for _, name := range s.names {
+		if !slices.Contains(networks, name) {
+			s.metrics.rescansWaiting.WithLabelValues(name).Set(0)
+			continue
+		}
+		for range rescanPassesMax {
+			did, err := s.RescanPass(ctx, s.networks[name])
+			if err != nil && ctx.Err() == nil {
+				s.opts.Log.Warn().Err(err).Str("network", name).Msg("rescan pass failed; the next interval tries again")
+			}
+			if err != nil || !did {
+				break
+			}
 		}
 	}
 }
@@ -375,33 +394,43 @@ func (s *Scanner) checkBelow(ctx context.Context, n Network, claim *postgres.Sca
 	return nil
 }
 
-// RescanPass runs one pass of the oldest free rescan or backfill job;
-// did is false when there was none to run.
-func (s *Scanner) RescanPass(ctx context.Context) (did bool, err error) {
+// RescanPass runs one pass of a rescan or backfill job of network n: of
+// those whose next block is final, the one whose last pass is oldest
+// (jobs take turns). did is false when none could run: none is left, or
+// the rest wait for the chain (counted, and shown on each job), or n's
+// node fails, which holds back n's jobs only.
+func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
 	defer cancel()
-	job, ok, err := s.opts.Store.ClaimRescan(ctx, s.names, s.opts.Owner, s.lease())
+	head, final, err := n.RPC.FinalityHead(ctx, n.Policy)
+	s.count(n.Name, chain.MethodBlock, 1)
+	if err != nil || !final {
+		return false, err
+	}
+	waiting, err := s.opts.Store.MarkRescansWaiting(ctx, n.Name, head)
+	if err != nil {
+		return false, err
+	}
+	s.metrics.rescansWaiting.WithLabelValues(n.Name).Set(float64(waiting))
+	job, ok, err := s.opts.Store.ClaimRescan(ctx, n.Name, head, s.opts.Owner, s.lease())
 	if err != nil || !ok {
 		return false, err
 	}
-	n := s.networks[job.Network]
 	result := resultError
 	defer func() { s.metrics.passes.WithLabelValues(n.Name, kindRescan, result).Inc() }()
 	release := func() {
 		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseRescan(ctx, job.ID, s.opts.Owner) })
 	}
-	head, final, err := n.RPC.FinalityHead(ctx, n.Policy)
-	s.count(n.Name, chain.MethodBlock, 1)
-	if err != nil {
-		release()
-		return false, err
-	}
 	r, ok := bounded(job.Next, job.To, head, s.opts.BlocksMax)
-	if !final || !ok {
-		// The rest of the range is not final yet: the job waits.
-		result = resultIdle
-		release()
-		return false, nil
+	if !ok {
+		// Claimed at or below head, so a range already past its end (no
+		// writer leaves one running): ended, lest it be claimed first
+		// every pass.
+		if err := s.opts.Store.FailRescan(ctx, job.ID, s.opts.Owner, "nothing left to scan: next block past the range's end"); err != nil {
+			release()
+			return false, err
+		}
+		return true, fmt.Errorf("rescan %s failed: next block %d is past its end %d", job.ID, job.Next, job.To)
 	}
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()

@@ -291,7 +291,7 @@ func TestScannerReopensReorgedDeposit(t *testing.T) {
 
 	job, err := f.db.CreateRescan(ctx, "rescan-reopen", network, tx.BlockNumber, tx.BlockNumber, "operator")
 	require.NoError(t, err)
-	did, err := f.scanner.RescanPass(ctx)
+	did, err := f.scanner.RescanPass(ctx, f.n)
 	require.NoError(t, err)
 	require.True(t, did)
 	done, err := f.db.Rescan(ctx, job.ID)
@@ -308,7 +308,7 @@ func TestScannerReopensReorgedDeposit(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.db.CreateRescan(ctx, "rescan-not-found", network, tx.BlockNumber, tx.BlockNumber, "operator")
 	require.NoError(t, err)
-	did, err = f.scanner.RescanPass(ctx)
+	did, err = f.scanner.RescanPass(ctx, f.n)
 	require.NoError(t, err)
 	require.True(t, did)
 	require.Equal(t, "pending/", state(), "found final, the not_found deposit is reopened")
@@ -556,8 +556,136 @@ func TestReorgBelowTheCursorIsRescanned(t *testing.T) {
 	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM rescan_jobs WHERE network = $1`, network).Scan(&jobs))
 	require.Equal(t, 1, jobs, "asked once")
 	for did := true; did; {
-		did, err = f.scanner.RescanPass(ctx)
+		did, err = f.scanner.RescanPass(ctx, f.n)
 		require.NoError(t, err)
 	}
 	require.Equal(t, 1, stored(), "the rescan finds the deposit the new branch holds")
+}
+
+// TestRescanAboveTheHeadWaitsAside: an operator's rescan whose range lies
+// far above the finality head (a typo; the api cannot know the head) is
+// the oldest job. It waits, says so (waiting_head, the gauge), and a later
+// rescan of the same network runs past it and stores its deposit.
+func TestRescanAboveTheHeadWaitsAside(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d77"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+
+	// The cursor starts past the deposit: only a rescan finds it.
+	tx, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	require.NoError(t, f.db.InitScanCursor(ctx, network, head+1))
+
+	future, err := f.db.CreateRescan(ctx, "rescan-future", network, head+1_000_000, head+1_000_100, "operator-typo")
+	require.NoError(t, err)
+	job, err := f.db.CreateRescan(ctx, "rescan-real", network, tx.BlockNumber, tx.BlockNumber, "operator")
+	require.NoError(t, err)
+
+	for range 3 {
+		f.scanner.Tick(ctx)
+	}
+	got, err := f.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", got.Status, "the later rescan runs past the one waiting for the chain")
+	require.Nil(t, got.WaitingHead)
+	id := payment.Transfer{Network: network, TxHash: tx.Hash, Index: payment.TransferNative}.EventID()
+	var n int
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
+	require.Equal(t, 1, n)
+
+	waiting, err := f.db.Rescan(ctx, future.ID)
+	require.NoError(t, err)
+	require.Equal(t, "running", waiting.Status)
+	require.NotNil(t, waiting.WaitingHead, "the job says it waits for the chain")
+	finalized, err := f.ch.Finalized(ctx)
+	require.NoError(t, err)
+	require.Equal(t, finalized, *waiting.WaitingHead)
+	require.InDelta(t, 1, gaugeValue(t, f.reg, "settle_scan_rescans_waiting"), 0)
+
+	require.NoError(t, f.db.CancelRescan(ctx, future.ID, "cancelled by operator: typo"))
+	f.scanner.Tick(ctx)
+	waiting, err = f.db.Rescan(ctx, future.ID)
+	require.NoError(t, err)
+	require.Equal(t, "failed", waiting.Status)
+	require.Nil(t, waiting.WaitingHead)
+	require.InDelta(t, 0, gaugeValue(t, f.reg, "settle_scan_rescans_waiting"), 0)
+}
+
+// TestRescansOfOneNetworkDoNotWaitForAnothersNode: the oldest rescan is
+// BASE_MAINNET's, whose node is down; ETH_MAINNET's later rescan still
+// runs (one network's outage delays only that network).
+func TestRescansOfOneNetworkDoNotWaitForAnothersNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d78"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+	dead, err := chain.Dial(ctx, "http://127.0.0.1:1", chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+	require.NoError(t, err)
+	t.Cleanup(dead.Close)
+	s := New(Options{Store: f.db, Owner: "dev-scan-2", Registerer: prometheus.NewRegistry(), Log: zerolog.Nop(),
+		Networks: []Network{f.n, {Name: "BASE_MAINNET", RPC: dead, Policy: chain.FinalizedPolicy()}}})
+
+	tx, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	require.NoError(t, f.db.InitScanCursor(ctx, network, head+1))
+
+	base, err := f.db.CreateRescan(ctx, "rescan-base", "BASE_MAINNET", 100, 200, "operator")
+	require.NoError(t, err)
+	job, err := f.db.CreateRescan(ctx, "rescan-eth", network, tx.BlockNumber, tx.BlockNumber, "operator")
+	require.NoError(t, err)
+	for range 3 {
+		s.Tick(ctx)
+	}
+	got, err := f.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", got.Status, "ETH_MAINNET's rescan does not wait for BASE_MAINNET's node")
+	got, err = f.db.Rescan(ctx, base.ID)
+	require.NoError(t, err)
+	require.Equal(t, "running", got.Status)
+	require.EqualValues(t, 100, got.NextBlock)
+}
+
+// TestLongRescanTakesTurns: a long rescan (a large backfill alike) asked
+// first does not hold a later one back until it ends: the jobs take
+// turns, so the later one is done within a tick while the long one still
+// runs.
+func TestLongRescanTakesTurns(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d79"
+	f := newDevScanFixture(t, ctx, network, []string{to})
+	f.scanner.opts.BlocksMax = 1
+
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.CommitBlocks(ctx, 8))
+	tx, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	require.NoError(t, f.db.InitScanCursor(ctx, network, head+1))
+
+	long, err := f.db.CreateRescan(ctx, "rescan-long", network, start, head, "operator")
+	require.NoError(t, err)
+	job, err := f.db.CreateRescan(ctx, "rescan-short", network, tx.BlockNumber, tx.BlockNumber, "operator")
+	require.NoError(t, err)
+	f.scanner.Tick(ctx)
+	got, err := f.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", got.Status, "the later job's turn came within the tick")
+	got, err = f.db.Rescan(ctx, long.ID)
+	require.NoError(t, err)
+	require.Equal(t, "running", got.Status)
+	require.EqualValues(t, start+rescanPassesMax-1, got.NextBlock, "one pass each in turn, then the long one's")
 }

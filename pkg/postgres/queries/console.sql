@@ -138,7 +138,8 @@ ORDER BY network;
 -- name: console_rescan_jobs
 -- The newest rescan jobs (migration 0013; the caller checks it exists).
 SELECT id, network, COALESCE(address, ''), from_block, to_block, next_block, status, COALESCE(error, ''),
-       found, requested_by, COALESCE(operator, ''), created_at, updated_at
+       found, requested_by, COALESCE(operator, ''), created_at, updated_at,
+       CASE WHEN status = 'running' THEN waiting_head END
 FROM rescan_jobs
 ORDER BY created_at DESC
 LIMIT $1;

@@ -69,7 +69,8 @@ RETURNING created_at;
 
 -- name: rescan_get
 SELECT id, network, COALESCE(address, ''), from_block, to_block, end_pending, next_block, status, COALESCE(error, ''),
-       found, requested_by, COALESCE(operator, ''), created_at, updated_at
+       found, requested_by, COALESCE(operator, ''), created_at, updated_at,
+       CASE WHEN status = 'running' THEN waiting_head END
 FROM rescan_jobs
 WHERE id = $1;
 
@@ -88,15 +89,39 @@ WHERE c.network = j.network
   AND j.network = ANY($1::text[])
   AND j.status = 'running' AND j.end_pending;
 
+-- name: rescan_networks
+-- The networks among $1 with a job the scanner may claim, so that a tick
+-- reads no head for a network without one.
+SELECT DISTINCT network FROM rescan_jobs
+WHERE status = 'running' AND NOT end_pending AND network = ANY($1::text[])
+ORDER BY network;
+
+-- name: rescan_mark_waiting
+-- Records on network $1's running jobs whether they wait for the chain:
+-- waiting_head is the finality head $2 just read when next_block is above
+-- it, else NULL. Answers how many wait.
+WITH marked AS (
+    UPDATE rescan_jobs
+    SET waiting_head = CASE WHEN next_block > $2::bigint THEN $2::bigint END
+    WHERE network = $1 AND status = 'running' AND NOT end_pending
+      AND waiting_head IS DISTINCT FROM (CASE WHEN next_block > $2::bigint THEN $2::bigint END)
+)
+SELECT count(*) FROM rescan_jobs
+WHERE network = $1 AND status = 'running' AND NOT end_pending AND next_block > $2::bigint;
+
 -- name: rescan_claim
--- The oldest running job of the given networks whose lease is free.
+-- A running job of network $1 whose lease is free and whose next block is
+-- at or below the finality head $4: one above it waits without holding
+-- the others back. Jobs take turns: the one whose last pass (updated_at)
+-- is oldest goes first, so a long backfill or rescan never holds back a
+-- later one, such as the scanner's own after a reorg.
 UPDATE rescan_jobs
 SET lease_owner = $2, lease_until = now() + $3 * interval '1 millisecond'
 WHERE id = (
     SELECT id FROM rescan_jobs
-    WHERE status = 'running' AND NOT end_pending AND network = ANY($1::text[])
+    WHERE status = 'running' AND NOT end_pending AND network = $1 AND next_block <= $4
       AND (lease_until IS NULL OR lease_until < now())
-    ORDER BY created_at
+    ORDER BY updated_at, created_at, id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
@@ -119,3 +144,11 @@ WHERE id = $1 AND lease_owner = $2;
 UPDATE rescan_jobs
 SET status = 'failed', error = $3, lease_owner = NULL, lease_until = NULL, updated_at = now()
 WHERE id = $1 AND lease_owner = $2 AND status = 'running';
+
+-- name: rescan_cancel
+-- An operator ends a running job: failed, saying who and why. A pass
+-- under way stores nothing (its advance wants the job running).
+UPDATE rescan_jobs
+SET status = 'failed', error = $2, end_pending = false, lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE id = $1 AND status = 'running'
+RETURNING id;
