@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -261,4 +262,33 @@ func holdFirst(c postgres.Claimed) int {
 		return 0
 	}
 	return 1
+}
+
+// TestHoldOnANetworkTakenOutOfNetworks: a hold placed on BASE_MAINNET
+// while it was enabled is still voided, or posted without a transaction,
+// after BASE_MAINNET left NETWORKS (both were refused 400, and the funds
+// stayed held); a post naming a transaction there still is refused,
+// since no worker here would ask that chain.
+func TestHoldOnANetworkTakenOutOfNetworks(t *testing.T) {
+	before := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Networks = []string{"ETH_MAINNET", "BASE_MAINNET"} }})
+	before.createUser(7)
+	execSQL(t, before.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'USDC', 100, 100)`)
+	for _, id := range []string{"h-void", "h-post"} {
+		r := before.postPayment(holdBody(id, 7, "25", map[string]string{"asset": `"USDC"`, "network": `"BASE_MAINNET"`, "to_address": `"` + holdRecipient + `"`}))
+		require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	}
+	before.settleAll()
+
+	after := newHarness(t, harnessOptions{dsn: before.dsn}) // NETWORKS=ETH_MAINNET
+	r := after.postPayment(resolveBody("p-tx", "withdrawal_post", 7, "h-post", map[string]string{"tx_hash": `"0x` + strings.Repeat("ab", 32) + `"`}))
+	require.Equal(t, http.StatusBadRequest, r.status, "%s", r.raw)
+	require.Contains(t, string(r.raw), "not enabled here")
+	r = after.postPayment(resolveBody("v", "withdrawal_void", 7, "h-void", nil))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	r = after.postPayment(resolveBody("p", "withdrawal_post", 7, "h-post", nil))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	after.settleAll()
+	require.Equal(t, 1, countRows(t, after.dsn, `SELECT count(*) FROM holds WHERE hold_id = 'h-void' AND status = 'voided'`))
+	require.Equal(t, 1, countRows(t, after.dsn, `SELECT count(*) FROM holds WHERE hold_id = 'h-post' AND status = 'posted'`))
+	require.Equal(t, 1, countRows(t, after.dsn, `SELECT count(*) FROM balances WHERE user_id = 7 AND asset = 'USDC' AND balance = 75 AND held = 0`))
 }

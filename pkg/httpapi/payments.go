@@ -102,7 +102,11 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	if req.network == "" {
 		req.network = payment.DefaultNetwork // an unknown hold's post or void
 	}
-	if !s.networkEnabled(req.network) {
+	// A void of a stored hold, or its post naming no transaction, asks no
+	// chain: the hold's network may have left NETWORKS since, and the
+	// funds it reserves must still be released or paid.
+	asksNoChain := hold != nil && (req.eventType == payment.WithdrawalVoid || req.txHash == "")
+	if !s.networkEnabled(req.network) && !asksNoChain {
 		s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidRequest)
 		return newError(http.StatusBadRequest, "network "+req.network+" is not enabled here (NETWORKS)")
 	}
