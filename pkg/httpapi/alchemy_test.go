@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -150,4 +152,40 @@ func TestAlchemySignatureAndConfiguration(t *testing.T) {
 	// Without a signing key the route does not exist.
 	off := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.AlchemySigningKeys = nil }})
 	requireError(t, off.postAlchemy(body, alchemyKey), http.StatusNotFound)
+}
+
+// TestTokenListedElsewhereIsCreditedAtOnce: a token another replica (or
+// settlectl) listed after this api read the registry is credited when a
+// provider reports it, not answered ignored (which ends the provider's
+// retries): a miss reads the registry again, at most every 5 s.
+func TestTokenListedElsewhereIsCreditedAtOnce(t *testing.T) {
+	var clock atomic.Int64 // seconds past fixedNow
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
+		o.RegistryRefresh = time.Hour
+		o.Now = func() time.Time { return fixedNow.Add(time.Duration(clock.Load()) * time.Second) }
+	}})
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	r := h.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw) // the registry is read
+
+	const contract = "0x00000000000000000000000000000000000cafe1"
+	_, err := h.db.AddAsset(context.Background(), payment.Asset{Code: "MYT", Network: "ETH_MAINNET", Contract: contract, Decimals: 6})
+	require.NoError(t, err)
+	clock.Store(6) // past the miss interval since that read
+	body, err := json.Marshal(map[string]any{
+		"webhookId": "wh_1", "id": "whevt_2", "type": "ADDRESS_ACTIVITY",
+		"event": map[string]any{"network": "ETH_MAINNET", "activity": []any{map[string]any{
+			"hash": "0x" + strings.Repeat("cd", 32), "toAddress": alchemyRecipient, "category": "token", "value": 2, "asset": "MYT",
+			"rawContract": map[string]any{"rawValue": "0x1e8480", "address": contract, "decimals": 6},
+			"log":         map[string]any{"address": contract, "logIndex": "0x0", "removed": false},
+		}}},
+	})
+	require.NoError(t, err)
+	r = h.postAlchemy(body, alchemyKey)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	e, err := h.db.Event(context.Background(), "chain:ETH_MAINNET:0x"+strings.Repeat("cd", 32)+":0")
+	require.NoError(t, err)
+	require.Equal(t, "MYT", e.Asset)
+	require.Equal(t, "2", e.Amount.String())
 }

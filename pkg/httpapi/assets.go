@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,4 +66,25 @@ func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*paym
 	}
 	a.registry, a.loadedAt = registry, a.now()
 	return registry, nil
+}
+
+// providerTransfers decodes a provider's delivery against the registry,
+// and once more against a fresh read of it when the cached copy knew no
+// listing for one of its transfers: a token another replica or settlectl
+// listed within REGISTRY_REFRESH is credited now, not answered ignored,
+// which ends the provider's retries for good. Misses reload at most every
+// assetsMissInterval, so a stream of unlisted (spam) tokens costs little.
+func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored)) ([]payment.ReportedTransfer, []payment.Ignored, error) {
+	registry, err := s.assets.get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	transfers, ignored := decode(registry)
+	if !slices.ContainsFunc(ignored, func(i payment.Ignored) bool { return i.Reason == payment.IgnoreUnknownAsset }) {
+		return transfers, ignored, nil
+	}
+	if fresh, err := s.assets.refreshForMiss(ctx); err == nil && fresh != registry {
+		transfers, ignored = decode(fresh)
+	}
+	return transfers, ignored, nil
 }

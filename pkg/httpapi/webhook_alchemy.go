@@ -39,12 +39,13 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
 	defer cancel()
-	registry, err := s.assets.get(ctx)
+	transfers, ignored, err := s.providerTransfers(ctx, func(r *payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored) {
+		return alchemy.Transfers(payload, r)
+	})
 	if err != nil {
 		return storeError(err)
 	}
 	run := s.startIntake(c, providerAlchemy)
-	transfers, ignored := alchemy.Transfers(payload, registry)
 	for _, i := range ignored {
 		run.Ignore(i.Reason)
 		if i.Reason == payment.IgnoreAmountOutOfRange {

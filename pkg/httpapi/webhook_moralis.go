@@ -42,11 +42,12 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
 	defer cancel()
-	registry, err := s.assets.get(ctx)
+	transfers, ignored, err := s.providerTransfers(ctx, func(r *payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored) {
+		return moralis.Transfers(payload, r, registryChains{r})
+	})
 	if err != nil {
 		return storeError(err)
 	}
-	transfers, ignored := moralis.Transfers(payload, registry, registryChains{registry})
 	for _, i := range ignored {
 		run.Ignore(i.Reason)
 		switch i.Reason {

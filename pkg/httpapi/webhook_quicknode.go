@@ -95,12 +95,13 @@ func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), providerStoreTimeout)
 	defer cancel()
-	registry, err := s.assets.get(ctx)
+	transfers, ignored, err := s.providerTransfers(ctx, func(r *payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored) {
+		return quicknode.Transfers(payload, r)
+	})
 	if err != nil {
 		return storeError(err)
 	}
 	run := s.startIntake(c, providerQuickNode)
-	transfers, ignored := quicknode.Transfers(payload, registry)
 	for _, i := range ignored {
 		run.Ignore(i.Reason)
 		switch i.Reason {
