@@ -158,16 +158,21 @@ func run(s settings, log zerolog.Logger) error {
 	}
 	jobs = append(jobs, monitoringJobs(s.Monitor, db, alerts, log, reg)...)
 
+	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
+	if err := ops.Start(); err != nil {
+		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
+	}
+	// Nothing is enqueued, scanned or run before the schema is current
+	// (the probes answer meanwhile, /readyz saying "pending").
+	if err := service.WaitForSchema(ctx, db, log); err != nil {
+		return err
+	}
+
 	stopScanner, err := startScanner(ctx, s.Scan, db, rdb, alerts, runner.Owner, log, reg)
 	if err != nil {
 		return err
 	}
 	defer stopScanner()
-
-	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
-	if err := ops.Start(); err != nil {
-		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
-	}
 
 	done := make(chan struct{}, 3)
 	go func() {

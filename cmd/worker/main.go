@@ -115,13 +115,26 @@ func run(s settings, log zerolog.Logger) error {
 
 	reg := service.Registry()
 	reg.MustRegister(db.Collector())
+	// Serving /healthz and /readyz while waiting for migrations: the
+	// probes see a live process whose schema is pending.
+	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
+	if err := ops.Start(); err != nil {
+		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
+	}
+	// No task is taken before the schema is current: against an older one
+	// the ledger's statements fail on missing tables or columns.
+	if err := service.WaitForSchema(ctx, db, log); err != nil {
+		return err
+	}
 	alerts := alert.New(log, alert.Options{Service: "worker", WebhookURL: s.AlertWebhookURL, Registerer: reg})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)
 	batcher := worker.NewBatcher(db, postgres.LedgerOptions{
 		LockTimeout: s.LockTimeout, StatementTimeout: s.StatementTimout, Notify: s.NotifyURL != "",
 	}, s.BatchMax, s.InFlightMax, reg)
-	registry, err := db.Assets(openCtx)
+	readCtx, cancelRead := context.WithTimeout(ctx, service.StartTimeout)
+	defer cancelRead()
+	registry, err := db.Assets(readCtx)
 	if err != nil {
 		return err
 	}
@@ -172,10 +185,6 @@ func run(s settings, log zerolog.Logger) error {
 		Logger:          worker.AsynqLogger{Log: log},
 		LogLevel:        asynq.WarnLevel,
 	})
-	ops := opsserver.New(s.MetricsAddr, reg, service.ReadyCheck(db, rdb), log)
-	if err := ops.Start(); err != nil {
-		return fmt.Errorf("METRICS_ADDR %s: %w", s.MetricsAddr, err)
-	}
 	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}

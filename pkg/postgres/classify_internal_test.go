@@ -36,10 +36,17 @@ func TestClassify(t *testing.T) {
 		"scan":             {err: errors.New("can't scan into dest[6]: cannot scan NULL into *string")},
 		"canceled":         {err: context.Canceled},
 		"already unavail.": {err: payment.Unavailable("x", errors.New("breaker open")), unavailable: true},
+		// A schema behind the binary: every event's statement fails alike.
+		"undefined table":    {err: &pgconn.PgError{Code: "42P01"}, unavailable: true},
+		"undefined column":   {err: &pgconn.PgError{Code: "42703"}, unavailable: true},
+		"undefined function": {err: &pgconn.PgError{Code: "42883"}, unavailable: true},
 	} {
 		got := classify("op", c.err)
 		require.Equal(t, c.unavailable, errors.Is(got, payment.ErrUnavailable), name)
 		require.Equal(t, c.retryable, errors.Is(got, payment.ErrRetryable), name)
 		require.ErrorIs(t, got, c.err, name)
+		var pgErr *pgconn.PgError
+		undefined := errors.As(c.err, &pgErr) && pgErr.Code[:2] == "42"
+		require.Equal(t, undefined, SchemaMismatch(got), name)
 	}
 }

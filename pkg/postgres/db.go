@@ -178,6 +178,8 @@ const (
 	codeDeadlockDetected    = "40P01"
 	codeSerializationFail   = "40001"
 	codeUndefinedTable      = "42P01"
+	codeUndefinedColumn     = "42703"
+	codeUndefinedFunction   = "42883"
 	codeAdminShutdown       = "57P01"
 	codeCannotConnectNow    = "57P03"
 	// Errors a connection pooler in front of PostgreSQL answers with when
@@ -190,8 +192,9 @@ const (
 // classify maps a driver error to the domain's kinds. Lock and statement
 // timeouts, deadlocks and serialisation failures are retryable. An error
 // the server did not send (no *pgconn.PgError: a refused, reset or closed
-// connection, a timeout on the wire) is an outage. A server error passes
-// through with its operation attached.
+// connection, a timeout on the wire) is an outage, and so is a schema
+// behind the binary (SchemaMismatch). A server error passes through with
+// its operation attached.
 func classify(op string, err error) error {
 	if err == nil {
 		return nil
@@ -205,6 +208,14 @@ func classify(op string, err error) error {
 		case codeLockNotAvailable, codeQueryCanceled, codeDeadlockDetected, codeSerializationFail:
 			return payment.Retryable(op, err)
 		case codeAdminShutdown, codeCannotConnectNow, codeInvalidStatementName, codeDuplicatePrepared, codeProtocolViolation:
+			return payment.Unavailable(op, err)
+		case codeUndefinedTable, codeUndefinedColumn, codeUndefinedFunction:
+			// A migration not applied yet: no event is at fault, and
+			// dead-lettering money events for it would need a replay of
+			// each. The statement fails for every event alike, so this
+			// never lets one poison event retry forever; callers alert
+			// while it lasts (SchemaMismatch), since a wrong statement
+			// would look the same.
 			return payment.Unavailable(op, err)
 		}
 		return fmt.Errorf("%s: %w", op, err)
@@ -241,6 +252,14 @@ func isCode(err error, code string) bool {
 }
 
 func isUndefinedTable(err error) bool { return isCode(err, codeUndefinedTable) }
+
+// SchemaMismatch reports whether err is PostgreSQL refusing a statement
+// for a table, column or function (or operator) the database lacks:
+// migrations not applied yet, or a statement that is wrong. classify
+// makes it unavailable, so it retries instead of dead-lettering.
+func SchemaMismatch(err error) bool {
+	return isCode(err, codeUndefinedTable) || isCode(err, codeUndefinedColumn) || isCode(err, codeUndefinedFunction)
+}
 
 // querier is what a statement runs on: the pool or a transaction.
 type querier interface {

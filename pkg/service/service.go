@@ -174,6 +174,57 @@ func Registry() *prometheus.Registry {
 	return reg
 }
 
+// How a binary waits for migrations at start: it asks every schemaPoll
+// (each ask bounded by schemaCheckTimeout) and says so every
+// schemaLogEvery.
+const (
+	schemaPoll         = 2 * time.Second
+	schemaCheckTimeout = 5 * time.Second
+	schemaLogEvery     = 30 * time.Second
+)
+
+// WaitForSchema returns once every migration this binary carries is
+// applied, or with ctx's error. A worker or scheduler started next to its
+// migration (or after one that failed) would otherwise meet missing tables
+// in every task and job. It waits as long as it takes: a migration may
+// build an index for minutes, and /readyz (started before) says
+// "pending" meanwhile.
+func WaitForSchema(ctx context.Context, db *postgres.DB, log zerolog.Logger) error {
+	var lastLog time.Time
+	for waited := false; ; waited = true {
+		checkCtx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
+		current, err := db.SchemaCurrent(checkCtx)
+		var version int
+		if err == nil && !current {
+			version, err = db.SchemaVersion(checkCtx)
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for migrations: %w", ctx.Err())
+		}
+		if err == nil && current {
+			if waited {
+				log.Info().Int("schema_version", postgres.LatestSchemaVersion()).Msg("database schema is current; starting")
+			}
+			return nil
+		}
+		if time.Since(lastLog) >= schemaLogEvery {
+			lastLog = time.Now()
+			if err != nil {
+				log.Warn().Err(err).Msg("cannot read the schema version; waiting for the database before taking any work")
+			} else {
+				log.Warn().Int("schema_version", version).Int("needs", postgres.LatestSchemaVersion()).
+					Msg("database schema is behind this binary: waiting before taking any work; run `api migrate` (or `settlectl migrate`)")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for migrations: %w", ctx.Err())
+		case <-time.After(schemaPoll):
+		}
+	}
+}
+
 // ReadyCheck is /readyz of the worker and the scheduler: PostgreSQL and
 // Redis answer, and the schema is the one this binary expects. Every
 // dependency is checked, so the answer names all that are down.

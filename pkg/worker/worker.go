@@ -410,10 +410,18 @@ func (w *Worker) finish(runs []eventRun) error {
 //
 // An outage (ErrUnavailable) is retried whatever the count: it never
 // spends the budget, so it cannot exhaust it either (see paymentTask for
-// the last attempt).
+// the last attempt). A statement naming a table, column or function the
+// database lacks counts as one (the schema is behind, see
+// postgres.SchemaMismatch); since a wrong statement looks the same and
+// would retry forever, it raises a critical alert while it lasts.
 func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (failed bool, _ error) {
 	retried := retryCount(ctx)
 	handedBack := errors.Is(ctx.Err(), context.Canceled)
+	if postgres.SchemaMismatch(err) && !handedBack {
+		w.alerts.Raise("schema_mismatch", alert.Critical,
+			"payment events wait: the database lacks a table, column or function the worker uses (run `api migrate`; if the schema is current, the statement is wrong)",
+			map[string]any{"event_id": e.ID, "trace_id": e.TraceID, "error": err.Error()})
+	}
 	if handedBack || errors.Is(err, payment.ErrUnavailable) || (!errors.Is(err, payment.ErrInvalid) && !lastAttempt(ctx)) {
 		w.metrics.tasks.WithLabelValues(task.TypePayment, "retry").Inc()
 		logging.From(ctx).Warn().Err(err).Int("retry", retried+1).Msg("payment event will be retried")
