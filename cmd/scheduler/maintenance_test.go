@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,7 +27,17 @@ import (
 	"github.com/settle/settle/pkg/worker"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// runMainEnv makes the test binary act as the scheduler binary, so a test
+// exercises the real main.
+const runMainEnv = "SETTLE_TEST_RUN_SCHEDULER_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	testenv.Main(m)
+}
 
 // TestMaintenanceTaskWakesTheWorkers: the job enqueues one task per
 // period and leaves the wake-up that names its queue, once: a second
