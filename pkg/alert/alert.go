@@ -100,7 +100,13 @@ func New(log zerolog.Logger, opts Options) *Alerter {
 		opts.QueueMax = QueueMaxDefault
 	}
 	if opts.Client == nil {
-		opts.Client = &http.Client{Timeout: DeliveryTimeout}
+		opts.Client = &http.Client{
+			Timeout: DeliveryTimeout,
+			// A redirect is a failed delivery: following a 307 re-posts the
+			// alert (and the configured URL, as Referer) to a host nobody
+			// configured, and a 301/302/303 turns it into a GET without it.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	base, cancel := context.WithCancel(context.Background())
 	a := &Alerter{

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
@@ -135,3 +137,34 @@ func (b *syncBuffer) String() string {
 }
 
 func (b *syncBuffer) contains(s string) bool { return strings.Contains(b.String(), s) }
+
+// TestRedirectIsAFailedDelivery: an alert receiver answering a redirect
+// is not followed (a 307 re-posted the alert, with the configured URL as
+// Referer, to another host; a 301 turned it into a body-less GET counted
+// delivered); the delivery fails and is counted.
+func TestRedirectIsAFailedDelivery(t *testing.T) {
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusMovedPermanently} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			var elsewhere atomic.Int32
+			other := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { elsewhere.Add(1) }))
+			defer other.Close()
+			configured := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, other.URL+"/collect", code)
+			}))
+			defer configured.Close()
+			a := New(zerolog.New(io.Discard), Options{WebhookURL: configured.URL + "/hooks/secret", Service: "test"})
+			defer a.Close()
+			a.Raise("ledger:e1", Critical, "compensation exceeds balance", map[string]any{"event_id": "e1"})
+			require.Eventually(t, func() bool { return counterValue(a.deliveryErr) > 0 }, 10*time.Second, 20*time.Millisecond, "a failed delivery")
+			require.Zero(t, elsewhere.Load(), "nothing sent where the redirect pointed")
+		})
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
+}
