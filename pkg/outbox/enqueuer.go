@@ -47,6 +47,11 @@ const (
 	// poll continues.
 	drainRoundsMax = 100
 	enqueueTimeout = 5 * time.Second
+	// ClaimTimeoutDefault bounds one claim. Run's context has no
+	// deadline: a PostgreSQL that stops answering mid-claim without a
+	// reset (failover, partition) held the enqueuer, wake-ups and polls
+	// alike, until the kernel gave the socket up, many minutes later.
+	ClaimTimeoutDefault = 10 * time.Second
 )
 
 // Outbox is the database side of the enqueuer.
@@ -65,6 +70,8 @@ type EnqueuerOptions struct {
 	DueMax       int
 	TaskEvents   int // events per task at most
 	DepthMax     int
+	// ClaimTimeout bounds one claim (ClaimTimeoutDefault when zero).
+	ClaimTimeout time.Duration
 	Registerer   prometheus.Registerer
 }
 
@@ -99,6 +106,9 @@ func NewEnqueuer(o EnqueuerOptions) *Enqueuer {
 	}
 	if o.DepthMax <= 0 {
 		o.DepthMax = QueueDepthMaxDefault
+	}
+	if o.ClaimTimeout <= 0 {
+		o.ClaimTimeout = ClaimTimeoutDefault
 	}
 	e := &Enqueuer{
 		o:    o,
@@ -181,7 +191,11 @@ func (e *Enqueuer) Once(ctx context.Context) (full bool, err error) {
 		}
 	}
 	claim := claimWindow{start: time.Now()}
-	claimed, err := e.o.Outbox.ClaimOutbox(ctx, pendingMax, dueMax, e.o.TaskEvents)
+	// A claim cut short after its commit leaves its rows 'enqueued'
+	// without a task: stale recovery sends them, as after any lost reply.
+	claimCtx, cancelClaim := context.WithTimeout(ctx, e.o.ClaimTimeout)
+	claimed, err := e.o.Outbox.ClaimOutbox(claimCtx, pendingMax, dueMax, e.o.TaskEvents)
+	cancelClaim()
 	if err != nil {
 		return false, err
 	}

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -67,4 +68,43 @@ func TestStopAfterTheClaimStillEnqueues(t *testing.T) {
 	_, infoErr := asynq.NewInspectorFromRedisClient(rdb).GetTaskInfo(task.QueuePayments, taskID)
 	require.True(t, status == "pending" || infoErr == nil,
 		"the stopping scheduler left the event %s under task %q, which asynq does not have (%v)", status, taskID, infoErr)
+}
+
+// TestClaimOfAFrozenDatabaseEnds: a PostgreSQL that stops answering
+// mid-claim without a reset (a failover, a partition) fails the claim at
+// its bound, an outage, instead of holding the enqueuer (wake-ups and
+// polls alike, finality re-checks with them) until the kernel gives the
+// socket up; the next round goes on once PostgreSQL is back.
+func TestClaimOfAFrozenDatabaseEnds(t *testing.T) {
+	ctx := context.Background()
+	freezer, dsn := testenv.NewFreezer(t, testenv.DatabaseURL(t))
+	db := testenv.OpenDB(t, dsn)
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "freeze-1", Type: payment.Deposit, UserID: 1,
+		Asset: "ETH", Amount: decimal.RequireFromString("1"), TraceID: "t"}})
+	require.NoError(t, err)
+
+	const bound = 200 * time.Millisecond
+	e := outbox.NewEnqueuer(outbox.EnqueuerOptions{
+		Outbox: db, Client: asynq.NewClientFromRedisClient(rdb), Redis: rdb,
+		Log: zerolog.New(io.Discard), PollInterval: time.Second, ClaimTimeout: bound,
+	})
+	freezer.Freeze()
+	defer freezer.Thaw() // before the pool's Close, which waits for the claim
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { _, err := e.Once(ctx); done <- err }() // Run's context has no deadline either
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, payment.ErrUnavailable), "a claim cut at its bound is an outage, got %v", err)
+	case <-time.After(25 * bound):
+		t.Fatalf("the claim still waits on a frozen PostgreSQL after %s (its bound is %s)", time.Since(start).Round(time.Millisecond), bound)
+	}
+	freezer.Thaw()
+	_, err = e.Once(ctx)
+	require.NoError(t, err)
 }
