@@ -58,6 +58,13 @@ func (j Job) start(now time.Time) (time.Time, bool) {
 // dueTimeout bounds a job's Due question.
 const dueTimeout = 5 * time.Second
 
+// claimTimeout bounds a period's claim. The runner's context has no
+// deadline: a PostgreSQL that stops answering mid-claim without a reset
+// (failover, partition) held the job's loop until the kernel gave the
+// socket up, many minutes later. A claim cut after its commit loses that
+// period, as after any lost reply; the next one runs.
+const claimTimeout = 5 * time.Second
+
 // checkEvery bounds how long a job waits before it tries again a period
 // whose claim failed, and is how often a daily job looks at the clock.
 func (j Job) checkEvery() time.Duration {
@@ -97,6 +104,8 @@ type Runner struct {
 	Log     zerolog.Logger
 
 	clock func() time.Time // the replica's clock; time.Now when nil (tests set it)
+	// claimWithin bounds a claim; claimTimeout when zero (tests set it).
+	claimWithin time.Duration
 
 	runs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
@@ -203,7 +212,13 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period time.Time) (done time
 		}
 	}
 	if !j.Local {
-		start, won, err := r.Periods.ClaimPeriod(ctx, j.Name, j.Every, j.At, r.Owner)
+		within := r.claimWithin
+		if within <= 0 {
+			within = claimTimeout
+		}
+		claimCtx, cancel := context.WithTimeout(ctx, within)
+		start, won, err := r.Periods.ClaimPeriod(claimCtx, j.Name, j.Every, j.At, r.Owner)
+		cancel()
 		if err != nil {
 			r.Log.Warn().Err(err).Str("job", j.Name).Msg("could not claim job period")
 			return time.Time{}, false, err

@@ -3,6 +3,7 @@ package periodic_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,4 +198,44 @@ func TestClockBehindStillRunsEachPeriod(t *testing.T) {
 	slow := &periodic.Runner{Periods: db, Owner: "slow-clock", Log: zerolog.Nop()}
 	periodic.SetClock(slow, func() time.Time { return time.Now().Add(-time.Hour) })
 	require.GreaterOrEqual(t, runFor(t, slow, 200*time.Millisecond, 1100*time.Millisecond), int64(3))
+}
+
+// claimFailures counts the runner's "could not claim" warnings.
+type claimFailures struct{ n atomic.Int32 }
+
+func (c *claimFailures) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), "could not claim job period") {
+		c.n.Add(1)
+	}
+	return len(p), nil
+}
+
+// TestClaimOnAFrozenDatabaseEnds: a PostgreSQL that stops answering
+// mid-claim without a reset (a failover, a partition) fails the claim at
+// its bound and the job's loop tries again, instead of waiting until the
+// kernel gives the socket up; once PostgreSQL is back, the job runs.
+func TestClaimOnAFrozenDatabaseEnds(t *testing.T) {
+	freezer, dsn := testenv.NewFreezer(t, testenv.DatabaseURL(t))
+	db := testenv.OpenDB(t, dsn)
+	var failures claimFailures
+	r := &periodic.Runner{Periods: db, Owner: "o", Log: zerolog.New(&failures)}
+	const bound = 100 * time.Millisecond
+	periodic.SetClaimTimeout(r, bound)
+	var runs atomic.Int32
+	job := periodic.Job{Name: "frozen", Every: 50 * time.Millisecond, Run: func(context.Context) error { runs.Add(1); return nil }}
+
+	freezer.Freeze()
+	defer freezer.Thaw() // before the pool's Close, which waits for the claim
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx, []periodic.Job{job})
+	}()
+	defer func() { freezer.Thaw(); cancel(); <-done }()
+	require.Eventually(t, func() bool { return failures.n.Load() >= 2 }, 30*bound, 10*time.Millisecond,
+		"the job's claim still waits on a frozen PostgreSQL (its bound is %s)", bound)
+	require.Zero(t, runs.Load())
+	freezer.Thaw()
+	require.Eventually(t, func() bool { return runs.Load() > 0 }, 5*time.Second, 10*time.Millisecond, "the job did not run once PostgreSQL was back")
 }
