@@ -232,10 +232,19 @@ func (s *Scanner) Tick(ctx context.Context) {
 			}
 		}
 	}
-	if err := s.opts.Store.ResolveBackfills(ctx, s.names); err != nil && ctx.Err() == nil {
+	// The statements between the passes are bounded as a pass is: Run's
+	// context has no deadline, and a PostgreSQL that stops answering
+	// mid-call without a reset held every network's scan until the kernel
+	// gave the socket up.
+	stmtCtx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
+	err := s.opts.Store.ResolveBackfills(stmtCtx, s.names)
+	cancel()
+	if err != nil && ctx.Err() == nil {
 		s.opts.Log.Warn().Err(err).Msg("backfill ends not resolved; the next interval tries again")
 	}
-	networks, err := s.opts.Store.RescanNetworks(ctx, s.names)
+	stmtCtx, cancel = context.WithTimeout(ctx, s.opts.PassTimeout)
+	networks, err := s.opts.Store.RescanNetworks(stmtCtx, s.names)
+	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.opts.Log.Warn().Err(err).Msg("rescan jobs not read; the next interval tries again")

@@ -689,3 +689,28 @@ func TestLongRescanTakesTurns(t *testing.T) {
 	require.Equal(t, "running", got.Status)
 	require.EqualValues(t, start+rescanPassesMax-1, got.NextBlock, "one pass each in turn, then the long one's")
 }
+
+// TestTickOnAFrozenDatabaseEnds: a PostgreSQL that stops answering
+// mid-call without a reset (a failover, a partition) ends an interval's
+// work at the pass bound, the statements between the passes included
+// (the backfill ends' resolution, the rescan jobs' networks), instead of
+// holding every network's scan until the kernel gives the socket up.
+func TestTickOnAFrozenDatabaseEnds(t *testing.T) {
+	freezer, dsn := testenv.NewFreezer(t, testenv.DatabaseURL(t))
+	db := testenv.OpenDB(t, dsn)
+	const bound = 200 * time.Millisecond
+	s := New(Options{Store: db, Owner: "frozen", PassTimeout: bound, Log: zerolog.Nop()})
+	freezer.Freeze()
+	defer freezer.Thaw() // before the pool's Close, which waits for the calls
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		s.Tick(context.Background()) // Run's context has no deadline either
+	}()
+	select {
+	case <-done:
+	case <-time.After(25 * bound):
+		t.Fatalf("the interval's work still waits on a frozen PostgreSQL after %s (a pass's bound is %s)", time.Since(start).Round(time.Millisecond), bound)
+	}
+}
