@@ -178,6 +178,12 @@ func (db *DB) addListing(ctx context.Context, tx pgx.Tx, a payment.Asset, added 
 	return nil
 }
 
+// registryLoadTimeout bounds one reload of KeepRegistry (its interval,
+// if shorter). The caller's context has no deadline: a PostgreSQL that
+// stops answering mid-call without a reset held the reloads until the
+// kernel gave the socket up, many minutes later.
+const registryLoadTimeout = 10 * time.Second
+
 // KeepRegistry reloads reg from the tables every interval until ctx ends,
 // so that a network or asset an operator adds reaches a running process
 // within REGISTRY_REFRESH. A failed reload keeps the registry as it was.
@@ -190,7 +196,9 @@ func (db *DB) KeepRegistry(ctx context.Context, reg *payment.Registry, every tim
 			return
 		case <-t.C:
 		}
-		fresh, err := db.Assets(ctx)
+		loadCtx, cancel := context.WithTimeout(ctx, min(every, registryLoadTimeout))
+		fresh, err := db.Assets(loadCtx)
+		cancel()
 		if err != nil {
 			if ctx.Err() == nil && failed != nil {
 				failed(err)

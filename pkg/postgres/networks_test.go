@@ -163,3 +163,28 @@ func TestKeepRegistrySeesAdditions(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestKeepRegistryOnAFrozenDatabaseGoesOn: a PostgreSQL that stops
+// answering mid-reload without a reset (a failover, a partition) fails
+// the reload within its interval, and the next ones run, instead of
+// holding the reloads until the kernel gives the socket up.
+func TestKeepRegistryOnAFrozenDatabaseGoesOn(t *testing.T) {
+	freezer, dsn := testenv.NewFreezer(t, testenv.DatabaseURL(t))
+	db := testenv.OpenDB(t, dsn)
+	ctx, cancel := context.WithCancel(context.Background())
+	registry, err := db.Assets(ctx)
+	require.NoError(t, err)
+	const every = 100 * time.Millisecond
+	var mu sync.Mutex
+	failures := 0
+	freezer.Freeze()
+	defer freezer.Thaw() // before the pool's Close, which waits for the reload
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		db.KeepRegistry(ctx, registry, every, func(error) { mu.Lock(); failures++; mu.Unlock() })
+	}()
+	defer func() { freezer.Thaw(); cancel(); <-done }()
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return failures >= 2 }, 50*every, every/5,
+		"the registry's reload still waits on a frozen PostgreSQL")
+}
