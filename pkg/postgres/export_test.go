@@ -1,6 +1,9 @@
 package postgres
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // QueryText is a named statement's SQL, for tests that EXPLAIN it.
 func QueryText(name string) string { return q(name).text }
@@ -23,4 +26,9 @@ func (db *DB) CustomPlans(ctx context.Context, fragment string) (int64, error) {
 		total += n
 	}
 	return total, nil
+}
+
+// ListenWithin is Listen with its connect, statement and quiet bounds.
+func ListenWithin(ctx context.Context, dsn, channel string, wake func(), onError func(error), connect, call, quiet time.Duration) {
+	listen(ctx, dsn, channel, wake, onError, listenBounds{connect: connect, call: call, quiet: quiet})
 }
