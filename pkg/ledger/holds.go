@@ -66,7 +66,7 @@ func (p *planner) reserve(c Claimed, k Account, balance decimal.Decimal, result 
 	held := p.held[k]
 	if !canDebit(balance, held, e.Amount) {
 		p.refuse(c, result, payment.OutcomeInsufficientFunds, "")
-		p.notify(c, NotifyInsufficientFunds, available(balance, held))
+		p.notify(c, k, NotifyInsufficientFunds, balance)
 		// Its posts later in the batch know it failed: unknown_hold now,
 		// not a wait for what this transaction decides.
 		p.holdEvents[e.ID] = payment.StatusFailed
@@ -134,7 +134,7 @@ func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *
 	// A post's transaction is the payment out: its block is recorded, but
 	// it is no deposit for the reorg watcher to follow.
 	p.w.Confirms = append(p.w.Confirms, Confirm{ID: e.ID, Chain: chain, Outcome: payment.OutcomeSuccess, Unwatched: true})
-	p.notify(c, kind, after)
+	p.notify(c, k, kind, after)
 	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 	return true
 }

@@ -444,7 +444,7 @@ func (p *planner) move(c Claimed, k Account, balance decimal.Decimal, chain *Cha
 		}
 		p.post(c, e.Amount, next)
 		w.Confirms = append(w.Confirms, Confirm{ID: e.ID, Chain: chain, Outcome: payment.OutcomeSuccess})
-		p.notify(c, NotifyDepositCredited, next)
+		p.notify(c, k, NotifyDepositCredited, next)
 		result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 		return
 	}
@@ -456,7 +456,7 @@ func (p *planner) move(c Claimed, k Account, balance decimal.Decimal, chain *Cha
 			return
 		}
 		p.refuse(c, result, payment.OutcomeInsufficientFunds, "")
-		p.notify(c, NotifyInsufficientFunds, available(balance, held))
+		p.notify(c, k, NotifyInsufficientFunds, balance)
 		return
 	}
 	next := balance.Sub(e.Amount)
@@ -466,7 +466,7 @@ func (p *planner) move(c Claimed, k Account, balance decimal.Decimal, chain *Cha
 	if e.Type == payment.ReorgCompensation {
 		kind = NotifyDepositReversed
 	}
-	p.notify(c, kind, next)
+	p.notify(c, k, kind, next)
 	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 }
 
@@ -588,6 +588,7 @@ func (p *planner) deadLetter(c Claimed, result *Result, reason, alert string) {
 type notificationPayload struct {
 	Amount     string            `json:"amount"`
 	Asset      string            `json:"asset"`
+	Available  string            `json:"available"`
 	Balance    string            `json:"balance"`
 	DeliveryID string            `json:"delivery_id"`
 	EventID    string            `json:"event_id"`
@@ -596,11 +597,14 @@ type notificationPayload struct {
 	UserID     int64             `json:"user_id"`
 }
 
-func (p *planner) notify(c Claimed, kind string, balance decimal.Decimal) {
+// notify writes the user's notification of what the event did: the
+// balance after it, and what of it is available (not held) then, as the
+// plan stands for account k.
+func (p *planner) notify(c Claimed, k Account, kind string, balance decimal.Decimal) {
 	e := c.Event
 	payload, _ := json.Marshal(notificationPayload{
 		DeliveryID: kind + ":" + e.ID, Kind: kind, EventID: e.ID, EventType: e.Type, UserID: e.UserID,
-		Asset: e.Asset, Amount: e.Amount.String(), Balance: balance.String(),
+		Asset: e.Asset, Amount: e.Amount.String(), Balance: balance.String(), Available: available(balance, p.held[k]).String(),
 	})
 	p.w.Notifications = append(p.w.Notifications, Notification{
 		DeliveryID: kind + ":" + e.ID, EventID: e.ID, User: e.UserID, Kind: kind, Payload: string(payload), TraceID: e.TraceID,

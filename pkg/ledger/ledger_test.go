@@ -260,14 +260,14 @@ var rows = []row{
 		events:   []ev{{id: "w", typ: payment.Withdrawal, user: 1, amount: "70"}},
 		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
 		want: want{outcomes: map[string]payment.Outcome{"w": payment.OutcomeSuccess}, balances: map[string]string{"1/ETH": "30"},
-			held: map[string]string{"1/ETH": "30"}, journal: []string{"w:withdrawal:-70"}, notifications: []string{"withdrawal_confirmed:w:30"}},
+			held: map[string]string{"1/ETH": "30"}, journal: []string{"w:withdrawal:-70"}, notifications: []string{"withdrawal_confirmed:w:30/0"}},
 	},
 	{
 		name:     "withdrawal behind a hold is refused though the balance covers it",
 		events:   []ev{{id: "w", typ: payment.Withdrawal, user: 1, amount: "80"}},
 		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
 		want: want{outcomes: map[string]payment.Outcome{"w": payment.OutcomeInsufficientFunds}, balances: map[string]string{"1/ETH": "100"},
-			held: map[string]string{"1/ETH": "30"}, notifications: []string{"insufficient_funds:w:70"}},
+			held: map[string]string{"1/ETH": "30"}, notifications: []string{"insufficient_funds:w:100/70"}},
 	},
 	{
 		name: "first come first served against the running balance",
@@ -484,7 +484,7 @@ var rows = []row{
 		balances: map[string]string{"1/ETH": "100"},
 		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeHeld, "h2": payment.OutcomeInsufficientFunds, "h3": payment.OutcomeHeld},
 			balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "100"},
-			opened: []string{"h1", "h3"}, notifications: []string{"insufficient_funds:h2:40"}},
+			opened: []string{"h1", "h3"}, notifications: []string{"insufficient_funds:h2:100/40"}},
 	},
 	{
 		name:     "post turns the hold into a journal debit and releases held",
@@ -523,7 +523,7 @@ var rows = []row{
 		holds: twoHolds("h0", "h1", "30"),
 		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeDuplicateTransfer},
 			balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "30"},
-			journal: []string{"p1:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70"},
+			journal: []string{"p1:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70/40"},
 			payouts:  []string{"p1@native=native/" + blockA},
 			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}}},
 	},
@@ -536,7 +536,7 @@ var rows = []row{
 		holds: twoHolds("h0", "h1", "30"),
 		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeSuccess},
 			balances: map[string]string{"1/ETH": "40"}, held: map[string]string{"1/ETH": "0"},
-			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70", "withdrawal_posted:p2:40"},
+			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70/40", "withdrawal_posted:p2:40"},
 			payouts:  []string{"p1@log:1=4/" + blockA, "p2@log:3=6/" + blockA},
 			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}, {HoldID: "h1", Status: payment.HoldPosted, By: "p2"}}},
 	},
@@ -569,7 +569,7 @@ var rows = []row{
 		holds: twoHolds("h0", "h1", "30"),
 		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeSuccess, "p2": payment.OutcomeSuccess},
 			balances: map[string]string{"1/ETH": "40"}, held: map[string]string{"1/ETH": "0"},
-			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70", "withdrawal_posted:p2:40"},
+			journal: []string{"p1:withdrawal:-30", "p2:withdrawal:-30"}, notifications: []string{"withdrawal_posted:p1:70/40", "withdrawal_posted:p2:40"},
 			resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldPosted, By: "p1"}, {HoldID: "h1", Status: payment.HoldPosted, By: "p2"}}},
 	},
 	{
@@ -718,7 +718,7 @@ var rows = []row{
 		want: want{outcomes: map[string]payment.Outcome{"w": payment.OutcomeInsufficientFunds, "p1": payment.OutcomeSuccess},
 			pulled:   map[string]payment.Outcome{"h1": payment.OutcomeHeld},
 			balances: map[string]string{"1/ETH": "70"}, held: map[string]string{"1/ETH": "0"}, journal: []string{"p1:withdrawal:-30"},
-			notifications: []string{"insufficient_funds:w:70", "withdrawal_posted:p1:70"}, opened: []string{"h1"},
+			notifications: []string{"insufficient_funds:w:100/70", "withdrawal_posted:p1:70"}, opened: []string{"h1"},
 			resolved: []ledger.HoldResolution{{HoldID: "h1", Status: payment.HoldPosted, By: "p1"}}},
 	},
 	{
@@ -992,11 +992,16 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 		sorted, err := json.Marshal(payload)
 		require.NoError(t, err)
 		require.Equal(t, string(sorted), n.Payload)
-		require.Len(t, payload, 8, n.Payload)
+		require.Len(t, payload, 9, n.Payload)
 		require.Equal(t, n.DeliveryID, payload["delivery_id"])
 		require.Equal(t, n.Kind+":"+n.EventID, n.DeliveryID, "one delivery per kind and event")
 		require.Equal(t, "trace-"+n.EventID, n.TraceID)
-		o.notifications = append(o.notifications, fmt.Sprintf("%s:%s:%s", n.Kind, n.EventID, payload["balance"]))
+		// kind:event:balance, and /available when some of it is held.
+		note := fmt.Sprintf("%s:%s:%s", n.Kind, n.EventID, payload["balance"])
+		if payload["available"] != payload["balance"] {
+			note += fmt.Sprintf("/%s", payload["available"])
+		}
+		o.notifications = append(o.notifications, note)
 	}
 	claim := func(c ledger.PlannedClaim) string {
 		require.Equal(t, network, c.Tx.Network)

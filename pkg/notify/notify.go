@@ -236,14 +236,15 @@ func (d *Deliverer) post(ctx context.Context, n postgres.Notification) postgres.
 func (d *Deliverer) send(ctx context.Context, n postgres.Notification, at time.Time) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.requestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(n.Payload))
+	body := withSequence(n.Payload, n.ID)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderID, n.DeliveryID)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(at.Unix(), 10))
-	req.Header.Set(HeaderSignature, Sign(d.key, n.DeliveryID, at, n.Payload))
+	req.Header.Set(HeaderSignature, Sign(d.key, n.DeliveryID, at, body))
 	req.Header.Set("X-Delivery-ID", n.DeliveryID)
 	req.Header.Set("X-Request-ID", n.TraceID)
 	if traceparent := tracing.Traceparent(ctx); traceparent != "" {
@@ -311,4 +312,21 @@ func backoff(attempt int) time.Duration {
 		return BackoffMax
 	}
 	return min(BackoffFirst<<(attempt-1), BackoffMax)
+}
+
+// withSequence puts the outbox row's id into the body as "sequence".
+// Deliveries arrive in any order (retries, several at a time), but one
+// user's asset gets its ids in the order its balance changed: the ledger
+// writes them under that balance's row lock. A receiver keeps the highest.
+func withSequence(payload []byte, id int64) []byte {
+	if len(payload) < 2 || payload[0] != '{' {
+		return payload
+	}
+	out := make([]byte, 0, len(payload)+32)
+	out = append(out, `{"sequence":`...)
+	out = strconv.AppendInt(out, id, 10)
+	if payload[1] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, payload[1:]...)
 }
