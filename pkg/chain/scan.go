@@ -361,12 +361,12 @@ func (c *Client) ReceiptStatuses(ctx context.Context, txs []MinedTx) (map[string
 		return nil, err
 	}
 	out := make(map[string]uint64, len(txs))
-	for i, raw := range raws {
-		status, err := receiptStatus(raw, txs[i])
+	for i, tx := range txs {
+		status, err := receiptStatus(raws[i], tx)
 		if err != nil {
 			return nil, payment.Unavailable("chain "+MethodReceipt, err)
 		}
-		out[txs[i].Hash] = status
+		out[tx.Hash] = status
 	}
 	return out, nil
 }
