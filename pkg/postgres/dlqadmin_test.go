@@ -215,3 +215,32 @@ func TestReplayOfAnUncoveredCompensation(t *testing.T) {
 	require.True(t, f.balance(1, "ETH").IsZero())
 	f.requireJournalInvariant()
 }
+
+// TestUncoveredCompensationSeenAgainAlerts: the attempt that dead-lettered
+// an uncovered reorg compensation owes a critical alert; when its answer
+// was lost (a commit the connection dropped after, a worker gone) the
+// retry finds the event done, and says the alert again instead of
+// nothing.
+func TestUncoveredCompensationSeenAgainAlerts(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	f.apply(f.enqueue("dep", payment.Deposit, 1, "ETH", "5"))
+	f.apply(f.enqueue("spent", payment.Withdrawal, 1, "ETH", "4"))
+	_, err := f.db.ReverseDeposit(ctx, "dep", "reorg", "")
+	require.NoError(t, err)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	first := f.apply(claimed[0].Event)
+	require.Equal(t, payment.OutcomeDeadLettered, first[0].Outcome)
+	require.NotEmpty(t, first[0].Alert)
+
+	again := f.apply(claimed[0].Event)
+	require.Equal(t, postgres.AlreadyDone, again[0].Kind)
+	require.Contains(t, again[0].Alert, "settle by hand")
+	done := f.apply(f.enqueue("other", payment.Deposit, 1, "ETH", "1"))
+	again = f.apply(done[0].Event)
+	require.Equal(t, postgres.AlreadyDone, again[0].Kind)
+	require.Empty(t, again[0].Alert, "only an uncovered compensation owes one")
+}

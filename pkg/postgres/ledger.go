@@ -638,7 +638,13 @@ func (c *claim) settle(ctx context.Context, conn *pgxpool.Conn, items []LedgerIt
 		case !r.Found:
 			results[i] = LedgerResult{Kind: Rejected, Err: fmt.Errorf("event %s: %w", task.ID, payment.ErrNotFound)}
 		case r.Status.Terminal():
-			results[i] = LedgerResult{Kind: AlreadyDone, Status: r.Status}
+			results[i] = LedgerResult{Kind: AlreadyDone, Status: r.Status, Outcome: r.Outcome}
+			if task.Type == payment.ReorgCompensation && r.Outcome == payment.OutcomeDeadLettered {
+				// The attempt that dead-lettered it may never have told its
+				// worker (a commit whose answer was lost, a worker gone
+				// after it): the alert it owes is raised by whoever sees it.
+				results[i].Alert = fmt.Sprintf("reorg compensation %s is dead-lettered (the available balance did not cover it): settle by hand", task.ID)
+			}
 		case r.Status == payment.StatusEnqueued && r.Generation == task.Generation && same[task.ID]:
 			results[i] = LedgerResult{Kind: Retry, Status: r.Status,
 				Err: payment.Retryable("ledger claim", fmt.Errorf("event %s moved while the batch claimed it", task.ID))}

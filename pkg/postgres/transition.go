@@ -14,6 +14,7 @@ type Refusal struct {
 	Found      bool
 	Status     payment.Status
 	Generation int
+	Outcome    payment.Outcome // "" until terminal
 }
 
 // Err classifies the refusal with the seed's semantics: the target already
@@ -93,7 +94,7 @@ func eventStates(ctx context.Context, qr querier, ids []string) (map[string]Refu
 	for rows.Next() {
 		var id string
 		var r Refusal
-		if err := rows.Scan(&id, &r.Status, &r.Generation); err != nil {
+		if err := rows.Scan(&id, &r.Status, &r.Generation, &r.Outcome); err != nil {
 			return nil, classify(stmt.name, err)
 		}
 		r.Found = true

@@ -340,6 +340,9 @@ func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool
 	case postgres.AlreadyDone, postgres.Stale:
 		w.metrics.tasks.WithLabelValues(task.TypePayment, result.Kind.String()).Inc()
 		log.Debug().Str("result", result.Kind.String()).Str("status", string(result.Status)).Msg("nothing to do")
+		if result.Alert != "" {
+			w.alerts.Raise("ledger:"+e.ID, alert.Critical, result.Alert, map[string]any{"event_id": e.ID, "trace_id": e.TraceID})
+		}
 		return false, nil
 	case postgres.Rejected:
 		// The task names no stored event, or describes it wrongly: it can

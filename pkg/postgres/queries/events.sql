@@ -34,7 +34,7 @@ WHERE event_id = $1;
 -- name: event_states
 -- The actual state of events a transition did not move, for the caller to
 -- classify.
-SELECT event_id, status, generation
+SELECT event_id, status, generation, COALESCE(outcome, '')
 FROM payment_events
 WHERE event_id = ANY($1::text[]);
 
