@@ -303,3 +303,26 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, job.WaitingHead, "the head reached it")
 }
+
+// TestFailedRescanPassGoesToTheBack: a job whose pass failed and was
+// released waits for the other jobs of its network to take their turn
+// (it was claimed first again on every pass, and a job failing for
+// reasons of its own held the others back).
+func TestFailedRescanPassGoesToTheBack(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.DB(t)
+	const network = "ETH_MAINNET"
+	for _, id := range []string{"r-failing", "r-next"} {
+		_, err := db.CreateRescan(ctx, id, network, 10, 20, "op")
+		require.NoError(t, err)
+	}
+	claim, ok, err := db.ClaimRescan(ctx, network, 100, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r-failing", claim.ID)
+	require.NoError(t, db.ReleaseRescan(ctx, "r-failing", "a"))
+	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, "r-next", claim.ID, "the other job's turn")
+}

@@ -137,7 +137,10 @@ WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
 RETURNING status;
 
 -- name: rescan_release
-UPDATE rescan_jobs SET lease_owner = NULL, lease_until = NULL
+-- A pass that failed gives its job back, to the back of its network's
+-- turns: a job failing for reasons of its own (a block its node cannot
+-- serve) would otherwise be claimed first on every pass.
+UPDATE rescan_jobs SET lease_owner = NULL, lease_until = NULL, updated_at = now()
 WHERE id = $1 AND lease_owner = $2;
 
 -- name: rescan_fail
