@@ -223,3 +223,45 @@ func TestChainTransfersBackfillOnACreditedDatabase(t *testing.T) {
 	_, err = db.Migrate(ctx)
 	require.NoError(t, err, "the migrations after 0007 on the same database")
 }
+
+// TestNetworksMigrationKeepsHandAddedAssets: round one listed assets with
+// one INSERT INTO assets, so an operator may have added Polygon's coin
+// under another code, or POL as the ERC-20 it is on Ethereum. 0012 must
+// migrate both databases, and Polygon must end with one native coin.
+func TestNetworksMigrationKeepsHandAddedAssets(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, insert, native string
+	}{
+		{"polygon's coin listed as MATIC", `INSERT INTO assets (code, network, contract_address, decimals) VALUES ('MATIC', 'MATIC_MAINNET', NULL, 18)`, "MATIC"},
+		{"POL listed as an Ethereum token", `INSERT INTO assets (code, network, contract_address, decimals) VALUES ('POL', 'ETH_MAINNET', '0x455e53cbb86018ac2b8092fdcd39d8444affc3f6', 18)`, "POL"},
+		{"nothing added", ``, "POL"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dsn := testenv.EmptyDatabaseURL(t)
+			db := testenv.OpenDB(t, dsn)
+			_, err := db.MigrateTo(ctx, 11)
+			require.NoError(t, err)
+			conn, err := pgx.Connect(ctx, dsn)
+			require.NoError(t, err)
+			defer conn.Close(ctx)
+			if c.insert != "" {
+				_, err = conn.Exec(ctx, c.insert)
+				require.NoError(t, err)
+			}
+			_, err = db.MigrateTo(ctx, 12)
+			require.NoError(t, err, "0012 on a database with a hand-added asset")
+
+			var native string
+			require.NoError(t, conn.QueryRow(ctx, `SELECT native_asset FROM networks WHERE name = 'MATIC_MAINNET'`).Scan(&native))
+			require.Equal(t, c.native, native, "the network's native coin")
+			var listed string
+			require.NoError(t, conn.QueryRow(ctx, `SELECT asset FROM network_assets WHERE network = 'MATIC_MAINNET' AND contract_address IS NULL`).Scan(&listed),
+				"Polygon's native coin is listed on it")
+			require.Equal(t, c.native, listed)
+
+			_, err = db.Migrate(ctx)
+			require.NoError(t, err, "the migrations after 0012")
+		})
+	}
+}

@@ -18,17 +18,24 @@ CREATE TABLE networks (
 -- Its network, contract_address and decimals columns are the code's first
 -- listing, kept as they were so rows written before this migration (whose
 -- network was their asset's) still read; network_assets is the registry.
+-- A round-one operator may have listed Polygon's coin by hand under
+-- another code (MATIC): that row stays its native coin, and POL is not
+-- added beside it.
 INSERT INTO assets (code, network, contract_address, decimals) VALUES ('POL', 'MATIC_MAINNET', NULL, 18)
-ON CONFLICT (code) DO NOTHING;
+ON CONFLICT DO NOTHING;
 
-INSERT INTO networks (name, chain_id, native_asset) VALUES
+INSERT INTO networks (name, chain_id, native_asset)
+SELECT v.name, v.chain_id, COALESCE(a.code, v.native)
+FROM (VALUES
     ('ETH_MAINNET',   1,        'ETH'),
     ('BASE_MAINNET',  8453,     'ETH'),
     ('ARB_MAINNET',   42161,    'ETH'),
     ('OPT_MAINNET',   10,       'ETH'),
     ('MATIC_MAINNET', 137,      'POL'),
     ('ETH_SEPOLIA',   11155111, 'ETH'),
-    ('BASE_SEPOLIA',  84532,    'ETH');
+    ('BASE_SEPOLIA',  84532,    'ETH')
+) AS v (name, chain_id, native)
+LEFT JOIN assets a ON a.network = v.name AND a.contract_address IS NULL;
 
 -- Networks an operator put into assets by hand in round one.
 INSERT INTO networks (name, native_asset)
@@ -60,7 +67,10 @@ INSERT INTO network_assets (network, asset, contract_address, decimals)
 SELECT network, code, contract_address, decimals FROM assets;
 
 -- The real contracts of USDC (native, Circle) and USDT on the mainnets,
--- Circle's test USDC on the Sepolias, and the native coins.
+-- Circle's test USDC on the Sepolias, and the native coins (POL too: a
+-- round-one POL row may be its ERC-20 on Ethereum). A network's coin
+-- already listed under another code is kept: the native index refuses a
+-- second one, and the conflict skips the row.
 INSERT INTO network_assets (network, asset, contract_address, decimals) VALUES
     ('BASE_MAINNET',  'ETH',  NULL, 18),
     ('BASE_MAINNET',  'USDC', '0x833589fcd6edb6e08f4c7c32d4f71b54bda02913', 6),
@@ -71,6 +81,7 @@ INSERT INTO network_assets (network, asset, contract_address, decimals) VALUES
     ('OPT_MAINNET',   'ETH',  NULL, 18),
     ('OPT_MAINNET',   'USDC', '0x0b2c639c533813f4aa9d7837caf62653d097ff85', 6),
     ('OPT_MAINNET',   'USDT', '0x94b008aa00579c1307b0ef2c499ad98a8ce58e58', 6),
+    ('MATIC_MAINNET', 'POL',  NULL, 18),
     ('MATIC_MAINNET', 'USDC', '0x3c499c542cef5e3811e1192ce70d8cc03d5c3359', 6),
     ('MATIC_MAINNET', 'USDT', '0xc2132d05d31c914a87c6611c10748aeb04b58e8f', 6),
     ('ETH_SEPOLIA',   'ETH',  NULL, 18),
