@@ -201,3 +201,31 @@ func TestRescanCancel(t *testing.T) {
 	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--reason", "again")
 	require.ErrorIs(t, err, payment.ErrNotFound)
 }
+
+// TestRedeliverFailed: `notifications redeliver-failed` sends every failed
+// notification again, page after page, and nothing else.
+func TestRedeliverFailed(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `INSERT INTO notification_outbox (delivery_id, event_id, user_id, kind, payload, status, attempts)
+		SELECT 'd-' || i, 'e-' || i, 1, 'deposit_credited', '{}', CASE WHEN i <= 5 THEN 'failed' ELSE 'delivered' END, 20
+		FROM generate_series(1, 6) AS i`)
+	require.NoError(t, err)
+
+	_, err = runCtl(t, dsn, "notifications", "redeliver-failed", "--limit", "0")
+	require.ErrorIs(t, err, config.ErrUsage)
+	out, err := runCtl(t, dsn, "notifications", "redeliver-failed", "--limit", "2", "--operator", "carol")
+	require.NoError(t, err)
+	require.Contains(t, out, "scheduled again: 5")
+	var pending, failed, asked int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending' AND attempts = 0),
+		count(*) FILTER (WHERE status = 'failed'), count(*) FILTER (WHERE redelivery_requested_by = 'carol')
+		FROM notification_outbox`).Scan(&pending, &failed, &asked))
+	require.Equal(t, []int{5, 0, 5}, []int{pending, failed, asked})
+	out, err = runCtl(t, dsn, "notifications", "redeliver-failed")
+	require.NoError(t, err)
+	require.Contains(t, out, "scheduled again: 0")
+}

@@ -14,18 +14,18 @@ import (
 )
 
 func init() {
-	register("notifications", "notifications list [--state pending|delivered|failed|all] [--limit N] [--before ID] | redeliver ID [--operator NAME]", runNotifications)
+	register("notifications", "notifications list [--state pending|delivered|failed|all] [--limit N] [--before ID] | redeliver ID [--operator NAME] | redeliver-failed [--limit N] [--operator NAME]", runNotifications)
 }
 
 func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: notifications list|redeliver", config.ErrUsage)
+		return fmt.Errorf("%w: notifications list|redeliver|redeliver-failed", config.ErrUsage)
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("notifications "+sub, flag.ContinueOnError)
 	state := fs.String("state", "all", "pending, delivered, failed or all (list)")
 	before := fs.Int64("before", 0, "list notifications with an id below this (paging)")
-	limit := fs.Int("limit", postgres.NotificationPageDefault, fmt.Sprintf("notifications per page, at most %d (list)", postgres.NotificationPageMax))
+	limit := fs.Int("limit", postgres.NotificationPageDefault, fmt.Sprintf("notifications per page, at most %d (list, redeliver-failed)", postgres.NotificationPageMax))
 	who := fs.String("operator", "", "who asks (default: your login name)")
 	jsonOut := fs.Bool("json", false, "print JSON, with every notification's delivery log (list)")
 	var positional []string
@@ -33,6 +33,7 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 	case "list":
 	case "redeliver":
 		positional = []string{"ID"}
+	case "redeliver-failed":
 	default:
 		return fmt.Errorf("%w: unknown notifications command %q", config.ErrUsage, sub)
 	}
@@ -52,6 +53,9 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer db.Close()
+	if sub == "redeliver-failed" {
+		return redeliverFailed(ctx, db, *limit, operator(*who), out)
+	}
 	if sub == "redeliver" {
 		result, err := db.RedeliverNotification(ctx, id, operator(*who))
 		if err != nil {
@@ -84,4 +88,22 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 			v.Redeliveries, v.CreatedAt.UTC().Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// redeliverFailed sends every failed notification again, a page of limit
+// at a time, until none is left; each page is its own statement, so an
+// interrupted run has scheduled whole pages only.
+func redeliverFailed(ctx context.Context, db *postgres.DB, limit int, who string, out io.Writer) error {
+	var total int64
+	for {
+		scheduled, more, err := db.RedeliverFailedNotifications(ctx, limit, who)
+		if err != nil {
+			return fmt.Errorf("after %d scheduled: %w", total, err)
+		}
+		total += scheduled
+		if !more || scheduled == 0 {
+			fmt.Fprintf(out, "failed notifications scheduled again: %d\n", total)
+			return nil
+		}
+	}
 }

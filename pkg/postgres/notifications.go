@@ -197,3 +197,19 @@ func (db *DB) RedeliverNotification(ctx context.Context, id int64, who string) (
 	}
 	return RedeliveryScheduled, nil
 }
+
+// RedeliverFailedMax bounds one bulk redelivery: a caller repeats it
+// while more remain.
+const RedeliverFailedMax = 1000
+
+// RedeliverFailedNotifications makes up to limit failed notifications
+// due again (oldest first), each recording who asked, as
+// RedeliverNotification does one; more reports that failed ones remain.
+func (db *DB) RedeliverFailedNotifications(ctx context.Context, limit int, who string) (scheduled int64, more bool, err error) {
+	if limit < 1 || limit > RedeliverFailedMax {
+		return 0, false, payment.Invalid("a bulk redelivery takes 1..%d notifications, not %d", RedeliverFailedMax, limit)
+	}
+	stmt := q("notifications_redeliver_failed")
+	err = db.pool.QueryRow(ctx, stmt.text, limit, who).Scan(&scheduled, &more)
+	return scheduled, more, classify(stmt.name, err)
+}

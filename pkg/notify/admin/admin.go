@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -30,15 +31,19 @@ const (
 type Store interface {
 	Notifications(ctx context.Context, state string, beforeID int64, limit int) ([]postgres.NotificationView, error)
 	RedeliverNotification(ctx context.Context, id int64, who string) (string, error)
+	RedeliverFailedNotifications(ctx context.Context, limit int, who string) (int64, bool, error)
 }
 
-// Routes are GET /admin/notifications and
-// POST /admin/notifications/{id}/redeliver, for the api's admin listener.
+// Routes are GET /admin/notifications,
+// POST /admin/notifications/{id}/redeliver and
+// POST /admin/notifications/redeliver (the failed ones, in bulk), for the
+// api's admin listener.
 func Routes(store Store) []httpapi.Route {
 	h := &adminHandlers{store: store}
 	return []httpapi.Route{
 		{Method: http.MethodGet, Path: "/admin/notifications", Handler: http.HandlerFunc(h.list)},
 		{Method: http.MethodPost, Path: "/admin/notifications/:id/redeliver", Handler: http.HandlerFunc(h.redeliver)},
+		{Method: http.MethodPost, Path: "/admin/notifications/redeliver", Handler: http.HandlerFunc(h.redeliverFailed)},
 	}
 }
 
@@ -93,37 +98,79 @@ func (h *adminHandlers) redeliver(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Operator string `json:"operator"`
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, adminBodyMax+1))
-	switch {
-	case err != nil:
-		httpapi.WriteError(w, r, http.StatusBadRequest, "unreadable body")
-		return
-	case len(body) > adminBodyMax:
-		httpapi.WriteError(w, r, http.StatusRequestEntityTooLarge, "body too large")
+	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most 200 characters}`, func() bool { return len(req.Operator) <= operatorMax }) {
 		return
 	}
-	if len(strings.TrimSpace(string(body))) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil || len(req.Operator) > operatorMax {
-			httpapi.WriteError(w, r, http.StatusBadRequest, `body must be empty or {"operator": string of at most 200 characters}`)
-			return
-		}
-	}
-	who := strings.TrimSpace(req.Operator)
-	if who == "" {
-		who = "admin-api"
-	}
-	// The admin token names nobody: where the request came from is kept too.
-	who += " @" + httpapi.ClientIP(r.Context()).String()
 	ctx, cancel := context.WithTimeout(r.Context(), adminRequestTimeout)
 	defer cancel()
-	result, err := h.store.RedeliverNotification(ctx, id, who)
+	result, err := h.store.RedeliverNotification(ctx, id, requester(r, req.Operator))
 	if err != nil {
 		writeStoreError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "result": result, "trace_id": httpapi.TraceID(r.Context())})
+}
+
+// redeliverFailed sends up to limit failed notifications again (a receiver
+// was down past their attempts); "more" says whether to ask again.
+func (h *adminHandlers) redeliverFailed(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Operator string `json:"operator"`
+		Limit    *int   `json:"limit"`
+	}
+	usage := fmt.Sprintf(`body must be empty or {"operator": string of at most 200 characters, "limit": 1..%d}`, postgres.RedeliverFailedMax)
+	valid := func() bool {
+		return len(req.Operator) <= operatorMax && (req.Limit == nil || (*req.Limit >= 1 && *req.Limit <= postgres.RedeliverFailedMax))
+	}
+	if !readBody(w, r, &req, usage, valid) {
+		return
+	}
+	limit := postgres.RedeliverFailedMax
+	if req.Limit != nil {
+		limit = *req.Limit
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), adminRequestTimeout)
+	defer cancel()
+	scheduled, more, err := h.store.RedeliverFailedNotifications(ctx, limit, requester(r, req.Operator))
+	if err != nil {
+		writeStoreError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"scheduled": scheduled, "more": more, "trace_id": httpapi.TraceID(r.Context())})
+}
+
+// readBody decodes an optional JSON body into req, strictly and within
+// adminBodyMax; it answers the error itself and reports false when the
+// body is unreadable, too large or not valid (valid runs once decoded).
+func readBody(w http.ResponseWriter, r *http.Request, req any, usage string, valid func() bool) bool {
+	body, err := io.ReadAll(io.LimitReader(r.Body, adminBodyMax+1))
+	switch {
+	case err != nil:
+		httpapi.WriteError(w, r, http.StatusBadRequest, "unreadable body")
+		return false
+	case len(body) > adminBodyMax:
+		httpapi.WriteError(w, r, http.StatusRequestEntityTooLarge, "body too large")
+		return false
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(body)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(req); err != nil || !valid() {
+			httpapi.WriteError(w, r, http.StatusBadRequest, usage)
+			return false
+		}
+	}
+	return true
+}
+
+// requester is who asked: the operator named, and where the request came
+// from, since the admin token names nobody.
+func requester(r *http.Request, operator string) string {
+	who := strings.TrimSpace(operator)
+	if who == "" {
+		who = "admin-api"
+	}
+	return who + " @" + httpapi.ClientIP(r.Context()).String()
 }
 
 func optionalPositive(s string, maximum int64) (int64, bool) {

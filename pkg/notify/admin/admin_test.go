@@ -154,3 +154,69 @@ func TestListAndRedeliver(t *testing.T) {
 		require.Equal(t, map[int]string{400: "invalid_request", 404: "not_found", 413: "body_too_large"}[c.status], body["code"])
 	}
 }
+
+// TestRedeliverFailedInBulk: after a receiver was down past the attempts,
+// one request sends its failed notifications again, a page at a time,
+// leaving pending and delivered ones alone.
+func TestRedeliverFailedInBulk(t *testing.T) {
+	db, base := serve(t)
+	notifications(t, db, 6)
+	ctx := context.Background()
+	due, err := db.ClaimNotifications(ctx, 6, 0)
+	require.NoError(t, err)
+	require.Len(t, due, 6)
+	attempt := postgres.DeliveryAttempt{At: time.Now(), ErrorClass: "connection_refused"}
+	for _, n := range due[:4] {
+		require.NoError(t, db.NotificationFailed(ctx, n.ID, attempt, "connection refused", time.Hour, true))
+	}
+	require.NoError(t, db.NotificationDelivered(ctx, due[4].ID, postgres.DeliveryAttempt{At: time.Now(), HTTPStatus: 204}))
+	// due[5] stays pending, its next attempt an hour away.
+	require.NoError(t, db.NotificationFailed(ctx, due[5].ID, attempt, "connection refused", time.Hour, false))
+
+	status, body := call(t, http.MethodPost, base+"/admin/notifications/redeliver", "", "")
+	require.Equal(t, http.StatusUnauthorized, status, "behind the admin token")
+	require.NotContains(t, body, "scheduled")
+	views, err := db.Notifications(ctx, "failed", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, views, 4, "nothing moved without the token")
+
+	status, body = call(t, http.MethodPost, base+"/admin/notifications/redeliver", adminToken, `{"operator": "bob", "limit": 3}`)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, float64(3), body["scheduled"])
+	require.Equal(t, true, body["more"])
+	status, body = call(t, http.MethodPost, base+"/admin/notifications/redeliver", adminToken, "")
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, float64(1), body["scheduled"])
+	require.Equal(t, false, body["more"])
+	status, body = call(t, http.MethodPost, base+"/admin/notifications/redeliver", adminToken, "")
+	require.Equal(t, http.StatusOK, status, body)
+	require.Equal(t, float64(0), body["scheduled"], "nothing failed is left")
+
+	views, err = db.Notifications(ctx, "all", 0, 10)
+	require.NoError(t, err)
+	byID := map[int64]postgres.NotificationView{}
+	for _, v := range views {
+		byID[v.ID] = v
+	}
+	for i, n := range due[:4] {
+		v := byID[n.ID]
+		require.Equal(t, "pending", v.Status, "failed %d is due again", i)
+		require.Equal(t, 0, v.Attempts, "with a fresh budget")
+		require.Equal(t, 1, v.Redeliveries)
+		require.True(t, v.NextAttemptAt.Before(time.Now().Add(time.Second)), "due now")
+	}
+	require.True(t, strings.HasPrefix(byID[due[0].ID].RedeliveryRequestedBy, "bob @127.0.0.1"), byID[due[0].ID].RedeliveryRequestedBy)
+	require.True(t, strings.HasPrefix(byID[due[3].ID].RedeliveryRequestedBy, "admin-api @"), "the oldest page first")
+	require.Equal(t, "delivered", byID[due[4].ID].Status, "a delivered one is not sent again")
+	require.Equal(t, 0, byID[due[4].ID].Redeliveries)
+	pending := byID[due[5].ID]
+	require.Equal(t, 0, pending.Redeliveries, "a pending one keeps its schedule")
+	require.Equal(t, 1, pending.Attempts)
+	require.True(t, pending.NextAttemptAt.After(time.Now().Add(30*time.Minute)))
+
+	for _, b := range []string{`{"limit": 0}`, `{"limit": 1001}`, `{"limit": "x"}`, `{"state": "delivered"}`, `{"operator": "` + strings.Repeat("x", 201) + `"}`} {
+		status, body := call(t, http.MethodPost, base+"/admin/notifications/redeliver", adminToken, b)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %v", b, body)
+		require.Equal(t, "invalid_request", body["code"])
+	}
+}

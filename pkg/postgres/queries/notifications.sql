@@ -86,3 +86,22 @@ WITH target AS (
     RETURNING n.id
 )
 SELECT target.status, EXISTS (SELECT 1 FROM moved) FROM target;
+
+-- name: notifications_redeliver_failed
+-- An operator asks for the failed notifications to be sent again (a
+-- receiver was down longer than the attempts last): up to $1 of them,
+-- oldest first, become due now with a fresh attempt budget, as one
+-- redelivery each. Rows another redelivery holds are skipped; more says
+-- whether failed rows remain, so a caller asks again until none do.
+WITH target AS (
+    SELECT id FROM notification_outbox WHERE status = 'failed' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE notification_outbox n
+    SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL,
+        redeliveries = n.redeliveries + 1, redelivery_requested_by = $2, redelivery_requested_at = now()
+    FROM target
+    WHERE n.id = target.id
+    RETURNING n.id
+)
+SELECT (SELECT count(*) FROM moved),
+       EXISTS (SELECT 1 FROM notification_outbox WHERE status = 'failed' AND id NOT IN (SELECT id FROM moved));
