@@ -20,8 +20,9 @@ const OutboxClaimMax = 5000
 type Claimed struct {
 	Event     payment.Event
 	CreatedAt time.Time
-	// TaskID names the task of the claim that carries this event; empty
-	// for a row claimed alone, whose task id derives from its key.
+	// TaskID names the task of the claim that carries this event (a row
+	// claimed alone has a task of its own). Empty only for an event of
+	// an older version's claim, whose task id derived from its key.
 	TaskID string
 	// TraceParent is the W3C traceparent stored with the event ("" for
 	// none): its task carries it on, so the trace continues per event.

@@ -68,9 +68,12 @@ SELECT event_id FROM pending UNION ALL SELECT event_id FROM due;
 
 -- name: claim_one
 -- transition: pending, awaiting_finality -> enqueued
--- A row claimed alone travels alone, under the id its key derives.
+-- A row claimed alone travels alone, in a task of its own claim number:
+-- the id its key derives is taken by an earlier task of the same
+-- generation when the deposit was parked for finality (the queue keeps a
+-- task's id after it ran, and refuses it again).
 UPDATE payment_events
-SET status = 'enqueued', next_check_at = NULL, updated_at = now(), task_id = NULL
+SET status = 'enqueued', next_check_at = NULL, updated_at = now(), task_id = 'c' || nextval('settle_claim_seq') || '-0'
 WHERE event_id = $1 AND status COLLATE "C" IN ('pending', 'awaiting_finality')
 RETURNING event_id, event_type, user_id, asset, amount::text, COALESCE(tx_hash, ''),
           trace_id, generation, created_at, COALESCE(task_id, ''), COALESCE(traceparent, '');
