@@ -32,6 +32,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -158,9 +160,9 @@ type Scanner struct {
 	names    []string
 	// passBlocks is each network's current pass size: halved after a pass
 	// ran out of time, doubled back towards BlocksMax after one that did
-	// not, so a slow node still moves the cursor. Used by Run's goroutine
-	// only.
-	passBlocks map[string]uint64
+	// not, so a slow node still moves the cursor. The map is read-only
+	// after New; each network's goroutine updates its own value.
+	passBlocks map[string]*atomic.Uint64
 	// windows are each network's eth_getLogs windows (read-only map).
 	windows map[string]logWindows
 }
@@ -191,79 +193,99 @@ func New(opts Options) *Scanner {
 	if opts.ReorgRescan == 0 {
 		opts.ReorgRescan = ReorgRescanDefault
 	}
-	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]uint64{}, windows: map[string]logWindows{}}
+	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]*atomic.Uint64{}, windows: map[string]logWindows{}}
 	for _, n := range opts.Networks {
 		s.networks[n.Name] = n
 		s.windows[n.Name] = logWindows{filtered: newWindow(opts.BlocksMax), contracts: newWindow(opts.LogWindow)}
-		s.passBlocks[n.Name] = opts.BlocksMax
+		s.passBlocks[n.Name] = new(atomic.Uint64)
+		s.passBlocks[n.Name].Store(opts.BlocksMax)
 		s.names = append(s.names, n.Name)
 	}
 	sort.Strings(s.names)
 	return s
 }
 
-// Run scans every interval until ctx ends.
+// Run scans every interval until ctx ends. Each network runs on its own
+// goroutine and ticker: a network whose node is slow (each pass near
+// SCAN_PASS_TIMEOUT, catching up) delays no other network's passes. Run
+// returns once every network's goroutine has.
 func (s *Scanner) Run(ctx context.Context) {
-	ticker := time.NewTicker(s.opts.Interval)
-	defer ticker.Stop()
-	for {
-		s.Tick(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-	}
-}
-
-// Tick runs one interval's work: the cursor passes of every network (back
-// to back while behind, up to catchUpPassesMax), then each network's
-// rescan passes (up to rescanPassesMax).
-func (s *Scanner) Tick(ctx context.Context) {
+	var wg sync.WaitGroup
 	for _, name := range s.names {
 		n := s.networks[name]
-		for range catchUpPassesMax {
-			more, err := s.CursorPass(ctx, n)
-			if err != nil && ctx.Err() == nil {
-				s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("scan pass failed; the next interval tries again")
+		wg.Go(func() {
+			ticker := time.NewTicker(s.opts.Interval)
+			defer ticker.Stop()
+			for {
+				s.tickNetwork(ctx, n)
+				select {
+				case <-ctx.Done():
+					return
+				case <-ticker.C:
+				}
 			}
-			if err != nil || !more {
-				break
-			}
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+}
+
+// Tick runs one interval's work of every network, the networks at once,
+// and returns when all are done.
+func (s *Scanner) Tick(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, name := range s.names {
+		n := s.networks[name]
+		wg.Go(func() { s.tickNetwork(ctx, n) })
+	}
+	wg.Wait()
+}
+
+// tickNetwork runs one interval's work of network n: its cursor passes
+// (back to back while behind, up to catchUpPassesMax), then its rescan
+// passes (up to rescanPassesMax).
+func (s *Scanner) tickNetwork(ctx context.Context, n Network) {
+	for range catchUpPassesMax {
+		more, err := s.CursorPass(ctx, n)
+		if err != nil && ctx.Err() == nil {
+			s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("scan pass failed; the next interval tries again")
+		}
+		if err != nil || !more {
+			break
 		}
 	}
 	// The statements between the passes are bounded as a pass is: Run's
 	// context has no deadline, and a PostgreSQL that stops answering
-	// mid-call without a reset held every network's scan until the kernel
-	// gave the socket up.
+	// mid-call without a reset held the network's scan until the kernel
+	// gave the socket up. They are asked per network, so no network waits
+	// for another's passes to end before its jobs are read.
+	networks := []string{n.Name}
 	stmtCtx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
-	err := s.opts.Store.ResolveBackfills(stmtCtx, s.names)
+	err := s.opts.Store.ResolveBackfills(stmtCtx, networks)
 	cancel()
 	if err != nil && ctx.Err() == nil {
-		s.opts.Log.Warn().Err(err).Msg("backfill ends not resolved; the next interval tries again")
+		s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("backfill ends not resolved; the next interval tries again")
 	}
 	stmtCtx, cancel = context.WithTimeout(ctx, s.opts.PassTimeout)
-	networks, err := s.opts.Store.RescanNetworks(stmtCtx, s.names)
+	withJobs, err := s.opts.Store.RescanNetworks(stmtCtx, networks)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			s.opts.Log.Warn().Err(err).Msg("rescan jobs not read; the next interval tries again")
+			s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("rescan jobs not read; the next interval tries again")
 		}
 		return
 	}
-	for _, name := range s.names {
-		if !slices.Contains(networks, name) {
-			s.metrics.rescansWaiting.WithLabelValues(name).Set(0)
-			continue
+	if !slices.Contains(withJobs, n.Name) {
+		s.metrics.rescansWaiting.WithLabelValues(n.Name).Set(0)
+		return
+	}
+	for range rescanPassesMax {
+		did, err := s.RescanPass(ctx, n)
+		if err != nil && ctx.Err() == nil {
+			s.opts.Log.Warn().Err(err).Str("network", n.Name).Msg("rescan pass failed; the next interval tries again")
 		}
-		for range rescanPassesMax {
-			did, err := s.RescanPass(ctx, s.networks[name])
-			if err != nil && ctx.Err() == nil {
-				s.opts.Log.Warn().Err(err).Str("network", name).Msg("rescan pass failed; the next interval tries again")
-			}
-			if err != nil || !did {
-				break
-			}
+		if err != nil || !did {
+			break
 		}
 	}
 }
@@ -272,8 +294,8 @@ func (s *Scanner) lease() time.Duration {
 	return s.opts.PassTimeout + s.opts.PassTimeout/leaseMarginDivisor
 }
 
-// CursorPass runs one pass of the network's cursor; more reports that the
-// cursor is still behind the finality head.
+// CursorPass runs one pass of the network's cursor (n is one given to
+// New); more reports that the cursor is still behind the finality head.
 func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err error) {
 	result := resultError
 	defer func() { s.metrics.passes.WithLabelValues(n.Name, kindCursor, result).Inc() }()
@@ -315,9 +337,10 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	defer func() {
 		// The pass's own deadline, not the caller's cancellation.
 		timedOut := err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
-		s.passBlocks[n.Name] = nextPassBlocks(s.passBlocks[n.Name], s.opts.BlocksMax, timedOut)
+		blocks := s.passBlocks[n.Name]
+		blocks.Store(nextPassBlocks(blocks.Load(), s.opts.BlocksMax, timedOut))
 	}()
-	claim, ok, err := s.opts.Store.ClaimScanCursor(ctx, n.Name, s.opts.Owner, s.lease(), max(s.passBlocks[n.Name], 1), head)
+	claim, ok, err := s.opts.Store.ClaimScanCursor(ctx, n.Name, s.opts.Owner, s.lease(), max(s.passBlocks[n.Name].Load(), 1), head)
 	if err != nil {
 		return false, err
 	}

@@ -699,7 +699,10 @@ func TestTickOnAFrozenDatabaseEnds(t *testing.T) {
 	freezer, dsn := testenv.NewFreezer(t, testenv.DatabaseURL(t))
 	db := testenv.OpenDB(t, dsn)
 	const bound = 200 * time.Millisecond
-	s := New(Options{Store: db, Owner: "frozen", PassTimeout: bound, Log: zerolog.Nop()})
+	// A node with no finality head yet: the cursor pass asks PostgreSQL
+	// nothing, the statements after it do.
+	s := New(Options{Store: db, Owner: "frozen", PassTimeout: bound, Log: zerolog.Nop(),
+		Networks: []Network{{Name: "ETH_MAINNET", RPC: noHeadRPC{}, Policy: chain.FinalizedPolicy()}}})
 	freezer.Freeze()
 	defer freezer.Thaw() // before the pool's Close, which waits for the calls
 	done := make(chan struct{})
@@ -713,4 +716,99 @@ func TestTickOnAFrozenDatabaseEnds(t *testing.T) {
 	case <-time.After(25 * bound):
 		t.Fatalf("the interval's work still waits on a frozen PostgreSQL after %s (a pass's bound is %s)", time.Since(start).Round(time.Millisecond), bound)
 	}
+}
+
+// slowRPC is a node that answers, slowly: each finality head it is asked
+// for comes after delay (or the caller's deadline, whichever is first).
+type slowRPC struct {
+	RPC
+	delay time.Duration
+}
+
+func (r slowRPC) FinalityHead(ctx context.Context, p chain.Policy) (uint64, bool, error) {
+	select {
+	case <-ctx.Done():
+		return 0, false, ctx.Err()
+	case <-time.After(r.delay):
+	}
+	return r.RPC.FinalityHead(ctx, p)
+}
+
+// TestSlowNetworkHoldsNoOtherBack: BASE_MAINNET's node answers, slowly,
+// and its cursor is far behind, so each interval it runs its catch-up
+// passes back to back, every one of them slow. ETH_MAINNET's deposits are
+// still found within an interval or so, the first and the next one alike:
+// each network runs on its own. Run then ends with its context.
+func TestSlowNetworkHoldsNoOtherBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network, slow = "ETH_MAINNET", "BASE_MAINNET" // the slow one sorts first
+	const to = "0x00000000000000000000000000000000000a0d7a"
+	const interval, passTimeout, delay, blocksMax = 100 * time.Millisecond, 2 * time.Second, 400 * time.Millisecond, 8
+	// Well under the slow network's catch-up (catchUpPassesMax passes of
+	// at least delay each), which it spends before its turn ends.
+	const within = 3 * time.Second
+	require.Greater(t, catchUpPassesMax*delay, 2*within)
+	f := newDevScanFixture(t, ctx, network, []string{to})
+
+	// The slow network is behind by more than its passes of one interval.
+	start, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.CommitBlocks(ctx, 2*catchUpPassesMax*blocksMax))
+	require.NoError(t, f.db.InitScanCursor(ctx, slow, start+1))
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, head+1))
+	first, err := f.ch.SendETH(ctx, 0, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, first.BlockNumber))
+
+	s := New(Options{Store: f.db, Owner: "dev-scan-slow", Registerer: prometheus.NewRegistry(), Log: zerolog.Nop(),
+		Interval: interval, PassTimeout: passTimeout, BlocksMax: blocksMax,
+		Networks: []Network{f.n, {Name: slow, RPC: slowRPC{RPC: f.client, delay: delay}, Policy: chain.FinalizedPolicy()}}})
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Run(runCtx)
+	}()
+	found := func(tx devchain.Tx, which string) {
+		t.Helper()
+		id := payment.Transfer{Network: network, TxHash: tx.Hash, Index: payment.TransferNative}.EventID()
+		since := time.Now()
+		for {
+			var n int
+			require.NoError(t, f.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&n))
+			if n == 1 {
+				return
+			}
+			if time.Since(since) > within {
+				t.Fatalf("%s deposit of %s not found %s after it was final: it waits for %s's slow passes", which, network, within, slow)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	found(first, "the first")
+	second, err := f.ch.SendETH(ctx, 0, to, big.NewInt(2e15))
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, second.BlockNumber))
+	found(second, "the next")
+	next, _, _, err := f.db.ScanCursor(ctx, slow)
+	require.NoError(t, err)
+	require.Greater(t, next, start+1, "the slow network moves too")
+
+	stop()
+	select {
+	case <-done:
+	case <-time.After(passTimeout + time.Second):
+		t.Fatal("Run did not end with its context")
+	}
+}
+
+// noHeadRPC is a node that has no finality head yet; it is asked nothing else.
+type noHeadRPC struct{ RPC }
+
+func (noHeadRPC) FinalityHead(context.Context, chain.Policy) (uint64, bool, error) {
+	return 0, false, nil
 }
