@@ -44,7 +44,8 @@ func TestCleanupRunsPastFailedPartitionMaintenance(t *testing.T) {
 
 	alerts := alert.New(zerolog.New(io.Discard), alert.Options{})
 	t.Cleanup(alerts.Close)
-	job := cleanup(db, alerts, zerolog.New(io.Discard), prometheus.NewRegistry(), postgres.CleanupRetentionDefault, 100*time.Millisecond)
+	job := cleanup(db, alerts, zerolog.New(io.Discard), prometheus.NewRegistry(),
+		cleanupSettings{Retention: postgres.CleanupRetentionDefault, PartitionLockTimeout: 100 * time.Millisecond})
 	err = job(ctx)
 	require.ErrorContains(t, err, "would overlap", "the failed day is the run's error")
 	count := func(query string) int {
@@ -54,4 +55,76 @@ func TestCleanupRunsPastFailedPartitionMaintenance(t *testing.T) {
 	}
 	require.Zero(t, count(`SELECT count(*) FROM notification_outbox`), "old notifications deleted all the same")
 	require.Zero(t, count(`SELECT count(*) FROM transfer_reports`), "old transfer reports deleted all the same")
+}
+
+// TestCleanupGoesOnPastStuckBatch: a batch stuck behind a lock (here
+// SHARE on transfer_reports, as a CREATE INDEX takes) ends at
+// CLEANUP_BATCH_TIMEOUT and fails the run, and the other tables' old rows
+// are deleted all the same, in batches, counted as they go. One delete
+// waited for the lock until the job's hour was spent, and the tables
+// after it were not cleaned that night.
+func TestCleanupGoesOnPastStuckBatch(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	for _, stmt := range []string{
+		`INSERT INTO notification_outbox (delivery_id, event_id, user_id, kind, payload, status, created_at)
+		 SELECT 'old-' || i, 'e' || i, 1, 'deposit_credited', '{}', 'delivered', now() - interval '30 days' FROM generate_series(1, 10) i`,
+		`INSERT INTO transfer_reports (event_id, reporter, first_at)
+		 SELECT 'e' || i, 'alchemy', now() - interval '30 days' FROM generate_series(1, 10) i`,
+		`INSERT INTO transfer_sightings (event_id, block_hash, removed, reporter, first_at)
+		 SELECT 'e' || i, '0x' || lpad(to_hex(i), 64, '0'), false, 'alchemy', now() - interval '30 days' FROM generate_series(1, 10) i`,
+	} {
+		_, err = conn.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	holder, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close(ctx) })
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE transfer_reports IN SHARE MODE`)
+	require.NoError(t, err)
+
+	alerts := alert.New(zerolog.New(io.Discard), alert.Options{})
+	t.Cleanup(alerts.Close)
+	reg := prometheus.NewRegistry()
+	job := cleanup(db, alerts, zerolog.New(io.Discard), reg, cleanupSettings{
+		Retention: postgres.CleanupRetentionDefault, PartitionLockTimeout: 100 * time.Millisecond,
+		Batch: 4, BatchTimeout: 300 * time.Millisecond,
+	})
+	// The job's hour, shortened.
+	runCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = job(runCtx)
+	took := time.Since(start)
+	count := func(query string) int {
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, query).Scan(&n))
+		return n
+	}
+	require.Zero(t, count(`SELECT count(*) FROM notification_outbox`), "old notifications deleted")
+	require.Zero(t, count(`SELECT count(*) FROM transfer_sightings`), "old sightings deleted all the same")
+	require.Equal(t, 10, count(`SELECT count(*) FROM transfer_reports`), "left to the next run")
+	require.ErrorContains(t, err, "transfer_reports", "the stuck table fails the run")
+	require.Less(t, took, 5*time.Second, "the stuck batch held the run")
+
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	deleted := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "settle_cleanup_deleted_rows_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			deleted[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, 10.0, deleted["notification_outbox"])
+	require.Equal(t, 10.0, deleted["transfer_sightings"])
+	require.Zero(t, deleted["transfer_reports"])
 }

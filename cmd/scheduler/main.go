@@ -45,13 +45,20 @@ type settings struct {
 	ReorgWatchInterval time.Duration
 	NotifyInterval     time.Duration
 	CleanupAt          time.Duration
-	Retention          time.Duration
+	Cleanup            cleanupSettings
 	AlertWebhookURL    string
 	Monitor            monitorSettings
 	Scan               scanSettings
+}
 
+// cleanupSettings are the daily cleanup's.
+type cleanupSettings struct {
+	Retention time.Duration
 	// PartitionLockTimeout bounds each partition DDL's wait for its lock.
 	PartitionLockTimeout time.Duration
+	// Batch and BatchTimeout bound each batch of its deletes.
+	Batch        int
+	BatchTimeout time.Duration
 }
 
 func readSettings(env *config.Env) settings {
@@ -69,7 +76,6 @@ func readSettings(env *config.Env) settings {
 		ReorgWatchInterval: env.Duration("REORG_WATCH_INTERVAL", 30*time.Second),
 		NotifyInterval:     env.Duration("NOTIFY_INTERVAL", 2*time.Second),
 		CleanupAt:          config.Parse(env, "CLEANUP_AT", 3*time.Hour, parseTimeOfDay),
-		Retention:          env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
 		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 	}
 	s.ListenURL = env.String("DATABASE_LISTEN_URL", "")
@@ -77,7 +83,12 @@ func readSettings(env *config.Env) settings {
 	if s.ListenURL == "" {
 		s.ListenURL = s.DatabaseURL
 	}
-	s.PartitionLockTimeout = env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault)
+	s.Cleanup = cleanupSettings{
+		Retention:            env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
+		PartitionLockTimeout: env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault),
+		Batch:                env.Int("CLEANUP_BATCH", postgres.CleanupBatchDefault, 1, postgres.CleanupBatchMax),
+		BatchTimeout:         env.Duration("CLEANUP_BATCH_TIMEOUT", postgres.CleanupBatchTimeoutDefault),
+	}
 	s.Monitor = readMonitorSettings(env)
 	s.Scan = readScanSettings(env)
 	return s
@@ -150,7 +161,7 @@ func run(s settings, log zerolog.Logger) error {
 			}
 			return err
 		}},
-		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Retention, s.PartitionLockTimeout)},
+		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Cleanup)},
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, rdb, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
 		// Idle, a period has nothing to deliver: asked first, it costs a
 		// read instead of a claim, a task and the worker's query.
@@ -205,26 +216,37 @@ func run(s settings, log zerolog.Logger) error {
 }
 
 // cleanup keeps processed_events' daily partitions (days ahead created,
-// days past retention dropped whole) and deletes old settled notifications
-// and transfer reports. Each part runs whatever the others did: a
-// partition maintenance failing every night must not let the other
-// tables grow without bound. The failures are logged and returned
-// together (settle_job_runs_total counts the run as an error).
-func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, retention, lockTimeout time.Duration) func(context.Context) error {
+// days past retention dropped whole) and deletes old settled
+// notifications, transfer reports and sightings in bounded batches. Each
+// part runs whatever the others did: a partition maintenance, or one
+// table's batch, failing every night must not let the other tables grow
+// without bound. The failures are logged and returned together
+// (settle_job_runs_total counts the run as an error).
+func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg prometheus.Registerer, s cleanupSettings) func(context.Context) error {
 	deferred := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "settle_partition_ddl_deferred_total",
 		Help: "Partition DDL statements left for the next cleanup because their lock did not come within PARTITION_LOCK_TIMEOUT on any try.",
 	})
-	reg.MustRegister(deferred)
+	deleted := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "settle_cleanup_deleted_rows_total",
+		Help: "Rows the daily cleanup deleted past PROCESSED_RETENTION, by table, counted as each batch commits.",
+	}, []string{"table"})
+	reg.MustRegister(deferred, deleted)
+	batches := postgres.CleanupOptions{
+		Batch:        s.Batch,
+		BatchTimeout: s.BatchTimeout,
+		Deleted:      func(table string, rows int64) { deleted.WithLabelValues(table).Add(float64(rows)) },
+	}
 	return func(ctx context.Context) error {
-		report, partErr := db.MaintainPartitions(ctx, retention, postgres.PartitionsAheadDefault, time.Now(), postgres.PartitionOptions{LockTimeout: lockTimeout})
+		report, partErr := db.MaintainPartitions(ctx, s.Retention, postgres.PartitionsAheadDefault, time.Now(),
+			postgres.PartitionOptions{LockTimeout: s.PartitionLockTimeout, Trim: batches})
 		log.Info().Int("created", report.Created).Int("dropped", report.Dropped).Int64("trimmed", report.Trimmed).
 			Int64("default_rows", report.DefaultRows).Int64("moved", report.Moved).Strs("kept_pending", report.KeptPending).Msg("processed_events partitions")
 		if len(report.Deferred) > 0 {
 			// Harmless for a while (30 days are created ahead); the next
 			// run tries again. Something holds locks on processed_events.
 			deferred.Add(float64(len(report.Deferred)))
-			log.Warn().Strs("deferred", report.Deferred).Dur("lock_timeout", lockTimeout).
+			log.Warn().Strs("deferred", report.Deferred).Dur("lock_timeout", s.PartitionLockTimeout).
 				Msg("partition DDL did not get its lock in time; the next cleanup retries it")
 		}
 		if len(report.Skipped) > 0 {
@@ -239,11 +261,16 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 		if partErr != nil {
 			log.Error().Err(partErr).Msg("processed_events partition maintenance failed; the other cleanups run")
 		}
-		n, notifyErr := db.CleanupNotifications(ctx, retention, postgres.CleanupBatchDefault, postgres.CleanupPauseDefault)
-		log.Info().Int64("deleted", n).Msg("notification outbox cleanup")
-		n, reportsErr := db.DeleteOldReports(ctx, retention, postgres.CleanupBatchDefault)
-		log.Info().Int64("deleted", n).Msg("transfer reports cleanup")
-		return errors.Join(partErr, notifyErr, reportsErr)
+		tables, cleanErr := db.Cleanup(ctx, s.Retention, batches)
+		for _, t := range tables {
+			ev := log.Info()
+			if t.Err != nil {
+				// The next night's run takes up what is left.
+				ev = log.Error().Err(t.Err)
+			}
+			ev.Str("table", t.Table).Int64("deleted", t.Deleted).Int("batches", t.Batches).Bool("done", t.Done).Msg("cleanup")
+		}
+		return errors.Join(partErr, cleanErr)
 	}
 }
 

@@ -67,6 +67,9 @@ type PartitionOptions struct {
 	// MoveTimeout bounds each statement of a day's move out of the
 	// default partition.
 	MoveTimeout time.Duration
+	// Trim bounds the batches that delete old rows outside the daily
+	// partitions.
+	Trim CleanupOptions
 }
 
 // MaintainPartitions keeps processed_events' daily partitions: it creates
@@ -289,7 +292,7 @@ func (db *DB) trimLegacy(ctx context.Context, retention time.Duration, o Partiti
 	if !exists && r.DefaultRows == 0 {
 		return 0, nil
 	}
-	trimmed, err := db.CleanupProcessed(ctx, retention, CleanupBatchDefault, CleanupPauseDefault)
+	trimmed, err := db.trimProcessed(ctx, retention, o.Trim)
 	if err != nil || !exists {
 		return trimmed, err
 	}

@@ -61,22 +61,3 @@ func (db *DB) ProviderMisses(ctx context.Context, scanned int, grace time.Durati
 	})
 	return out, classify(stmt.name, err)
 }
-
-// DeleteOldReports deletes reports and sightings older than retention in
-// batches of at most batch rows, until none is left or ctx ends.
-func (db *DB) DeleteOldReports(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	var total int64
-	for _, stmt := range []query{q("delete_old_reports"), q("delete_old_sightings")} {
-		for {
-			tag, err := db.pool.Exec(ctx, stmt.text, interval(retention), batch)
-			if err != nil {
-				return total, classify(stmt.name, err)
-			}
-			total += tag.RowsAffected()
-			if tag.RowsAffected() < int64(batch) {
-				break
-			}
-		}
-	}
-	return total, nil
-}

@@ -50,9 +50,10 @@ func TestSightingsKeptAndDeleted(t *testing.T) {
 
 	_, err = conn.Exec(ctx, `UPDATE transfer_sightings SET first_at = now() - interval '10 days' WHERE block_hash = $1`, old)
 	require.NoError(t, err)
-	n, err := db.DeleteOldReports(ctx, 7*24*time.Hour, 1)
+	tables, err := db.Cleanup(ctx, 7*24*time.Hour, postgres.CleanupOptions{Batch: 1})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the plain transfer's old sighting")
+	require.Equal(t, postgres.CleanupSightings, tables[2].Table)
+	require.EqualValues(t, 1, tables[2].Deleted, "the plain transfer's old sighting")
 	s, err = db.EventSightings(ctx, plain.EventID())
 	require.NoError(t, err)
 	require.Len(t, s, 1)
@@ -101,7 +102,7 @@ func TestRemovedSightingOutlivesRetention(t *testing.T) {
 
 	_, err = conn.Exec(ctx, `UPDATE transfer_sightings SET first_at = now() - interval '15 days'`)
 	require.NoError(t, err)
-	_, err = db.DeleteOldReports(ctx, postgres.CleanupRetentionDefault, postgres.CleanupBatchDefault)
+	_, err = db.Cleanup(ctx, postgres.CleanupRetentionDefault, postgres.CleanupOptions{})
 	require.NoError(t, err)
 	s := sight(false)
 	require.False(t, s.OnChain, "block removed")

@@ -25,3 +25,8 @@ WITH doomed AS (
 DELETE FROM notification_outbox n
 USING doomed
 WHERE n.id = doomed.id;
+
+-- name: cleanup_batch_timeout
+-- Each batch of the cleanup is its own transaction under this bound, so a
+-- batch stuck behind a lock or a slow disk ends, and the run goes on.
+SELECT set_config('statement_timeout', $1, true);

@@ -29,10 +29,18 @@ GROUP BY p.reporter
 ORDER BY p.reporter;
 
 -- name: delete_old_reports
--- One bounded batch off the first_at index; the caller repeats it.
-DELETE FROM transfer_reports
-WHERE (event_id, reporter) IN (SELECT event_id, reporter FROM transfer_reports
-                               WHERE first_at < now() - $1::interval ORDER BY first_at LIMIT $2);
+-- One bounded batch off the first_at index; the caller repeats it. A row
+-- locked meanwhile is passed over, not waited for.
+WITH doomed AS (
+    SELECT event_id, reporter FROM transfer_reports
+    WHERE first_at < now() - $1::interval
+    ORDER BY first_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM transfer_reports r
+USING doomed
+WHERE r.event_id = doomed.event_id AND r.reporter = doomed.reporter;
 
 -- name: sight_transfer
 -- A report naming its block; a removal marks the block removed for good,
@@ -55,9 +63,19 @@ WHERE event_id = $1 ORDER BY first_at, block_hash;
 -- One bounded batch off the first_at index; the caller repeats it. A
 -- transfer with a block reported removed keeps all its sightings: without
 -- them a stale or replayed add of that block would put it back on the
--- chain. Those are few (one per reorg report) and stay.
-DELETE FROM transfer_sightings
-WHERE (event_id, block_hash) IN (SELECT s.event_id, s.block_hash FROM transfer_sightings s
-                                 WHERE s.first_at < now() - $1::interval
-                                   AND NOT EXISTS (SELECT 1 FROM transfer_sightings r WHERE r.event_id = s.event_id AND r.removed)
-                                 ORDER BY s.first_at LIMIT $2);
+-- chain. Those are few (one per reorg report) and stay. A row locked
+-- meanwhile (a report of its block being written) is passed over, and
+-- one that was marked removed before its lock came is kept (NOT
+-- s.removed is checked again on the locked row).
+WITH doomed AS (
+    SELECT s.event_id, s.block_hash FROM transfer_sightings s
+    WHERE s.first_at < now() - $1::interval
+      AND NOT s.removed
+      AND NOT EXISTS (SELECT 1 FROM transfer_sightings r WHERE r.event_id = s.event_id AND r.removed)
+    ORDER BY s.first_at
+    LIMIT $2
+    FOR UPDATE OF s SKIP LOCKED
+)
+DELETE FROM transfer_sightings t
+USING doomed
+WHERE t.event_id = doomed.event_id AND t.block_hash = doomed.block_hash;
