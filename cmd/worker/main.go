@@ -37,27 +37,31 @@ type settings struct {
 	StatementTimout time.Duration
 	RetryBaseDelay  time.Duration
 	RetryMaxDelay   time.Duration
-	AlertWebhookURL string
-	NotifyURL       string
-	NotifyKey       []byte // HMAC key of the notification signatures
-	Chain           finality.Settings
+	// ContentionWindow: lock timeouts and the like retry this long, from
+	// a task's first, without spending its budget.
+	ContentionWindow time.Duration
+	AlertWebhookURL  string
+	NotifyURL        string
+	NotifyKey        []byte // HMAC key of the notification signatures
+	Chain            finality.Settings
 }
 
 func readSettings(env *config.Env) settings {
 	s := settings{
-		Common:          service.ReadCommon(env),
-		MetricsAddr:     env.String("METRICS_ADDR", ":9091"),
-		Concurrency:     env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
-		PollInterval:    env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
-		WakeWait:        env.Duration("WORKER_WAKE_WAIT", worker.WakeWaitDefault),
-		BatchMax:        env.Int("LEDGER_BATCH_MAX", worker.BatchMaxDefault, 1, postgres.LedgerBatchMax),
-		InFlightMax:     env.Int("LEDGER_IN_FLIGHT", worker.InFlightMaxDefault, 1, 64),
-		LockTimeout:     env.Duration("LEDGER_LOCK_TIMEOUT", postgres.LedgerLockTimeoutDefault),
-		StatementTimout: env.Duration("LEDGER_STATEMENT_TIMEOUT", postgres.LedgerStatementTimeoutDefault),
-		RetryBaseDelay:  env.Duration("RETRY_BASE_DELAY", worker.RetryBaseDelay),
-		RetryMaxDelay:   env.Duration("RETRY_MAX_DELAY", worker.RetryMaxDelay),
-		AlertWebhookURL: env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
-		NotifyURL:       env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
+		Common:           service.ReadCommon(env),
+		MetricsAddr:      env.String("METRICS_ADDR", ":9091"),
+		Concurrency:      env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
+		PollInterval:     env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
+		WakeWait:         env.Duration("WORKER_WAKE_WAIT", worker.WakeWaitDefault),
+		BatchMax:         env.Int("LEDGER_BATCH_MAX", worker.BatchMaxDefault, 1, postgres.LedgerBatchMax),
+		InFlightMax:      env.Int("LEDGER_IN_FLIGHT", worker.InFlightMaxDefault, 1, 64),
+		LockTimeout:      env.Duration("LEDGER_LOCK_TIMEOUT", postgres.LedgerLockTimeoutDefault),
+		StatementTimout:  env.Duration("LEDGER_STATEMENT_TIMEOUT", postgres.LedgerStatementTimeoutDefault),
+		RetryBaseDelay:   env.Duration("RETRY_BASE_DELAY", worker.RetryBaseDelay),
+		RetryMaxDelay:    env.Duration("RETRY_MAX_DELAY", worker.RetryMaxDelay),
+		ContentionWindow: env.Duration("RETRY_CONTENTION_WINDOW", worker.ContentionWindowDefault),
+		AlertWebhookURL:  env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
+		NotifyURL:        env.URL("NOTIFY_WEBHOOK_URL", "", "http", "https"),
 	}
 	if s.NotifyURL != "" {
 		s.NotifyKey = config.Parse(env, "NOTIFY_WEBHOOK_SECRET", nil, parseNotifySecret)
@@ -73,6 +77,11 @@ func readSettings(env *config.Env) settings {
 	}
 	if s.RetryBaseDelay > s.RetryMaxDelay {
 		env.Reject("RETRY_BASE_DELAY", fmt.Errorf("%s is above RETRY_MAX_DELAY (%s)", s.RetryBaseDelay, s.RetryMaxDelay))
+	}
+	// A poison event whose own statement times out retries this long
+	// before it spends its budget.
+	if s.ContentionWindow > worker.ContentionWindowMax {
+		env.Reject("RETRY_CONTENTION_WINDOW", fmt.Errorf("at most %s", worker.ContentionWindowMax))
 	}
 	if s.WakeWait > worker.WakeWaitMax {
 		env.Reject("WORKER_WAKE_WAIT", fmt.Errorf("at most %s: asynq's shutdown waits for it", worker.WakeWaitMax))
@@ -155,6 +164,7 @@ func run(s settings, log zerolog.Logger) error {
 	notify := newNotifier(s.NotifyURL, s.NotifyKey, db, alerts, log, reg)
 	handler := worker.NewWorker(worker.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
+		Redis: rdb, ContentionWindow: s.ContentionWindow,
 	})
 
 	batchCtx, stopBatches := context.WithCancel(context.Background())

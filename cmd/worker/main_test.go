@@ -143,6 +143,31 @@ func TestRetryDelaysAreChecked(t *testing.T) {
 	require.NoError(t, env.Err())
 }
 
+// TestContentionWindowIsChecked: RETRY_CONTENTION_WINDOW defaults to five
+// minutes and is refused past an hour or at zero, naming the setting.
+func TestContentionWindowIsChecked(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://settle@db/settle", "DEPOSIT_FINALITY": "none"}
+	env := config.FromMap(base)
+	require.Equal(t, 5*time.Minute, readSettings(env).ContentionWindow)
+	require.NoError(t, env.Err())
+	for _, bad := range []string{"2h", "0s", "soon"} {
+		m := map[string]string{"RETRY_CONTENTION_WINDOW": bad}
+		for k, v := range base {
+			m[k] = v
+		}
+		env := config.FromMap(m)
+		readSettings(env)
+		require.ErrorContains(t, env.Err(), "RETRY_CONTENTION_WINDOW", bad)
+	}
+	m := map[string]string{"RETRY_CONTENTION_WINDOW": "1h"}
+	for k, v := range base {
+		m[k] = v
+	}
+	env = config.FromMap(m)
+	require.Equal(t, time.Hour, readSettings(env).ContentionWindow)
+	require.NoError(t, env.Err())
+}
+
 // TestWaitsForMigrationsBeforeTakingTasks: the real worker started on a
 // database one migration behind (its migrate Job still running, or one
 // that failed) takes no task, says to run `api migrate`, and answers its

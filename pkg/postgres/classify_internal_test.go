@@ -24,6 +24,7 @@ func TestClassify(t *testing.T) {
 		err         error
 		unavailable bool
 		retryable   bool
+		contention  bool // what the worker retries free for a while
 	}{
 		"refused":          {err: refused, unavailable: true},
 		"reset":            {err: fmt.Errorf("read: %w", syscall.ECONNRESET), unavailable: true},
@@ -31,7 +32,10 @@ func TestClassify(t *testing.T) {
 		"conn closed":      {err: pgconn.ErrConnClosed, unavailable: true},
 		"deadline":         {err: context.DeadlineExceeded, unavailable: true},
 		"admin shutdown":   {err: &pgconn.PgError{Code: codeAdminShutdown}, unavailable: true},
-		"lock timeout":     {err: &pgconn.PgError{Code: codeLockNotAvailable}, retryable: true},
+		"lock timeout":     {err: &pgconn.PgError{Code: codeLockNotAvailable}, retryable: true, contention: true},
+		"stmt timeout":     {err: &pgconn.PgError{Code: codeQueryCanceled}, retryable: true, contention: true},
+		"deadlock":         {err: &pgconn.PgError{Code: codeDeadlockDetected}, retryable: true, contention: true},
+		"serialization":    {err: &pgconn.PgError{Code: codeSerializationFail}, retryable: true, contention: true},
 		"check violation":  {err: &pgconn.PgError{Code: "23514"}},
 		"scan":             {err: errors.New("can't scan into dest[6]: cannot scan NULL into *string")},
 		"canceled":         {err: context.Canceled},
@@ -48,5 +52,6 @@ func TestClassify(t *testing.T) {
 		var pgErr *pgconn.PgError
 		undefined := errors.As(c.err, &pgErr) && pgErr.Code[:2] == "42"
 		require.Equal(t, undefined, SchemaMismatch(got), name)
+		require.Equal(t, c.contention, Contention(got), name)
 	}
 }

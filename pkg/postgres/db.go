@@ -253,6 +253,17 @@ func isCode(err error, code string) bool {
 
 func isUndefinedTable(err error) bool { return isCode(err, codeUndefinedTable) }
 
+// Contention reports whether err is PostgreSQL giving up on a statement
+// that waited or raced for what others hold: a lock or statement timeout,
+// a deadlock, a serialisation failure (the codes classify makes
+// retryable). A lock held by a migration or an operator's DDL fails every
+// event that needs the table alike, so the worker retries these for a
+// while without spending the budget (worker.WorkerOptions.ContentionWindow).
+func Contention(err error) bool {
+	return isCode(err, codeLockNotAvailable) || isCode(err, codeQueryCanceled) ||
+		isCode(err, codeDeadlockDetected) || isCode(err, codeSerializationFail)
+}
+
 // SchemaMismatch reports whether err is PostgreSQL refusing a statement
 // for a table, column or function (or operator) the database lacks:
 // migrations not applied yet, or a statement that is wrong. classify

@@ -79,6 +79,12 @@ type pipelineOptions struct {
 	noEnqueuer bool // tests hand tasks to asynq themselves
 	retryDelay time.Duration
 	lock       time.Duration
+	// contentionWindow: RETRY_CONTENTION_WINDOW (0: contention spends the
+	// budget at once).
+	contentionWindow time.Duration
+	// workerConns: the ledger gets a pool of its own, this small, so a
+	// test can warm every connection it uses (0: it shares p.db).
+	workerConns int32
 }
 
 func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
@@ -120,8 +126,17 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 		if o.retryDelay == 0 {
 			o.retryDelay = 20 * time.Millisecond
 		}
-		batcher := worker.NewBatcher(p.db, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
-		handler := worker.NewWorker(worker.WorkerOptions{Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
+		ledgerDB := p.db
+		if o.workerConns > 0 {
+			ledgerDB, err = postgres.Open(ctx, p.dsn, postgres.Options{ConnsMax: o.workerConns, ApplicationName: "settle-test-ledger"})
+			require.NoError(t, err)
+			t.Cleanup(ledgerDB.Close)
+		}
+		batcher := worker.NewBatcher(ledgerDB, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
+		handler := worker.NewWorker(worker.WorkerOptions{
+			Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts,
+			Redis: p.rdb, ContentionWindow: o.contentionWindow,
+		})
 		wg.Add(1)
 		go func() { defer wg.Done(); batcher.Run(ctx) }()
 		p.server = asynq.NewServerFromRedisClient(p.rdb, asynq.Config{
@@ -261,8 +276,12 @@ func TestPipelineCreditsEveryDepositOnce(t *testing.T) {
 // TestExhaustedRetriesEndInTheDLQ holds a balance row locked for good: the
 // withdrawal's every attempt times out, and after the last retry it must
 // end failed with a DLQ row, not stranded in 'enqueued' (the seed's bug).
+// Its lock timeouts are contention: they retry free for the contention
+// window from the first, then spend the budget, so the DLQ comes after
+// the window and within a budget of it, never forever.
 func TestExhaustedRetriesEndInTheDLQ(t *testing.T) {
-	p := newPipeline(t, pipelineOptions{lock: 50 * time.Millisecond, retryDelay: 10 * time.Millisecond})
+	const window = 2 * time.Second
+	p := newPipeline(t, pipelineOptions{lock: 50 * time.Millisecond, retryDelay: 10 * time.Millisecond, contentionWindow: window})
 	p.user(1, map[string]string{"USDT": "100"})
 	ctx := context.Background()
 	holder, err := pgx.Connect(ctx, p.dsn)
@@ -273,11 +292,22 @@ func TestExhaustedRetriesEndInTheDLQ(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM balances WHERE user_id=1 AND asset='USDT' FOR UPDATE`)
 	require.NoError(t, err)
 
+	started := time.Now()
 	p.accept("w-locked", payment.Withdrawal, 1, "USDT", "5")
 	p.waitFor("dead-lettered", 60*time.Second, func() bool {
 		return p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND status='failed'`) == 1
 	})
+	took := time.Since(started)
 	require.NoError(t, tx.Rollback(ctx))
+	require.GreaterOrEqual(t, took, window, "dead-lettered within the contention window")
+	require.Less(t, took, window+15*time.Second, "contention retried long past the window and a budget")
+	// The window's start outlives the window by a day, so a task that
+	// keeps retrying never starts it again.
+	var taskID string
+	require.NoError(t, p.sql.QueryRow(ctx, `SELECT task_id FROM payment_events WHERE event_id = 'w-locked'`).Scan(&taskID))
+	ttl, err := p.rdb.PTTL(ctx, worker.ContentionKey(taskID)).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 24*time.Hour)
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND outcome='dead_lettered'`))
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='w-locked' AND source='worker' AND attempt = $1`, task.RetryMax+1))
 	require.Equal(t, 1, p.alerts.count("dead_letter:retries_exhausted"))

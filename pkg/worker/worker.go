@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -59,6 +60,9 @@ type Worker struct {
 	gate    Gate
 	notify  func(ctx context.Context) error
 	metrics *workerMetrics
+
+	contention       redis.UniversalClient
+	contentionWindow time.Duration
 }
 
 // WorkerOptions wire a Worker.
@@ -70,13 +74,19 @@ type WorkerOptions struct {
 	Gate        Gate                            // optional
 	Notify      func(ctx context.Context) error // optional: delivers due notifications
 	Registerer  prometheus.Registerer
+	// Redis keeps each task's first contention failure; with
+	// ContentionWindow, contention spends no budget for that long from it
+	// (forgiveContention). Nil or 0: it spends the budget at once.
+	Redis            redis.UniversalClient
+	ContentionWindow time.Duration
 }
 
 // NewWorker builds the task handler.
 func NewWorker(o WorkerOptions) *Worker {
 	return &Worker{
 		log: o.Log, batcher: o.Batcher, dlq: o.DeadLetters, alerts: o.Alerts, gate: o.Gate, notify: o.Notify,
-		metrics: newWorkerMetrics(o.Registerer),
+		metrics:    newWorkerMetrics(o.Registerer),
+		contention: o.Redis, contentionWindow: o.ContentionWindow,
 	}
 }
 
@@ -233,6 +243,7 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 		r.failed, r.err = w.settled(r, results[i])
 	}
 	endLedgerSpans(ledgerSpans, results, errs)
+	w.forgiveContention(ctx, runs)
 	return w.finish(runs)
 }
 
@@ -365,8 +376,9 @@ func (w *Worker) settled(r *eventRun, result postgres.LedgerResult) (failed bool
 // retries left, events that failed transiently are retried (with
 // RetryDelay's backoff); past them, or on an error that is not transient,
 // an event fails into the DLQ now. An outage (ErrUnavailable) is retried
-// without spending the budget (IsFailure), even on the last attempt, so
-// only errors of the event's own, like a lock held too long, exhaust it. The seed's exhaustion branch
+// without spending the budget (IsFailure), even on the last attempt, and
+// so is contention within its window (forgiveContention), so only errors
+// of the event's own, like a lock held past the window, exhaust it. The seed's exhaustion branch
 // never ran under Celery; this one is exercised by the tests. A task with
 // a dead-lettered event is archived in asynq, where operators see it.
 func (w *Worker) finish(runs []eventRun) error {
@@ -417,6 +429,7 @@ func (w *Worker) finish(runs []eventRun) error {
 // database lacks counts as one (the schema is behind, see
 // postgres.SchemaMismatch); since a wrong statement looks the same and
 // would retry forever, it raises a critical alert while it lasts.
+// Contention within RETRY_CONTENTION_WINDOW arrives here as an outage.
 func (w *Worker) retryOrFail(ctx context.Context, e payment.Event, err error) (failed bool, _ error) {
 	retried := retryCount(ctx)
 	handedBack := errors.Is(ctx.Err(), context.Canceled)
