@@ -32,3 +32,8 @@ func (db *DB) CustomPlans(ctx context.Context, fragment string) (int64, error) {
 func ListenWithin(ctx context.Context, dsn, channel string, wake func(), onError func(error), connect, call, quiet time.Duration) {
 	listen(ctx, dsn, channel, wake, onError, listenBounds{connect: connect, call: call, quiet: quiet})
 }
+
+// ClaimRowByRow is ClaimOutbox's fallback, run on its own.
+func (db *DB) ClaimRowByRow(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
+	return db.claimRowByRow(ctx, pendingMax, dueMax)
+}

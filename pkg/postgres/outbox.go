@@ -34,8 +34,9 @@ type Claimed struct {
 const TaskEventsMax = 256
 
 // ClaimOutbox moves up to pendingMax pending events and up to dueMax
-// waiting deposits whose re-check is due to 'enqueued', cut into tasks of
-// at most taskMax events, and commits. The
+// waiting deposits whose re-check is due (network by network in turns,
+// so one network's backlog never holds another's back) to 'enqueued',
+// cut into tasks of at most taskMax events, and commits. The
 // caller enqueues them only after this returns: a worker must never see a
 // task before the database says 'enqueued'. If enqueueing then fails, the
 // rows stay 'enqueued' and stale recovery brings them back.

@@ -7,18 +7,46 @@
 -- savepoints so that one bad row cannot block the rest. The claim is cut
 -- into tasks of at most $3 events (by user, then id) and every row keeps
 -- the id of its task: c<claim number>-<chunk>.
-WITH pending AS (
+-- The waiting deposits due go network by network in turns (each one's
+-- longest due, then each one's next, up to $2): a network whose RPC is
+-- down keeps many due, every one asked in vain, and in one queue in due
+-- order they held another network's deposits back for as long as it took
+-- to ask about all of them. The networks are found one index probe each
+-- (payment_events_awaiting_network, the next network after the last);
+-- up to $2 rows of each are locked, those left out are freed at commit.
+WITH RECURSIVE pending AS (
     SELECT event_id, user_id FROM payment_events
     WHERE status = 'pending'
     ORDER BY created_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), waiting_networks AS (
+    (SELECT COALESCE(network, '') AS network FROM payment_events
+     WHERE status = 'awaiting_finality'
+     ORDER BY COALESCE(network, '')
+     LIMIT 1)
+    UNION ALL
+    SELECT n.network
+    FROM waiting_networks w
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(p.network, '') AS network FROM payment_events p
+        WHERE p.status = 'awaiting_finality' AND COALESCE(p.network, '') > w.network
+        ORDER BY COALESCE(p.network, '')
+        LIMIT 1
+    ) n
 ), due AS (
-    SELECT event_id, user_id FROM payment_events
-    WHERE status = 'awaiting_finality' AND next_check_at <= now()
-    ORDER BY next_check_at
+    SELECT d.event_id, d.user_id
+    FROM waiting_networks w
+    CROSS JOIN LATERAL (
+        SELECT l.event_id, l.user_id, l.next_check_at, row_number() OVER (ORDER BY l.next_check_at) AS turn
+        FROM (SELECT p.event_id, p.user_id, p.next_check_at FROM payment_events p
+              WHERE p.status = 'awaiting_finality' AND COALESCE(p.network, '') = w.network AND p.next_check_at <= now()
+              ORDER BY p.next_check_at
+              LIMIT $2
+              FOR UPDATE SKIP LOCKED) l
+    ) d
+    ORDER BY d.turn, d.next_check_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 ), claim AS (
     SELECT event_id, row_number() OVER (ORDER BY user_id, event_id) - 1 AS n
     FROM (SELECT event_id, user_id FROM pending UNION ALL SELECT event_id, user_id FROM due) c
@@ -51,18 +79,40 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 
 -- name: outbox_candidates
 -- The row-by-row fallback: lock the batch, then move each in a savepoint.
-WITH pending AS (
+-- The due deposits are chosen as claim_outbox chooses them.
+WITH RECURSIVE pending AS (
     SELECT event_id FROM payment_events
     WHERE status = 'pending'
     ORDER BY created_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+), waiting_networks AS (
+    (SELECT COALESCE(network, '') AS network FROM payment_events
+     WHERE status = 'awaiting_finality'
+     ORDER BY COALESCE(network, '')
+     LIMIT 1)
+    UNION ALL
+    SELECT n.network
+    FROM waiting_networks w
+    CROSS JOIN LATERAL (
+        SELECT COALESCE(p.network, '') AS network FROM payment_events p
+        WHERE p.status = 'awaiting_finality' AND COALESCE(p.network, '') > w.network
+        ORDER BY COALESCE(p.network, '')
+        LIMIT 1
+    ) n
 ), due AS (
-    SELECT event_id FROM payment_events
-    WHERE status = 'awaiting_finality' AND next_check_at <= now()
-    ORDER BY next_check_at
+    SELECT d.event_id, d.user_id
+    FROM waiting_networks w
+    CROSS JOIN LATERAL (
+        SELECT l.event_id, l.user_id, l.next_check_at, row_number() OVER (ORDER BY l.next_check_at) AS turn
+        FROM (SELECT p.event_id, p.user_id, p.next_check_at FROM payment_events p
+              WHERE p.status = 'awaiting_finality' AND COALESCE(p.network, '') = w.network AND p.next_check_at <= now()
+              ORDER BY p.next_check_at
+              LIMIT $2
+              FOR UPDATE SKIP LOCKED) l
+    ) d
+    ORDER BY d.turn, d.next_check_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 )
 SELECT event_id FROM pending UNION ALL SELECT event_id FROM due;
 
