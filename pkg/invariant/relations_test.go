@@ -249,6 +249,39 @@ func TestCheckerCatchesClaimOnAnotherNetwork(t *testing.T) {
 	requireFailing(t, db, "every chain_transfers row names one confirmed deposit")
 }
 
+// A payout claim names its post's transfer on the post's network: one
+// under another network leaves the transfer that paid the post free for
+// a second post. A post naming no network is its asset's.
+func TestCheckerCatchesPayoutClaimOnAnotherNetwork(t *testing.T) {
+	db, conn := holdFixture(t)
+	ctx := context.Background()
+	tx := "0xef00000000000000000000000000000000000000000000000000000000000000"
+	_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH",
+		Amount: decimal.RequireFromString("3"), HoldID: "h1", TxHash: tx, Network: "ETH_MAINNET"}})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	block := "0xb100000000000000000000000000000000000000000000000000000000000000"
+	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event,
+		Chain: &postgres.ChainEvidence{BlockNumber: 7, BlockHash: block, Transfers: []string{payment.TransferNative}}}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
+	var network string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT network FROM payout_transfers WHERE event_id = 'p1'`).Scan(&network))
+	require.Equal(t, "ETH_MAINNET", network)
+	requireOK(t, db)
+
+	execAll(t, conn, `UPDATE payout_transfers SET network = 'BASE_MAINNET' WHERE event_id = 'p1'`)
+	report := requireFailing(t, db, "every payout_transfers row names one confirmed post")
+	require.Contains(t, report.String(), "BASE_MAINNET:"+tx+":native=p1")
+
+	execAll(t, conn,
+		`UPDATE payout_transfers SET network = 'ETH_MAINNET' WHERE event_id = 'p1'`,
+		`UPDATE payment_events SET network = NULL WHERE event_id = 'p1'`)
+	requireOK(t, db)
+}
+
 // A dead-lettered event is explained by a letter of its failure, not by
 // the replayed letter of an earlier one.
 func TestCheckerCatchesDeadLetterOfEarlierGeneration(t *testing.T) {

@@ -109,15 +109,20 @@ FROM (SELECT t.network, t.tx_hash, t.transfer_index, t.event_id, row_number() OV
 
 -- name: inv_payout_claims
 -- Every payout_transfers row names a confirmed withdrawal_post of that
--- transaction and asset (event_id is unique: one transfer per post, and
--- the primary key: one post per transfer).
+-- transaction, asset and network (event_id is unique: one transfer per
+-- post, and the primary key: one post per transfer). A post's network is
+-- its own, or its asset's when it names none, as the ledger claims it: a
+-- claim on another network leaves the post's real transfer free for a
+-- second post.
 SELECT count(*), COALESCE(string_agg(network || ':' || tx_hash || ':' || transfer || '=' || event_id, ', ')
                           FILTER (WHERE rn <= 10), '')
 FROM (SELECT t.network, t.tx_hash, t.transfer, t.event_id, row_number() OVER (ORDER BY t.created_at) AS rn
       FROM payout_transfers t
       LEFT JOIN payment_events e ON e.event_id = t.event_id
+      LEFT JOIN assets a ON a.code = e.asset
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.event_type <> 'withdrawal_post'
-         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset) x;
+         OR e.tx_hash IS DISTINCT FROM t.tx_hash OR e.asset <> t.asset
+         OR t.network IS DISTINCT FROM COALESCE(e.network, a.network)) x;
 
 -- name: inv_transfer_spellings
 -- 5. One transfer, one claim: a trace index is lowercase. Migration 0021
