@@ -137,6 +137,10 @@ func TestCheckerCatchesConfirmedHoldWithoutItsRow(t *testing.T) {
 	require.Contains(t, report.String(), "e.g. h1")
 }
 
+// depositTx is d1's transaction: a deposit is given back only when its
+// transfer is reported again, which names one.
+const depositTx = "0xd100000000000000000000000000000000000000000000000000000000000000"
+
 func reorgFixture(t *testing.T) (*postgres.DB, *pgx.Conn) {
 	t.Helper()
 	dsn := testenv.DatabaseURL(t)
@@ -145,10 +149,12 @@ func reorgFixture(t *testing.T) (*postgres.DB, *pgx.Conn) {
 	_, err := db.CreateUser(ctx, 1)
 	require.NoError(t, err)
 	require.NoError(t, db.SetInitialBalance(ctx, 1, "ETH", decimal.RequireFromString("100")))
-	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "d1", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("10")}})
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "d1", Type: payment.Deposit, UserID: 1, Asset: "ETH",
+		Amount: decimal.RequireFromString("10"), TxHash: depositTx}})
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "d1"))
 	return db, conn
 }
 
@@ -166,17 +172,97 @@ func giveBack(cycle int, deposit, amount string) postgres.NewEvent {
 	}
 }
 
-// Cycles of reorgs and returns, each compensation reversing the deposit or
-// the give-back before it, pass.
+// applyQueued runs the one event waiting in the outbox through the ledger.
+func applyQueued(t *testing.T, db *postgres.DB) {
+	t.Helper()
+	ctx := context.Background()
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+}
+
+func reverse(t *testing.T, db *postgres.DB, want postgres.Reversal) {
+	t.Helper()
+	r, err := db.ReverseDeposit(context.Background(), "d1", "gone from the chain", "")
+	require.NoError(t, err)
+	require.Equal(t, want, r)
+}
+
+func giveBackD1(t *testing.T, db *postgres.DB, watch bool, want postgres.Return) {
+	t.Helper()
+	r, err := db.ReturnDeposit(context.Background(), "d1", payment.Transfer{Network: "ETH_MAINNET", TxHash: depositTx, Index: payment.TransferNative}, watch, "on the chain again")
+	require.NoError(t, err)
+	require.Equal(t, want, r)
+}
+
+func chainStateOf(t *testing.T, conn *pgx.Conn, id string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, conn.QueryRow(context.Background(), `SELECT COALESCE(chain_state, '') FROM payment_events WHERE event_id = $1`, id).Scan(&s))
+	return s
+}
+
+// markReorged leaves d1 as ReverseDeposit does beside a compensation
+// planted by hand.
+func markReorged(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	execAll(t, conn, `UPDATE payment_events SET chain_state = 'reorged' WHERE event_id = 'd1'`)
+}
+
+// Cycles of reorgs and returns as settle runs them, each compensation
+// reversing the deposit or the give-back before it, pass at every step:
+// given back on the provider's word or once the watcher saw the transfer
+// final, a compensation cancelled before it ran, and one the balance
+// could not cover (dead-lettered: off the chain all the same).
 func TestCheckerPassesReorgCycles(t *testing.T) {
-	db, _ := reorgFixture(t)
-	settleEvent(t, db, compensation(1, "d1", "10"))
+	db, conn := reorgFixture(t)
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "reorg:d1"))
+	require.Equal(t, "reorged", chainStateOf(t, conn, "d1"))
 	requireOK(t, db)
-	settleEvent(t, db, giveBack(1, "d1", "10"))
+	giveBackD1(t, db, false, postgres.GivenBack)
+	applyQueued(t, db)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "return:1:d1"))
+	require.Empty(t, chainStateOf(t, conn, "d1"))
 	requireOK(t, db)
-	settleEvent(t, db, compensation(2, "d1", "10"))
+
+	// Watched again, off the chain until its transfer is final.
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
 	requireOK(t, db)
-	settleEvent(t, db, giveBack(2, "d1", "10"))
+	giveBackD1(t, db, true, postgres.WatchedAgain)
+	require.Equal(t, "watching", chainStateOf(t, conn, "d1"))
+	requireOK(t, db)
+	givenBack, err := db.MarkFinal(context.Background(), "d1")
+	require.NoError(t, err)
+	require.True(t, givenBack)
+	applyQueued(t, db)
+	require.Equal(t, "final", chainStateOf(t, conn, "d1"))
+	requireOK(t, db)
+
+	// Back on the chain before its compensation ran: cancelled, then run
+	// after all when the transfer leaves again.
+	reverse(t, db, postgres.Compensating)
+	giveBackD1(t, db, false, postgres.GivenBack)
+	require.Equal(t, "failed/reorged", statusOf(t, conn, "reorg:return:2:d1"))
+	requireOK(t, db)
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "reorg:return:2:d1"))
+	requireOK(t, db)
+	giveBackD1(t, db, false, postgres.GivenBack)
+	applyQueued(t, db)
+	requireOK(t, db)
+
+	// Uncovered: the user's available balance is held.
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "h1", Type: payment.WithdrawalHold, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("105")}})
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
+	require.Equal(t, "failed/dead_lettered", statusOf(t, conn, "reorg:return:3:d1"))
+	require.Equal(t, "reorged", chainStateOf(t, conn, "d1"))
 	requireOK(t, db)
 }
 
@@ -186,9 +272,51 @@ func TestCheckerCatchesDoubleCompensation(t *testing.T) {
 	db, conn := reorgFixture(t)
 	settleEvent(t, db, compensation(1, "d1", "10"))
 	settleEvent(t, db, compensation(2, "d1", "10"))
+	markReorged(t, conn)
 	require.Equal(t, "confirmed/success", statusOf(t, conn, "reorg:return:1:d1"))
 	report := requireFailing(t, db, "a deposit is compensated at most once more than given back")
 	require.Contains(t, report.String(), "d1: 2 compensation(s), 0 give-back(s)")
+}
+
+// A deposit whose reorgs leave it on the chain says so: chain_state
+// 'reorged' with no compensation standing (never compensated, or given
+// back) misreports money the user holds as taken back.
+func TestCheckerCatchesReorgedDepositOnTheChain(t *testing.T) {
+	db, conn := reorgFixture(t)
+	requireOK(t, db)
+	markReorged(t, conn)
+	report := requireFailing(t, db, "a credited deposit's chain_state follows its reorg cycle")
+	require.Contains(t, report.String(), "d1: chain_state reorged, never compensated")
+
+	execAll(t, conn, `UPDATE payment_events SET chain_state = NULL WHERE event_id = 'd1'`)
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
+	giveBackD1(t, db, false, postgres.GivenBack)
+	applyQueued(t, db)
+	requireOK(t, db)
+	markReorged(t, conn)
+	report = requireFailing(t, db, "a credited deposit's chain_state follows its reorg cycle")
+	require.Contains(t, report.String(), "d1: chain_state reorged, compensation 1 given back")
+}
+
+// A deposit compensated and not given back is off the chain: 'reorged'
+// (or 'watching' again). Marked anything else, the next report of its
+// transfer finds no compensated deposit (lock_compensated) and the
+// money taken back is never given back.
+func TestCheckerCatchesCompensatedDepositOnTheChain(t *testing.T) {
+	db, conn := reorgFixture(t)
+	reverse(t, db, postgres.Compensating)
+	applyQueued(t, db)
+	requireOK(t, db)
+	for _, state := range []string{"'final'", "NULL"} {
+		execAll(t, conn, `UPDATE payment_events SET chain_state = `+state+` WHERE event_id = 'd1'`)
+		report := requireFailing(t, db, "a credited deposit's chain_state follows its reorg cycle")
+		require.Contains(t, report.String(), "compensation 1 standing", state)
+	}
+	// As it was, it is given back when its transfer is reported again.
+	markReorged(t, conn)
+	requireOK(t, db)
+	giveBackD1(t, db, false, postgres.GivenBack)
 }
 
 // A give-back of a cycle whose compensation never ran credits the deposit
@@ -201,8 +329,9 @@ func TestCheckerCatchesGiveBackWithoutCompensation(t *testing.T) {
 
 // A compensation takes back what its deposit credited, from its user.
 func TestCheckerCatchesCompensationOfAnotherAmount(t *testing.T) {
-	db, _ := reorgFixture(t)
+	db, conn := reorgFixture(t)
 	settleEvent(t, db, compensation(1, "d1", "7"))
+	markReorged(t, conn)
 	report := requireFailing(t, db, "reorg compensations and give-backs match their deposit")
 	require.Contains(t, report.String(), "reorg:d1 of d1")
 }

@@ -260,12 +260,11 @@ func TestDebitsTakeOnlyFromAvailable(t *testing.T) {
 	require.Equal(t, "60", f.balance(1, "ETH").String())
 	require.Equal(t, "60", f.held(1, "ETH"))
 
-	// A compensation that only held money could cover goes to the DLQ.
-	_, err := f.db.InsertEvent(context.Background(), postgres.NewEvent{
-		Event:  payment.Event{ID: "reorg:x", Type: payment.ReorgCompensation, UserID: 1, Asset: "ETH", Amount: dec("1")},
-		Source: postgres.SourceReorg, Related: "x",
-	})
+	// A compensation that only held money could cover goes to the DLQ
+	// (made as a reorg makes it: x is then marked reorged).
+	reversal, err := f.db.ReverseDeposit(context.Background(), "x", "gone from the chain", "")
 	require.NoError(t, err)
+	require.Equal(t, postgres.Compensating, reversal)
 	r := f.apply(f.enqueueClaimed("reorg:x"))[0]
 	requireOutcome(t, r, payment.StatusFailed, payment.OutcomeDeadLettered)
 	require.NotEmpty(t, r.Alert)

@@ -204,13 +204,36 @@ FROM (SELECT hold_id, string_agg(event_id, ', ' ORDER BY event_id) AS resolvers,
       WHERE event_type IN ('withdrawal_post', 'withdrawal_void') AND status = 'confirmed'
       GROUP BY hold_id HAVING count(*) > 1) x;
 
--- name: inv_reorg_events_match
--- A reorg compensation, and a give-back (a credit of source reorg), names
--- in related_event_id the confirmed deposit it concerns, carries its
--- user, asset and amount, and has one of that deposit's cycle ids
--- (n, the cycle, is NULL for any other id).
+-- name: inv_reorg
+-- The reorg cycles, three findings from one statement so that a cycle's
+-- number is read from its event id in one place (r.n: NULL for an id
+-- that is none of its deposit's cycle ids). Compensation n reverses the
+-- deposit (n = 1, reorg:<d>) or give-back n-1 (reorg:return:<n-1>:<d>);
+-- give-back n (return:<n>:<d>) reverses compensation n.
+--
+-- 1. A compensation or give-back (a credit of source reorg) names in
+-- related_event_id the confirmed deposit it concerns, carries its user,
+-- asset and amount, and has one of its cycle ids.
+--
+-- 2. A deposit is taken back at most once per reorg: its confirmed
+-- compensations are cycles 1..c, its confirmed give-backs 1..b, and
+-- c - b is 0 (on the chain) or 1 (off). Cancelled compensations and
+-- voided give-backs ended failed and do not count.
+--
+-- 3. A confirmed deposit's chain_state says where its reorgs left it
+-- (reorg.go and reorg_return.go write it in the transaction that makes,
+-- cancels or voids the cycle's events; readReorgCycle's onChain). Off the
+-- chain: its last compensation, cycle c, applied, waiting or
+-- dead-lettered, is not cancelled (failed/reorged), and no give-back of
+-- cycle c stands (confirmed, waiting or dead-lettered; a voided one does
+-- not). Off the chain, chain_state is 'reorged', or 'watching' while the
+-- watcher waits for its transfer, reported again, to be final. On the
+-- chain (never compensated, compensation cancelled, or given back), it
+-- is not 'reorged'. A compensated deposit marked otherwise is never given
+-- back (a report of its transfer looks for 'reorged': lock_compensated).
 WITH r AS (
-    SELECT e.event_id, e.user_id, e.asset, e.amount, e.related_event_id, e.created_at,
+    SELECT e.event_id, e.event_type = 'reorg_compensation' AS comp, e.status, COALESCE(e.outcome, '') AS outcome,
+           e.user_id, e.asset, e.amount, e.related_event_id, e.created_at,
            CASE
                WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:' || e.related_event_id THEN 1
                WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:return:' || k.n || ':' || e.related_event_id THEN k.n + 1
@@ -219,43 +242,61 @@ WITH r AS (
     FROM payment_events e
     CROSS JOIN LATERAL (SELECT (substring(e.event_id FROM '^(?:reorg:)?return:([0-9]{1,9}):'))::int AS n) k
     WHERE e.event_type = 'reorg_compensation' OR (e.event_type = 'deposit' AND e.source = 'reorg')
-)
-SELECT count(*), COALESCE(string_agg(event_id || ' of ' || COALESCE(related_event_id, '?'), ', ') FILTER (WHERE rn <= 10), '')
-FROM (SELECT r.event_id, r.related_event_id, row_number() OVER (ORDER BY r.created_at) AS rn
-      FROM r
-      LEFT JOIN payment_events d ON d.event_id = r.related_event_id
-      WHERE r.n IS NULL OR d.event_id IS NULL OR d.status <> 'confirmed' OR d.event_type NOT IN ('deposit', 'airdrop')
-         OR d.user_id <> r.user_id OR d.asset <> r.asset OR d.amount <> r.amount) x;
-
--- name: inv_reorg_cycles
--- A deposit is taken back at most once per reorg: compensation n reverses
--- the deposit (n = 1) or give-back n-1, and give-back n reverses
--- compensation n. So its confirmed compensations are cycles 1..c, its
--- confirmed give-backs 1..b, and c - b is 0 (on the chain) or 1 (off).
--- Cancelled compensations and voided give-backs ended failed and do not
--- count.
-WITH r AS (
-    SELECT e.related_event_id AS deposit, e.event_type = 'reorg_compensation' AS comp,
-           CASE
-               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:' || e.related_event_id THEN 1
-               WHEN e.event_type = 'reorg_compensation' AND e.event_id = 'reorg:return:' || k.n || ':' || e.related_event_id THEN k.n + 1
-               WHEN e.event_type = 'deposit' AND e.event_id = 'return:' || k.n || ':' || e.related_event_id THEN k.n
-           END AS n
-    FROM payment_events e
-    CROSS JOIN LATERAL (SELECT (substring(e.event_id FROM '^(?:reorg:)?return:([0-9]{1,9}):'))::int AS n) k
-    WHERE e.status = 'confirmed' AND e.related_event_id IS NOT NULL
-      AND (e.event_type = 'reorg_compensation' OR (e.event_type = 'deposit' AND e.source = 'reorg'))
+), matching AS (
+    SELECT count(*) AS violations,
+           COALESCE(string_agg(event_id || ' of ' || COALESCE(related_event_id, '?'), ', ') FILTER (WHERE rn <= 10), '') AS sample
+    FROM (SELECT r.event_id, r.related_event_id, row_number() OVER (ORDER BY r.created_at) AS rn
+          FROM r
+          LEFT JOIN payment_events d ON d.event_id = r.related_event_id
+          WHERE r.n IS NULL OR d.event_id IS NULL OR d.status <> 'confirmed' OR d.event_type NOT IN ('deposit', 'airdrop')
+             OR d.user_id <> r.user_id OR d.asset <> r.asset OR d.amount <> r.amount) x
 ), per_deposit AS (
-    SELECT deposit,
+    SELECT related_event_id AS deposit,
            count(*) FILTER (WHERE comp) AS c, COALESCE(max(n) FILTER (WHERE comp), 0) AS c_max,
            count(*) FILTER (WHERE NOT comp) AS b, COALESCE(max(n) FILTER (WHERE NOT comp), 0) AS b_max
-    FROM r GROUP BY deposit
+    FROM r
+    WHERE status = 'confirmed' AND related_event_id IS NOT NULL
+    GROUP BY related_event_id
+), cycles AS (
+    SELECT count(*) AS violations,
+           COALESCE(string_agg(format('%s: %s compensation(s), %s give-back(s)', deposit, c, b), '; ')
+                    FILTER (WHERE rn <= 10), '') AS sample
+    FROM (SELECT deposit, c, b, row_number() OVER (ORDER BY deposit) AS rn
+          FROM per_deposit
+          WHERE c - b NOT IN (0, 1) OR c <> c_max OR b <> b_max) x
+), last_cycle AS (
+    -- Each deposit's last compensation, of any status (readReorgCycle's c).
+    SELECT related_event_id AS deposit, max(n) AS c
+    FROM r
+    WHERE comp AND n IS NOT NULL
+    GROUP BY related_event_id
+), standing AS (
+    SELECT l.deposit, l.c,
+           COALESCE(bool_or(r.comp AND r.status = 'failed' AND r.outcome = 'reorged'), false) AS cancelled,
+           COALESCE(bool_or(NOT r.comp AND (r.status <> 'failed' OR r.outcome = 'dead_lettered')), false) AS given_back
+    FROM last_cycle l
+    LEFT JOIN r ON r.related_event_id = l.deposit AND r.n = l.c
+    GROUP BY l.deposit, l.c
+), states AS (
+    SELECT count(*) AS violations,
+           COALESCE(string_agg(format('%s: chain_state %s, %s', event_id, COALESCE(chain_state, 'none'),
+                                      CASE WHEN c IS NULL THEN 'never compensated'
+                                           WHEN cancelled THEN format('compensation %s cancelled', c)
+                                           WHEN given_back THEN format('compensation %s given back', c)
+                                           ELSE format('compensation %s standing', c) END), '; ')
+                    FILTER (WHERE rn <= 10), '') AS sample
+    FROM (SELECT d.event_id, d.chain_state, s.c, s.cancelled, s.given_back,
+                 row_number() OVER (ORDER BY d.created_at) AS rn
+          FROM payment_events d
+          LEFT JOIN standing s ON s.deposit = d.event_id
+          CROSS JOIN LATERAL (SELECT s.c IS NOT NULL AND NOT s.cancelled AND NOT s.given_back AS off) o
+          WHERE d.status = 'confirmed' AND d.event_type IN ('deposit', 'airdrop')
+            AND (d.chain_state = 'reorged' OR s.deposit IS NOT NULL)
+            AND CASE WHEN o.off THEN d.chain_state IS NULL OR d.chain_state NOT IN ('reorged', 'watching')
+                     ELSE d.chain_state = 'reorged' END) x
 )
-SELECT count(*), COALESCE(string_agg(format('%s: %s compensation(s), %s give-back(s)', deposit, c, b), '; ')
-                          FILTER (WHERE rn <= 10), '')
-FROM (SELECT deposit, c, b, row_number() OVER (ORDER BY deposit) AS rn
-      FROM per_deposit
-      WHERE c - b NOT IN (0, 1) OR c <> c_max OR b <> b_max) x;
+SELECT m.violations, m.sample, c.violations, c.sample, s.violations, s.sample
+FROM matching m, cycles c, states s;
 
 -- name: inv_conservation
 -- Money conservation per asset: SUM(balance) = SUM(initial) + confirmed
