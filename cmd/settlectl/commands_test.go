@@ -18,6 +18,7 @@ import (
 
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -178,8 +179,8 @@ func TestListLimitsAreChecked(t *testing.T) {
 
 // TestRescanCancel: `rescan cancel ID --reason WHY` ends a running job
 // (one typed far above the head waits forever otherwise), its error
-// naming who and why; it needs a reason, and a job not running is not
-// found.
+// naming who and why; it needs a reason, a job that ended is a conflict
+// and an unknown one is not found.
 func TestRescanCancel(t *testing.T) {
 	dsn := testenv.DatabaseURL(t)
 	ctx := context.Background()
@@ -199,6 +200,8 @@ func TestRescanCancel(t *testing.T) {
 	require.Equal(t, "failed", job["status"])
 	require.Equal(t, "cancelled by bob: typo: block 3,000,000 meant", job["error"])
 	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--reason", "again")
+	require.ErrorIs(t, err, postgres.ErrRescanEnded)
+	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-nope", "--reason", "typo")
 	require.ErrorIs(t, err, payment.ErrNotFound)
 }
 

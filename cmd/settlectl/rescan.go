@@ -117,7 +117,7 @@ func cancelRescan(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	if err := db.CancelRescan(ctx, rest[0], "cancelled by "+operator(*who)+": "+why); err != nil {
+	if err := db.CancelRescan(ctx, rest[0], operator(*who), why); err != nil {
 		return err
 	}
 	job, err := db.Rescan(ctx, rest[0])

@@ -407,15 +407,26 @@ func (db *DB) ReleaseRescan(ctx context.Context, id, owner string) error {
 	return classify(stmt.name, err)
 }
 
-// CancelRescan ends a running job at an operator's request: failed, with
-// reason as its error. payment.ErrNotFound when no job id is running.
-func (db *DB) CancelRescan(ctx context.Context, id, reason string) error {
+// ErrRescanEnded refuses to cancel a job that is no longer running.
+var ErrRescanEnded = fmt.Errorf("%w: the rescan already ended", payment.ErrConflict)
+
+// CancelRescan ends a running job at an operator's request: failed, its
+// error "cancelled by <who>: <why>", the one wording settlectl, the admin
+// API and the console record. payment.ErrNotFound when there is no job
+// id, ErrRescanEnded when it is done or failed already.
+func (db *DB) CancelRescan(ctx context.Context, id, who, why string) error {
 	stmt := q("rescan_cancel")
-	err := db.pool.QueryRow(ctx, stmt.text, id, reason).Scan(&id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("no running rescan %s: %w", id, payment.ErrNotFound)
+	var cancelled, exists bool
+	if err := db.pool.QueryRow(ctx, stmt.text, id, "cancelled by "+who+": "+why).Scan(&cancelled, &exists); err != nil {
+		return classify(stmt.name, err)
 	}
-	return classify(stmt.name, err)
+	switch {
+	case cancelled:
+		return nil
+	case exists:
+		return fmt.Errorf("rescan %s: %w", id, ErrRescanEnded)
+	}
+	return fmt.Errorf("rescan %s: %w", id, payment.ErrNotFound)
 }
 
 // FailRescan ends a job that can never finish.

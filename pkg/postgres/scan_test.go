@@ -277,16 +277,17 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "leased, and the rest waits above the head")
 
-	require.NoError(t, db.CancelRescan(ctx, "r-long", "cancelled by op"))
+	require.NoError(t, db.CancelRescan(ctx, "r-long", "op", "typo"))
 	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, 0, nil)
 	require.ErrorIs(t, err, postgres.ErrLeaseLost, "the pass under way stores nothing")
 	job, err = db.Rescan(ctx, "r-long")
 	require.NoError(t, err)
 	require.Equal(t, "failed", job.Status)
-	require.Equal(t, "cancelled by op", job.Error)
+	require.Equal(t, "cancelled by op: typo", job.Error)
 	require.EqualValues(t, 20, job.NextBlock)
-	require.ErrorIs(t, db.CancelRescan(ctx, "r-long", "again"), payment.ErrNotFound)
-	require.ErrorIs(t, db.CancelRescan(ctx, "r-short", "done already"), payment.ErrNotFound)
+	require.ErrorIs(t, db.CancelRescan(ctx, "r-long", "op", "again"), postgres.ErrRescanEnded, "failed already")
+	require.ErrorIs(t, db.CancelRescan(ctx, "r-short", "op", "done already"), postgres.ErrRescanEnded)
+	require.ErrorIs(t, db.CancelRescan(ctx, "r-none", "op", "typo"), payment.ErrNotFound)
 
 	// A pending backfill can be cancelled too (its end is no longer pending).
 	_, err = db.CreateUser(ctx, 1)
@@ -294,7 +295,7 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	_, err = db.AddDepositAddress(ctx, network, "0x"+strings.Repeat("33", 20), 1)
 	require.NoError(t, err)
 	require.NoError(t, db.AddBackfill(ctx, "bf-c", network, "0x"+strings.Repeat("33", 20), 7))
-	require.NoError(t, db.CancelRescan(ctx, "bf-c", "cancelled by op"))
+	require.NoError(t, db.CancelRescan(ctx, "bf-c", "op", "wrong block"))
 
 	waiting, err = db.MarkRescansWaiting(ctx, network, 6000)
 	require.NoError(t, err)

@@ -607,7 +607,7 @@ func TestRescanAboveTheHeadWaitsAside(t *testing.T) {
 	require.Equal(t, finalized, *waiting.WaitingHead)
 	require.InDelta(t, 1, gaugeValue(t, f.reg, "settle_scan_rescans_waiting"), 0)
 
-	require.NoError(t, f.db.CancelRescan(ctx, future.ID, "cancelled by operator: typo"))
+	require.NoError(t, f.db.CancelRescan(ctx, future.ID, "operator", "typo"))
 	f.scanner.Tick(ctx)
 	waiting, err = f.db.Rescan(ctx, future.ID)
 	require.NoError(t, err)

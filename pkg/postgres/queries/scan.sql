@@ -150,8 +150,13 @@ WHERE id = $1 AND lease_owner = $2 AND status = 'running';
 
 -- name: rescan_cancel
 -- An operator ends a running job: failed, saying who and why. A pass
--- under way stores nothing (its advance wants the job running).
-UPDATE rescan_jobs
-SET status = 'failed', error = $2, end_pending = false, lease_owner = NULL, lease_until = NULL, updated_at = now()
-WHERE id = $1 AND status = 'running'
-RETURNING id;
+-- under way stores nothing (its advance wants the job running). Answers
+-- whether it was cancelled and whether job $1 exists at all, so that an
+-- unknown id and a job that already ended are told apart.
+WITH cancelled AS (
+    UPDATE rescan_jobs
+    SET status = 'failed', error = $2, end_pending = false, lease_owner = NULL, lease_until = NULL, updated_at = now()
+    WHERE id = $1 AND status = 'running'
+    RETURNING id
+)
+SELECT EXISTS (SELECT 1 FROM cancelled), EXISTS (SELECT 1 FROM rescan_jobs WHERE id = $1);
