@@ -3,7 +3,7 @@
 // settle's own state — the PostgreSQL backlog, events and their whole
 // story, dead letters, holds, scanners and rescans — and act on it through
 // the same recorded, idempotent operations as the admin API (DLQ replay
-// and discard, deposit recheck, rescan).
+// and discard, deposit recheck, rescan and its cancel).
 //
 // The console authenticates itself: the admin token may look and act, the
 // read-only token (ADMIN_READONLY_TOKEN) may only look. Browsers log in
@@ -73,6 +73,7 @@ type Store interface {
 	Holds(ctx context.Context, f postgres.HoldFilter) ([]postgres.Hold, error)
 	Hold(ctx context.Context, holdID string) (postgres.Hold, error)
 	RescanJobs(ctx context.Context, limit int) ([]postgres.RescanJob, bool, error)
+	CancelRescan(ctx context.Context, id, who, why string) error
 	Networks(ctx context.Context) ([]string, error)
 }
 
@@ -197,6 +198,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+Prefix+"hold", c.hold)
 	m.HandleFunc("GET "+Prefix+"rescans", c.rescans)
 	m.HandleFunc("POST "+Prefix+"rescans", c.action(c.startRescan))
+	m.HandleFunc("POST "+Prefix+"rescans/{id}/cancel", c.action(c.cancelRescan))
 	m.Handle("GET "+Prefix+"static/", c.static)
 	c.mux = m
 }

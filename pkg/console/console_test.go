@@ -468,6 +468,57 @@ func TestHoldsAndRescans(t *testing.T) {
 	require.Equal(t, 1, countRows(t, conn, `SELECT count(*) FROM rescan_jobs`))
 }
 
+// TestRescanCancel: a running job's row has a Cancel form; it ends the
+// job through the store's cancel (failed, the error naming the operator,
+// the role, the address and the reason), guarded like every action; a
+// job that ended has no form and a second cancel is refused.
+func TestRescanCancel(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	_, err := f.db.CreateRescan(ctx, "rescan-typo", "ETH_MAINNET", 30_000_000, 30_000_100, "bob")
+	require.NoError(t, err)
+	_, err = f.db.CreateRescan(ctx, "rescan-other", "ETH_MAINNET", 1, 2, "bob")
+	require.NoError(t, err)
+	admin := basic("alice", adminToken)
+	page := f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
+	require.Equal(t, http.StatusOK, page.status)
+	require.Contains(t, page.body, `action="/admin/console/rescans/rescan-typo/cancel"`)
+	require.NotContains(t, f.do(http.MethodGet, "/admin/console/rescans", basic("viewer", readOnlyToken), nil, nil).body, "/cancel")
+	cancelPath := "/admin/console/rescans/rescan-typo/cancel"
+	token := csrfField.FindStringSubmatch(page.body)[1]
+
+	require.Equal(t, http.StatusBadRequest, f.post(cancelPath, admin, url.Values{"csrf": {token}, "reason": {" "}}).status, "no reason")
+	require.Equal(t, http.StatusForbidden, f.post(cancelPath, admin, url.Values{"reason": {"typo"}}).status, "no CSRF token")
+	viewerToken := f.csrf("/admin/console/rescans", basic("viewer", readOnlyToken))
+	require.Equal(t, http.StatusForbidden, f.post(cancelPath, basic("viewer", readOnlyToken), url.Values{"csrf": {viewerToken}, "reason": {"typo"}}).status)
+	job, err := f.db.Rescan(ctx, "rescan-typo")
+	require.NoError(t, err)
+	require.Equal(t, "running", job.Status, "refusals change nothing")
+
+	a := f.post(cancelPath, admin, url.Values{"csrf": {token}, "reason": {"typo: block 3,000,000 meant"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "/admin/console/rescans?done=rescan%3Acancelled", a.header.Get("Location"))
+	job, err = f.db.Rescan(ctx, "rescan-typo")
+	require.NoError(t, err)
+	require.Equal(t, "failed", job.Status)
+	require.Regexp(t, `^cancelled by alice \(console, admin\) @127\.0\.0\.1: typo: block 3,000,000 meant$`, job.Error)
+	other, err := f.db.Rescan(ctx, "rescan-other")
+	require.NoError(t, err)
+	require.Equal(t, "running", other.Status, "only the job named")
+
+	page = f.do(http.MethodGet, "/admin/console/rescans?done=rescan%3Acancelled", admin, nil, nil)
+	require.Contains(t, page.body, "Rescan cancelled")
+	require.Contains(t, page.body, html.EscapeString(job.Error))
+	require.NotContains(t, page.body, cancelPath, "an ended job has no Cancel")
+	require.Contains(t, page.body, "/admin/console/rescans/rescan-other/cancel")
+
+	a = f.post(cancelPath, admin, url.Values{"csrf": {token}, "reason": {"again"}})
+	require.Equal(t, http.StatusConflict, a.status)
+	require.Contains(t, a.body, "already ended")
+	a = f.post("/admin/console/rescans/rescan-nope/cancel", admin, url.Values{"csrf": {token}, "reason": {"typo"}})
+	require.Equal(t, http.StatusNotFound, a.status)
+}
+
 // A schema without the scanner's tables (before migration 0013, or a
 // deployment that dropped them) still serves the console.
 func TestWithoutScannerTables(t *testing.T) {

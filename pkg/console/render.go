@@ -67,6 +67,7 @@ var notices = map[string]string{
 	"recheck:unchanged":       "Recheck: the chain does not show the transfer final and unclaimed; the deposit stays failed.",
 	"recheck:not_applicable":  "Recheck: this event is not a failed deposit a recheck can reverse; nothing changed.",
 	"rescan:started":          "Rescan started.",
+	"rescan:cancelled":        "Rescan cancelled: it is failed, its error says who and why; deposits it found stay.",
 }
 
 // render writes a page, or a 500 if the template fails (before anything
@@ -153,7 +154,8 @@ func (c *Console) funcs() template.FuncMap {
 			}
 			return s
 		},
-		"q": url.QueryEscape,
+		"q":    url.QueryEscape,
+		"path": url.PathEscape,
 		"dict": func(pairs ...any) (map[string]any, error) {
 			if len(pairs)%2 != 0 {
 				return nil, errors.New("dict needs key and value pairs")
@@ -210,6 +212,8 @@ func conflictText(err error) string {
 		return "Refused: the entry was replayed and cannot be discarded."
 	case errors.Is(err, postgres.ErrNoEvent):
 		return "Refused: the entry names no stored event; discard it instead."
+	case errors.Is(err, postgres.ErrRescanEnded):
+		return "Refused: the rescan already ended; only a running one can be cancelled."
 	}
 	return "Refused: the request conflicts with the current state; reload and look again."
 }

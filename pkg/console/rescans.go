@@ -84,3 +84,18 @@ func (c *Console) startRescan(w http.ResponseWriter, r *http.Request, a actor) {
 		Uint64("to_block", to).Str("requested_by", a.who).Str("reason", a.reason).Msg("rescan started from the console")
 	redirect(w, r, Prefix+"rescans", nil, "rescan:started")
 }
+
+// cancelRescan ends a running job through the operation settlectl and
+// POST /admin/rescan/{id}/cancel use; the job's error records who and why.
+func (c *Console) cancelRescan(w http.ResponseWriter, r *http.Request, a actor) {
+	id := r.PathValue("id")
+	ctx, cancel := storeContext(r)
+	defer cancel()
+	if err := c.o.Store.CancelRescan(ctx, id, a.who, a.reason); err != nil {
+		c.storeFailed(w, r, err, "rescan job with this id")
+		return
+	}
+	logging.From(r.Context()).Info().Str("rescan_id", id).Str("cancelled_by", a.who).Str("reason", a.reason).
+		Msg("rescan cancelled from the console")
+	redirect(w, r, Prefix+"rescans", nil, "rescan:cancelled")
+}

@@ -30,6 +30,9 @@ const (
 	blockDigitsMax = 19
 	// rescanIDLengthMax bounds a job id in the path.
 	rescanIDLengthMax = 64
+	// cancelReasonLengthMax bounds why a job was cancelled, as a dead
+	// letter's reason is bounded.
+	cancelReasonLengthMax = 1000
 )
 
 // RescanStore is what the rescan routes need; *postgres.DB implements it.
@@ -37,6 +40,7 @@ type RescanStore interface {
 	CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (postgres.RescanJob, error)
 	Rescan(ctx context.Context, id string) (postgres.RescanJob, error)
 	AddBackfill(ctx context.Context, id, network, address string, from uint64) error
+	CancelRescan(ctx context.Context, id, who, why string) error
 }
 
 var _ RescanStore = (*postgres.DB)(nil)
@@ -239,6 +243,69 @@ func (s *Server) adminRescanGet(c echo.Context) error {
 		return storeError(err)
 	}
 	return c.JSON(http.StatusOK, rescanView(job, TraceID(c.Request().Context())))
+}
+
+// adminRescanCancel ends a running rescan or backfill for an operator
+// who names themselves and says why (settlectl rescan cancel's
+// operation): 404 for an unknown job, 409 for one that already ended.
+func (s *Server) adminRescanCancel(c echo.Context) error {
+	id := c.Param("id")
+	if id == "" || len(id) > rescanIDLengthMax || !printable(id) {
+		return newError(http.StatusBadRequest, "rescan id is malformed")
+	}
+	body, err := readBody(c, adminBodyMax)
+	if err != nil {
+		return bodyError(err)
+	}
+	name, why, err := parseRescanCancel(body)
+	if err != nil {
+		return newError(http.StatusBadRequest, err.Error())
+	}
+	rs, err := s.rescanStore()
+	if err != nil {
+		return err
+	}
+	who := name + " @" + ClientIP(c.Request().Context()).String()
+	ctx, cancel := storeContext(c)
+	defer cancel()
+	if err := rs.CancelRescan(ctx, id, who, why); err != nil {
+		if errors.Is(err, postgres.ErrRescanEnded) {
+			return fail(payment.ErrConflict, "rescan "+id+" already ended; only a running job can be cancelled")
+		}
+		return storeError(err)
+	}
+	logging.From(c.Request().Context()).Info().Str("rescan", id).Str("cancelled_by", who).Str("reason", why).Msg("rescan cancelled")
+	job, err := rs.Rescan(ctx, id)
+	if err != nil {
+		return storeError(err)
+	}
+	return c.JSON(http.StatusOK, rescanView(job, TraceID(c.Request().Context())))
+}
+
+// parseRescanCancel reads {"operator": "<name>", "reason": "<why>"}: both
+// required, printable and bounded, since a cancel ends a job for good and
+// the job's error is all that tells who ended it and why.
+func parseRescanCancel(body []byte) (operator, reason string, err error) {
+	fields, err := decodeObject(body)
+	if err != nil {
+		return "", "", fmt.Errorf("malformed JSON: %w", err)
+	}
+	for k := range fields {
+		if k != "operator" && k != "reason" {
+			return "", "", fmt.Errorf(`unknown field %q; the body is {"operator": "<name>", "reason": "<why>"}`, truncate(k))
+		}
+	}
+	operator, ok := jsonString(fields["operator"])
+	operator = strings.TrimSpace(operator)
+	if !ok || operator == "" || !printable(operator) || utf8.RuneCountInString(operator) > operatorLengthMax {
+		return "", "", fmt.Errorf("operator is required: a printable string of at most %d characters", operatorLengthMax)
+	}
+	reason, ok = jsonString(fields["reason"])
+	reason = strings.TrimSpace(reason)
+	if !ok || reason == "" || !printable(reason) || utf8.RuneCountInString(reason) > cancelReasonLengthMax {
+		return "", "", fmt.Errorf("reason is required: a printable string of at most %d characters", cancelReasonLengthMax)
+	}
+	return operator, reason, nil
 }
 
 // backfillFrom reads the optional from_block of a deposit address

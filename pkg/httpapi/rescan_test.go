@@ -106,3 +106,54 @@ func TestDepositAddressFromBlock(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
 	require.Nil(t, r.body["backfill"], "no from_block, no backfill")
 }
+
+// TestRescanCancel: POST /admin/rescan/{id}/cancel ends a running job
+// (failed, its error naming who, from where, and why) and answers it;
+// without an operator or a reason it is a 400 that changes nothing, an
+// unknown job a 404, a job that ended a 409, and it needs the admin
+// token.
+func TestRescanCancel(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	admin := bearer(adminToken)
+	r := h.do(http.MethodPost, "/admin/rescan", []byte(`{"network":"ETH_MAINNET","from_block":30000000,"to_block":30000100}`), admin)
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r.raw)
+	id, ok := r.body["id"].(string)
+	require.True(t, ok)
+	cancelPath := "/admin/rescan/" + id + "/cancel"
+
+	for name, body := range map[string]string{
+		"empty":             ``,
+		"no operator":       `{"reason":"typo"}`,
+		"blank operator":    `{"operator":"  ","reason":"typo"}`,
+		"no reason":         `{"operator":"bob"}`,
+		"blank reason":      `{"operator":"bob","reason":" "}`,
+		"reason a number":   `{"operator":"bob","reason":7}`,
+		"operator too long": `{"operator":"` + strings.Repeat("a", 201) + `","reason":"typo"}`,
+		"reason too long":   `{"operator":"bob","reason":"` + strings.Repeat("a", 1001) + `"}`,
+		"operator control":  `{"operator":"a\nb","reason":"typo"}`,
+		"unknown field":     `{"operator":"bob","reason":"typo","force":true}`,
+		"not an object":     `["bob","typo"]`,
+	} {
+		r := h.do(http.MethodPost, cancelPath, []byte(body), admin)
+		requireError(t, r, http.StatusBadRequest)
+		require.Equal(t, "invalid_request", r.body["code"], name)
+	}
+	requireError(t, h.do(http.MethodPost, cancelPath, []byte(`{"operator":"bob","reason":"typo"}`), nil), http.StatusUnauthorized)
+	requireError(t, h.do(http.MethodPost, cancelPath, []byte(`{"operator":"bob","reason":"typo"}`), bearer(apiToken)), http.StatusUnauthorized)
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs WHERE status = 'running' AND error IS NULL"), "refusals change nothing")
+
+	r = h.do(http.MethodPost, cancelPath, []byte(`{"operator":"bob","reason":"typo: block 3,000,000 meant"}`), admin)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, id, r.body["id"])
+	require.Equal(t, "failed", r.body["status"])
+	require.Regexp(t, `^cancelled by bob @\S+: typo: block 3,000,000 meant$`, r.body["error"])
+	got := h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
+	require.Equal(t, "failed", got.body["status"])
+	require.Equal(t, r.body["error"], got.body["error"], "the record is the job's own")
+
+	r = h.do(http.MethodPost, cancelPath, []byte(`{"operator":"bob","reason":"again"}`), admin)
+	requireError(t, r, http.StatusConflict)
+	require.Equal(t, "conflict", r.body["code"])
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs WHERE error LIKE '%typo: block 3,000,000 meant'"), "a second cancel changes nothing")
+	requireError(t, h.do(http.MethodPost, "/admin/rescan/rescan_nope/cancel", []byte(`{"operator":"bob","reason":"typo"}`), admin), http.StatusNotFound)
+}

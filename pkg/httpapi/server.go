@@ -311,6 +311,7 @@ func New(opts Options) (*Server, error) {
 	e.POST("/admin/events/:event_id/recheck", s.adminRecheck, adminAuth)
 	e.POST("/admin/rescan", s.adminRescan, adminAuth)
 	e.GET("/admin/rescan/:id", s.adminRescanGet, adminAuth)
+	e.POST("/admin/rescan/:id/cancel", s.adminRescanCancel, adminAuth)
 
 	if err := s.addPlugins(opts.AdminRoutes, opts.AdminMounts); err != nil {
 		return nil, err
