@@ -282,9 +282,10 @@ func (s *Server) adminRescanCancel(c echo.Context) error {
 	return c.JSON(http.StatusOK, rescanView(job, TraceID(c.Request().Context())))
 }
 
-// parseRescanCancel reads {"operator": "<name>", "reason": "<why>"}: both
-// required, printable and bounded, since a cancel ends a job for good and
-// the job's error is all that tells who ended it and why.
+// parseRescanCancel reads {"operator": "<name>", "reason": "<why>"}: the
+// reason required, both printable and bounded, since a cancel ends a job
+// for good and the job's error is all that tells who ended it and why;
+// no operator named is operatorDefault, as for the other admin actions.
 func parseRescanCancel(body []byte) (operator, reason string, err error) {
 	fields, err := decodeObject(body)
 	if err != nil {
@@ -295,12 +296,18 @@ func parseRescanCancel(body []byte) (operator, reason string, err error) {
 			return "", "", fmt.Errorf(`unknown field %q; the body is {"operator": "<name>", "reason": "<why>"}`, truncate(k))
 		}
 	}
-	operator, ok := jsonString(fields["operator"])
-	operator = strings.TrimSpace(operator)
-	if !ok || operator == "" || !printable(operator) || utf8.RuneCountInString(operator) > operatorLengthMax {
-		return "", "", fmt.Errorf("operator is required: a printable string of at most %d characters", operatorLengthMax)
+	operator = operatorDefault
+	if raw, given := fields["operator"]; given {
+		name, ok := jsonString(raw)
+		name = strings.TrimSpace(name)
+		if !ok || !printable(name) || utf8.RuneCountInString(name) > operatorLengthMax {
+			return "", "", fmt.Errorf("operator must be a printable string of at most %d characters", operatorLengthMax)
+		}
+		if name != "" {
+			operator = name
+		}
 	}
-	reason, ok = jsonString(fields["reason"])
+	reason, ok := jsonString(fields["reason"])
 	reason = strings.TrimSpace(reason)
 	if !ok || reason == "" || !printable(reason) || utf8.RuneCountInString(reason) > cancelReasonLengthMax {
 		return "", "", fmt.Errorf("reason is required: a printable string of at most %d characters", cancelReasonLengthMax)
