@@ -63,8 +63,11 @@ type BlockTx struct {
 
 // Block is a block's number and its transactions.
 type Block struct {
-	Number       uint64
-	Hash         string
+	Number uint64
+	Hash   string
+	// ParentHash links the block to the one below it ("" if the node
+	// sent none), so a scan can tell its reads are one chain.
+	ParentHash   string
 	Transactions []BlockTx
 	// Bloom is the block's logsBloom; HasBloom is false when the node
 	// sent none (then nothing can be told from it).
@@ -244,6 +247,7 @@ func (c *Client) filterTransfers(ctx context.Context, q ethereum.FilterQuery, lo
 type fullBlockJSON struct {
 	Number       *string      `json:"number"`
 	Hash         *string      `json:"hash"`
+	ParentHash   *string      `json:"parentHash"`
 	LogsBloom    *types.Bloom `json:"logsBloom"`
 	Transactions []struct {
 		Hash  *string `json:"hash"`
@@ -299,6 +303,11 @@ func parseFullBlock(raw json.RawMessage) (Block, error) {
 	}
 	if out.Hash, err = parseHex(*b.Hash, hashHexLength, "block hash"); err != nil {
 		return Block{}, err
+	}
+	if b.ParentHash != nil {
+		if out.ParentHash, err = parseHex(*b.ParentHash, hashHexLength, "parent hash"); err != nil {
+			return Block{}, err
+		}
 	}
 	if b.LogsBloom != nil {
 		out.Bloom, out.HasBloom = *b.LogsBloom, true

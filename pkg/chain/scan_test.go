@@ -114,7 +114,7 @@ func TestScanCalls(t *testing.T) {
 // parser, and what it accepts has well-formed hashes, recipients and
 // non-negative values.
 func FuzzFullBlock(f *testing.F) {
-	f.Add([]byte(`{"number":"0x2","hash":"0x` + strings.Repeat("ab", 32) + `","transactions":[{"hash":"0x` + strings.Repeat("cd", 32) + `","to":"0x` + strings.Repeat("11", 20) + `","value":"0x5"}]}`))
+	f.Add([]byte(`{"number":"0x2","hash":"0x` + strings.Repeat("ab", 32) + `","parentHash":"0x` + strings.Repeat("ef", 32) + `","transactions":[{"hash":"0x` + strings.Repeat("cd", 32) + `","to":"0x` + strings.Repeat("11", 20) + `","value":"0x5"}]}`))
 	f.Add([]byte(`null`))
 	f.Add([]byte(`{"number":"0x2","hash":"0x` + strings.Repeat("ab", 32) + `","transactions":["0x` + strings.Repeat("cd", 32) + `"]}`))
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -122,8 +122,8 @@ func FuzzFullBlock(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(b.Hash) != hashHexLength {
-			t.Fatalf("block hash %q", b.Hash)
+		if len(b.Hash) != hashHexLength || (b.ParentHash != "" && len(b.ParentHash) != hashHexLength) {
+			t.Fatalf("block hash %q, parent %q", b.Hash, b.ParentHash)
 		}
 		for _, tx := range b.Transactions {
 			if len(tx.Hash) != hashHexLength || (tx.To != "" && len(tx.To) != addressHexLength) || tx.Value == nil || tx.Value.Sign() < 0 {

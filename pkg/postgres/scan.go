@@ -37,8 +37,8 @@ type ScanClaim struct {
 	// LastHash is the hash of block From-1 as the pass before read it;
 	// "" when not known.
 	LastHash string
-	// ToHash is the hash of block To as this pass saw it before reading
-	// (set by the scanner; stored with the cursor's advance).
+	// ToHash is the hash of block To as this pass read it (set by the
+	// scanner from the blocks it read; stored with the cursor's advance).
 	ToHash string
 }
 

@@ -73,15 +73,22 @@ type finder struct {
 	// skipped reports a transfer that cannot become a deposit (an amount
 	// out of range): a human must look.
 	skipped func(eventID, why string)
+	// blocks: read every block of the range, even with no native coin or
+	// no address (the cursor links them into one chain, see link).
+	blocks bool
 }
 
 // find returns the deposit events of the range, in block order: token
 // transfers from eth_getLogs (by contract, and by recipient when the set
 // is complete), native value from the blocks' own transactions with a
-// successful receipt.
-func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+// successful receipt; and the blocks it read, in order.
+func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, []chain.Block, error) {
 	if addrs.complete && len(addrs.sorted) == 0 {
-		return nil, nil
+		if !f.blocks {
+			return nil, nil, nil
+		}
+		_, blocks, err := f.nativeEvents(ctx, r, addrs)
+		return nil, blocks, err
 	}
 	// Token logs and blocks are independent questions: asked side by side,
 	// a pass waits for the slower of them, not for both in turn.
@@ -103,12 +110,12 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 		return err
 	})
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := f.checkLogs(ctx, blocks, tokens, addrs, filtered, &read); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(tokens, native...), nil
+	return append(tokens, native...), blocks, nil
 }
 
 // blockContract names a token contract's logs in one block.
@@ -351,8 +358,8 @@ func (f finder) lookup(ctx context.Context, addresses []string) (map[string]int6
 }
 
 func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, []chain.Block, error) {
-	asset, ok := f.registry.Native(f.network)
-	if !ok {
+	asset, native := f.registry.Native(f.network)
+	if !native && !f.blocks {
 		return nil, nil, nil
 	}
 	type candidate struct {
@@ -385,6 +392,9 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 				return err
 			}
 			read[i] = blocks
+			if !native {
+				return nil // read for the chain only
+			}
 			var recipients []string
 			for _, b := range blocks {
 				for _, tx := range b.Transactions {

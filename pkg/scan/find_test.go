@@ -147,7 +147,7 @@ func TestFindWith100000Addresses(t *testing.T) {
 		windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
 		count:   func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
 
-	events, err := f.find(context.Background(), span{101, 600}, set)
+	events, _, err := f.find(context.Background(), span{101, 600}, set)
 	require.NoError(t, err)
 	var got []string
 	for _, e := range events {
@@ -245,7 +245,7 @@ func TestFindContractWindows(t *testing.T) {
 		refused: func() {},
 		count:   func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
 
-	events, err := f.find(context.Background(), span{first, last}, addressSet{})
+	events, _, err := f.find(context.Background(), span{first, last}, addressSet{})
 	require.NoError(t, err)
 	var got []string
 	for _, e := range events {
@@ -412,7 +412,7 @@ func testFindOverlapsReads(t *testing.T, inFlight int) {
 		logsMax: 10_000, batchesInFlight: inFlight, windows: logWindows{filtered: newWindow(BlocksMaxDefault), contracts: newWindow(LogWindowDefault)},
 		refused: func() {}, count: func(string, int) {}, skipped: func(string, string) { t.Fatal("nothing is out of range here") }}
 
-	events, err := f.find(context.Background(), span{first, last}, set)
+	events, _, err := f.find(context.Background(), span{first, last}, set)
 	require.NoError(t, err)
 	var got []string
 	for _, e := range events {

@@ -148,7 +148,7 @@ type Options struct {
 	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
 	Traces bool
 	// ReorgRescan: blocks below the cursor rescanned when a reorg
-	// replaced what the cursor passed (negative: never; see checkBelow).
+	// replaced what the cursor passed (negative: never; see link).
 	ReorgRescan int64
 }
 
@@ -350,11 +350,11 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	}
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()
-	if err := s.checkBelow(ctx, n, &claim); err != nil {
-		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
-		return false, err
+	linked := s.links(n)
+	events, blocks, err := s.read(ctx, n, span{claim.From, claim.To}, "", traceID, linked)
+	if err == nil && linked {
+		err = s.link(ctx, n, &claim, blocks)
 	}
-	events, err := s.read(ctx, n, span{claim.From, claim.To}, "", traceID)
 	if err != nil {
 		s.release(n.Name, func(ctx context.Context) error { return s.opts.Store.ReleaseScanCursor(ctx, n.Name, s.opts.Owner) })
 		return false, err
@@ -378,51 +378,61 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	return claim.To < head, nil
 }
 
-// checkBelow guards the blocks the cursor passed where a reorg may still
-// replace them (confirmations:N, none): deeper than the policy, a fork
-// mines transactions at heights the cursor has left, which no pass would
-// read. The block below the claimed range must still have the hash the
-// pass before saw; another hash asks for a rescan of up to ReorgRescan
-// blocks below the range (rescans store what they find once, by transfer
-// identity), and records the new hash so the next pass does not ask
-// again. It then reads the hash of the range's last block, before the
-// range: a reorg after that read makes the next pass rescan, never miss.
-// Under finalized nothing the cursor passed can change, and nothing is
-// read.
-func (s *Scanner) checkBelow(ctx context.Context, n Network, claim *postgres.ScanClaim) error {
-	if n.Policy.Kind() == chain.Finalized || s.opts.ReorgRescan < 0 {
-		return nil
+// links tells whether n's cursor passes link their blocks (see link):
+// under confirmations:N and none a fork deeper than the policy can
+// replace blocks the cursor passed, or is about to pass; under finalized
+// nothing can.
+func (s *Scanner) links(n Network) bool {
+	return n.Policy.Kind() != chain.Finalized
+}
+
+// link holds the blocks a cursor pass read (From through To, in order)
+// to one chain: each block's parent is the block read below it, and the
+// first one's is the block the pass before recorded as its last. Behind
+// a balancer the pass's reads can come from backends on different
+// branches; a hash read apart from the blocks (a header of To) could
+// then name a branch the range was not read from, and the next pass
+// would find nothing replaced while a transaction the fork mined inside
+// the range was never read. Linked, what the pass read is one branch, and
+// the hash it records is its own last block's. A break inside the range
+// fails the pass (it runs again). A break at its start means the block
+// below was replaced (or read from another branch): unless ReorgRescan is
+// off, a rescan of up to ReorgRescan blocks below the range is asked for
+// (rescans store what they find once, by transfer identity) and the new
+// parent recorded, so it is asked once. No call of its own: each block
+// read names its parent.
+func (s *Scanner) link(ctx context.Context, n Network, claim *postgres.ScanClaim, blocks []chain.Block) error {
+	for i, b := range blocks {
+		if b.Number != claim.From+uint64(i) {
+			return fmt.Errorf("scan %s: block %d read where block %d was due", n.Name, b.Number, claim.From+uint64(i))
+		}
+		if i > 0 && b.ParentHash != blocks[i-1].Hash {
+			return payment.Unavailable("scan "+n.Name, fmt.Errorf(
+				"block %d (parent %s) does not follow block %d (%s) as read: backends on different branches; the pass runs again",
+				b.Number, b.ParentHash, blocks[i-1].Number, blocks[i-1].Hash))
+		}
 	}
-	if claim.LastHash != "" && claim.From > 0 {
-		below, err := n.RPC.HeaderByNumber(ctx, claim.From-1)
-		s.count(n.Name, chain.MethodBlock, 1)
+	if uint64(len(blocks)) != claim.To-claim.From+1 {
+		return fmt.Errorf("scan %s: %d blocks read of %d..%d", n.Name, len(blocks), claim.From, claim.To)
+	}
+	if below := blocks[0].ParentHash; s.opts.ReorgRescan >= 0 && claim.LastHash != "" && claim.From > 0 && below != claim.LastHash {
+		from := uint64(0)
+		if depth := uint64(s.opts.ReorgRescan); claim.From > depth {
+			from = claim.From - depth
+		}
+		job, err := s.opts.Store.CreateRescan(ctx, "rescan_"+uuid.NewString(), n.Name, from, claim.From-1,
+			fmt.Sprintf("settle: block %d replaced below the scan cursor (hash %s, was %s)", claim.From-1, below, claim.LastHash))
 		if err != nil {
 			return err
 		}
-		if below.Hash != claim.LastHash {
-			from := uint64(0)
-			if depth := uint64(s.opts.ReorgRescan); claim.From > depth {
-				from = claim.From - depth
-			}
-			job, err := s.opts.Store.CreateRescan(ctx, "rescan_"+uuid.NewString(), n.Name, from, claim.From-1,
-				fmt.Sprintf("settle: block %d replaced below the scan cursor (hash %s, was %s)", claim.From-1, below.Hash, claim.LastHash))
-			if err != nil {
-				return err
-			}
-			if err := s.opts.Store.RehashScanCursor(ctx, n.Name, s.opts.Owner, *claim, below.Hash); err != nil {
-				return err
-			}
-			s.metrics.reorgs.WithLabelValues(n.Name).Inc()
-			s.opts.Log.Warn().Str("network", n.Name).Uint64("block", claim.From-1).Str("hash", below.Hash).Str("was", claim.LastHash).
-				Str("rescan", job.ID).Uint64("from", from).Msg("a reorg replaced blocks the scan cursor passed; rescanning below it")
+		if err := s.opts.Store.RehashScanCursor(ctx, n.Name, s.opts.Owner, *claim, below); err != nil {
+			return err
 		}
+		s.metrics.reorgs.WithLabelValues(n.Name).Inc()
+		s.opts.Log.Warn().Str("network", n.Name).Uint64("block", claim.From-1).Str("hash", below).Str("was", claim.LastHash).
+			Str("rescan", job.ID).Uint64("from", from).Msg("a reorg replaced blocks the scan cursor passed; rescanning below it")
 	}
-	to, err := n.RPC.HeaderByNumber(ctx, claim.To)
-	s.count(n.Name, chain.MethodBlock, 1)
-	if err != nil {
-		return err
-	}
-	claim.ToHash = to.Hash
+	claim.ToHash = blocks[len(blocks)-1].Hash
 	return nil
 }
 
@@ -466,7 +476,7 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 	}
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()
-	events, err := s.read(ctx, n, r, job.Address, traceID)
+	events, _, err := s.read(ctx, n, r, job.Address, traceID, false)
 	if errors.Is(err, payment.ErrInvalid) {
 		// A range the node or settle can never read (not an outage): the
 		// job ends failed, saying why, instead of retrying forever.
@@ -509,15 +519,16 @@ func startPass(ctx context.Context) (context.Context, string, trace.Span) {
 }
 
 // read finds the deposits of range r on n: for every registered address,
-// or for one (a backfill).
-func (s *Scanner) read(ctx context.Context, n Network, r span, address, traceID string) ([]postgres.NewEvent, error) {
+// or for one (a backfill). With blocks, it reads every block of r and
+// answers them too.
+func (s *Scanner) read(ctx context.Context, n Network, r span, address, traceID string, blocks bool) ([]postgres.NewEvent, []chain.Block, error) {
 	registry, err := s.opts.Store.Assets(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	addrs, err := s.addresses(ctx, n.Name, address)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	filteredMax := s.opts.AddressesPerCall
 	if s.opts.FilteredLogs {
@@ -536,6 +547,7 @@ func (s *Scanner) read(ctx context.Context, n Network, r span, address, traceID 
 		skipped: func(id, why string) {
 			s.opts.Log.Error().Str(logging.FieldEventID, id).Str("reason", why).Msg("scanned transfer cannot be credited; a human must look")
 		},
+		blocks: blocks,
 	}
 	return s.findAll(ctx, f, r, addrs)
 }

@@ -20,16 +20,16 @@ var errNoTraceRPC = errors.New("scan traces: the network's rpc client cannot tra
 
 // findAll is what a pass reads: the finder's transfers, then, under
 // Options.Traces, the internal ones from the same range and addresses.
-func (s *Scanner) findAll(ctx context.Context, f finder, r span, addrs addressSet) ([]postgres.NewEvent, error) {
-	events, err := f.find(ctx, r, addrs)
+func (s *Scanner) findAll(ctx context.Context, f finder, r span, addrs addressSet) ([]postgres.NewEvent, []chain.Block, error) {
+	events, blocks, err := f.find(ctx, r, addrs)
 	if err != nil || !s.opts.Traces || len(addrs.sorted) == 0 {
-		return events, err
+		return events, blocks, err
 	}
 	internal, err := f.internalEvents(ctx, r, addrs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(events, internal...), nil
+	return append(events, internal...), blocks, nil
 }
 
 // internalEvents traces the range in batches of chain.TraceBatchMax
