@@ -305,7 +305,7 @@ func DashboardWith(client redis.UniversalClient, o DashboardOptions) httpapi.Mou
 		ReadOnly:          o.ReadOnly,
 		PrometheusAddress: o.PrometheusURL,
 	})
-	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: refuseCrossSite(jsonErrors(handler))}
+	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: dashboardHeaders(dashboardPolicy(handler), refuseCrossSite(jsonErrors(handler)))}
 }
 
 // refuseCrossSite answers 403 to a dashboard action another site's page

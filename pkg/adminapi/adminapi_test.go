@@ -2,10 +2,13 @@ package adminapi_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -300,4 +303,82 @@ func TestDashboardActionsRefuseCrossSiteRequests(t *testing.T) {
 func jsonInt(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// TestDashboardSecurityHeaders: every answer of the dashboard forbids
+// framing (framed, its own buttons send same-origin requests that the
+// cross-site check lets through), sniffing and caching, and its page runs
+// no inline script but the two it serves, by hash.
+func TestDashboardSecurityHeaders(t *testing.T) {
+	db := testenv.DB(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	server, err := httpapi.New(httpapi.Options{
+		Store: db, Redis: rdb, Log: zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789abcdefghijkl", APIToken: apiToken, AdminToken: adminToken,
+		AdminMounts: []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: false, PrometheusURL: "http://prometheus:9090"})},
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+
+	get := func(method, path string, header map[string]string) (int, http.Header, string) {
+		req, err := http.NewRequest(method, ts.URL+path, nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("operator", adminToken)
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(body)
+	}
+
+	status, header, body := get(http.MethodGet, "/admin/queues/", nil)
+	require.Equal(t, http.StatusOK, status)
+	policy := header.Get("Content-Security-Policy")
+	directives := map[string]string{}
+	for _, d := range strings.Split(policy, ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(d), " ")
+		directives[name] = value
+	}
+	require.Equal(t, "'none'", directives["frame-ancestors"], "no other page may frame the dashboard: %q", policy)
+	require.NotContains(t, directives["script-src"], "unsafe", policy)
+	scripts := regexp.MustCompile(`(?s)<script>(.*?)</script>`).FindAllStringSubmatch(body, -1)
+	require.Len(t, scripts, 2, "asynqmon's page has two inline scripts: %s", body)
+	for _, s := range scripts {
+		sum := sha256.Sum256([]byte(s[1]))
+		require.Contains(t, directives["script-src"], "'sha256-"+base64.StdEncoding.EncodeToString(sum[:])+"'", "the page's inline script %.60q runs", s[1])
+	}
+	asset := regexp.MustCompile(`<script src="(/admin/queues/static/js/[^"]+)"`).FindStringSubmatch(body)
+	require.NotNil(t, asset, "the page loads its scripts from the mount")
+
+	for _, c := range []struct {
+		method, path string
+		header       map[string]string
+		status       int
+		noStore      bool
+	}{
+		{http.MethodGet, "/admin/queues/", nil, http.StatusOK, true},
+		{http.MethodGet, "/admin/queues/queues/default", nil, http.StatusOK, true}, // the page again (the app routes itself)
+		{http.MethodGet, "/admin/queues/api/queues", nil, http.StatusOK, true},
+		{http.MethodGet, "/admin/queues/api/queues/no-such-queue", nil, http.StatusNotFound, true},
+		{http.MethodPost, "/admin/queues/api/queues/default:pause", map[string]string{"Origin": "https://evil.example"}, http.StatusForbidden, true},
+		{http.MethodGet, asset[1], nil, http.StatusOK, false},
+	} {
+		status, header, body := get(c.method, c.path, c.header)
+		name := c.method + " " + c.path
+		require.Equal(t, c.status, status, "%s: %s", name, body)
+		require.Equal(t, "DENY", header.Get("X-Frame-Options"), name)
+		require.Equal(t, policy, header.Get("Content-Security-Policy"), name)
+		require.Equal(t, []string{"nosniff"}, header.Values("X-Content-Type-Options"), name)
+		require.Equal(t, "same-origin", header.Get("Referrer-Policy"), name)
+		if c.noStore {
+			require.Equal(t, "no-store", header.Get("Cache-Control"), name)
+		}
+	}
 }

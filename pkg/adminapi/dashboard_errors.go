@@ -42,7 +42,8 @@ func jsonErrors(next http.Handler) http.Handler {
 		case message == "" || !printableText(message):
 			message = strings.ToLower(http.StatusText(status))
 		}
-		for _, name := range []string{"Content-Type", "Content-Length", "X-Content-Type-Options"} {
+		// nosniff stays: dashboardHeaders sets it on every answer.
+		for _, name := range []string{"Content-Type", "Content-Length"} {
 			w.Header().Del(name)
 		}
 		httpapi.WriteError(w, r, status, message)

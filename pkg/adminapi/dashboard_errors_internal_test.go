@@ -60,7 +60,6 @@ func TestJSONErrors(t *testing.T) {
 				return
 			}
 			require.Equal(t, "application/json", strings.Split(rec.Header().Get("Content-Type"), ";")[0])
-			require.Empty(t, rec.Header().Get("X-Content-Type-Options"))
 			var body map[string]any
 			require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body), rec.Body.String())
 			require.Equal(t, c.code, body["code"])

@@ -5,6 +5,7 @@ package browser_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -121,73 +124,10 @@ func TestChromiumLogsInToTheDashboard(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), loginTimeout)
 	defer cancel()
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(chromiumPath),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-	)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-
-	// Every request pauses in the fetch domain until answered: requests to
-	// the server under test go on, others (the page's web fonts) fail at
-	// once, and the 401's challenge is answered with the admin token.
-	paused := chromedp.Events(browser, fetch.RequestPaused)
-	authRequired := chromedp.Events(browser, fetch.AuthRequired)
-	var mu sync.Mutex
-	var challenges []fetch.AuthChallenge
-	var answerErrs []error
-	answered := func(err error) {
-		if err != nil && browser.Err() == nil {
-			mu.Lock()
-			answerErrs = append(answerErrs, err)
-			mu.Unlock()
-		}
-	}
-	go func() {
-		for ev, err := range paused {
-			if err != nil {
-				return
-			}
-			if strings.HasPrefix(ev.Request.URL, ts.URL+"/") {
-				_, err = chromedp.Call(browser, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
-			} else {
-				_, err = chromedp.Call(browser, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonBlockedByClient})
-			}
-			answered(err)
-		}
-	}()
-	go func() {
-		for ev, err := range authRequired {
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			challenges = append(challenges, *ev.AuthChallenge)
-			mu.Unlock()
-			_, err = chromedp.Call(browser, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{
-				RequestID: ev.RequestID,
-				AuthChallengeResponse: &fetch.AuthChallengeResponse{
-					Response: fetch.AuthChallengeResponseResponseProvideCredentials,
-					Username: "ops",
-					Password: adminToken,
-				},
-			})
-			answered(err)
-		}
-	}()
-
-	handleAuth := true
-	_, err = chromedp.Call(browser, fetch.Enable, fetch.EnableParams{HandleAuthRequests: &handleAuth})
+	b := newDashboardBrowser(ctx, t, func(url string) bool { return strings.HasPrefix(url, ts.URL+"/") })
+	browser := b.ctx
+	// The page reports what its Content-Security-Policy refused.
+	_, err = chromedp.Call(browser, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: recordViolations})
 	require.NoError(t, err)
 	require.NoError(t, chromedp.Do(browser,
 		chromedp.Navigate(ts.URL+"/admin/queues/"),
@@ -206,7 +146,10 @@ func TestChromiumLogsInToTheDashboard(t *testing.T) {
 	t.Logf("screenshot: %s", path)
 
 	require.Equal(t, "Asynq - Monitoring", title)
-	mu.Lock()
+	violations, err := chromedp.Run(browser, chromedp.Evaluate[[]string](`window.cspViolations`))
+	require.NoError(t, err)
+	require.Empty(t, violations, "the dashboard runs under its Content-Security-Policy")
+	challenges, answerErrs := b.results()
 	require.Empty(t, answerErrs)
 	require.NotEmpty(t, challenges, "Chromium was challenged")
 	for _, c := range challenges {
@@ -214,7 +157,6 @@ func TestChromiumLogsInToTheDashboard(t *testing.T) {
 		require.Equal(t, "settle", c.Realm)
 		require.Equal(t, fetch.AuthChallengeSourceServer, c.Source)
 	}
-	mu.Unlock()
 
 	// The first visit had no credentials and got the 401; the browser
 	// then sent Basic, and the dashboard's own API calls went through.
@@ -228,4 +170,169 @@ func TestChromiumLogsInToTheDashboard(t *testing.T) {
 	}
 	require.True(t, page, "the page loaded with Basic credentials: %+v", all)
 	require.True(t, api, "the dashboard's API answered with Basic credentials: %+v", all)
+}
+
+// recordViolations, run in every document before its own scripts, keeps
+// what the page's Content-Security-Policy refused in window.cspViolations.
+const recordViolations = `window.cspViolations = [];
+document.addEventListener("securitypolicyviolation", e => window.cspViolations.push(e.violatedDirective + " " + e.blockedURI));`
+
+// dashboardBrowser is headless Chromium whose requests that allow passes
+// go on (others fail at once) and whose 401s are answered with Basic and
+// the admin token, as an operator's browser does.
+type dashboardBrowser struct {
+	ctx        context.Context
+	mu         sync.Mutex
+	challenges []fetch.AuthChallenge
+	errs       []error
+}
+
+func newDashboardBrowser(ctx context.Context, t *testing.T, allow func(url string) bool) *dashboardBrowser {
+	t.Helper()
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(chromiumPath),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	t.Cleanup(cancelAlloc)
+	browser, cancelBrowser := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(cancelBrowser)
+	b := &dashboardBrowser{ctx: browser}
+
+	// Every request pauses in the fetch domain until answered: requests
+	// allow passes go on, others (the page's web fonts) fail at once, and
+	// a 401's challenge is answered with the admin token.
+	paused := chromedp.Events(browser, fetch.RequestPaused)
+	authRequired := chromedp.Events(browser, fetch.AuthRequired)
+	answered := func(err error) {
+		if err != nil && browser.Err() == nil {
+			b.mu.Lock()
+			b.errs = append(b.errs, err)
+			b.mu.Unlock()
+		}
+	}
+	go func() {
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			if allow(ev.Request.URL) {
+				_, err = chromedp.Call(browser, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+			} else {
+				_, err = chromedp.Call(browser, fetch.FailRequest, fetch.FailRequestParams{RequestID: ev.RequestID, ErrorReason: network.ErrorReasonBlockedByClient})
+			}
+			answered(err)
+		}
+	}()
+	go func() {
+		for ev, err := range authRequired {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.challenges = append(b.challenges, *ev.AuthChallenge)
+			b.mu.Unlock()
+			_, err = chromedp.Call(browser, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{
+				RequestID: ev.RequestID,
+				AuthChallengeResponse: &fetch.AuthChallengeResponse{
+					Response: fetch.AuthChallengeResponseResponseProvideCredentials,
+					Username: "ops",
+					Password: adminToken,
+				},
+			})
+			answered(err)
+		}
+	}()
+	handleAuth := true
+	_, err := chromedp.Call(browser, fetch.Enable, fetch.EnableParams{HandleAuthRequests: &handleAuth})
+	require.NoError(t, err)
+	return b
+}
+
+// results are the challenges the browser answered and the errors of
+// answering its requests.
+func (b *dashboardBrowser) results() ([]fetch.AuthChallenge, []error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]fetch.AuthChallenge(nil), b.challenges...), append([]error(nil), b.errs...)
+}
+
+// TestChromiumWillNotFrameTheDashboard: an operator logged in to the
+// dashboard (writable) opens another origin's page that frames it.
+// Framed, the dashboard's buttons would send same-origin requests, which
+// the cross-site check lets through, so a page laid over it could turn
+// the operator's clicks into deleting tasks; Chromium must refuse to show
+// it.
+func TestChromiumWillNotFrameTheDashboard(t *testing.T) {
+	requireChromium(t)
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	server, err := httpapi.New(httpapi.Options{
+		Store:         testenv.OpenDB(t, testenv.DatabaseURL(t)),
+		Redis:         rdb,
+		Log:           zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789-abcdefghij",
+		APIToken:      "api-token-0123456789-abcdefghijklmnop",
+		AdminToken:    adminToken,
+		AdminMounts:   []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: false})},
+	})
+	require.NoError(t, err)
+	var requests seen
+	ts := httptest.NewServer(requests.wrap(server))
+	t.Cleanup(ts.Close)
+	dashboard := ts.URL + "/admin/queues/"
+	// Another origin of the same site (127.0.0.1, another port), as another
+	// tool's page under the operator's domain is: a browser partitions
+	// its credentials by site, so there it sends the dashboard's.
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = fmt.Fprintf(w, `<!doctype html><title>a prize</title><iframe id="framed" src="%s" width="1200" height="800"></iframe>`, dashboard)
+	}))
+	t.Cleanup(other.Close)
+	otherURL := other.URL
+
+	ctx, cancel := context.WithTimeout(context.Background(), loginTimeout)
+	defer cancel()
+	b := newDashboardBrowser(ctx, t, func(url string) bool {
+		return strings.HasPrefix(url, ts.URL+"/") || strings.HasPrefix(url, otherURL+"/")
+	})
+	require.NoError(t, chromedp.Do(b.ctx,
+		chromedp.Navigate(dashboard),
+		chromedp.WaitVisible(`//*[@id="root"]//*[contains(text(), "Queues")]`),
+	), "the operator logged in: %+v", requests.all())
+
+	loggedIn := len(requests.all())
+	require.NoError(t, chromedp.Do(b.ctx, chromedp.Navigate(otherURL+"/"), chromedp.WaitReady("#framed")))
+	// The frame's document was asked for and answered with the
+	// operator's credentials: what the browser does with it is the test.
+	require.Eventually(t, func() bool {
+		for _, r := range requests.all()[loggedIn:] {
+			if r.path == "/admin/queues/" && r.scheme == "Basic" && r.status == http.StatusOK {
+				return true
+			}
+		}
+		return false
+	}, loginTimeout/2, 50*time.Millisecond, "the frame asked for the dashboard: %+v", requests.all()[loggedIn:])
+
+	var framed *cdp.Frame
+	require.Eventually(t, func() bool {
+		tree, err := chromedp.Call(b.ctx, page.GetFrameTree, cdp.Empty{})
+		if err != nil || len(tree.FrameTree.ChildFrames) != 1 {
+			return false
+		}
+		framed = tree.FrameTree.ChildFrames[0].Frame
+		return framed.URL != "" && framed.URL != "about:blank"
+	}, loginTimeout/2, 50*time.Millisecond, "the frame settled")
+	t.Logf("framed: url %q, unreachable %q", framed.URL, framed.UnreachableURL)
+	require.NotEqual(t, dashboard, framed.URL, "Chromium showed the dashboard in another origin's frame")
 }
