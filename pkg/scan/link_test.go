@@ -20,6 +20,7 @@ import (
 
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 )
 
 // branchProxy is a balancer over two backends on two branches of a fork:
@@ -287,4 +288,19 @@ func TestCursorPassLinksWithoutNativeReads(t *testing.T) {
 			require.InDelta(t, 1, counterValue(t, f.reg, "settle_scan_reorgs_below_cursor_total", ""), 0)
 		})
 	}
+}
+
+// TestLinkNeedsEveryParent: a block read without its parentHash cannot be
+// linked; the pass says so rather than blame the backends' branches.
+func TestLinkNeedsEveryParent(t *testing.T) {
+	s := New(Options{})
+	h := func(b byte) string { return "0x" + strings.Repeat(string(rune('a'+b)), 64) }
+	claim := postgres.ScanClaim{From: 10, To: 11, LastHash: h(0)}
+	blocks := []chain.Block{{Number: 10, Hash: h(1), ParentHash: h(0)}, {Number: 11, Hash: h(2)}}
+	err := s.link(context.Background(), Network{Name: "ETH_MAINNET"}, &claim, blocks)
+	require.ErrorContains(t, err, "block 11 read without its parentHash")
+	require.Empty(t, claim.ToHash, "nothing recorded")
+	blocks[1].ParentHash = h(1)
+	require.NoError(t, s.link(context.Background(), Network{Name: "ETH_MAINNET"}, &claim, blocks))
+	require.Equal(t, h(2), claim.ToHash)
 }

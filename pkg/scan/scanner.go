@@ -406,6 +406,9 @@ func (s *Scanner) link(ctx context.Context, n Network, claim *postgres.ScanClaim
 		if b.Number != claim.From+uint64(i) {
 			return fmt.Errorf("scan %s: block %d read where block %d was due", n.Name, b.Number, claim.From+uint64(i))
 		}
+		if b.ParentHash == "" {
+			return fmt.Errorf("scan %s: block %d read without its parentHash, which the pass needs to link its blocks", n.Name, b.Number)
+		}
 		if i > 0 && b.ParentHash != blocks[i-1].Hash {
 			return payment.Unavailable("scan "+n.Name, fmt.Errorf(
 				"block %d (parent %s) does not follow block %d (%s) as read: backends on different branches; the pass runs again",
