@@ -37,9 +37,10 @@ type Applier interface {
 // whatever other tasks are waiting. Under light load a batch is one event
 // and nothing waits; under heavy load one commit carries many events.
 type Batcher struct {
-	apply  Applier
-	opts   postgres.LedgerOptions
-	engine *groupcommit.Engine[postgres.LedgerItem, postgres.LedgerResult]
+	apply   Applier
+	opts    postgres.LedgerOptions
+	timeout time.Duration // batchTimeout; shorter in tests
+	engine  *groupcommit.Engine[postgres.LedgerItem, postgres.LedgerResult]
 
 	sizes     prometheus.Histogram
 	durations prometheus.Histogram
@@ -59,7 +60,7 @@ func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMa
 		inFlightMax = InFlightMaxDefault
 	}
 	b := &Batcher{
-		apply: apply, opts: opts,
+		apply: apply, opts: opts, timeout: batchTimeout,
 		sizes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "settle_ledger_batch_events", Help: "Events per ledger transaction.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
@@ -74,12 +75,19 @@ func NewBatcher(apply Applier, opts postgres.LedgerOptions, batchMax, inFlightMa
 	}
 	b.engine = groupcommit.Start(context.Background(), groupcommit.Options{
 		BatchMax: batchMax, InFlight: inFlightMax, QueueMax: submitQueueMax,
-		// A retry finds whatever the transaction did.
+		// A retry finds whatever the transaction did. A wait cut by the
+		// task's deadline is the ledger not answering (batches ahead stuck
+		// behind a table lock, PostgreSQL silent), no fault of the event:
+		// an outage, as the batch's own timeout is.
 		Refuse: func(stage groupcommit.Stage, err error) error {
+			op := "ledger wait"
 			if stage == groupcommit.Queued {
-				return payment.Retryable("ledger submit", err)
+				op = "ledger submit"
 			}
-			return payment.Retryable("ledger wait", err)
+			if errors.Is(err, context.DeadlineExceeded) {
+				return payment.Unavailable(op, err)
+			}
+			return payment.Retryable(op, err)
 		},
 	}, b.run)
 	return b
@@ -103,7 +111,7 @@ func (b *Batcher) Run(ctx context.Context) {
 }
 
 func (b *Batcher) run(batch []*request) {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	items := make([]postgres.LedgerItem, len(batch))
 	for i, r := range batch {

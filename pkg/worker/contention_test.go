@@ -97,8 +97,9 @@ func (p *pipeline) enqueueClaim(client *asynq.Client, taskMax int) {
 	p.enqueue(client, claimed)
 }
 
-// enqueue hands claimed events to asynq under their tasks.
-func (p *pipeline) enqueue(client *asynq.Client, claimed []postgres.Claimed) {
+// enqueue hands claimed events to asynq under their tasks, with extra
+// options (a shorter timeout) after the usual ones.
+func (p *pipeline) enqueue(client *asynq.Client, claimed []postgres.Claimed, extra ...asynq.Option) {
 	p.t.Helper()
 	tasks := map[string][]postgres.Claimed{}
 	for _, c := range claimed {
@@ -107,7 +108,7 @@ func (p *pipeline) enqueue(client *asynq.Client, claimed []postgres.Claimed) {
 	for _, events := range tasks {
 		queued, opts, err := task.NewPaymentBatch(events)
 		require.NoError(p.t, err)
-		_, err = client.Enqueue(queued, opts...)
+		_, err = client.Enqueue(queued, append(opts, extra...)...)
 		require.NoError(p.t, err)
 	}
 }

@@ -22,3 +22,7 @@ func (w *Waker) HoldDonesFor(d time.Duration) {
 	w.doneHold = d
 	w.mu.Unlock()
 }
+
+// BoundBatches sets the bound of one ledger transaction; call it before
+// the first submit.
+func (b *Batcher) BoundBatches(d time.Duration) { b.timeout = d }

@@ -85,6 +85,8 @@ type pipelineOptions struct {
 	// workerConns: the ledger gets a pool of its own, this small, so a
 	// test can warm every connection it uses (0: it shares p.db).
 	workerConns int32
+	// batchTimeout bounds a ledger transaction (0: the batcher's 30 s).
+	batchTimeout time.Duration
 }
 
 func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
@@ -133,6 +135,9 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 			t.Cleanup(ledgerDB.Close)
 		}
 		batcher := worker.NewBatcher(ledgerDB, postgres.LedgerOptions{LockTimeout: o.lock, Notify: true}, 32, 2, prometheus.NewRegistry())
+		if o.batchTimeout > 0 {
+			batcher.BoundBatches(o.batchTimeout)
+		}
 		handler := worker.NewWorker(worker.WorkerOptions{
 			Log: log, Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts,
 			Redis: p.rdb, ContentionWindow: o.contentionWindow,

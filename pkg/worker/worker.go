@@ -234,7 +234,9 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 		}
 	}
 	ledgerSpans := startLedgerSpans(submitted)
-	results, errs := w.batcher.SubmitAll(ctx, items)
+	waitCtx, cancel := ledgerWait(ctx)
+	results, errs := w.batcher.SubmitAll(waitCtx, items)
+	cancel()
 	for i, r := range submitted {
 		if errs[i] != nil {
 			r.err = errs[i]
@@ -245,6 +247,24 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 	endLedgerSpans(ledgerSpans, results, errs)
 	w.forgiveContention(ctx, runs)
 	return w.finish(runs)
+}
+
+// ledgerWaitMargin is how long before its task's deadline a run stops
+// waiting for the ledger, at most (a quarter of what is left when it
+// submits, if less).
+const ledgerWaitMargin = 5 * time.Second
+
+// ledgerWait bounds a run's wait for the ledger to a little before the
+// task's deadline. asynq, once the deadline passes, retries the task
+// spending its budget, whatever the run returns, and a last run
+// dead-letters: ended first, the wait returns an outage (the Batcher's
+// Refuse), which spends none, and the run has time to say so.
+func ledgerWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, deadline.Add(-min(ledgerWaitMargin, time.Until(deadline)/4)))
 }
 
 // startEventSpan starts the span of one event's run in the worker, in the
@@ -421,7 +441,8 @@ func (w *Worker) finish(runs []eventRun) error {
 // task back (a graceful stop requeues it) or lost its lease, and the next
 // run decides; if asynq archived it instead, stale recovery still finds
 // the event 'enqueued'. The task's own timeout (DeadlineExceeded) spends
-// the budget like any transient error.
+// the budget like any transient error, but a wait for the ledger ends
+// before it, as an outage (ledgerWait).
 //
 // An outage (ErrUnavailable) is retried whatever the count: it never
 // spends the budget, so it cannot exhaust it either (see paymentTask for
