@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,7 +111,30 @@ func (b *Batcher) Run(ctx context.Context) {
 	b.engine.Close()
 }
 
-func (b *Batcher) run(batch []*request) {
+// run is the engine's commit: every call is answered, so how the batch
+// ended is no one else's business here.
+func (b *Batcher) run(batch []*request) { _ = b.commit(batch) }
+
+// commit applies a batch, answers every call of it, and returns how the
+// batch's transaction ended (nil: committed).
+func (b *Batcher) commit(batch []*request) error {
+	// A caller that stopped waiting (its task's ledger wait ran out while
+	// batches ahead were stuck) has retried as an outage: its call is not
+	// committed, nor its copies piling up behind a long lock.
+	if gone := slices.IndexFunc(batch, func(r *request) bool { return r.Ctx.Err() != nil }); gone >= 0 {
+		live := slices.Clone(batch[:gone])
+		for _, r := range batch[gone:] {
+			if err := r.Ctx.Err(); err != nil {
+				r.Answer(postgres.LedgerResult{}, payment.Unavailable("ledger wait", err))
+				continue
+			}
+			live = append(live, r)
+		}
+		if len(live) == 0 {
+			return nil
+		}
+		batch = live
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	items := make([]postgres.LedgerItem, len(batch))
@@ -125,25 +149,32 @@ func (b *Batcher) run(batch []*request) {
 		for i, r := range batch {
 			r.Answer(results[i], nil)
 		}
-		return
+		return nil
 	}
 	if errors.Is(err, payment.ErrRetryable) && !errors.Is(err, payment.ErrUnavailable) {
 		if groups := byUser(batch); len(groups) > 1 {
 			// Most likely a row held elsewhere (lock timeout): it must
 			// not hold back the users whose rows are free, whose events
 			// would otherwise share its every retry. One transaction per
-			// user, so a held user costs one lock timeout.
-			for _, group := range groups {
-				b.run(group)
+			// user, so a held user costs one lock timeout. A group that
+			// meets an outage (the ledger stopped answering: statements
+			// prepared again wait on a table lock without a lock timeout,
+			// for the batch's whole bound) ends the rest with it, which
+			// would each wait as long.
+			for i, group := range groups {
+				if err := b.commit(group); errors.Is(err, payment.ErrUnavailable) {
+					for _, rest := range groups[i+1:] {
+						answerAll(rest, err)
+					}
+					break
+				}
 			}
-			return
+			return err
 		}
 	}
 	if errors.Is(err, payment.ErrRetryable) || errors.Is(err, payment.ErrUnavailable) || len(batch) == 1 {
-		for _, r := range batch {
-			r.Answer(postgres.LedgerResult{}, err)
-		}
-		return
+		answerAll(batch, err)
+		return err
 	}
 	// An unexpected error: isolate the event that causes it by running
 	// each one alone, so one poison event cannot fail its neighbours.
@@ -154,6 +185,13 @@ func (b *Batcher) run(batch []*request) {
 			continue
 		}
 		r.Answer(results[0], nil)
+	}
+	return err
+}
+
+func answerAll(batch []*request, err error) {
+	for _, r := range batch {
+		r.Answer(postgres.LedgerResult{}, err)
 	}
 }
 
