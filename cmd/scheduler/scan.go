@@ -127,7 +127,7 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 		}
 	}
 	if s.Traces {
-		if err := probeTraces(ctx, clients, unreachable, log); err != nil {
+		if err := probeTraces(ctx, clients, networks, unreachable, log); err != nil {
 			clients.Close()
 			return nil, err
 		}
@@ -167,18 +167,24 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 }
 
 // probeTraces refuses SCAN_TRACES=on unless every reachable network's
-// endpoint serves debug_traceBlockByNumber: a flag that silently found
-// nothing would be worse. An endpoint unreachable at start is not held
-// against the scheduler (it does more than scan); its passes fail, naming
-// SCAN_TRACES, if it turns out to lack the debug API.
-func probeTraces(ctx context.Context, clients finality.Clients, unreachable []string, log zerolog.Logger) error {
+// endpoint serves debug_traceBlockByNumber, and debug_traceBlockByHash
+// under a policy whose passes trace the blocks they read by hash (see
+// scan.TracesByHash): a flag that silently found nothing would be worse.
+// An endpoint unreachable at start is not held against the scheduler (it
+// does more than scan); its passes fail, naming SCAN_TRACES, if it turns
+// out to lack the debug API.
+func probeTraces(ctx context.Context, clients finality.Clients, networks []scan.Network, unreachable []string, log zerolog.Logger) error {
+	byHash := map[string]bool{}
+	for _, n := range networks {
+		byHash[n.Name] = scan.TracesByHash(n.Policy)
+	}
 	for name, client := range clients {
 		if slices.Contains(unreachable, name) {
 			log.Warn().Str("network", name).Msg("SCAN_TRACES=on: endpoint unreachable at start; whether it serves traces is learnt at its first pass")
 			continue
 		}
 		probeCtx, cancel := context.WithTimeout(ctx, scanStartTimeout)
-		err := client.ProbeTraces(probeCtx)
+		err := client.ProbeTraces(probeCtx, byHash[name])
 		cancel()
 		if errors.Is(err, chain.ErrTracesUnsupported) {
 			return fmt.Errorf("SCAN_TRACES=on: %s: %w; set SCAN_TRACES=off or use an endpoint with the debug API", name, err)

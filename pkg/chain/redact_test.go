@@ -175,7 +175,7 @@ func TestErrorPageEchoingTheEndpointHidesItsSecrets(t *testing.T) {
 		"blocks":   func(c *Client) error { _, err := c.Blocks(ctx, []uint64{1, 2}); return err },
 		"statuses": func(c *Client) error { _, err := c.ReceiptStatuses(ctx, []MinedTx{tx}); return err },
 		"traces":   func(c *Client) error { _, err := c.InternalTransfers(ctx, []uint64{1, 2}); return err },
-		"probe":    func(c *Client) error { return c.ProbeTraces(ctx) },
+		"probe":    func(c *Client) error { return c.ProbeTraces(ctx, true) },
 		"logs": func(c *Client) error {
 			_, err := c.ContractTransferLogs(ctx, 1, 2, []string{"0x" + strings.Repeat("11", 20)}, 10)
 			return err
@@ -205,7 +205,7 @@ func TestErrorPageEchoingTheEndpointHidesItsSecrets(t *testing.T) {
 		}
 	}
 	srv.mode.Store("nomethod")
-	require.ErrorIs(t, dial(t, 0).ProbeTraces(ctx), ErrTracesUnsupported, "a code is still read through the redaction")
+	require.ErrorIs(t, dial(t, 0).ProbeTraces(ctx, true), ErrTracesUnsupported, "a code is still read through the redaction")
 	_, err := dial(t, 0).InternalTransfers(ctx, []uint64{1})
 	require.ErrorIs(t, err, ErrTracesUnsupported)
 	srv.mode.Store("logslimit")

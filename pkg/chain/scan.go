@@ -36,6 +36,9 @@ const (
 	MethodBlock      = methodBlock
 	MethodReceipt    = methodReceipt
 	MethodTraceBlock = "debug_traceBlockByNumber"
+	// MethodTraceBlockByHash traces the very block a pass read (see
+	// InternalTransfersAt).
+	MethodTraceBlockByHash = "debug_traceBlockByHash"
 )
 
 // ErrLogsLimit: the node refused an eth_getLogs as too large (too many
@@ -44,14 +47,18 @@ const (
 // answered.
 var ErrLogsLimit = errors.New("eth_getLogs answer over a limit")
 
-// ErrTracesUnsupported: the endpoint does not serve debug_traceBlockByNumber.
-var ErrTracesUnsupported = errors.New("the endpoint does not serve debug_traceBlockByNumber (SCAN_TRACES=on needs a node with the debug API)")
+// ErrTracesUnsupported: the endpoint does not serve debug_traceBlockByNumber
+// (or debug_traceBlockByHash, where asked).
+var ErrTracesUnsupported = errors.New("the endpoint does not serve debug_traceBlockByNumber or debug_traceBlockByHash (SCAN_TRACES=on needs a node with the debug API)")
 
 // TransferLog is an ERC-20 Transfer log found by a scan.
 type TransferLog struct {
 	Transfer
 	TxHash      string
 	BlockNumber uint64
+	// BlockHash names the block the node read the log from ("" if it sent
+	// none): behind a balancer, maybe not the block a pass read there.
+	BlockHash string
 }
 
 // BlockTx is a transaction's own value movement.
@@ -227,10 +234,14 @@ func (c *Client) filterTransfers(ctx context.Context, q ethereum.FilterQuery, lo
 			if !okFrom || !okTo || !okValue {
 				continue
 			}
-			out = append(out, TransferLog{
+			tl := TransferLog{
 				Transfer: Transfer{Contract: strings.ToLower(l.Address.Hex()), From: fromAddr, To: toAddr, Value: value, LogIndex: l.Index},
 				TxHash:   strings.ToLower(l.TxHash.Hex()), BlockNumber: l.BlockNumber,
-			})
+			}
+			if l.BlockHash != (common.Hash{}) {
+				tl.BlockHash = strings.ToLower(l.BlockHash.Hex())
+			}
+			out = append(out, tl)
 		}
 		return nil
 	})
@@ -405,8 +416,10 @@ func receiptStatus(raw json.RawMessage, tx MinedTx) (uint64, error) {
 }
 
 // ProbeTraces asks debug_traceBlockByNumber about the latest block with
-// the call tracer: ErrTracesUnsupported when the endpoint does not serve it.
-func (c *Client) ProbeTraces(ctx context.Context) error {
+// the call tracer, and with byHash debug_traceBlockByHash too (about a
+// hash no block has: any answer but "no such method" says it is served):
+// ErrTracesUnsupported when the endpoint does not serve them.
+func (c *Client) ProbeTraces(ctx context.Context, byHash bool) error {
 	var raw json.RawMessage
 	err := c.call(ctx, MethodTraceBlock, func(ctx context.Context) error {
 		err := c.rpc.CallContext(ctx, &raw, MethodTraceBlock, "latest", map[string]any{"tracer": "callTracer"})
@@ -416,6 +429,19 @@ func (c *Client) ProbeTraces(ctx context.Context) error {
 		}
 		return err
 	})
+	if err == nil && byHash {
+		err = c.call(ctx, MethodTraceBlockByHash, func(ctx context.Context) error {
+			err := c.rpc.CallContext(ctx, &raw, MethodTraceBlockByHash, common.Hash{}.Hex(), map[string]any{"tracer": "callTracer"})
+			var rpcErr rpc.Error
+			if errors.As(err, &rpcErr) {
+				if rpcErr.ErrorCode() == rpcMethodNotFound {
+					return ErrTracesUnsupported
+				}
+				return nil // "block not found": the method is there
+			}
+			return err
+		})
+	}
 	if errors.Is(err, ErrTracesUnsupported) {
 		return ErrTracesUnsupported
 	}

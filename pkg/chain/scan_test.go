@@ -72,6 +72,7 @@ func TestScanCalls(t *testing.T) {
 	require.Equal(t, token, logs[0].Contract)
 	require.Equal(t, "7000000", logs[0].Value.String())
 	require.Equal(t, tokenTx.BlockNumber, logs[0].BlockNumber)
+	require.Equal(t, tokenTx.BlockHash, logs[0].BlockHash, "the block the log was read from")
 
 	blocks, err := client.Blocks(ctx, []uint64{ethTx.BlockNumber, reverted.BlockNumber})
 	require.NoError(t, err)
@@ -107,7 +108,7 @@ func TestScanCalls(t *testing.T) {
 	require.Error(t, err, "an inverted range")
 
 	// Dev chains serve traces now: TestTracesUnsupported has one without.
-	require.NoError(t, client.ProbeTraces(ctx))
+	require.NoError(t, client.ProbeTraces(ctx, true))
 }
 
 // FuzzFullBlock: a node's eth_getBlockByNumber answer never panics the

@@ -40,8 +40,10 @@ const (
 type InternalTransfer struct {
 	TxHash      string
 	BlockNumber uint64
-	To          string // lowercase 0x
-	Value       *big.Int
+	// BlockHash: the block traced, when traced by hash (InternalTransfersAt).
+	BlockHash string
+	To        string // lowercase 0x
+	Value     *big.Int
 	// TraceAddress is the frame as Alchemy's typeTraceAddress names it:
 	// the call type, then the Parity trace address ("CALL_0_1": the
 	// second call of the first call of the transaction), in whichever
@@ -89,15 +91,49 @@ func precompile(to string) bool {
 // debug_traceBlockByNumber with the call tracer and returns the internal
 // transfers in them, in block and trace order.
 func (c *Client) InternalTransfers(ctx context.Context, numbers []uint64) ([]InternalTransfer, error) {
-	if len(numbers) > TraceBatchMax {
-		return nil, payment.Invalid("%d blocks traced in one batch, at most %d", len(numbers), TraceBatchMax)
-	}
-	raws := make([]json.RawMessage, len(numbers))
-	elems := make([]rpc.BatchElem, len(numbers))
+	args := make([]any, len(numbers))
 	for i, n := range numbers {
-		elems[i] = rpc.BatchElem{Method: MethodTraceBlock, Args: []any{hexutil.EncodeUint64(n), map[string]any{"tracer": "callTracer"}}, Result: &raws[i]}
+		args[i] = hexutil.EncodeUint64(n)
 	}
-	err := c.batch(ctx, MethodTraceBlock, elems)
+	return c.traceBlocks(ctx, MethodTraceBlock, args, numbers, nil)
+}
+
+// BlockID names a block read: its number and hash.
+type BlockID struct {
+	Number uint64
+	Hash   string
+}
+
+// InternalTransfersAt is InternalTransfers for the blocks of these
+// hashes, with debug_traceBlockByHash: a node without one of the blocks
+// (on another branch) errs rather than trace the block it has at that
+// height, so what is found is in the blocks named.
+func (c *Client) InternalTransfersAt(ctx context.Context, blocks []BlockID) ([]InternalTransfer, error) {
+	args := make([]any, len(blocks))
+	numbers := make([]uint64, len(blocks))
+	hashes := make([]string, len(blocks))
+	for i, b := range blocks {
+		hash, err := parseHex(b.Hash, hashHexLength, "block hash")
+		if err != nil {
+			return nil, payment.Invalid("trace of block %d %q: %v", b.Number, b.Hash, err)
+		}
+		args[i], numbers[i], hashes[i] = hash, b.Number, hash
+	}
+	return c.traceBlocks(ctx, MethodTraceBlockByHash, args, numbers, hashes)
+}
+
+// traceBlocks traces one batch, the blocks named by args (numbers, or
+// hashes: then given too).
+func (c *Client) traceBlocks(ctx context.Context, method string, args []any, numbers []uint64, hashes []string) ([]InternalTransfer, error) {
+	if len(args) > TraceBatchMax {
+		return nil, payment.Invalid("%d blocks traced in one batch, at most %d", len(args), TraceBatchMax)
+	}
+	raws := make([]json.RawMessage, len(args))
+	elems := make([]rpc.BatchElem, len(args))
+	for i, a := range args {
+		elems[i] = rpc.BatchElem{Method: method, Args: []any{a, map[string]any{"tracer": "callTracer"}}, Result: &raws[i]}
+	}
+	err := c.batch(ctx, method, elems)
 	var rpcErr rpc.Error
 	if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == rpcMethodNotFound {
 		return nil, ErrTracesUnsupported
@@ -109,7 +145,12 @@ func (c *Client) InternalTransfers(ctx context.Context, numbers []uint64) ([]Int
 	for i, number := range numbers {
 		found, err := ParseBlockTraces(raws[i], number)
 		if err != nil {
-			return nil, payment.Unavailable("chain "+MethodTraceBlock, fmt.Errorf("block %d: %w", number, err))
+			return nil, payment.Unavailable("chain "+method, fmt.Errorf("block %d: %w", number, err))
+		}
+		if hashes != nil {
+			for j := range found {
+				found[j].BlockHash = hashes[i]
+			}
 		}
 		out = append(out, found...)
 	}

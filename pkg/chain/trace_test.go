@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // TestInternalTransfers: the dev chain's forwarder moves ETH by contract
@@ -37,7 +38,7 @@ func TestInternalTransfers(t *testing.T) {
 	}
 	var balance string
 	require.NoError(t, client.rpc.CallContext(ctx, &balance, "eth_getBalance", to, "latest"))
-	require.NoError(t, client.ProbeTraces(ctx), "past genesis, which no node traces")
+	require.NoError(t, client.ProbeTraces(ctx, true), "past genesis, which no node traces")
 	require.Equal(t, "0xc", balance, "5 direct and 7 nested reached the recipient; the reverted 11 did not")
 
 	all, err := client.InternalTransfers(ctx, []uint64{direct.BlockNumber, reverted.BlockNumber, nested.BlockNumber})
@@ -84,6 +85,25 @@ func TestInternalTransfers(t *testing.T) {
 
 	_, err = client.InternalTransfers(ctx, make([]uint64, TraceBatchMax+1))
 	require.Error(t, err)
+
+	// By hash: the same transfers, each naming the block traced; a hash
+	// the node has no block for (another branch's) is an error, never the
+	// trace of the block it has at that height.
+	at := []BlockID{{Number: direct.BlockNumber, Hash: direct.BlockHash}, {Number: nested.BlockNumber, Hash: nested.BlockHash}}
+	byHash, err := client.InternalTransfersAt(ctx, at)
+	require.NoError(t, err)
+	var gotAt []InternalTransfer
+	for _, tr := range byHash {
+		if tr.To == to {
+			gotAt = append(gotAt, tr)
+		}
+	}
+	require.Equal(t, []InternalTransfer{
+		{TxHash: direct.Hash, BlockNumber: direct.BlockNumber, BlockHash: direct.BlockHash, To: to, Value: big.NewInt(5), TraceAddress: "CALL_0"},
+		{TxHash: nested.Hash, BlockNumber: nested.BlockNumber, BlockHash: nested.BlockHash, To: to, Value: big.NewInt(7), TraceAddress: "CALL_0_0"},
+	}, gotAt)
+	_, err = client.InternalTransfersAt(ctx, []BlockID{{Number: direct.BlockNumber, Hash: "0x" + strings.Repeat("ab", 32)}})
+	require.ErrorIs(t, err, payment.ErrUnavailable, "no such block")
 }
 
 // TestTracesUnsupported: a node without the debug API is told apart from
@@ -96,8 +116,10 @@ func TestTracesUnsupported(t *testing.T) {
 	client, err := Dial(ctx, ch.URL(), ClientOptions{})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
-	require.ErrorIs(t, client.ProbeTraces(ctx), ErrTracesUnsupported)
+	require.ErrorIs(t, client.ProbeTraces(ctx, true), ErrTracesUnsupported)
 	_, err = client.InternalTransfers(ctx, []uint64{0})
+	require.ErrorIs(t, err, ErrTracesUnsupported)
+	_, err = client.InternalTransfersAt(ctx, []BlockID{{Number: 1, Hash: "0x" + strings.Repeat("ab", 32)}})
 	require.ErrorIs(t, err, ErrTracesUnsupported)
 }
 

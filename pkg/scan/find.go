@@ -95,6 +95,9 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 	var tokens, native []postgres.NewEvent
 	var blocks []chain.Block
 	read := readLogs{present: map[blockContract]bool{}, verified: map[uint64]bool{}}
+	if f.blocks {
+		read.from = map[chain.BlockID]bool{} // see logsOnBlocks
+	}
 	filtered := addrs.complete && len(addrs.sorted) <= f.filteredMax
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() (err error) {
@@ -112,6 +115,11 @@ func (f finder) find(ctx context.Context, r span, addrs addressSet) ([]postgres.
 	if err := g.Wait(); err != nil {
 		return nil, nil, err
 	}
+	if f.blocks {
+		if err := f.logsOnBlocks(r, blocks, &read); err != nil {
+			return nil, nil, err
+		}
+	}
 	if err := f.checkLogs(ctx, blocks, tokens, addrs, filtered, &read); err != nil {
 		return nil, nil, err
 	}
@@ -125,17 +133,48 @@ type blockContract struct {
 }
 
 // readLogs is what a pass's eth_getLogs answers held: which contracts
-// had a Transfer log in which block, and the blocks read whole by
-// recipient (too busy for the contracts-only query).
+// had a Transfer log in which block, the blocks they named (when the
+// pass links its blocks), and the blocks read whole by recipient (too
+// busy for the contracts-only query).
 type readLogs struct {
 	present  map[blockContract]bool
 	verified map[uint64]bool
+	from     map[chain.BlockID]bool
 }
 
 func (r *readLogs) add(logs []chain.TransferLog) {
 	for _, l := range logs {
 		r.present[blockContract{l.BlockNumber, l.Contract}] = true
+		if r.from != nil {
+			r.from[chain.BlockID{Number: l.BlockNumber, Hash: l.BlockHash}] = true
+		}
 	}
+}
+
+// logsOnBlocks holds the range's eth_getLogs answers to the blocks the
+// pass read (and links into one chain): every log must name the block
+// read at its height. Behind a balancer the logs can come from a backend
+// on another branch of a fork: their deposits are not on the chain the
+// pass records, and a block's Transfer of a token there would stand in
+// checkLogs for the logs of the block read, whose deposits would then be
+// passed for good. So the pass fails and runs again. Every log names its
+// block: no call.
+func (f finder) logsOnBlocks(r span, blocks []chain.Block, read *readLogs) error {
+	for at := range read.from {
+		if at.Number < r.from || at.Number > r.to {
+			continue // outside the range: never made a deposit
+		}
+		i := at.Number - r.from
+		if i >= uint64(len(blocks)) || blocks[i].Number != at.Number {
+			return fmt.Errorf("scan %s: block %d of a log not among the blocks read", f.network, at.Number)
+		}
+		if at.Hash != blocks[i].Hash {
+			return payment.Unavailable("scan "+f.network, fmt.Errorf(
+				"eth_getLogs answered logs of block %d %s, the block read there is %s: backends on different branches; the pass runs again",
+				at.Number, cmp.Or(at.Hash, "(no block hash)"), blocks[i].Hash))
+		}
+	}
+	return nil
 }
 
 // checkLogs holds the range's eth_getLogs answers to the blocks' own

@@ -14,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/chain/devchain"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -26,21 +28,64 @@ import (
 // branchProxy is a balancer over two backends on two branches of a fork:
 // the block reads inside batches (the scanner's) are answered by a
 // backend still on the old branch, for the blocks recorded from it before
-// the fork; everything else, header reads among it, by the node, on the
-// new branch.
+// the fork; so are the range log reads once its logs are recorded
+// (recordLogs), and the traces by number of the blocks whose traces are
+// (recordTraces); everything else, header reads and reads by hash among
+// it, by the node, on the new branch.
 type branchProxy struct {
 	target string
 	server *httptest.Server
 	mu     sync.Mutex
 	old    map[string]json.RawMessage // eth_getBlockByNumber(n, true) by hex n
+	logs   []json.RawMessage          // the old branch's logs; nil: none recorded
+	traces map[string]json.RawMessage // debug_traceBlockByNumber(n) by hex n
 }
 
 func newBranchProxy(t *testing.T, target string) *branchProxy {
 	t.Helper()
-	p := &branchProxy{target: target, old: map[string]json.RawMessage{}}
+	p := &branchProxy{target: target, old: map[string]json.RawMessage{}, traces: map[string]json.RawMessage{}}
 	p.server = httptest.NewServer(p)
 	t.Cleanup(p.server.Close)
 	return p
+}
+
+// call asks the node one method and answers its result.
+func (p *branchProxy) call(t *testing.T, method string, params ...any) json.RawMessage {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	require.NoError(t, err)
+	answer, err := p.forward(context.Background(), body)
+	require.NoError(t, err)
+	var r struct {
+		Result json.RawMessage
+		Error  json.RawMessage
+	}
+	require.NoError(t, json.Unmarshal(answer, &r))
+	require.Empty(t, r.Error, "%s", answer)
+	return r.Result
+}
+
+// recordLogs keeps the node's logs of blocks from through to as the old
+// branch's: range log reads are answered from them from now on.
+func (p *branchProxy) recordLogs(t *testing.T, from, to uint64) {
+	t.Helper()
+	var logs []json.RawMessage
+	require.NoError(t, json.Unmarshal(p.call(t, "eth_getLogs", map[string]any{"fromBlock": fmt.Sprintf("0x%x", from), "toBlock": fmt.Sprintf("0x%x", to)}), &logs))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.logs = append([]json.RawMessage{}, logs...)
+}
+
+// recordTraces keeps the node's traces of blocks from through to as the
+// old branch's.
+func (p *branchProxy) recordTraces(t *testing.T, from, to uint64) {
+	t.Helper()
+	for n := from; n <= to; n++ {
+		raw := p.call(t, "debug_traceBlockByNumber", fmt.Sprintf("0x%x", n), map[string]any{"tracer": "callTracer"})
+		p.mu.Lock()
+		p.traces[fmt.Sprintf("0x%x", n)] = raw
+		p.mu.Unlock()
+	}
 }
 
 type branchRequest struct {
@@ -71,6 +116,8 @@ func (p *branchProxy) catchUp() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.old = map[string]json.RawMessage{}
+	p.logs = nil
+	p.traces = map[string]json.RawMessage{}
 }
 
 func (p *branchProxy) forward(ctx context.Context, body []byte) ([]byte, error) {
@@ -105,7 +152,7 @@ func (p *branchProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		out, err = json.Marshal(answers)
 	} else {
-		out, err = p.forward(r.Context(), body)
+		out, err = p.answerSingle(r.Context(), body)
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
@@ -122,15 +169,101 @@ func (p *branchProxy) answer(ctx context.Context, elem json.RawMessage) (json.Ra
 		return nil, err
 	}
 	var number string
-	if req.Method == "eth_getBlockByNumber" && len(req.Params) > 0 && json.Unmarshal(req.Params[0], &number) == nil {
+	if len(req.Params) > 0 && json.Unmarshal(req.Params[0], &number) == nil {
 		p.mu.Lock()
-		old, ok := p.old[strings.ToLower(number)]
+		var old json.RawMessage
+		var ok bool
+		switch req.Method {
+		case "eth_getBlockByNumber":
+			old, ok = p.old[strings.ToLower(number)]
+		case "debug_traceBlockByNumber":
+			old, ok = p.traces[strings.ToLower(number)]
+		}
 		p.mu.Unlock()
 		if ok {
 			return json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": old})
 		}
 	}
 	return p.forward(ctx, elem)
+}
+
+// answerSingle answers a call alone: a range log read from the old
+// branch's logs if recorded, anything else by the node.
+func (p *branchProxy) answerSingle(ctx context.Context, body []byte) ([]byte, error) {
+	var req branchRequest
+	var filter struct {
+		FromBlock, ToBlock string
+		BlockHash          string
+		Address            json.RawMessage
+		Topics             []json.RawMessage
+	}
+	if json.Unmarshal(body, &req) != nil || req.Method != "eth_getLogs" || len(req.Params) != 1 ||
+		json.Unmarshal(req.Params[0], &filter) != nil || filter.BlockHash != "" {
+		return p.forward(ctx, body)
+	}
+	p.mu.Lock()
+	logs := p.logs
+	p.mu.Unlock()
+	if logs == nil {
+		return p.forward(ctx, body)
+	}
+	from, err1 := hexutil.DecodeUint64(filter.FromBlock)
+	to, err2 := hexutil.DecodeUint64(filter.ToBlock)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("branch proxy: range %q..%q", filter.FromBlock, filter.ToBlock)
+	}
+	out := []json.RawMessage{}
+	for _, raw := range logs {
+		var l struct {
+			Address     string
+			BlockNumber string
+			Topics      []string
+		}
+		if err := json.Unmarshal(raw, &l); err != nil {
+			return nil, err
+		}
+		n, err := hexutil.DecodeUint64(l.BlockNumber)
+		if err != nil {
+			return nil, err
+		}
+		if n >= from && n <= to && matchesAny(filter.Address, l.Address) && matchesTopics(filter.Topics, l.Topics) {
+			out = append(out, raw)
+		}
+	}
+	return json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": out})
+}
+
+// matchesAny: a filter's position (null, one value, or a list) admits v.
+func matchesAny(position json.RawMessage, v string) bool {
+	if len(position) == 0 || string(position) == "null" {
+		return true
+	}
+	var values []string
+	if json.Unmarshal(position, &values) != nil {
+		var one string
+		if json.Unmarshal(position, &one) != nil {
+			return false
+		}
+		values = []string{one}
+	}
+	for _, w := range values {
+		if strings.EqualFold(w, v) {
+			return true
+		}
+	}
+	return false
+}
+
+func matchesTopics(filter []json.RawMessage, topics []string) bool {
+	for i, position := range filter {
+		if len(position) == 0 || string(position) == "null" {
+			continue
+		}
+		if i >= len(topics) || !matchesAny(position, topics[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestCursorPassReadsOneBranch: under confirmations:2, a fork deeper than
@@ -303,4 +436,221 @@ func TestLinkNeedsEveryParent(t *testing.T) {
 	blocks[1].ParentHash = h(1)
 	require.NoError(t, s.link(context.Background(), Network{Name: "ETH_MAINNET"}, &claim, blocks))
 	require.Equal(t, h(2), claim.ToHash)
+}
+
+// branchFixture is a dev scan fixture whose scanner, under
+// confirmations:2, reads through a branchProxy.
+type branchFixture struct {
+	*devScanFixture
+	proxy   *branchProxy
+	n       Network
+	scanner *Scanner
+	reg     *prometheus.Registry
+}
+
+func newBranchFixture(t *testing.T, ctx context.Context, network string, registered []string, opts Options) *branchFixture {
+	t.Helper()
+	f := newDevScanFixture(t, ctx, network, registered)
+	proxy := newBranchProxy(t, f.ch.URL())
+	client, err := chain.Dial(ctx, proxy.server.URL, chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	policy, err := chain.ConfirmationsPolicy(2)
+	require.NoError(t, err)
+	n := Network{Name: network, RPC: client, Policy: policy}
+	reg := prometheus.NewRegistry()
+	opts.Store, opts.Owner, opts.Registerer, opts.Networks, opts.Log = f.db, "dev-scan", reg, []Network{n}, zerolog.Nop()
+	return &branchFixture{devScanFixture: f, proxy: proxy, n: n, scanner: New(opts), reg: reg}
+}
+
+func (b *branchFixture) drain(t *testing.T, ctx context.Context) {
+	t.Helper()
+	for more, passes := true, 0; more; passes++ {
+		require.Less(t, passes, 100)
+		var err error
+		more, err = b.scanner.CursorPass(ctx, b.n)
+		require.NoError(t, err)
+	}
+}
+
+func (b *branchFixture) stored(t *testing.T, ctx context.Context, id string) int {
+	t.Helper()
+	var k int
+	require.NoError(t, b.conn.QueryRow(ctx, `SELECT count(*) FROM payment_events WHERE event_id = $1`, id).Scan(&k))
+	return k
+}
+
+// branches starts the cursor, then mines the old branch (old, from the
+// block the next pass starts at, then pass+2 blocks) and returns that
+// block; record keeps what the lagging backend answers from it; then the
+// fork, from the block below, mines the new branch (fresh, from that
+// block, then past the old head).
+func (b *branchFixture) branches(t *testing.T, ctx context.Context, pass int, old, record, fresh func(first uint64)) uint64 {
+	t.Helper()
+	require.NoError(t, b.ch.CommitBlocks(ctx, 3))
+	start, err := b.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.db.InitScanCursor(ctx, b.n.Name, start+1))
+	require.NoError(t, b.ch.CommitBlocks(ctx, 4))
+	b.drain(t, ctx)
+	first, _, _, err := b.db.ScanCursor(ctx, b.n.Name)
+	require.NoError(t, err)
+	_, err = b.ch.ForkAt(ctx, first-1) // the block the next pass starts at is mined again
+	require.NoError(t, err)
+	old(first)
+	require.NoError(t, b.ch.CommitBlocks(ctx, pass+2))
+	record(first)
+	oldHead, err := b.ch.ForkAt(ctx, first-1)
+	require.NoError(t, err)
+	fresh(first)
+	head, err := b.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, int(oldHead-head)+1))
+	return first
+}
+
+// TestCursorPassLogsFromTheBlocksBranch: under confirmations:2 a fork
+// deeper than the policy mines, in the first block of the next pass's
+// range, a token deposit the old branch has not; the old branch has
+// another transfer of the token in that block. Behind a balancer, the
+// pass's eth_getLogs is answered by a backend still on the old branch,
+// its blocks by the node on the new one. The logs do not name the blocks
+// read, so the pass fails and runs again, and the new branch's deposit is
+// stored; the old branch's is not. (Taken as they came, the old branch's
+// transfer stood for the block's, its bloom was not asked about, and the
+// cursor passed the new branch's deposit for good.)
+func TestCursorPassLogsFromTheBlocksBranch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d1c"
+	const pass = 6
+	b := newBranchFixture(t, ctx, network, []string{to}, Options{BlocksMax: pass, ReorgRescan: 16})
+	token, _, err := b.ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	_, err = b.conn.Exec(ctx, `INSERT INTO assets (code, network, contract_address, decimals) VALUES ('TOK', $1, $2, 6)`, network, token)
+	require.NoError(t, err)
+	second := b.ch.Accounts()[1].Address
+	_, err = b.ch.TransferToken(ctx, 0, token, second, big.NewInt(1_000_000_000))
+	require.NoError(t, err)
+
+	var oldTx, newTx string
+	first := b.branches(t, ctx, pass,
+		func(first uint64) {
+			tx, err := b.ch.TransferToken(ctx, 1, token, to, big.NewInt(3_000_000))
+			require.NoError(t, err)
+			require.Equal(t, first, tx.BlockNumber)
+			oldTx = tx.Hash
+		},
+		func(first uint64) { b.proxy.recordLogs(t, first, first+pass+1) },
+		func(first uint64) {
+			tx, err := b.ch.TransferToken(ctx, 0, token, to, big.NewInt(5_000_000))
+			require.NoError(t, err)
+			require.Equal(t, first, tx.BlockNumber)
+			newTx = tx.Hash
+		})
+	idOf := func(tx string) string {
+		return payment.Transfer{Network: network, TxHash: tx, Index: payment.LogIndexTransfer(0)}.EventID()
+	}
+
+	_, passErr := b.scanner.CursorPass(ctx, b.n)
+	next, _, _, err := b.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	b.proxy.catchUp()
+	b.drain(t, ctx)
+	require.Equal(t, 1, b.stored(t, ctx, idOf(newTx)), "the new branch's deposit in block %d is stored", first)
+	require.Zero(t, b.stored(t, ctx, idOf(oldTx)), "the old branch's is not")
+	require.ErrorIs(t, passErr, payment.ErrUnavailable)
+	require.ErrorContains(t, passErr, "eth_getLogs answered logs of block")
+	require.ErrorContains(t, passErr, "backends on different branches")
+	require.Equal(t, first, next, "the cursor stayed")
+}
+
+// TestCursorPassTracesTheBlocksRead: under SCAN_TRACES=on and
+// confirmations:2 a fork deeper than the policy mines an internal
+// transfer to a registered address in the first block of the next pass's
+// range. The backend answering traces by number is still on the old
+// branch; the blocks come from the new one. The pass traces the blocks it
+// read by their hashes, so the transfer is found. (Traced by number, the
+// old branch's block answered, with nothing in it, and the cursor passed
+// the transfer for good.)
+func TestCursorPassTracesTheBlocksRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d1d"
+	const pass = 6
+	b := newBranchFixture(t, ctx, network, []string{to}, Options{BlocksMax: pass, ReorgRescan: 16, Traces: true})
+	forwarder, _, err := b.ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+
+	var forward string
+	first := b.branches(t, ctx, pass,
+		func(uint64) {
+			_, err := b.ch.SendETH(ctx, 1, "0x00000000000000000000000000000000000f0d1d", big.NewInt(1e15))
+			require.NoError(t, err)
+		},
+		func(first uint64) { b.proxy.recordTraces(t, first, first+pass+1) },
+		func(first uint64) {
+			tx, err := b.ch.SendForward(ctx, 0, forwarder, to, big.NewInt(1e15), devchain.ForwardDirect)
+			require.NoError(t, err)
+			require.Equal(t, first, tx.BlockNumber)
+			forward = tx.Hash
+		})
+	id := payment.Transfer{Network: network, TxHash: forward, Index: payment.TraceTransfer("CALL_0")}.EventID()
+
+	b.drain(t, ctx)
+	next, _, _, err := b.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.Greater(t, next, first, "the cursor passed the block")
+	require.Equal(t, 1, b.stored(t, ctx, id), "the internal transfer the fork mined in block %d is stored", first)
+	require.Positive(t, counterValue(t, b.reg, "settle_scan_rpc_calls_total", chain.MethodTraceBlockByHash))
+	require.Zero(t, counterValue(t, b.reg, "settle_scan_rpc_calls_total", chain.MethodTraceBlock))
+}
+
+// TestRescanPassLinksItsBlocks: under confirmations:2 a rescan's range is
+// split by a fork deeper than the policy: its lower blocks are answered
+// by a backend still on the old branch, the rest by the node on the new
+// one, which holds a deposit in the range's first block. The blocks do
+// not link: the pass fails and runs again, and the deposit is stored.
+// (Unlinked, the job read the old branch's first block, found nothing,
+// and ended done.)
+func TestRescanPassLinksItsBlocks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d1e"
+	const pass = 6
+	b := newBranchFixture(t, ctx, network, []string{to}, Options{BlocksMax: pass, ReorgRescan: 16})
+	require.NoError(t, b.ch.CommitBlocks(ctx, 3))
+	base, err := b.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, pass+2))
+	b.proxy.record(t, base+1, base+3)
+	oldHead, err := b.ch.ForkAt(ctx, base)
+	require.NoError(t, err)
+	deposit, err := b.ch.QueueETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, int(oldHead-base)+1))
+	receipt, err := b.client.Receipt(ctx, deposit)
+	require.NoError(t, err)
+	require.Equal(t, base+1, receipt.BlockNumber)
+	id := payment.Transfer{Network: network, TxHash: deposit, Index: payment.TransferNative}.EventID()
+	job, err := b.db.CreateRescan(ctx, "rescan_branches", network, base+1, base+pass, "test")
+	require.NoError(t, err)
+
+	_, passErr := b.scanner.RescanPass(ctx, b.n)
+	storedFirst := b.stored(t, ctx, id)
+	b.proxy.catchUp()
+	for did := true; did; {
+		did, err = b.scanner.RescanPass(ctx, b.n)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, b.stored(t, ctx, id), "the deposit the fork mined in block %d is stored", base+1)
+	require.ErrorIs(t, passErr, payment.ErrUnavailable)
+	require.ErrorContains(t, passErr, "backends on different branches")
+	require.Zero(t, storedFirst)
+	var state string
+	require.NoError(t, b.conn.QueryRow(ctx, `SELECT status FROM rescan_jobs WHERE id = $1`, job.ID).Scan(&state))
+	require.Equal(t, "done", state)
 }

@@ -383,7 +383,31 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 // replace blocks the cursor passed, or is about to pass; under finalized
 // nothing can.
 func (s *Scanner) links(n Network) bool {
-	return n.Policy.Kind() != chain.Finalized
+	return linksBlocks(n.Policy)
+}
+
+func linksBlocks(p chain.Policy) bool { return p.Kind() != chain.Finalized }
+
+// chained checks that blocks are r's, in order, each the parent of the
+// next: what one branch holds.
+func chained(n Network, r span, blocks []chain.Block) error {
+	for i, b := range blocks {
+		if b.Number != r.from+uint64(i) {
+			return fmt.Errorf("scan %s: block %d read where block %d was due", n.Name, b.Number, r.from+uint64(i))
+		}
+		if b.ParentHash == "" {
+			return fmt.Errorf("scan %s: block %d read without its parentHash, which the pass needs to link its blocks", n.Name, b.Number)
+		}
+		if i > 0 && b.ParentHash != blocks[i-1].Hash {
+			return payment.Unavailable("scan "+n.Name, fmt.Errorf(
+				"block %d (parent %s) does not follow block %d (%s) as read: backends on different branches; the pass runs again",
+				b.Number, b.ParentHash, blocks[i-1].Number, blocks[i-1].Hash))
+		}
+	}
+	if uint64(len(blocks)) != r.to-r.from+1 {
+		return fmt.Errorf("scan %s: %d blocks read of %d..%d", n.Name, len(blocks), r.from, r.to)
+	}
+	return nil
 }
 
 // link holds the blocks a cursor pass read (From through To, in order)
@@ -402,21 +426,8 @@ func (s *Scanner) links(n Network) bool {
 // parent recorded, so it is asked once. No call of its own: each block
 // read names its parent.
 func (s *Scanner) link(ctx context.Context, n Network, claim *postgres.ScanClaim, blocks []chain.Block) error {
-	for i, b := range blocks {
-		if b.Number != claim.From+uint64(i) {
-			return fmt.Errorf("scan %s: block %d read where block %d was due", n.Name, b.Number, claim.From+uint64(i))
-		}
-		if b.ParentHash == "" {
-			return fmt.Errorf("scan %s: block %d read without its parentHash, which the pass needs to link its blocks", n.Name, b.Number)
-		}
-		if i > 0 && b.ParentHash != blocks[i-1].Hash {
-			return payment.Unavailable("scan "+n.Name, fmt.Errorf(
-				"block %d (parent %s) does not follow block %d (%s) as read: backends on different branches; the pass runs again",
-				b.Number, b.ParentHash, blocks[i-1].Number, blocks[i-1].Hash))
-		}
-	}
-	if uint64(len(blocks)) != claim.To-claim.From+1 {
-		return fmt.Errorf("scan %s: %d blocks read of %d..%d", n.Name, len(blocks), claim.From, claim.To)
+	if err := chained(n, span{claim.From, claim.To}, blocks); err != nil {
+		return err
 	}
 	if below := blocks[0].ParentHash; s.opts.ReorgRescan >= 0 && claim.LastHash != "" && claim.From > 0 && below != claim.LastHash {
 		from := uint64(0)
@@ -479,7 +490,14 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 	}
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()
-	events, _, err := s.read(ctx, n, r, job.Address, traceID, false)
+	// Under confirmations:N and none a fork can split a rescan's range
+	// between branches too: its blocks are linked, as a cursor pass's
+	// (there is no hash below a job's range to hold them to).
+	linked := s.links(n)
+	events, blocks, err := s.read(ctx, n, r, job.Address, traceID, linked)
+	if err == nil && linked {
+		err = chained(n, r, blocks)
+	}
 	if errors.Is(err, payment.ErrInvalid) {
 		// A range the node or settle can never read (not an outage): the
 		// job ends failed, saying why, instead of retrying forever.

@@ -3,6 +3,7 @@ package scan
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/payment"
@@ -13,7 +14,13 @@ import (
 // besides RPC; *chain.Client implements it.
 type TraceRPC interface {
 	InternalTransfers(ctx context.Context, numbers []uint64) ([]chain.InternalTransfer, error)
+	InternalTransfersAt(ctx context.Context, blocks []chain.BlockID) ([]chain.InternalTransfer, error)
 }
+
+// TracesByHash tells whether passes under p trace the blocks they read by
+// hash (debug_traceBlockByHash; see internalEvents): where their blocks
+// are linked into one chain.
+func TracesByHash(p chain.Policy) bool { return linksBlocks(p) }
 
 // errNoTraceRPC: Options.Traces with a node client that cannot trace.
 var errNoTraceRPC = errors.New("scan traces: the network's rpc client cannot trace blocks")
@@ -25,7 +32,7 @@ func (s *Scanner) findAll(ctx context.Context, f finder, r span, addrs addressSe
 	if err != nil || !s.opts.Traces || len(addrs.sorted) == 0 {
 		return events, blocks, err
 	}
-	internal, err := f.internalEvents(ctx, r, addrs)
+	internal, err := f.internalEvents(ctx, r, addrs, blocks)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -36,8 +43,12 @@ func (s *Scanner) findAll(ctx context.Context, f finder, r span, addrs addressSe
 // blocks (one debug_traceBlockByNumber per block) and makes the deposit
 // of each internal transfer to a registered address whose transaction's
 // receipt says success: the index is the one Alchemy's internal activity
-// gives (trace:<typeTraceAddress>), so the two make one event.
-func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet) ([]postgres.NewEvent, error) {
+// gives (trace:<typeTraceAddress>), so the two make one event. A pass
+// that links its blocks (f.blocks: read, the range's, in order) traces
+// each by its hash instead, and asks its receipts by that hash: traced
+// by number, a backend on another branch of a fork would answer its own
+// block there, and a transfer the block read holds would never be found.
+func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet, blocks []chain.Block) ([]postgres.NewEvent, error) {
 	asset, ok := f.registry.Native(f.network)
 	if !ok {
 		return nil, nil
@@ -58,8 +69,14 @@ func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet) ([
 		for n := start; n <= end; n++ {
 			numbers = append(numbers, n)
 		}
-		found, err := tracer.InternalTransfers(ctx, numbers)
-		f.count(chain.MethodTraceBlock, len(numbers))
+		var found []chain.InternalTransfer
+		var err error
+		if f.blocks {
+			found, err = f.traceAt(ctx, tracer, r, blocks, numbers)
+		} else {
+			found, err = tracer.InternalTransfers(ctx, numbers)
+			f.count(chain.MethodTraceBlock, len(numbers))
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -82,7 +99,7 @@ func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet) ([
 		for _, cand := range candidates[c[0]:c[1]] {
 			if !seen[cand.transfer.TxHash] {
 				seen[cand.transfer.TxHash] = true
-				txs = append(txs, chain.MinedTx{Hash: cand.transfer.TxHash, BlockNumber: cand.transfer.BlockNumber})
+				txs = append(txs, chain.MinedTx{Hash: cand.transfer.TxHash, BlockHash: cand.transfer.BlockHash, BlockNumber: cand.transfer.BlockNumber})
 			}
 		}
 		statuses, err := f.rpc.ReceiptStatuses(ctx, txs)
@@ -101,4 +118,19 @@ func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet) ([
 		}
 	}
 	return out, nil
+}
+
+// traceAt traces the blocks read at these numbers by their hashes.
+func (f finder) traceAt(ctx context.Context, tracer TraceRPC, r span, blocks []chain.Block, numbers []uint64) ([]chain.InternalTransfer, error) {
+	at := make([]chain.BlockID, 0, len(numbers))
+	for _, n := range numbers {
+		i := n - r.from
+		if i >= uint64(len(blocks)) || blocks[i].Number != n {
+			return nil, fmt.Errorf("scan %s: block %d to trace not among the blocks read", f.network, n)
+		}
+		at = append(at, chain.BlockID{Number: n, Hash: blocks[i].Hash})
+	}
+	found, err := tracer.InternalTransfersAt(ctx, at)
+	f.count(chain.MethodTraceBlockByHash, len(at))
+	return found, err
 }
