@@ -33,8 +33,8 @@ const (
 	// Reverted: the transaction failed (receipt status 0).
 	Reverted VerdictState = "reverted"
 	// Mismatch: a token deposit whose receipt has no matching Transfer
-	// log, or a native deposit whose transaction pays someone else or
-	// another amount.
+	// log, a native deposit whose transaction pays someone else or
+	// another amount, or an internal one whose trace frame does not.
 	Mismatch VerdictState = "mismatch"
 )
 
@@ -76,8 +76,8 @@ type Deposit struct {
 	Amount *big.Int
 	// Internal marks native value moved by a contract call inside the
 	// transaction (a provider's "internal" transfer), which neither the
-	// transaction nor its receipt shows: only status and finality are
-	// checked for it.
+	// transaction nor its receipt shows: the transaction's call trace is
+	// checked for it (see CheckerOptions.InternalStatusOnly).
 	Internal bool
 	// Index is the transfer the deposit names (a decimal log index,
 	// "native", or "trace:<address>"); empty: any matching transfer.
@@ -155,12 +155,17 @@ type CheckerOptions struct {
 	// Network namespaces the cache keys: a transaction hash names a
 	// transaction on one chain only.
 	Network string
+	// InternalStatusOnly credits an internal transfer on its receipt's
+	// status and finality alone, without its trace: the operator's
+	// explicit choice for a node without the debug API.
+	InternalStatusOnly bool
 }
 
 // Checker decides deposits against the chain.
 type Checker struct {
-	client *Client
-	cache  *finalityCache
+	client             *Client
+	cache              *finalityCache
+	internalStatusOnly bool
 }
 
 // NewChecker builds a Checker on a Client.
@@ -175,7 +180,8 @@ func NewChecker(client *Client, opts CheckerOptions) *Checker {
 		opts.RedisRetryAfter = BreakerRedisRetryAfterDefault
 	}
 	return &Checker{
-		client: client,
+		client:             client,
+		internalStatusOnly: opts.InternalStatusOnly,
 		cache: &finalityCache{
 			rdb: opts.Redis, redis: &redisLatch{period: opts.RedisRetryAfter},
 			finalTTL: opts.FinalTTL, notFinalTTL: opts.NotFinalTTL,
@@ -314,10 +320,14 @@ func (c *Checker) offChain(ctx context.Context, r *Receipt) (string, error) {
 // checkValue holds a native deposit about to be credited against the
 // transaction itself: the receipt shows a token's Transfer logs but not
 // where a transaction's own value went, nor how much it was. The answer
-// is kept in r, so a cached final receipt carries it.
+// is kept in r, so a cached final receipt carries it. An internal
+// deposit is held against its trace (checkTrace).
 func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdict) (Verdict, error) {
-	if v.State != Credit || d.Token != "" || d.Internal {
+	if v.State != Credit || d.Token != "" {
 		return v, nil
+	}
+	if d.Internal {
+		return c.checkTrace(ctx, d, v)
 	}
 	if r.TxValue == nil {
 		tx, err := c.client.Transaction(ctx, d.TxHash)
@@ -348,6 +358,61 @@ func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdi
 	}
 	if v.State != Credit {
 		v.Transfers = nil
+	}
+	return v, nil
+}
+
+// checkTrace holds an internal deposit about to be credited against the
+// transaction's call trace, numbered as the scanner numbers it: the frame
+// its index names must be a CALL that neither failed nor lies under a
+// frame that did, paying one of the recipients (else an address of the
+// owner) exactly the amount. A provider's report is not the chain's word.
+func (c *Checker) checkTrace(ctx context.Context, d Deposit, v Verdict) (Verdict, error) {
+	if c.internalStatusOnly {
+		return v, nil
+	}
+	address, _ := payment.TraceAddress(d.Index)
+	mismatch := func(format string, args ...any) (Verdict, error) {
+		v.State, v.Reason, v.Transfers = Mismatch, fmt.Sprintf(format, args...), nil
+		return v, nil
+	}
+	typ, path, ok := parseTraceAddress(address)
+	switch {
+	case !ok:
+		return mismatch("transfer %s names no call inside the transaction", d.Index)
+	case typ != "CALL":
+		return mismatch("transfer %s names a %s, which moves no ETH to its recipient", d.Index, typ)
+	}
+	call, found, err := c.client.TracedCallAt(ctx, d.TxHash, path)
+	if err != nil {
+		return Verdict{}, err
+	}
+	switch {
+	case !found:
+		return mismatch("the transaction's call trace has no frame %s", address)
+	case call.Type != "CALL":
+		return mismatch("frame %s of the transaction's call trace is a %s, not a CALL", address, call.Type)
+	case call.Failed != "":
+		return mismatch("the call at %s was rolled back (%s): it moved nothing", address, call.Failed)
+	case call.To == "":
+		return mismatch("the call at %s names no recipient", address)
+	}
+	recipients := d.Recipients
+	if len(recipients) == 0 && d.Owner != nil {
+		owned, err := d.Owner.Owned(ctx, []string{call.To})
+		if err != nil {
+			return Verdict{}, err
+		}
+		if len(owned) == 0 {
+			return mismatch("the call at %s pays %s, which is not a deposit address of the user", address, call.To)
+		}
+		recipients = owned
+	}
+	switch {
+	case len(recipients) > 0 && !slices.Contains(recipients, call.To):
+		return mismatch("the call at %s pays %s, not %s", address, call.To, strings.Join(recipients, ", "))
+	case call.Value.Cmp(d.Amount) != 0:
+		return mismatch("the call at %s carries %s base units, the deposit says %s", address, call.Value, d.Amount)
 	}
 	return v, nil
 }
@@ -715,15 +780,15 @@ func (d Deposit) normalized() (Deposit, error) {
 			return Deposit{}, payment.Invalid("token deposit without a recipient address")
 		}
 	case d.Internal:
+		kind = "internal"
 		if !payment.InternalTransfer(d.Index) {
 			return Deposit{}, payment.Invalid("internal transfer without its trace address")
 		}
-		// The chain cannot show a trace address, so the claim is the index
-		// itself: in its one spelling, whatever a row stored before it says.
+		// The claim is the index in its one spelling, whatever a row
+		// stored before it says.
 		if out.Index, err = payment.ParseTransferIndex(d.Index); err != nil {
 			return Deposit{}, err
 		}
-		return out, nil
 	}
 	if d.Amount == nil || d.Amount.Sign() <= 0 {
 		return Deposit{}, payment.Invalid("%s deposit without a positive amount", kind)

@@ -295,11 +295,11 @@ func TestTokenDeposits(t *testing.T) {
 	// value is still checked.
 	require.Equal(t, Credit, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: amount}, policy).State)
 	require.Equal(t, Mismatch, check(t, w, Deposit{TxHash: plainETH.Hash, Amount: big.NewInt(1)}, policy).State)
-	// Value moved by a contract call inside a transaction is not in the
-	// transaction's own fields: status and finality only.
-	internal := check(t, w, Deposit{TxHash: good.Hash, Internal: true, Index: "trace:CALL_0"}, policy)
-	require.Equal(t, Credit, internal.State)
-	require.Equal(t, []string{"trace:call_0"}, internal.Transfers, "claimed in the one spelling every reporter derives")
+	// Value moved by a contract call is checked in the call trace (see
+	// TestInternalDeposits): the token's transfer makes no call below it.
+	internal := check(t, w, Deposit{TxHash: good.Hash, Internal: true, Index: "trace:CALL_0", Recipients: []string{deposit}, Amount: amount}, policy)
+	require.Equal(t, Mismatch, internal.State)
+	require.Equal(t, "the transaction's call trace has no frame call_0", internal.Reason)
 }
 
 func TestInvalidDeposits(t *testing.T) {

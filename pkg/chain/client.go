@@ -364,7 +364,7 @@ func (c *Client) call(ctx context.Context, method string, do func(ctx context.Co
 
 	o := outcomeSuccess
 	switch {
-	case err == nil, errors.Is(err, ErrReceiptNotFound), errors.Is(err, ErrTxIndexing):
+	case err == nil, errors.Is(err, ErrReceiptNotFound), errors.Is(err, ErrTxIndexing), errors.Is(err, ErrTxTraceUnsupported):
 	case ctx.Err() != nil:
 		o = outcomeIgnore
 	default:

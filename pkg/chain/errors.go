@@ -32,4 +32,9 @@ var (
 	// scan pass read its transaction in (a backend on another fork, or a
 	// reorg between the two reads). The pass runs again.
 	ErrOtherFork = errors.New("the receipt is from another block than the pass read")
+	// ErrTxTraceUnsupported: the endpoint does not serve
+	// debug_traceTransaction, without which an internal transfer cannot
+	// be checked. It is also payment.ErrUnavailable (the deposit waits);
+	// it does not count against the breaker (the node is up and answering).
+	ErrTxTraceUnsupported = fmt.Errorf("%w: the endpoint does not serve debug_traceTransaction, which checks an internal transfer (trace:)", payment.ErrUnavailable)
 )

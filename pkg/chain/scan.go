@@ -39,6 +39,8 @@ const (
 	// MethodTraceBlockByHash traces the very block a pass read (see
 	// InternalTransfersAt).
 	MethodTraceBlockByHash = "debug_traceBlockByHash"
+	// MethodTraceTx is the checker's, for an internal deposit.
+	MethodTraceTx = "debug_traceTransaction"
 )
 
 // ErrLogsLimit: the node refused an eth_getLogs as too large (too many

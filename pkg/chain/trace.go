@@ -1,17 +1,20 @@
 package chain
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
+	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -33,6 +36,8 @@ const (
 	traceDepthMax = 1025
 	// traceValueHexMax: 0x and 64 hex digits, a 256-bit word.
 	traceValueHexMax = 2 + 64
+	// traceErrorShownMax bounds a frame's error as a reason shows it.
+	traceErrorShownMax = 200
 )
 
 // InternalTransfer is ETH moved by a contract call: a nested CALL frame
@@ -172,40 +177,56 @@ func ParseBlockTraces(raw json.RawMessage, number uint64) ([]InternalTransfer, e
 	if err := json.Unmarshal(raw, &txs); err != nil {
 		return nil, fmt.Errorf("decode traces: %w", err)
 	}
-	w := traceWalk{number: number}
+	var (
+		out  []InternalTransfer
+		hash string
+	)
+	w := traceWalk{where: fmt.Sprintf("block %d", number), visit: func(f *callFrame, typ string, path []int, failed string) error {
+		if path == nil || failed != "" || typ != "CALL" {
+			return nil
+		}
+		t, ok, err := internalTransfer(f, typ, path)
+		if err != nil || !ok {
+			return err
+		}
+		t.TxHash, t.BlockNumber = hash, number
+		out = append(out, t)
+		return nil
+	}}
 	for i, tx := range txs {
 		if tx.TxHash == nil {
 			return nil, fmt.Errorf("trace %d lacks txHash", i)
 		}
-		hash, err := parseHex(*tx.TxHash, hashHexLength, "traced transaction hash")
-		if err != nil {
+		var err error
+		if hash, err = parseHex(*tx.TxHash, hashHexLength, "traced transaction hash"); err != nil {
 			return nil, err
 		}
 		if tx.Error != "" || tx.Result == nil {
 			// The node could not trace it: the block is not read whole.
 			return nil, fmt.Errorf("transaction %s not traced: %.200q", hash, tx.Error)
 		}
-		w.tx = hash
-		if err := w.frame(tx.Result, nil, 0, false); err != nil {
+		if err := w.frame(tx.Result, nil, 0, ""); err != nil {
 			return nil, fmt.Errorf("transaction %s: %w", hash, err)
 		}
 	}
-	return w.out, nil
+	return out, nil
 }
 
+// traceWalk numbers a trace's frames the one way every reporter does and
+// shows each to visit: its type in upper case, its path (nil: the
+// transaction's own frame), and the error of the first frame on its way
+// down that failed ("" if none did: what it moved stands).
 type traceWalk struct {
-	number uint64
-	tx     string
+	where  string // what is walked, for errors
 	frames int
-	out    []InternalTransfer
+	visit  func(f *callFrame, typ string, path []int, failed string) error
 }
 
-// frame visits f at path (nil: the transaction's own frame) and its
-// children; failed says a frame above it failed.
-func (w *traceWalk) frame(f *callFrame, path []int, depth int, failed bool) error {
+// frame visits f at path and its children.
+func (w *traceWalk) frame(f *callFrame, path []int, depth int, failed string) error {
 	w.frames++
 	if w.frames > traceFramesMax {
-		return fmt.Errorf("more than %d call frames in block %d", traceFramesMax, w.number)
+		return fmt.Errorf("more than %d call frames in %s", traceFramesMax, w.where)
 	}
 	if depth > traceDepthMax {
 		return fmt.Errorf("call frames deeper than %d", traceDepthMax)
@@ -214,11 +235,11 @@ func (w *traceWalk) frame(f *callFrame, path []int, depth int, failed bool) erro
 	if typ == "" || len(typ) > len("DELEGATECALL") {
 		return fmt.Errorf("call frame type %.40q", f.Type)
 	}
-	failed = failed || f.Error != ""
-	if path != nil && !failed && typ == "CALL" {
-		if err := w.transfer(f, typ, path); err != nil {
-			return err
-		}
+	if failed == "" && f.Error != "" {
+		failed = cmp.Or(logging.Cut(f.Error, traceErrorShownMax), "failed")
+	}
+	if err := w.visit(f, typ, path, failed); err != nil {
+		return err
 	}
 	index := 0
 	for i := range f.Calls {
@@ -237,37 +258,149 @@ func (w *traceWalk) frame(f *callFrame, path []int, depth int, failed bool) erro
 	return nil
 }
 
-func (w *traceWalk) transfer(f *callFrame, typ string, path []int) error {
-	if f.Value == nil || f.To == nil {
-		return nil // no value field: zero
+// frameValue is the value a frame carries (zero without a value field).
+func frameValue(f *callFrame) (*big.Int, error) {
+	if f.Value == nil {
+		return new(big.Int), nil
 	}
 	if len(*f.Value) > traceValueHexMax {
-		return fmt.Errorf("call value %.80q is longer than a 256-bit word", *f.Value)
+		return nil, fmt.Errorf("call value %.80q is longer than a 256-bit word", *f.Value)
 	}
 	value, err := hexutil.DecodeBig(*f.Value)
 	if err != nil {
-		return fmt.Errorf("call value %q: %w", *f.Value, err)
+		return nil, fmt.Errorf("call value %q: %w", *f.Value, err)
 	}
-	if value.Sign() <= 0 {
-		return nil
-	}
-	to, err := parseHex(*f.To, addressHexLength, "call recipient")
-	if err != nil {
-		return err
-	}
+	return value, nil
+}
+
+// traceAddressOf names a frame as Alchemy's typeTraceAddress does.
+func traceAddressOf(typ string, path []int) string {
 	var b strings.Builder
 	b.WriteString(typ)
 	for _, i := range path {
 		b.WriteByte('_')
 		b.WriteString(strconv.Itoa(i))
 	}
-	address := b.String()
+	return b.String()
+}
+
+// internalTransfer is the transfer a CALL frame makes, if it carries value.
+func internalTransfer(f *callFrame, typ string, path []int) (InternalTransfer, bool, error) {
+	if f.Value == nil || f.To == nil {
+		return InternalTransfer{}, false, nil // no value field: zero
+	}
+	value, err := frameValue(f)
+	if err != nil {
+		return InternalTransfer{}, false, err
+	}
+	if value.Sign() <= 0 {
+		return InternalTransfer{}, false, nil
+	}
+	to, err := parseHex(*f.To, addressHexLength, "call recipient")
+	if err != nil {
+		return InternalTransfer{}, false, err
+	}
+	address := traceAddressOf(typ, path)
 	if !payment.ValidTraceAddress(address) {
 		// Deeper than a transfer index can name (about 45 levels): no
 		// reporter's event can name it either (Alchemy's is refused as
 		// malformed). Failing the block would stop the scan for good.
-		return nil
+		return InternalTransfer{}, false, nil
 	}
-	w.out = append(w.out, InternalTransfer{TxHash: w.tx, BlockNumber: w.number, To: to, Value: value, TraceAddress: address})
-	return nil
+	return InternalTransfer{To: to, Value: value, TraceAddress: address}, true, nil
+}
+
+// TracedCall is the frame of one transaction's call trace that a trace
+// address names, as the chain shows it.
+type TracedCall struct {
+	Type  string   // upper case: CALL, DELEGATECALL, STATICCALL, CREATE...
+	To    string   // lowercase 0x; "" when the frame names none
+	Value *big.Int // zero when it carries none
+	// Failed is the error of the frame, or of the first frame above it,
+	// that failed ("" when none did): what it moved was rolled back.
+	Failed string
+}
+
+// parseTraceAddress splits a trace address ("call_0_1", either case) into
+// its call type in upper case and its path. ok is false unless it names a
+// frame below the transaction's own.
+func parseTraceAddress(address string) (typ string, path []int, ok bool) {
+	parts := strings.Split(address, "_")
+	if len(parts) < 2 || len(parts) > traceDepthMax+1 || parts[0] == "" {
+		return "", nil, false
+	}
+	for _, p := range parts[1:] {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || strconv.Itoa(n) != p {
+			return "", nil, false
+		}
+		path = append(path, n)
+	}
+	return strings.ToUpper(parts[0]), path, true
+}
+
+// ParseTransactionTrace reads a callTracer answer of debug_traceTransaction
+// and returns the frame at path, numbered as ParseBlockTraces numbers a
+// block's (calls to precompiles take no place); found is false when the
+// trace has no frame there.
+func ParseTransactionTrace(raw json.RawMessage, path []int) (call TracedCall, found bool, err error) {
+	if len(raw) > traceBlockBytesMax {
+		return TracedCall{}, false, fmt.Errorf("trace answer of %d bytes, at most %d", len(raw), traceBlockBytesMax)
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return TracedCall{}, false, errors.New("no trace")
+	}
+	var top callFrame
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return TracedCall{}, false, fmt.Errorf("decode trace: %w", err)
+	}
+	var at *callFrame
+	w := traceWalk{where: "the transaction", visit: func(f *callFrame, typ string, p []int, failed string) error {
+		if at == nil && p != nil && slices.Equal(p, path) {
+			at, call.Type, call.Failed = f, typ, failed
+		}
+		return nil
+	}}
+	if err := w.frame(&top, nil, 0, ""); err != nil {
+		return TracedCall{}, false, err
+	}
+	if at == nil {
+		return TracedCall{}, false, nil
+	}
+	if call.Value, err = frameValue(at); err != nil {
+		return TracedCall{}, false, err
+	}
+	if at.To != nil {
+		if call.To, err = parseHex(*at.To, addressHexLength, "call recipient"); err != nil {
+			return TracedCall{}, false, err
+		}
+	}
+	return call, true, nil
+}
+
+// TracedCallAt traces one transaction with the call tracer
+// (debug_traceTransaction) and returns the frame at path (see
+// ParseTransactionTrace). A node without the debug API answers
+// ErrTxTraceUnsupported.
+func (c *Client) TracedCallAt(ctx context.Context, txHash string, path []int) (TracedCall, bool, error) {
+	var raw json.RawMessage
+	err := c.call(ctx, MethodTraceTx, func(ctx context.Context) error {
+		err := c.rpc.CallContext(ctx, &raw, MethodTraceTx, txHash, map[string]any{"tracer": "callTracer"})
+		var rpcErr rpc.Error
+		if errors.As(err, &rpcErr) && rpcErr.ErrorCode() == rpcMethodNotFound {
+			return ErrTxTraceUnsupported
+		}
+		return err
+	})
+	if errors.Is(err, ErrTxTraceUnsupported) {
+		return TracedCall{}, false, ErrTxTraceUnsupported
+	}
+	if err != nil {
+		return TracedCall{}, false, err
+	}
+	call, found, err := ParseTransactionTrace(raw, path)
+	if err != nil {
+		return TracedCall{}, false, payment.Unavailable("chain "+MethodTraceTx, fmt.Errorf("transaction %s: %w", txHash, err))
+	}
+	return call, found, nil
 }

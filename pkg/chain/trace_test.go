@@ -1,12 +1,15 @@
 package chain
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain/devchain"
@@ -220,6 +223,146 @@ func FuzzBlockTraces(f *testing.F) {
 				!strings.HasPrefix(tr.TraceAddress, "CALL_") {
 				t.Fatalf("not a creditable internal transfer: %+v", tr)
 			}
+		}
+	})
+}
+
+// ownerOf is an AddressOwner that owns the addresses listed.
+type ownerOf []string
+
+func (o ownerOf) Owned(_ context.Context, addresses []string) ([]string, error) {
+	var out []string
+	for _, a := range addresses {
+		if slices.Contains(o, a) {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// TestInternalDeposits: an internal deposit is held against the
+// transaction's call trace, numbered as the scan numbers it. The frame it
+// names must be a CALL, not rolled back (nor under a frame that was),
+// paying the deposit's address (or one of the user's) exactly its amount;
+// anything else is a Mismatch saying what the trace shows.
+func TestInternalDeposits(t *testing.T) {
+	ctx := testContext(t)
+	ch := startChain(t)
+	w := newWorker(t, ch.URL(), workerOptions{})
+	forwarder, _, err := ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	const (
+		to    = "0x3333333333333333333333333333333333333333"
+		other = "0x4444444444444444444444444444444444444444"
+	)
+	direct, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(5), devchain.ForwardDirect)
+	require.NoError(t, err)
+	nested, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(7), devchain.ForwardNested)
+	require.NoError(t, err)
+	reverted, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(11), devchain.ForwardReverted)
+	require.NoError(t, err)
+	internal := func(tx devchain.Tx, index string, amount int64, recipients ...string) Deposit {
+		return Deposit{TxHash: tx.Hash, Internal: true, Index: index, Amount: big.NewInt(amount), Recipients: recipients}
+	}
+	policy := NonePolicy()
+
+	v := check(t, w, internal(direct, "trace:CALL_0", 5, to), policy)
+	require.Equal(t, Credit, v.State, v.Reason)
+	require.Equal(t, []string{"trace:call_0"}, v.Transfers, "claimed in the one spelling every reporter derives")
+	v = check(t, w, internal(nested, "trace:call_0_0", 7, to), policy)
+	require.Equal(t, Credit, v.State, v.Reason)
+	byOwner := internal(nested, "trace:call_0_0", 7)
+	byOwner.Owner = ownerOf{other, to}
+	require.Equal(t, Credit, check(t, w, byOwner, policy).State, "a registered address of the user")
+
+	byStranger := internal(nested, "trace:call_0_0", 7)
+	byStranger.Owner = ownerOf{other}
+	for name, tc := range map[string]struct {
+		d      Deposit
+		reason string
+	}{
+		"wrong amount":    {internal(direct, "trace:call_0", 6, to), "the call at call_0 carries 5 base units, the deposit says 6"},
+		"wrong recipient": {internal(direct, "trace:call_0", 5, other), "the call at call_0 pays " + to + ", not " + other},
+		"not the user's":  {byStranger, "the call at call_0_0 pays " + to + ", which is not a deposit address of the user"},
+		"a reverted frame": {internal(reverted, "trace:call_0", 11, forwarder),
+			"the call at call_0 was rolled back (execution reverted): it moved nothing"},
+		"under a reverted frame": {internal(reverted, "trace:call_0_0", 11, to),
+			"the call at call_0_0 was rolled back (execution reverted): it moved nothing"},
+		"no frame there":        {internal(direct, "trace:call_0_3", 5, to), "the transaction's call trace has no frame call_0_3"},
+		"no call at all":        {internal(direct, "trace:call_1", 5, to), "the transaction's call trace has no frame call_1"},
+		"the transaction's own": {internal(direct, "trace:call", 5, to), "transfer trace:call names no call inside the transaction"},
+		"another call type":     {internal(direct, "trace:delegatecall_0", 5, to), "transfer trace:delegatecall_0 names a DELEGATECALL, which moves no ETH to its recipient"},
+		"the native value":      {internal(nested, "trace:call_0", 7, to), "the call at call_0 pays " + forwarder + ", not " + to},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := check(t, w, tc.d, policy)
+			require.Equal(t, Mismatch, v.State)
+			require.Equal(t, tc.reason, v.Reason)
+			require.Empty(t, v.Transfers)
+		})
+	}
+
+	// Mined again in another block, the transaction keeps its credit only
+	// if the trace there still pays the deposit.
+	gone, err := w.checker.StillCanonical(ctx, internal(direct, "trace:call_0", 6, to), direct.BlockNumber, nested.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Gone, gone.State, gone.Reason)
+	moved, err := w.checker.StillCanonical(ctx, internal(direct, "trace:call_0", 5, to), direct.BlockNumber, nested.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Moved, moved.State, moved.Reason)
+
+	// Status-only checking is the operator's explicit choice.
+	statusOnly := NewChecker(w.client, CheckerOptions{InternalStatusOnly: true, NotFinalTTL: -1, Registerer: prometheus.NewRegistry()})
+	v, err = statusOnly.CheckDeposit(ctx, internal(direct, "trace:call_0", 6, other), policy)
+	require.NoError(t, err)
+	require.Equal(t, Credit, v.State)
+}
+
+// TestInternalDepositWithoutDebugAPI: a node without debug_traceTransaction
+// never lets an internal deposit through unchecked: the check answers
+// ErrTxTraceUnsupported (an unavailability: the deposit waits), which is
+// the node's answer, not an outage, so the breaker stays shut for every
+// other deposit of the network.
+func TestInternalDepositWithoutDebugAPI(t *testing.T) {
+	ctx := testContext(t)
+	ch, err := devchain.Serve(ctx, devchain.Options{Manual: true, NoTraces: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ch.Close()) })
+	w := newWorker(t, ch.URL(), workerOptions{})
+	forwarder, _, err := ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	const to = "0x3333333333333333333333333333333333333333"
+	direct, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(5), devchain.ForwardDirect)
+	require.NoError(t, err)
+	d := Deposit{TxHash: direct.Hash, Internal: true, Index: "trace:call_0", Amount: big.NewInt(5), Recipients: []string{to}}
+	for range BreakerErrorsMaxDefault + 1 {
+		_, err := w.checker.CheckDeposit(ctx, d, NonePolicy())
+		require.ErrorIs(t, err, ErrTxTraceUnsupported)
+		require.ErrorIs(t, err, payment.ErrUnavailable)
+	}
+	require.NoError(t, w.latest(ctx), "the breaker is shut: the node answered")
+}
+
+// FuzzTransactionTrace: a node's trace of a transaction never panics the
+// parser, and a frame it finds carries a value and, if any, a recipient
+// in their one spelling.
+func FuzzTransactionTrace(f *testing.F) {
+	f.Add([]byte(`{"type":"CALL","to":"0x9","value":"0x5","calls":[{"type":"CALL","to":"`+traceTo+`","value":"0x5"}]}`), "call_0")
+	f.Add([]byte(`{"type":"CALL","calls":[{"type":"STATICCALL","to":"0x0000000000000000000000000000000000000004"},{"type":"CALL","to":"`+traceTo+`","value":"0x5","error":"execution reverted","calls":[{"type":"CALL","to":"`+traceTo+`","value":"0x1"}]}]}`), "call_0_0")
+	f.Add([]byte(`{"type":"CALL","calls":[{"type":"DELEGATECALL","to":"`+traceTo+`"}]}`), "call_0")
+	f.Add([]byte(`null`), "call_0")
+	f.Fuzz(func(t *testing.T, raw []byte, address string) {
+		_, path, ok := parseTraceAddress(address)
+		if !ok {
+			return
+		}
+		call, found, err := ParseTransactionTrace(raw, path)
+		if err != nil || !found {
+			return
+		}
+		if call.Value == nil || call.Value.Sign() < 0 || call.Type == "" || (call.To != "" && len(call.To) != addressHexLength) ||
+			call.To != strings.ToLower(call.To) {
+			t.Fatalf("not a frame as the chain shows it: %+v", call)
 		}
 	})
 }

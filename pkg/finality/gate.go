@@ -133,7 +133,7 @@ func New(o Options) *Gate {
 	g := &Gate{
 		o: o,
 		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by network and verdict (credit, wait, reverted, mismatch, unavailable, reorged, not_found).",
+			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by network and verdict (credit, wait, reverted, mismatch, unavailable, untraced, reorged, not_found).",
 		}, []string{"network", "verdict"}),
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error).",
@@ -187,6 +187,17 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		})
 	}
 	verdict, network, err := g.verdict(ctx, e, state.ToAddress)
+	if errors.Is(err, chain.ErrTxTraceUnsupported) {
+		// Never credited unchecked: it waits for a node with the debug
+		// API, or for the operator to accept status-only checking.
+		g.verdicts.WithLabelValues(networkOf(e), "untraced").Inc()
+		note := fmt.Sprintf("%v; the deposit waits for an RPC with the debug API, or %s=status", err, InternalCheckSetting(networkOf(e)))
+		log.Warn().Err(err).Msg("internal deposit cannot be checked without the debug API; deposit waits")
+		g.o.Alerts.Raise("internal_deposit_untraced:"+networkOf(e), alert.Critical, "internal deposits wait: the network's RPC does not serve debug_traceTransaction", map[string]any{
+			"network": networkOf(e), "event_id": e.ID, "trace_id": e.TraceID, "tx_hash": e.TxHash, "setting": InternalCheckSetting(networkOf(e)),
+		})
+		return nil, g.park(ctx, e, state, postgres.Wait{RecheckIn: g.recheckAfter(state.Checks), Note: note})
+	}
 	if errors.Is(err, payment.ErrUnavailable) {
 		// The chain cannot be asked: wait, and do not count this against
 		// the finality timeout's outcome (it is decided on an answer).
@@ -414,8 +425,8 @@ func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string
 		if !asset.Native() {
 			return chain.Deposit{}, "", payment.Invalid("transfer %s moves the native coin, not %s", e.TransferIndex, asset.Code)
 		}
+		// Its trace frame's recipient is checked as a native one's.
 		d.Internal = true
-		return d, asset.Network, nil
 	}
 	if toAddress != "" {
 		d.Recipients = []string{toAddress}

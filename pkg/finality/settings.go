@@ -48,10 +48,25 @@ type NetworkSettings struct {
 	Name   string
 	RPCURL string // "" without an RPC
 	Policy chain.Policy
+	// InternalStatusOnly (INTERNAL_TRANSFER_CHECK_<NETWORK>=status)
+	// credits internal transfers without their trace.
+	InternalStatusOnly bool
 }
 
 // RPCSetting names the setting of a network's RPC endpoint.
 func RPCSetting(network string) string { return "RPC_URL_" + network }
+
+// The values of INTERNAL_TRANSFER_CHECK: an internal transfer is checked
+// against the transaction's call trace, or (the operator's explicit
+// choice, for a node without the debug API) by status and finality alone.
+const (
+	InternalCheckTrace  = "trace"
+	InternalCheckStatus = "status"
+	internalCheckName   = "INTERNAL_TRANSFER_CHECK"
+)
+
+// InternalCheckSetting names a network's INTERNAL_TRANSFER_CHECK.
+func InternalCheckSetting(network string) string { return internalCheckName + "_" + network }
 
 // NetworksMax bounds NETWORKS: each network costs a client, a breaker
 // and a cache per process.
@@ -117,8 +132,10 @@ func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 	// Every network's default is DEPOSIT_FINALITY, never another network's
 	// override (s.Policy becomes ETH_MAINNET's below).
 	base := s.Policy
+	internalCheck := env.OneOf(internalCheckName, InternalCheckTrace, InternalCheckTrace, InternalCheckStatus)
 	for _, name := range ReadNetworks(env) {
 		n := NetworkSettings{Name: name, Policy: config.Parse(env, "DEPOSIT_FINALITY_"+name, base, chain.ParsePolicy)}
+		n.InternalStatusOnly = env.OneOf(InternalCheckSetting(name), internalCheck, InternalCheckTrace, InternalCheckStatus) == InternalCheckStatus
 		if name == payment.DefaultNetwork {
 			n.RPCURL, s.Policy = s.RPCURL, n.Policy
 		} else {
@@ -288,7 +305,9 @@ func NewOnClients(s Settings, d Deps, clients Clients) *Gate {
 			reg = prometheus.WrapRegistererWith(prometheus.Labels{"network": n.Name}, d.Registerer)
 		}
 		networks[n.Name] = NetworkChain{
-			Chain:  chain.NewChecker(client, chain.CheckerOptions{Redis: d.Redis, Registerer: reg, NotFinalTTL: s.HintTTL, Network: n.Name}),
+			Chain: chain.NewChecker(client, chain.CheckerOptions{
+				Redis: d.Redis, Registerer: reg, NotFinalTTL: s.HintTTL, Network: n.Name, InternalStatusOnly: n.InternalStatusOnly,
+			}),
 			Policy: n.Policy,
 		}
 	}

@@ -83,3 +83,31 @@ func TestGateKnowsEachNetworksRPC(t *testing.T) {
 	require.False(t, gate.HasRPC("OPT_MAINNET"), "not enabled")
 	require.True(t, finality.NewRechecker(gate, nil).HasRPC("ETH_MAINNET"))
 }
+
+// TestInternalTransferCheckSetting: internal transfers are checked against
+// their trace unless the operator says status, for every network
+// (INTERNAL_TRANSFER_CHECK) or one (INTERNAL_TRANSFER_CHECK_<NETWORK>).
+func TestInternalTransferCheckSetting(t *testing.T) {
+	statusOnly := func(vars map[string]string) map[string]bool {
+		t.Helper()
+		vars["NETWORKS"], vars["DEPOSIT_FINALITY"] = "ETH_MAINNET,BASE_MAINNET", "none"
+		env := config.FromMap(vars)
+		s := finality.ReadSettings(env, true)
+		require.NoError(t, env.Err())
+		out := map[string]bool{}
+		for _, n := range s.Networks {
+			out[n.Name] = n.InternalStatusOnly
+		}
+		return out
+	}
+	require.Equal(t, map[string]bool{"ETH_MAINNET": false, "BASE_MAINNET": false}, statusOnly(map[string]string{}))
+	require.Equal(t, map[string]bool{"ETH_MAINNET": false, "BASE_MAINNET": true},
+		statusOnly(map[string]string{"INTERNAL_TRANSFER_CHECK_BASE_MAINNET": "status"}))
+	require.Equal(t, map[string]bool{"ETH_MAINNET": false, "BASE_MAINNET": true},
+		statusOnly(map[string]string{"INTERNAL_TRANSFER_CHECK": "status", "INTERNAL_TRANSFER_CHECK_ETH_MAINNET": "trace"}))
+	for _, name := range []string{"INTERNAL_TRANSFER_CHECK", "INTERNAL_TRANSFER_CHECK_ETH_MAINNET"} {
+		env := config.FromMap(map[string]string{"DEPOSIT_FINALITY": "none", name: "none"})
+		finality.ReadSettings(env, true)
+		require.ErrorContains(t, env.Err(), name)
+	}
+}

@@ -77,6 +77,9 @@ func ParseTransferIndex(s string) (string, error) {
 // call, which neither the transaction nor its receipt shows.
 func InternalTransfer(index string) bool { return strings.HasPrefix(index, transferTracePrefix) }
 
+// TraceAddress is the trace address an internal transfer's index names.
+func TraceAddress(index string) (string, bool) { return strings.CutPrefix(index, transferTracePrefix) }
+
 // LogIndex returns the log index an index names, if it names one.
 func LogIndex(index string) (uint64, bool) {
 	if index == "" || index == TransferNative || strings.Contains(index, ":") {

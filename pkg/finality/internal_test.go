@@ -1,0 +1,211 @@
+package finality_test
+
+import (
+	"context"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/chain"
+	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/finality"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// internalFixture is the worker's gate under the policy none over a dev
+// chain with the forwarder (ETH moved by contract call) and real
+// PostgreSQL: every internal deposit is decided on its first check.
+type internalFixture struct {
+	t         *testing.T
+	ctx       context.Context
+	ch        *devchain.Chain
+	db        *postgres.DB
+	conn      *pgx.Conn
+	gate      *finality.Gate
+	alerts    *alerts
+	reg       *prometheus.Registry
+	forwarder string
+	to        string // account 1, user 1's deposit address
+}
+
+func newInternalFixture(t *testing.T, noTraces bool) *internalFixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	ch, err := devchain.Serve(ctx, devchain.Options{Manual: true, NoTraces: noTraces})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	client, err := chain.Dial(ctx, ch.URL(), chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	to := ch.Accounts()[1].Address
+	_, err = db.AddDepositAddress(ctx, payment.DefaultNetwork, to, 1)
+	require.NoError(t, err)
+	assets, err := db.Assets(ctx)
+	require.NoError(t, err)
+	forwarder, _, err := ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	f := &internalFixture{t: t, ctx: ctx, ch: ch, db: db, conn: conn, alerts: &alerts{}, reg: prometheus.NewRegistry(), forwarder: forwarder, to: to}
+	f.gate = finality.New(finality.Options{
+		Store: db, Chain: chain.NewChecker(client, chain.CheckerOptions{Registerer: prometheus.NewRegistry(), NotFinalTTL: -1, Network: payment.DefaultNetwork}),
+		Assets: assets, Policy: chain.NonePolicy(), Timeout: time.Hour, RecheckFirst: time.Millisecond, RecheckMax: time.Millisecond,
+		Alerts: f.alerts, Log: zerolog.Nop(), Registerer: f.reg,
+	})
+	return f
+}
+
+// forward sends eth ETH through the forwarder to to, as how says.
+func (f *internalFixture) forward(to string, eth string, how devchain.Forward) devchain.Tx {
+	f.t.Helper()
+	wei := decimal.RequireFromString(eth).Shift(18).BigInt()
+	tx, err := f.ch.SendForward(f.ctx, 0, f.forwarder, to, wei, how)
+	require.NoError(f.t, err)
+	require.Equal(f.t, uint64(1), tx.Status)
+	return tx
+}
+
+// report stores the internal deposit a provider reports: amount eth to
+// toAddress ("" names none) by the frame at index.
+func (f *internalFixture) report(id string, tx devchain.Tx, index, eth, toAddress string) {
+	f.t.Helper()
+	e := payment.Event{ID: id, Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString(eth),
+		TxHash: tx.Hash, TraceID: "trace-" + id, Network: payment.DefaultNetwork, TransferIndex: index}
+	inserted, err := f.db.InsertEvent(f.ctx, postgres.NewEvent{Event: e, Source: postgres.SourcePayments, ToAddress: toAddress})
+	require.NoError(f.t, err)
+	require.True(f.t, inserted)
+}
+
+// checkAll claims the stored deposits and runs the gate on each: the
+// ones it hands to the ledger, by event id.
+func (f *internalFixture) checkAll(n int) map[string]*postgres.LedgerItem {
+	f.t.Helper()
+	credits := map[string]*postgres.LedgerItem{}
+	for seen := 0; seen < n; {
+		claimed, err := f.db.ClaimOutbox(f.ctx, 100, 100, postgres.TaskEventsMax)
+		require.NoError(f.t, err)
+		for _, c := range claimed {
+			credit, err := f.gate.Check(f.ctx, postgres.LedgerItem{Event: c.Event})
+			require.NoError(f.t, err)
+			if credit != nil {
+				credits[c.Event.ID] = credit
+			}
+			seen++
+		}
+		if len(claimed) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return credits
+}
+
+func (f *internalFixture) state(id string) (string, string) {
+	f.t.Helper()
+	var status, outcome, reason string
+	require.NoError(f.t, f.conn.QueryRow(f.ctx, `SELECT status, COALESCE(outcome, ''), COALESCE(error, '') FROM payment_events WHERE event_id = $1`, id).
+		Scan(&status, &outcome, &reason))
+	return status + "/" + outcome, reason
+}
+
+// TestInternalDepositsAgainstTheTrace: an internal deposit (trace:<a>) is
+// credited only when the call its index names pays the deposit: a
+// provider's report of another amount, recipient, a rolled-back call or a
+// frame the trace does not have ends failed/mismatch saying what the chain
+// shows, as a native deposit's would.
+func TestInternalDepositsAgainstTheTrace(t *testing.T) {
+	f := newInternalFixture(t, false)
+	other := f.ch.Accounts()[2].Address
+	direct := f.forward(f.to, "0.5", devchain.ForwardDirect)
+	nested := f.forward(f.to, "0.25", devchain.ForwardNested)
+	reverted := f.forward(f.to, "0.125", devchain.ForwardReverted)
+
+	f.report("good", direct, "trace:call_0", "0.5", f.to)
+	f.report("good-by-user", nested, "trace:call_0_0", "0.25", "")
+	f.report("amount", direct, "trace:call_0", "5", f.to)
+	f.report("recipient", nested, "trace:call_0_0", "0.25", other)
+	f.report("reverted", reverted, "trace:call_0_0", "0.125", f.to)
+	f.report("no-frame", direct, "trace:call_0_1", "0.5", f.to)
+	credits := f.checkAll(6)
+
+	require.Len(t, credits, 2)
+	require.Contains(t, credits, "good")
+	require.Contains(t, credits, "good-by-user")
+	require.Equal(t, []string{"trace:call_0"}, credits["good"].Chain.Transfers)
+	require.Equal(t, []string{"trace:call_0_0"}, credits["good-by-user"].Chain.Transfers)
+	_, err := f.db.ApplyBatch(f.ctx, []postgres.LedgerItem{*credits["good"], *credits["good-by-user"]}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+
+	for id, want := range map[string]string{
+		"amount":    "the call at call_0 carries 500000000000000000 base units, the deposit says 5000000000000000000",
+		"recipient": "the call at call_0_0 pays " + f.to + ", not " + other,
+		"reverted":  "the call at call_0_0 was rolled back (execution reverted): it moved nothing",
+		"no-frame":  "the transaction's call trace has no frame call_0_1",
+	} {
+		status, reason := f.state(id)
+		require.Equal(t, "failed/mismatch", status, id)
+		require.Equal(t, want, reason, id)
+	}
+	for _, id := range []string{"good", "good-by-user"} {
+		status, _ := f.state(id)
+		require.Equal(t, "confirmed/success", status, id)
+	}
+	testenv.RequireInvariants(t, f.db)
+}
+
+// TestInternalDepositWithoutDebugAPI: on a node without the debug API an
+// internal deposit is never credited unchecked: it waits in
+// awaiting_finality saying why and what to do, counted as untraced and
+// alerted, while a native deposit of the same network is credited.
+func TestInternalDepositWithoutDebugAPI(t *testing.T) {
+	f := newInternalFixture(t, true)
+	direct := f.forward(f.to, "0.5", devchain.ForwardDirect)
+	native, err := f.ch.SendETH(f.ctx, 0, f.to, big.NewInt(1e18))
+	require.NoError(t, err)
+	f.report("internal", direct, "trace:call_0", "0.5", f.to)
+	f.report("native", native, "", "1", f.to)
+	credits := f.checkAll(2)
+	require.Len(t, credits, 1)
+	require.NotNil(t, credits["native"], "the breaker stayed shut: the node answered")
+
+	status, note := f.state("internal")
+	require.Equal(t, "awaiting_finality/", status)
+	require.Contains(t, note, "does not serve debug_traceTransaction")
+	require.Contains(t, note, "INTERNAL_TRANSFER_CHECK_ETH_MAINNET=status")
+	require.Contains(t, f.alerts.raised(), "internal_deposit_untraced:ETH_MAINNET")
+	require.Equal(t, map[string]float64{"credit": 1, "untraced": 1}, f.verdicts())
+}
+
+// verdicts reads settle_finality_checks_total by verdict.
+func (f *internalFixture) verdicts() map[string]float64 {
+	f.t.Helper()
+	families, err := f.reg.Gather()
+	require.NoError(f.t, err)
+	out := map[string]float64{}
+	for _, family := range families {
+		if family.GetName() != "settle_finality_checks_total" {
+			continue
+		}
+		for _, m := range family.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "verdict" {
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
