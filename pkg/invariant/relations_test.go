@@ -411,6 +411,44 @@ func TestCheckerCatchesPayoutClaimOnAnotherNetwork(t *testing.T) {
 	requireOK(t, db)
 }
 
+// A post is on its hold's network. One stored under another network
+// (the api copies the hold's) is checked and claimed there by the ledger,
+// consistently with itself, and settles the hold with a payment on a
+// chain the hold does not pay out on. A post naming no network is its
+// asset's, as the ledger reads it.
+func TestCheckerCatchesPostOnAnotherNetwork(t *testing.T) {
+	db, conn := holdFixture(t)
+	ctx := context.Background()
+	var holdNetwork string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT network FROM holds WHERE hold_id = 'h1'`).Scan(&holdNetwork))
+	require.Equal(t, "ETH_MAINNET", holdNetwork)
+	tx := "0xef10000000000000000000000000000000000000000000000000000000000000"
+	_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH",
+		Amount: decimal.RequireFromString("3"), HoldID: "h1", TxHash: tx, Network: "BASE_MAINNET"}})
+	require.NoError(t, err)
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	block := "0xb200000000000000000000000000000000000000000000000000000000000000"
+	_, err = db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: claimed[0].Event,
+		Chain: &postgres.ChainEvidence{BlockNumber: 7, BlockHash: block, Transfers: []string{payment.TransferNative}}}}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
+	var claimNetwork string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT network FROM payout_transfers WHERE event_id = 'p1'`).Scan(&claimNetwork))
+	require.Equal(t, "BASE_MAINNET", claimNetwork)
+
+	report := requireFailing(t, db, "every confirmed post is on its hold's network")
+	require.Contains(t, report.String(), "p1 on BASE_MAINNET, hold h1 on ETH_MAINNET")
+
+	execAll(t, conn,
+		`UPDATE payment_events SET network = 'ETH_MAINNET' WHERE event_id = 'p1'`,
+		`UPDATE payout_transfers SET network = 'ETH_MAINNET' WHERE event_id = 'p1'`)
+	requireOK(t, db)
+	execAll(t, conn, `UPDATE payment_events SET network = NULL WHERE event_id = 'p1'`)
+	requireOK(t, db)
+}
+
 // A dead-lettered event is explained by a letter of its failure, not by
 // the replayed letter of an earlier one.
 func TestCheckerCatchesDeadLetterOfEarlierGeneration(t *testing.T) {

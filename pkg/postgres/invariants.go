@@ -59,6 +59,7 @@ var invariantChecks = []struct {
 	{name: "holds match their hold, post and void events", query: "inv_holds_match_events"},
 	{name: "every confirmed withdrawal_hold has its holds row", query: "inv_holds_of_confirmed"},
 	{name: "every confirmed post or void resolved its hold", query: "inv_hold_resolvers"},
+	{name: "every confirmed post is on its hold's network", query: "inv_post_networks"},
 	{name: "at most one confirmed post or void per hold", query: "inv_hold_resolved_once"},
 	{query: "inv_reorg", names: []string{
 		"reorg compensations and give-backs match their deposit",

@@ -195,6 +195,23 @@ FROM (SELECT e.event_id, e.hold_id, row_number() OVER (ORDER BY e.created_at) AS
         AND (h.hold_id IS NULL OR h.resolved_by IS DISTINCT FROM e.event_id
              OR h.status <> CASE e.event_type WHEN 'withdrawal_post' THEN 'posted' ELSE 'voided' END)) x;
 
+-- name: inv_post_networks
+-- 4. A confirmed post is on its hold's network. The api copies the hold's
+-- network onto the post, and the ledger checked the post's transaction
+-- and claimed its transfer on the post's network: its own, or its
+-- asset's when it names none (ledger_claim). A post on another network
+-- settled the hold with a payment on a chain the hold does not pay out
+-- on. A post whose hold has no row is inv_hold_resolvers' finding.
+SELECT count(*), COALESCE(string_agg(format('%s on %s, hold %s on %s', event_id, COALESCE(network, 'none'), hold_id, hold_network), '; ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, COALESCE(e.network, a.network) AS network, h.hold_id, h.network AS hold_network,
+             row_number() OVER (ORDER BY e.created_at) AS rn
+      FROM payment_events e
+      JOIN holds h ON h.hold_id = e.hold_id
+      LEFT JOIN assets a ON a.code = e.asset
+      WHERE e.event_type = 'withdrawal_post' AND e.status = 'confirmed'
+        AND COALESCE(e.network, a.network) IS DISTINCT FROM h.network) x;
+
 -- name: inv_hold_resolved_once
 -- 4. A hold resolves once: at most one confirmed post or void names it.
 SELECT count(*), COALESCE(string_agg(hold_id || ': ' || resolvers, '; ') FILTER (WHERE rn <= 10), '')
