@@ -136,7 +136,7 @@ func New(o Options) *Gate {
 			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by network and verdict (credit, wait, reverted, mismatch, unavailable, untraced, reorged, not_found).",
 		}, []string{"network", "verdict"}),
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error).",
+			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error; untraced: an internal deposit mined again elsewhere, on a node without the debug API).",
 		}, []string{"network", "state"}),
 	}
 	if o.Registerer != nil {
@@ -520,7 +520,8 @@ func (g *Gate) decided(ctx context.Context, e payment.Event, outcome payment.Out
 // their evidence moves there, and ones the chain shows gone (see
 // watchOne) get their compensation event, once however often it is seen.
 // A deposit the chain could not be asked about goes to the back of the
-// list; an outage ends the pass.
+// list; an outage ends its network's pass, but not a node's lack of the
+// debug API, which only the internal deposit asking for it waits on.
 func (g *Gate) WatchReorgs(ctx context.Context) error {
 	// Only the networks this worker can ask, each its own share: one
 	// network down, or with many rows, never takes the others' turn.
@@ -541,6 +542,23 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 			continue // down this pass: its next rows wait their turn
 		}
 		seen, askErr := g.stillCanonical(ctx, nc, network, w)
+		if errors.Is(askErr, chain.ErrTxTraceUnsupported) {
+			// An internal deposit mined again elsewhere, on a node without
+			// the debug API: not an outage (it answers so every time), so
+			// only this deposit waits, still credited and watched.
+			g.watched.WithLabelValues(network, "untraced").Inc()
+			g.o.Log.Warn().Err(askErr).Str("network", network).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).
+				Str("setting", InternalCheckSetting(network)).
+				Msgf("reorg watch: an internal deposit's transaction is in another block now, and without the debug API it cannot be told whether it still pays the deposit; "+
+					"it stays credited and watched until %s is an endpoint with the debug API, or %s=status", rpcSettingOf(network), InternalCheckSetting(network))
+			if unchecked == nil {
+				unchecked = fmt.Errorf("reorg watch of %s: %w", w.EventID, askErr)
+			}
+			if err := g.o.Store.TouchWatched(ctx, w.EventID); err != nil {
+				return err
+			}
+			continue
+		}
 		if askErr != nil {
 			g.watched.WithLabelValues(network, "error").Inc()
 			g.o.Log.Warn().Err(askErr).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Msg("reorg watch could not ask the chain; not evidence")

@@ -191,21 +191,98 @@ func TestInternalDepositWithoutDebugAPI(t *testing.T) {
 
 // verdicts reads settle_finality_checks_total by verdict.
 func (f *internalFixture) verdicts() map[string]float64 {
+	return f.counter("settle_finality_checks_total", "verdict")
+}
+
+// counter reads the gate's counter name summed by its label.
+func (f *internalFixture) counter(name, label string) map[string]float64 {
 	f.t.Helper()
 	families, err := f.reg.Gather()
 	require.NoError(f.t, err)
 	out := map[string]float64{}
 	for _, family := range families {
-		if family.GetName() != "settle_finality_checks_total" {
+		if family.GetName() != name {
 			continue
 		}
 		for _, m := range family.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "verdict" {
+				if l.GetName() == label {
 					out[l.GetValue()] += m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
 	return out
+}
+
+// TestWatchedInternalDepositWithoutDebugAPI: a credited internal deposit
+// whose transaction a reorg mined again in another block cannot be held
+// against its trace on a node without the debug API. That deposit goes
+// to the back of the watch, still credited and watched at its old block,
+// while the network's other deposits are still watched in the same pass
+// (the node's answer is not an outage: it gives it every time).
+func TestWatchedInternalDepositWithoutDebugAPI(t *testing.T) {
+	f := newInternalFixture(t, true)
+	native, err := f.ch.SendETH(f.ctx, 0, f.to, big.NewInt(1e18))
+	require.NoError(t, err)
+	direct := f.forward(f.to, "0.5", devchain.ForwardDirect)
+
+	// Credited while the operator took the provider's word (status), the
+	// internal one first, so that the watch reads it first.
+	client, err := chain.Dial(f.ctx, f.ch.URL(), chain.ClientOptions{Registerer: prometheus.NewRegistry(), Logger: zerolog.Nop()})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	assets, err := f.db.Assets(f.ctx)
+	require.NoError(t, err)
+	statusOnly := finality.New(finality.Options{
+		Store: f.db, Assets: assets, Policy: chain.NonePolicy(), Alerts: f.alerts, Log: zerolog.Nop(),
+		Chain: chain.NewChecker(client, chain.CheckerOptions{
+			Registerer: prometheus.NewRegistry(), NotFinalTTL: -1, Network: payment.DefaultNetwork, InternalStatusOnly: true,
+		}),
+	})
+	credit := func(id string) {
+		t.Helper()
+		claimed, err := f.db.ClaimOutbox(f.ctx, 10, 10, postgres.TaskEventsMax)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		item, err := statusOnly.Check(f.ctx, postgres.LedgerItem{Event: claimed[0].Event})
+		require.NoError(t, err)
+		require.NotNil(t, item, id)
+		require.True(t, item.Chain.Watch, id)
+		_, err = f.db.ApplyBatch(f.ctx, []postgres.LedgerItem{*item}, postgres.LedgerOptions{})
+		require.NoError(t, err)
+	}
+	f.report("internal", direct, "trace:call_0", "0.5", f.to)
+	credit("internal")
+	f.report("native", native, "", "1", f.to)
+	credit("native")
+
+	_, raw, err := f.ch.Drop(f.ctx, direct.Hash)
+	require.NoError(t, err)
+	again, err := f.ch.Resend(f.ctx, raw)
+	require.NoError(t, err)
+	require.NotEqual(t, direct.BlockHash, again.BlockHash)
+	require.NoError(t, f.ch.FinalizeThrough(f.ctx, native.BlockNumber))
+
+	err = f.gate.WatchReorgs(f.ctx)
+	require.ErrorIs(t, err, chain.ErrTxTraceUnsupported, "the pass says one deposit went unchecked")
+	require.Equal(t, "final", f.chainState("native"), "the network's other deposits are still watched")
+	require.Equal(t, "watching", f.chainState("internal"))
+	var block int64
+	require.NoError(t, f.conn.QueryRow(f.ctx, `SELECT block_number FROM payment_events WHERE event_id = 'internal'`).Scan(&block))
+	require.EqualValues(t, direct.BlockNumber, block, "no evidence moved on an unchecked transfer")
+	require.Equal(t, 1.0, f.counter("settle_reorg_watch_total", "state")["untraced"])
+
+	// Every pass alike: it waits for a node with the debug API, still credited.
+	require.ErrorIs(t, f.gate.WatchReorgs(f.ctx), chain.ErrTxTraceUnsupported)
+	require.Equal(t, "watching", f.chainState("internal"))
+	testenv.SettleOutbox(t, f.db)
+	testenv.RequireInvariants(t, f.db)
+}
+
+func (f *internalFixture) chainState(id string) string {
+	f.t.Helper()
+	var s string
+	require.NoError(f.t, f.conn.QueryRow(f.ctx, `SELECT COALESCE(chain_state, '') FROM payment_events WHERE event_id = $1`, id).Scan(&s))
+	return s
 }
