@@ -48,7 +48,21 @@ func newGate(ctx context.Context, s finality.Settings, db *postgres.DB, registry
 		log.Warn().Strs("networks", unreachable).Msg("rpc endpoints unreachable at start; their chain ids are checked once they answer")
 		go recheckChainIDs(ctx, clients, registry, unreachable, log, wrongChain)
 	}
-	return finality.NewOnClients(s, deps, clients), clients.Close, nil
+	// Whether each endpoint serves what INTERNAL_TRANSFER_CHECK=trace
+	// needs, told now rather than at the first internal deposit; never a
+	// reason not to start, and a node down now is asked once it answers.
+	probe := finality.NewTraceProbe(reg, s.CallTimeout+time.Second, log)
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		probe.Run(probeCtx, s, clients, chainIDRecheckEvery)
+	}()
+	return finality.NewOnClients(s, deps, clients), func() {
+		stopProbe()
+		<-probed
+		clients.Close()
+	}, nil
 }
 
 // recheckChainIDs asks the endpoints that were down at start until each

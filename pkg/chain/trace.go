@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/common/hexutil"
 	"github.com/ethereum/go-ethereum/rpc"
 
@@ -376,6 +377,29 @@ func ParseTransactionTrace(raw json.RawMessage, path []int) (call TracedCall, fo
 		}
 	}
 	return call, true, nil
+}
+
+// ProbeTxTraces asks debug_traceTransaction with the call tracer about a
+// hash no transaction has: any answer but "no such method" says the
+// endpoint serves it. ErrTxTraceUnsupported when it does not; any other
+// error is an outage, which says nothing either way.
+func (c *Client) ProbeTxTraces(ctx context.Context) error {
+	var raw json.RawMessage
+	err := c.call(ctx, MethodTraceTx, func(ctx context.Context) error {
+		err := c.rpc.CallContext(ctx, &raw, MethodTraceTx, common.Hash{}.Hex(), map[string]any{"tracer": "callTracer"})
+		var rpcErr rpc.Error
+		if errors.As(err, &rpcErr) {
+			if rpcErr.ErrorCode() == rpcMethodNotFound {
+				return ErrTxTraceUnsupported
+			}
+			return nil // "transaction not found": the method is there
+		}
+		return err
+	})
+	if errors.Is(err, ErrTxTraceUnsupported) {
+		return ErrTxTraceUnsupported
+	}
+	return err
 }
 
 // TracedCallAt traces one transaction with the call tracer

@@ -42,6 +42,7 @@ func TestInternalTransfers(t *testing.T) {
 	var balance string
 	require.NoError(t, client.rpc.CallContext(ctx, &balance, "eth_getBalance", to, "latest"))
 	require.NoError(t, client.ProbeTraces(ctx, true), "past genesis, which no node traces")
+	require.NoError(t, client.ProbeTxTraces(ctx), "no such transaction: the method is there")
 	require.Equal(t, "0xc", balance, "5 direct and 7 nested reached the recipient; the reverted 11 did not")
 
 	all, err := client.InternalTransfers(ctx, []uint64{direct.BlockNumber, reverted.BlockNumber, nested.BlockNumber})
@@ -120,6 +121,7 @@ func TestTracesUnsupported(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	require.ErrorIs(t, client.ProbeTraces(ctx, true), ErrTracesUnsupported)
+	require.ErrorIs(t, client.ProbeTxTraces(ctx), ErrTxTraceUnsupported)
 	_, err = client.InternalTransfers(ctx, []uint64{0})
 	require.ErrorIs(t, err, ErrTracesUnsupported)
 	_, err = client.InternalTransfersAt(ctx, []BlockID{{Number: 1, Hash: "0x" + strings.Repeat("ab", 32)}})
