@@ -55,6 +55,14 @@ func (j Job) start(now time.Time) (time.Time, bool) {
 	return day.Add(j.At), true
 }
 
+// timeout bounds one run: Timeout, else the period (a minute at least).
+func (j Job) timeout() time.Duration {
+	if j.Timeout > 0 {
+		return j.Timeout
+	}
+	return max(j.Every, time.Minute)
+}
+
 // dueTimeout bounds a job's Due question.
 const dueTimeout = 5 * time.Second
 
@@ -107,9 +115,12 @@ type Runner struct {
 	// claimWithin bounds a claim; claimTimeout when zero (tests set it).
 	claimWithin time.Duration
 
-	runs     *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	last     *prometheus.GaugeVec
+	runs      *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	last      *prometheus.GaugeVec
+	lastError *prometheus.GaugeVec
+	interval  *prometheus.GaugeVec
+	timeout   *prometheus.GaugeVec
 }
 
 // RegisterMetrics adds the runner's metrics to reg. The label is job_name,
@@ -124,8 +135,20 @@ func (r *Runner) RegisterMetrics(reg prometheus.Registerer) {
 	r.last = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "settle_job_last_success_timestamp_seconds", Help: "When each job last succeeded on this replica.",
 	}, []string{"job_name"})
+	// The alert on a failing job sizes its lateness from these: a success
+	// is overdue a period and a whole run after the last one, whatever
+	// the job (seconds for some, a day for the cleanup).
+	r.lastError = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "settle_job_last_error_timestamp_seconds", Help: "When each job last failed on this replica.",
+	}, []string{"job_name"})
+	r.interval = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "settle_job_interval_seconds", Help: "Each job's period (86400 for a daily job).",
+	}, []string{"job_name"})
+	r.timeout = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "settle_job_timeout_seconds", Help: "The bound of one run of each job.",
+	}, []string{"job_name"})
 	if reg != nil {
-		reg.MustRegister(r.runs, r.duration, r.last)
+		reg.MustRegister(r.runs, r.duration, r.last, r.lastError, r.interval, r.timeout)
 	}
 }
 
@@ -148,6 +171,10 @@ func WithJobPeriod(ctx context.Context, start time.Time) context.Context {
 func (r *Runner) Run(ctx context.Context, jobs []Job) {
 	var wg sync.WaitGroup
 	for _, j := range jobs {
+		if r.interval != nil {
+			r.interval.WithLabelValues(j.Name).Set(j.Every.Seconds())
+			r.timeout.WithLabelValues(j.Name).Set(j.timeout().Seconds())
+		}
 		wg.Add(1)
 		go func(j Job) {
 			defer wg.Done()
@@ -228,11 +255,7 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period time.Time) (done time
 		}
 		period = start
 	}
-	timeout := j.Timeout
-	if timeout <= 0 {
-		timeout = max(j.Every, time.Minute)
-	}
-	runCtx, cancel := context.WithTimeout(WithJobPeriod(ctx, period), timeout)
+	runCtx, cancel := context.WithTimeout(WithJobPeriod(ctx, period), j.timeout())
 	defer cancel()
 	started := time.Now()
 	err = j.Run(runCtx)
@@ -244,6 +267,9 @@ func (r *Runner) tryRun(ctx context.Context, j Job, period time.Time) (done time
 	if err != nil {
 		result = "error"
 		event = r.Log.Warn().Err(err)
+		if r.lastError != nil {
+			r.lastError.WithLabelValues(j.Name).SetToCurrentTime()
+		}
 	} else if r.last != nil {
 		r.last.WithLabelValues(j.Name).SetToCurrentTime()
 	}
