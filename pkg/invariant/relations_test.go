@@ -412,10 +412,11 @@ func TestCheckerCatchesPayoutClaimOnAnotherNetwork(t *testing.T) {
 }
 
 // A post is on its hold's network. One stored under another network
-// (the api copies the hold's) is checked and claimed there by the ledger,
-// consistently with itself, and settles the hold with a payment on a
-// chain the hold does not pay out on. A post naming no network is its
-// asset's, as the ledger reads it.
+// (the api copies the hold's) would be checked and claimed there, and
+// settle the hold with a payment on a chain the hold does not pay out on;
+// the ledger refuses it (mismatch), so the state is planted: a post
+// settled on the hold's network, then moved with its claim. A post naming
+// no network is its asset's, as the ledger reads it.
 func TestCheckerCatchesPostOnAnotherNetwork(t *testing.T) {
 	db, conn := holdFixture(t)
 	ctx := context.Background()
@@ -424,7 +425,7 @@ func TestCheckerCatchesPostOnAnotherNetwork(t *testing.T) {
 	require.Equal(t, "ETH_MAINNET", holdNetwork)
 	tx := "0xef10000000000000000000000000000000000000000000000000000000000000"
 	_, err := db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH",
-		Amount: decimal.RequireFromString("3"), HoldID: "h1", TxHash: tx, Network: "BASE_MAINNET"}})
+		Amount: decimal.RequireFromString("3"), HoldID: "h1", TxHash: tx, Network: "ETH_MAINNET"}})
 	require.NoError(t, err)
 	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
@@ -436,8 +437,12 @@ func TestCheckerCatchesPostOnAnotherNetwork(t *testing.T) {
 	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
 	var claimNetwork string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT network FROM payout_transfers WHERE event_id = 'p1'`).Scan(&claimNetwork))
-	require.Equal(t, "BASE_MAINNET", claimNetwork)
+	require.Equal(t, "ETH_MAINNET", claimNetwork)
+	requireOK(t, db)
 
+	execAll(t, conn,
+		`UPDATE payment_events SET network = 'BASE_MAINNET' WHERE event_id = 'p1'`,
+		`UPDATE payout_transfers SET network = 'BASE_MAINNET' WHERE event_id = 'p1'`)
 	report := requireFailing(t, db, "every confirmed post is on its hold's network")
 	require.Contains(t, report.String(), "p1 on BASE_MAINNET, hold h1 on ETH_MAINNET")
 

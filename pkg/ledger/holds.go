@@ -38,18 +38,23 @@ func canDebit(balance, held, amount decimal.Decimal) bool {
 }
 
 // holdRefusal says why event e (a post or void) may not resolve hold h,
-// or "" when it may. Another user's hold is unknown to e's sender, closed
-// or not, so nothing about it leaks.
-func holdRefusal(e payment.Event, h *Hold) payment.Outcome {
+// or "" when it may, with a word on what differs. Another user's hold is
+// unknown to e's sender, closed or not, so nothing about it leaks.
+// network is e's (its own, or its asset's when it names none): a post is
+// checked and its payout claimed there, so one on another network than
+// its hold's would settle the hold with a payment on the wrong chain.
+func holdRefusal(e payment.Event, network string, h *Hold) (payment.Outcome, string) {
 	switch {
 	case h == nil || h.User != e.UserID || h.Asset != e.Asset:
-		return payment.OutcomeUnknownHold
+		return payment.OutcomeUnknownHold, ""
 	case h.Status.Resolved():
-		return payment.OutcomeHoldClosed
+		return payment.OutcomeHoldClosed, ""
 	case !h.Amount.Equal(e.Amount):
-		return payment.OutcomeMismatch
+		return payment.OutcomeMismatch, fmt.Sprintf("amount %s, the hold's %s", e.Amount, h.Amount)
+	case e.Type == payment.WithdrawalPost && network != h.Network:
+		return payment.OutcomeMismatch, fmt.Sprintf("post on %s, the hold on %s", network, h.Network)
 	}
-	return ""
+	return "", ""
 }
 
 // holdMaySettle reports whether a hold without a row may still get one:
@@ -109,8 +114,12 @@ func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *
 			return false
 		}
 	}
-	if why := holdRefusal(e, h); why != "" {
-		p.refuse(c, result, why, fmt.Sprintf("hold %s: %s", c.HoldID, why))
+	if why, detail := holdRefusal(e, c.Network, h); why != "" {
+		reason := fmt.Sprintf("hold %s: %s", c.HoldID, why)
+		if detail != "" {
+			reason += " (" + detail + ")"
+		}
+		p.refuse(c, result, why, reason)
 		return true
 	}
 	if e.Type == payment.WithdrawalPost && !p.claimPayout(c, chain) {

@@ -56,6 +56,7 @@ type ev struct {
 	tx     string // a deposit's transaction
 	index  string // the transfer its sender named
 	hold   string // the hold a post or void names
+	on     string // its network, the const network when empty
 	at     int
 }
 
@@ -70,15 +71,19 @@ func claimed(events []ev) []ledger.Claimed {
 		if asset == "" {
 			asset = "ETH"
 		}
+		on := e.on
+		if on == "" {
+			on = network
+		}
 		c := ledger.Claimed{
 			Event: payment.Event{ID: e.id, Type: e.typ, UserID: e.user, Asset: asset, Amount: d(e.amount),
 				TxHash: e.tx, TransferIndex: e.index, HoldID: e.hold, TraceID: "trace-" + e.id},
 			CreatedAt: time.Unix(int64(at), 0), Key: payment.IdempotencyKey(e.id, e.typ), Item: i,
-			Network: network, Native: asset == "ETH", HoldID: e.hold,
+			Network: on, Native: asset == "ETH", HoldID: e.hold,
 		}
 		if e.typ == payment.WithdrawalHold {
-			c.HoldNetwork, c.ToAddress = network, "0xto"
-			c.Event.Network, c.Event.ToAddress = network, "0xto"
+			c.HoldNetwork, c.ToAddress = on, "0xto"
+			c.Event.Network, c.Event.ToAddress = on, "0xto"
 		}
 		out[i] = c
 	}
@@ -628,6 +633,30 @@ var rows = []row{
 			held: map[string]string{"1/ETH": "30"}},
 	},
 	{
+		name:     "post on another network than its hold's is mismatch: the hold stays open",
+		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "30", hold: "h0", on: "BASE_MAINNET"}},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
+		holds: openHold("h0", 1, "30", payment.HoldOpen),
+		want: want{outcomes: map[string]payment.Outcome{"p1": payment.OutcomeMismatch}, balances: map[string]string{"1/ETH": "100"},
+			held: map[string]string{"1/ETH": "30"}},
+	},
+	{
+		name:     "void on another network than its hold's still releases it: it pays nothing out",
+		events:   []ev{{id: "v1", typ: payment.WithdrawalVoid, user: 1, amount: "30", hold: "h0", on: "BASE_MAINNET"}},
+		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
+		holds: openHold("h0", 1, "30", payment.HoldOpen),
+		want: want{outcomes: map[string]payment.Outcome{"v1": payment.OutcomeSuccess}, balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "0"},
+			notifications: []string{"hold_voided:v1:100"}, resolved: []ledger.HoldResolution{{HoldID: "h0", Status: payment.HoldVoided, By: "v1"}}},
+	},
+	{
+		name: "hold and post in one batch on other networks: the hold opens, the post is mismatch",
+		events: []ev{{id: "h1", typ: payment.WithdrawalHold, user: 1, amount: "25", on: "BASE_MAINNET"},
+			{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "25", hold: "h1"}},
+		balances: map[string]string{"1/ETH": "100"}, holdEvents: map[string]payment.Status{"h1": payment.StatusEnqueued},
+		want: want{outcomes: map[string]payment.Outcome{"h1": payment.OutcomeHeld, "p1": payment.OutcomeMismatch},
+			balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "25"}, opened: []string{"h1"}},
+	},
+	{
 		name:     "post accepted while its hold id named no hold (amount zero) is unknown for good",
 		events:   []ev{{id: "p1", typ: payment.WithdrawalPost, user: 1, amount: "0", hold: "h0"}},
 		balances: map[string]string{"1/ETH": "100"}, held: map[string]string{"1/ETH": "30"},
@@ -1023,9 +1052,13 @@ func observe(t *testing.T, events []ledger.Claimed, s ledger.Snapshot, w *ledger
 		require.Equal(t, network, c.Tx.Network)
 		o.payouts = append(o.payouts, fmt.Sprintf("%s@%s=%s/%s", c.Claim.EventID, c.Claim.Transfer, c.Claim.Index, c.Claim.BlockHash))
 	}
+	holdNetworks := map[string]string{}
+	for _, c := range append(slices.Clone(events), s.Pulled...) {
+		holdNetworks[c.Event.ID] = c.HoldNetwork
+	}
 	for _, h := range w.OpenHolds {
 		require.Equal(t, payment.HoldOpen, h.Status)
-		require.Equal(t, network, h.Network)
+		require.Equal(t, holdNetworks[h.ID], h.Network, "a hold opens on its event's network")
 		require.Equal(t, "0xto", h.ToAddress)
 		o.opened = append(o.opened, h.ID)
 	}

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -191,6 +192,60 @@ func TestPostOfAnotherUsersHoldIsUnknown(t *testing.T) {
 	// A hold refused for insufficient funds has no row: its post is unknown.
 	requireOutcome(t, f.apply(f.holdTask("h2", 2, "1000"))[0], payment.StatusFailed, payment.OutcomeInsufficientFunds)
 	requireOutcome(t, f.apply(f.resolveTask("p2", payment.WithdrawalPost, 2, "h2", "1000"))[0], payment.StatusFailed, payment.OutcomeUnknownHold)
+	f.requireInvariants()
+}
+
+// TestPostOnAnotherNetworkThanItsHoldIsMismatch: a post is checked on
+// the chain and claims its payout on its own network (its asset's when
+// it names none). One on another network than its hold's would settle the
+// hold with a payment on the wrong chain: it ends failed/mismatch, like a
+// post of another amount, with no money moved, no claim, the hold open.
+func TestPostOnAnotherNetworkThanItsHoldIsMismatch(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "100"})
+	requireOutcome(t, f.apply(f.holdTask("h1", 1, "30"))[0], payment.StatusConfirmed, payment.OutcomeHeld)
+	onBase := f.enqueueEvent(payment.Event{ID: "h2", Type: payment.WithdrawalHold, UserID: 1, Asset: "ETH", Amount: dec("20"),
+		Network: "BASE_MAINNET", ToAddress: "0x00000000000000000000000000000000000000aa"})
+	requireOutcome(t, f.apply(onBase)[0], payment.StatusConfirmed, payment.OutcomeHeld)
+	require.Equal(t, "50", f.held(1, "ETH"))
+
+	post := func(id, holdID, amount, network, tx string) postgres.LedgerItem {
+		e := f.enqueueEvent(payment.Event{ID: id, Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH", Amount: dec(amount),
+			HoldID: holdID, TxHash: tx, Network: network})
+		return payoutEvidence(e, "0x"+strings.Repeat("b", 64), 0, payment.TransferNative)
+	}
+	apply := func(item postgres.LedgerItem) postgres.LedgerResult {
+		results, err := f.db.ApplyBatch(context.Background(), []postgres.LedgerItem{item}, postgres.LedgerOptions{Notify: true})
+		require.NoError(t, err)
+		return results[0]
+	}
+	// h1 is on ETH_MAINNET, h2 on BASE_MAINNET; a post naming no network
+	// is on its asset's, ETH_MAINNET.
+	requireOutcome(t, apply(post("p1", "h1", "30", "BASE_MAINNET", txA)), payment.StatusFailed, payment.OutcomeMismatch)
+	requireOutcome(t, apply(post("p2", "h2", "20", "", txB)), payment.StatusFailed, payment.OutcomeMismatch)
+	require.Contains(t, f.eventError("p1"), "post on BASE_MAINNET, the hold on ETH_MAINNET")
+	require.Contains(t, f.eventError("p2"), "post on ETH_MAINNET, the hold on BASE_MAINNET")
+	for _, hold := range []string{"h1", "h2"} {
+		status, by := f.holdStatus(hold)
+		require.Equal(t, "open", status, hold)
+		require.Empty(t, by, hold)
+	}
+	require.Equal(t, "100", f.balance(1, "ETH").String())
+	require.Equal(t, "50", f.held(1, "ETH"))
+	require.Zero(t, f.count(`SELECT count(*) FROM balance_events`))
+	require.Zero(t, f.count(`SELECT count(*) FROM payout_transfers`))
+	require.Zero(t, f.count(`SELECT count(*) FROM notification_outbox WHERE event_id IN ('p1', 'p2')`))
+	f.requireInvariants()
+
+	// On the hold's network (named, or its asset's) the same posts settle.
+	requireOutcome(t, apply(post("p3", "h1", "30", "", txA)), payment.StatusConfirmed, payment.OutcomeSuccess)
+	requireOutcome(t, apply(post("p4", "h2", "20", "BASE_MAINNET", txB)), payment.StatusConfirmed, payment.OutcomeSuccess)
+	require.Equal(t, "50", f.balance(1, "ETH").String())
+	require.Equal(t, "0", f.held(1, "ETH"))
+	require.Equal(t, []string{"withdrawal -30"}, f.journal("p3"))
+	require.Equal(t, []string{"withdrawal -20"}, f.journal("p4"))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payout_transfers WHERE event_id = 'p3' AND network = 'ETH_MAINNET'`))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM payout_transfers WHERE event_id = 'p4' AND network = 'BASE_MAINNET'`))
 	f.requireInvariants()
 }
 
