@@ -344,6 +344,9 @@ func (db *DB) ResolveBackfills(ctx context.Context, networks []string) error {
 type RescanClaim struct {
 	ID, Network, Address string
 	Next, To             uint64
+	// LastHash is the hash of block Next-1 as the job's pass before read
+	// it; "" when not known (the job's first pass, or one restarted).
+	LastHash string
 }
 
 // RescanNetworks names the networks among networks with a job to claim.
@@ -374,7 +377,7 @@ func (db *DB) ClaimRescan(ctx context.Context, network string, head uint64, owne
 	stmt := q("rescan_claim")
 	var c RescanClaim
 	var next, to int64
-	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(head)).Scan(&c.ID, &c.Network, &c.Address, &next, &to)
+	err := db.pool.QueryRow(ctx, stmt.text, network, owner, lease.Milliseconds(), int64(head)).Scan(&c.ID, &c.Network, &c.Address, &next, &to, &c.LastHash)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RescanClaim{}, false, nil
 	}
@@ -386,18 +389,37 @@ func (db *DB) ClaimRescan(ctx context.Context, network string, head uint64, owne
 }
 
 // CompleteRescanPass stores one pass's deposits of a job and moves the
-// job past blocks from through to; ErrLeaseLost when it is no longer
-// this owner's.
-func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []NewEvent) ([]StoredDeposit, error) {
+// job past blocks from through to, recording toHash (block to's hash as
+// read; "" when not known) for its next pass; ErrLeaseLost when it is no
+// longer this owner's.
+func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, found int, events []NewEvent) ([]StoredDeposit, error) {
 	stmt := q("rescan_advance")
 	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
 		var status string
-		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), found).Scan(&status)
+		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), found, toHash).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
 		return err == nil, classify(stmt.name, err)
 	})
+}
+
+// RestartRescan moves a job whose pass starting at next found the branch
+// changed under it back depth blocks (its whole range when depth is not
+// positive; never before its from_block), forgets its hash and gives
+// the lease back; it answers the job's next block now. ErrLeaseLost when
+// the job is no longer this owner's.
+func (db *DB) RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64) (uint64, error) {
+	stmt := q("rescan_restart")
+	var restart int64
+	err := db.pool.QueryRow(ctx, stmt.text, id, owner, int64(next), depth).Scan(&restart)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrLeaseLost
+	}
+	if err != nil {
+		return 0, classify(stmt.name, err)
+	}
+	return uint64(restart), nil
 }
 
 // ReleaseRescan gives a failed pass's lease back.

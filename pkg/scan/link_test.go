@@ -654,3 +654,73 @@ func TestRescanPassLinksItsBlocks(t *testing.T) {
 	require.NoError(t, b.conn.QueryRow(ctx, `SELECT status FROM rescan_jobs WHERE id = $1`, job.ID).Scan(&state))
 	require.Equal(t, "done", state)
 }
+
+// TestRescanPassLinksToItsPassBefore: under confirmations:2 a fork deeper
+// than the policy mines a deposit in the first block of a rescan's range.
+// The job's first pass is answered by a backend still on the old branch
+// (its blocks link, and hold no deposit); its second, after that backend
+// caught up, by the new branch. The second pass's first block does not
+// name the last block the first pass read as its parent: the branch
+// changed under the job, which reads its range again, and the deposit is
+// stored. (Each pass linked only its own blocks, so the job ended done
+// with the first blocks read from the old branch and the deposit passed
+// for good.)
+func TestRescanPassLinksToItsPassBefore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d1f"
+	const pass = 3
+	b := newBranchFixture(t, ctx, network, []string{to}, Options{BlocksMax: pass, ReorgRescan: 16})
+	require.NoError(t, b.ch.CommitBlocks(ctx, 3))
+	base, err := b.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, 2*pass+2))
+	b.proxy.record(t, base+1, base+pass)
+	oldHead, err := b.ch.ForkAt(ctx, base)
+	require.NoError(t, err)
+	deposit, err := b.ch.QueueETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, int(oldHead-base)+1))
+	receipt, err := b.client.Receipt(ctx, deposit)
+	require.NoError(t, err)
+	require.Equal(t, base+1, receipt.BlockNumber)
+	id := payment.Transfer{Network: network, TxHash: deposit, Index: payment.TransferNative}.EventID()
+	job, err := b.db.CreateRescan(ctx, "rescan_passes", network, base+1, base+2*pass, "test")
+	require.NoError(t, err)
+	jobState := func() (next uint64, hash, status string) {
+		require.NoError(t, b.conn.QueryRow(ctx, `SELECT next_block, COALESCE(last_hash, ''), status FROM rescan_jobs WHERE id = $1`, job.ID).
+			Scan(&next, &hash, &status))
+		return next, hash, status
+	}
+
+	did, err := b.scanner.RescanPass(ctx, b.n)
+	require.NoError(t, err)
+	require.True(t, did)
+	next, hash, _ := jobState()
+	require.Equal(t, base+pass+1, next, "the first pass read the old branch's blocks")
+	require.Zero(t, b.stored(t, ctx, id), "the old branch has no deposit")
+	var oldLast struct{ Hash string }
+	b.proxy.mu.Lock()
+	raw := b.proxy.old[fmt.Sprintf("0x%x", base+pass)]
+	b.proxy.mu.Unlock()
+	require.NoError(t, json.Unmarshal(raw, &oldLast))
+	require.Equal(t, oldLast.Hash, hash, "the job records the last block its pass read")
+
+	b.proxy.catchUp()
+	did, err = b.scanner.RescanPass(ctx, b.n)
+	require.NoError(t, err)
+	require.True(t, did)
+	restart, restartHash, restartStatus := jobState()
+	for did := true; did; {
+		did, err = b.scanner.RescanPass(ctx, b.n)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, b.stored(t, ctx, id), "the deposit the fork mined in block %d is stored", base+1)
+	require.Equal(t, "running", restartStatus)
+	require.Equal(t, base+1, restart, "the job reads its range again from its start")
+	require.Empty(t, restartHash)
+	require.InDelta(t, 1, counterValue(t, b.reg, "settle_scan_passes_total", "restarted"), 0)
+	_, _, status := jobState()
+	require.Equal(t, "done", status)
+}

@@ -26,6 +26,9 @@ const (
 	resultSkipped   = "skipped" // another scheduler holds the lease
 	resultLeaseLost = "lease_lost"
 	resultError     = "error"
+	// resultRestarted: a rescan pass found the branch changed under its
+	// job since the job's pass before, and sent the job back (restartRescan).
+	resultRestarted = "restarted"
 )
 
 // Kinds of pass.
@@ -56,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "settle_scan_deposits_total", Help: "Deposits the chain scanner found, by source: scanner (stored first, no webhook had reported it), reported (already an event), reopened (already an event that ended failed/reorged, now reopened), superseded (replaced a failed/mismatch deposit), conflict (the id holds other content).",
 		}, []string{"network", "source"}),
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_scan_passes_total", Help: "Scanner passes, by kind (cursor, rescan) and result (ok, idle, skipped, lease_lost, error).",
+			Name: "settle_scan_passes_total", Help: "Scanner passes, by kind (cursor, rescan) and result (ok, idle, skipped, lease_lost, error, restarted: a rescan pass found the branch changed under its job and read its range again).",
 		}, []string{"network", "kind", "result"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_scan_rpc_calls_total", Help: "JSON-RPC calls the scanner made (each call of a batch counted), by method.",

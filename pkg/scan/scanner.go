@@ -111,7 +111,8 @@ type Store interface {
 	RescanNetworks(ctx context.Context, networks []string) ([]string, error)
 	MarkRescansWaiting(ctx context.Context, network string, head uint64) (int, error)
 	ClaimRescan(ctx context.Context, network string, head uint64, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
-	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64) (uint64, error)
 	ReleaseRescan(ctx context.Context, id, owner string) error
 	FailRescan(ctx context.Context, id, owner, reason string) error
 	Assets(ctx context.Context) (*payment.Registry, error)
@@ -148,7 +149,9 @@ type Options struct {
 	// Traces: also find internal transfers (SCAN_TRACES=on); see traces.go.
 	Traces bool
 	// ReorgRescan: blocks below the cursor rescanned when a reorg
-	// replaced what the cursor passed (negative: never; see link).
+	// replaced what the cursor passed (negative: never; see link), and
+	// blocks a rescan job goes back when the branch changed under it
+	// between its passes (negative: to its start).
 	ReorgRescan int64
 }
 
@@ -491,12 +494,39 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 	ctx, traceID, pass := startPass(ctx)
 	defer func() { tracing.End(pass, err) }()
 	// Under confirmations:N and none a fork can split a rescan's range
-	// between branches too: its blocks are linked, as a cursor pass's
-	// (there is no hash below a job's range to hold them to).
+	// between branches too: its blocks are linked, as a cursor pass's, and
+	// the first to the last block the job's pass before read (nothing
+	// holds the job's first pass to the blocks below its range).
 	linked := s.links(n)
 	events, blocks, err := s.read(ctx, n, r, job.Address, traceID, linked)
 	if err == nil && linked {
 		err = chained(n, r, blocks)
+	}
+	toHash := ""
+	if err == nil && linked {
+		toHash = blocks[len(blocks)-1].Hash
+		if below := blocks[0].ParentHash; job.LastHash != "" && below != job.LastHash {
+			// The branch changed under the job: what its passes read before
+			// may be the other branch's, and a deposit the fork mined there
+			// would be passed for good. The job goes back SCAN_REORG_RESCAN
+			// blocks (its whole range when that is off), never before its
+			// start, and this pass stores nothing; found deposits are stored
+			// once, so reading again doubles nothing.
+			restart, err := s.opts.Store.RestartRescan(ctx, job.ID, s.opts.Owner, job.Next, s.opts.ReorgRescan)
+			if errors.Is(err, postgres.ErrLeaseLost) {
+				result = resultLeaseLost
+				return true, nil
+			}
+			if err != nil {
+				release()
+				return false, fmt.Errorf("rescan %s: %w", job.ID, err)
+			}
+			result = resultRestarted
+			s.opts.Log.Warn().Str(logging.FieldTraceID, traceID).Str("rescan", job.ID).Str("network", n.Name).
+				Uint64("block", job.Next-1).Str("hash", below).Str("was", job.LastHash).Uint64("next_block", restart).
+				Msg("the branch changed under a rescan between its passes (a fork, or backends on different branches); reading its range again")
+			return true, nil
+		}
 	}
 	if errors.Is(err, payment.ErrInvalid) {
 		// A range the node or settle can never read (not an outage): the
@@ -511,7 +541,7 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 		release()
 		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
 	}
-	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, len(events), events)
+	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, toHash, len(events), events)
 	if errors.Is(err, postgres.ErrLeaseLost) {
 		result = resultLeaseLost
 		return true, nil

@@ -125,16 +125,30 @@ WHERE id = (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING id, network, COALESCE(address, ''), next_block, to_block;
+RETURNING id, network, COALESCE(address, ''), next_block, to_block, COALESCE(last_hash, '');
 
 -- name: rescan_advance
 -- Guarded like scan_cursor_advance; done once next_block passes to_block.
+-- $6 is the hash of block $4 as the pass read it ('' under finalized),
+-- which the job's next pass links to.
 UPDATE rescan_jobs
-SET next_block = $4 + 1, found = found + $5,
+SET next_block = $4 + 1, found = found + $5, last_hash = NULLIF($6, ''),
     status = CASE WHEN $4 >= to_block THEN 'done' ELSE 'running' END,
     lease_owner = NULL, lease_until = NULL, updated_at = now()
 WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
 RETURNING status;
+
+-- name: rescan_restart
+-- A pass found its first block's parent is not the block the job's pass
+-- before read last: the branch changed under the job, so the blocks it
+-- read may be the other branch's. The job goes back $4 blocks (the whole
+-- range when $4 is not positive), never before from_block, with no hash
+-- to link to, and gives its lease back. Guarded like rescan_advance.
+UPDATE rescan_jobs
+SET next_block = CASE WHEN $4::bigint > 0 THEN GREATEST(from_block, next_block - $4::bigint) ELSE from_block END,
+    last_hash = NULL, waiting_head = NULL, lease_owner = NULL, lease_until = NULL, updated_at = now()
+WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
+RETURNING next_block;
 
 -- name: rescan_release
 -- A pass that failed gives its job back, to the back of its network's
