@@ -2,7 +2,6 @@ package browser_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -12,13 +11,7 @@ import (
 	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
-	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
-
-	"github.com/settle/settle/pkg/console"
-	"github.com/settle/settle/pkg/httpapi"
-	"github.com/settle/settle/pkg/testenv"
 )
 
 // Every console page runs under its Content-Security-Policy with nothing
@@ -26,32 +19,14 @@ import (
 // (the policy allows none), and the browser logs no violation.
 func TestConsolePagesRunUnderTheirPolicyInChromium(t *testing.T) {
 	requireChromium(t)
-	db := testenv.OpenDB(t, testenv.DatabaseURL(t))
-	opts, err := redis.ParseURL(testenv.RedisURL(t))
-	require.NoError(t, err)
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
-	operatorConsole, err := console.New(console.Options{Store: db, AdminToken: adminToken})
-	require.NoError(t, err)
-	server, err := httpapi.New(httpapi.Options{
-		Store:         db,
-		Redis:         rdb,
-		Log:           zerolog.Nop(),
-		WebhookSecret: "webhook-secret-0123456789-abcdefghij",
-		APIToken:      "api-token-0123456789-abcdefghijklmnop",
-		AdminToken:    adminToken,
-		AdminMounts:   []httpapi.Mount{operatorConsole.Mount()},
-	})
-	require.NoError(t, err)
-	ts := httptest.NewServer(server)
-	t.Cleanup(ts.Close)
+	_, ts := consoleServer(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), loginTimeout)
 	defer cancel()
 	browser := startBrowser(ctx, t, ts.URL, operatorName, adminToken)
 	// Both ways a refusal shows: the page's securitypolicyviolation event
 	// and the browser's log (what an operator sees in the console).
-	_, err = chromedp.Call(browser, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: recordViolations +
+	_, err := chromedp.Call(browser, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: recordViolations +
 		`
 document.addEventListener("htmx:after:swap", () => { window.liveSwapped = true; });`})
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/settle/settle/pkg/console"
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -22,29 +23,11 @@ import (
 func TestConsoleCancelsARescanInChromium(t *testing.T) {
 	requireChromium(t)
 	shots := newScreenshots(t)
-	db := testenv.OpenDB(t, testenv.DatabaseURL(t))
-	opts, err := redis.ParseURL(testenv.RedisURL(t))
-	require.NoError(t, err)
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
-	operatorConsole, err := console.New(console.Options{Store: db, AdminToken: adminToken})
-	require.NoError(t, err)
-	server, err := httpapi.New(httpapi.Options{
-		Store:         db,
-		Redis:         rdb,
-		Log:           zerolog.Nop(),
-		WebhookSecret: "webhook-secret-0123456789-abcdefghij",
-		APIToken:      "api-token-0123456789-abcdefghijklmnop",
-		AdminToken:    adminToken,
-		AdminMounts:   []httpapi.Mount{operatorConsole.Mount()},
-	})
-	require.NoError(t, err)
-	ts := httptest.NewServer(server)
-	t.Cleanup(ts.Close)
+	db, ts := consoleServer(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), loginTimeout)
 	defer cancel()
-	_, err = db.CreateRescan(ctx, "rescan-typo", "ETH_MAINNET", 30_000_000, 30_000_100, "bob")
+	_, err := db.CreateRescan(ctx, "rescan-typo", "ETH_MAINNET", 30_000_000, 30_000_100, "bob")
 	require.NoError(t, err)
 	_, err = db.CreateRescan(ctx, "rescan-meant", "ETH_MAINNET", 3_000_000, 3_000_100, "bob")
 	require.NoError(t, err)
@@ -83,4 +66,30 @@ func TestConsoleCancelsARescanInChromium(t *testing.T) {
 	cancelForms, err = chromedp.Run(browser, chromedp.Evaluate[int](`document.querySelectorAll("#cancel-rescan-meant").length`))
 	require.NoError(t, err)
 	require.Equal(t, 1, cancelForms, "the running one still does")
+}
+
+// consoleServer is an api on real PostgreSQL and Redis with the console
+// mounted on its admin listener, as cmd/api builds it.
+func consoleServer(t *testing.T) (*postgres.DB, *httptest.Server) {
+	t.Helper()
+	db := testenv.OpenDB(t, testenv.DatabaseURL(t))
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	operatorConsole, err := console.New(console.Options{Store: db, AdminToken: adminToken})
+	require.NoError(t, err)
+	server, err := httpapi.New(httpapi.Options{
+		Store:         db,
+		Redis:         rdb,
+		Log:           zerolog.Nop(),
+		WebhookSecret: "webhook-secret-0123456789-abcdefghij",
+		APIToken:      "api-token-0123456789-abcdefghijklmnop",
+		AdminToken:    adminToken,
+		AdminMounts:   []httpapi.Mount{operatorConsole.Mount()},
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(server)
+	t.Cleanup(ts.Close)
+	return db, ts
 }
