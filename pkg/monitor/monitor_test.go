@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
@@ -153,7 +154,7 @@ func TestHealthAlertsOnZombies(t *testing.T) {
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `UPDATE payment_events SET created_at = now() - interval '1 hour'`)
+	_, err = conn.Exec(ctx, `UPDATE payment_events SET created_at = now() - interval '1 hour', updated_at = now() - interval '1 hour'`)
 	require.NoError(t, err)
 	a := &alerts{}
 	require.NoError(t, monitor.New(db, a, zerolog.New(io.Discard), nil).Health(ctx))
@@ -167,6 +168,39 @@ func TestHealthAlertsOnZombies(t *testing.T) {
 	require.Empty(t, other.keys)
 	require.Equal(t, 1.0, gaugeValue(t, reg, "settle_zombie_events", "pending"))
 	require.Equal(t, 0.0, gaugeValue(t, reg, "settle_zombie_events", "enqueued"))
+}
+
+// TestHealthCountsPendingFromTheRequeue: an old event stale recovery has
+// just sent back to the outbox is not stuck pending; it became pending a
+// moment ago and the enqueuer's next claim takes it. Counted from its
+// created_at, a health check between the requeue and that claim raised
+// zombie_pending ("is the scheduler running?") and set the gauge.
+func TestHealthCountsPendingFromTheRequeue(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	_, err = db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "lost", Type: payment.Deposit, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1")}})
+	require.NoError(t, err)
+	_, err = db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE payment_events SET created_at = now() - interval '1 hour', updated_at = now() - interval '20 minutes'`)
+	require.NoError(t, err)
+	report, err := db.RecoverStale(ctx, 3*time.Minute, 10, postgres.StaleCursor{}, func(context.Context, postgres.StaleEvent) (postgres.RecoveryAction, string) {
+		return postgres.RecoveryRequeue, ""
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, report.Requeued)
+
+	a := &alerts{}
+	reg := prometheus.NewRegistry()
+	require.NoError(t, monitor.New(db, a, zerolog.New(io.Discard), reg).Health(ctx))
+	require.False(t, a.has("zombie_pending"), "an event requeued a moment ago was reported stuck pending")
+	require.Equal(t, 0.0, gaugeValue(t, reg, "settle_zombie_events", "pending"))
 }
 
 // gaugeValue reads one labelled gauge from a registry.
