@@ -143,8 +143,8 @@ func run(s settings, log zerolog.Logger) error {
 		BatchMax: s.EnqueueBatch, TaskEvents: s.TaskEvents, DepthMax: s.QueueDepthMax, Registerer: reg,
 	})
 	recovery := &outbox.Recovery{
-		Store: db, Inspector: inspector, Alerts: alerts, Log: log,
-		StaleAfter: s.StaleEnqueuedAfter, MaxAttempts: s.MaxRecoveries, BatchMax: outbox.RecoveryBatchDefault,
+		Store: db, Inspector: inspector, Leases: outbox.RedisRecovery{Redis: rdb}, Resume: outbox.RedisRecovery{Redis: rdb},
+		Alerts: alerts, Log: log, StaleAfter: s.StaleEnqueuedAfter, MaxAttempts: s.MaxRecoveries, BatchMax: outbox.RecoveryBatchDefault,
 	}
 	recovery.RegisterMetrics(reg)
 	hostname, _ := os.Hostname()

@@ -25,11 +25,28 @@ const (
 	// recoveryPagesPerRunMax bounds one run to this many pages of
 	// BatchMax events; the next run goes on where it stopped.
 	recoveryPagesPerRunMax = 20
+	// leaseGrace is how long past its expiry an active task's lease is
+	// still taken as held (clock skew, a late heartbeat), as asynq's own
+	// recoverer allows.
+	leaseGrace = 30 * time.Second
 )
 
 // TaskInspector is the part of asynq's Inspector recovery needs.
 type TaskInspector interface {
 	GetTaskInfo(queue, id string) (*asynq.TaskInfo, error)
+}
+
+// LeaseReader reads the lease asynq keeps on an active task, which the
+// worker holding it extends while it runs.
+type LeaseReader interface {
+	LeaseExpiry(ctx context.Context, queue, id string) (expiry time.Time, ok bool, err error)
+}
+
+// ResumeStore keeps recovery's resume point where every scheduler replica
+// sees it; the zero cursor is none.
+type ResumeStore interface {
+	LoadResume(ctx context.Context) (postgres.StaleCursor, error)
+	SaveResume(ctx context.Context, c postgres.StaleCursor) error
 }
 
 // Alerter tells a human.
@@ -44,20 +61,25 @@ type Stale interface {
 
 // Recovery finds events stuck in 'enqueued' — the queue lost them, a
 // worker died holding them on its last retry, or a zombie task sits in
-// asynq's active list with no lease — and sends them back to the outbox
+// asynq's active list with no live lease — and sends them back to the outbox
 // under a new generation, or to the DLQ after MaxAttempts recoveries.
 type Recovery struct {
-	Store       Stale
-	Inspector   TaskInspector
+	Store     Stale
+	Inspector TaskInspector
+	// Leases tells a zombie (no lease, or an expired one) from a task a
+	// live worker holds; nil takes every active task for a zombie.
+	Leases LeaseReader
+	// Resume shares the resume point between replicas and restarts; nil
+	// keeps it in this Recovery only.
+	Resume      ResumeStore
 	Alerts      Alerter
 	Log         zerolog.Logger
 	StaleAfter  time.Duration
 	MaxAttempts int
 	BatchMax    int
 
-	// resume is where the last run stopped at its page bound, so the
-	// next one goes on from there rather than from the oldest again.
-	// Runs of one Recovery are sequential (one job).
+	// resume is where the last run stopped at its page bound when there
+	// is no Resume store. Runs of one Recovery are sequential (one job).
 	resume postgres.StaleCursor
 
 	requeued     prometheus.Counter
@@ -86,8 +108,7 @@ func (r *Recovery) Run(ctx context.Context) error {
 	decide := func(ctx context.Context, s postgres.StaleEvent) (postgres.RecoveryAction, string) {
 		return r.decide(ctx, s, seen)
 	}
-	cursor := r.resume
-	r.resume = postgres.StaleCursor{}
+	cursor := r.loadResume(ctx)
 	for range recoveryPagesPerRunMax {
 		report, err := r.Store.RecoverStale(ctx, r.StaleAfter, r.BatchMax, cursor, decide)
 		if err != nil {
@@ -105,14 +126,44 @@ func (r *Recovery) Run(ctx context.Context) error {
 				Msg("stale recovery pass")
 		}
 		if report.Examined < r.BatchMax {
+			r.saveResume(ctx, postgres.StaleCursor{})
 			return nil
 		}
 		cursor = report.Next
 	}
-	r.resume = cursor
+	r.saveResume(ctx, cursor)
 	r.Log.Warn().Int("pages", recoveryPagesPerRunMax).Int("batch", r.BatchMax).Time("stopped_at", cursor.UpdatedAt).
 		Msg("stale recovery stopped at its page bound; the next run goes on from there")
 	return nil
+}
+
+// loadResume is where this run starts. The cursor orders rows by
+// (updated_at, event_id) and a requeued or newly enqueued event gets a
+// later updated_at, so an old or lost resume point only delays reaching
+// an event until a run ends on a short page and starts again from the
+// oldest: none is skipped for good.
+func (r *Recovery) loadResume(ctx context.Context) postgres.StaleCursor {
+	if r.Resume == nil {
+		c := r.resume
+		r.resume = postgres.StaleCursor{}
+		return c
+	}
+	c, err := r.Resume.LoadResume(ctx)
+	if err != nil {
+		r.Log.Warn().Err(err).Msg("stale recovery resume point unreadable; starting from the oldest")
+		return postgres.StaleCursor{}
+	}
+	return c
+}
+
+func (r *Recovery) saveResume(ctx context.Context, c postgres.StaleCursor) {
+	if r.Resume == nil {
+		r.resume = c
+		return
+	}
+	if err := r.Resume.SaveResume(ctx, c); err != nil {
+		r.Log.Warn().Err(err).Msg("stale recovery resume point not saved; the next run may start from an older one")
+	}
 }
 
 func (r *Recovery) count(report postgres.RecoveryReport) {
@@ -125,9 +176,10 @@ func (r *Recovery) count(report postgres.RecoveryReport) {
 }
 
 // decide asks asynq where the event's task is. Waiting, scheduled or
-// retrying: the queue still has it, so it is slow, not lost. Missing,
-// archived (asynq gave up silently), active for longer than the stale
-// bound (a zombie with no lease), or Redis unreachable: recover it.
+// retrying: the queue still has it, so it is slow, not lost. Active under
+// a lease a worker keeps extending: it is being worked on. Missing,
+// archived (asynq gave up silently), active with no lease or an expired
+// one (a zombie), or Redis unreachable: recover it.
 func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[string]taskState) (postgres.RecoveryAction, string) {
 	id := s.TaskID
 	if id == "" {
@@ -135,7 +187,7 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[s
 	}
 	state, ok := seen[id]
 	if !ok {
-		state.info, state.err = r.inspect(ctx, id)
+		state = r.ask(ctx, id)
 		seen[id] = state
 	}
 	info, err := state.info, state.err
@@ -143,12 +195,22 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[s
 		switch info.State {
 		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
 			return postgres.RecoverySkip, ""
+		case asynq.TaskStateActive:
+			if state.leaseErr == nil && state.leased && time.Now().Before(state.leaseExpiry.Add(leaseGrace)) {
+				return postgres.RecoverySkip, ""
+			}
 		}
 	}
 	why := "task missing from the queue"
 	switch {
 	case err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound):
 		why = "queue unreachable: " + err.Error()
+	case err == nil && info.State == asynq.TaskStateActive && state.leaseErr != nil:
+		why = "task active, its lease unreadable: " + state.leaseErr.Error()
+	case err == nil && info.State == asynq.TaskStateActive && state.leased:
+		why = "task active, its lease expired at " + state.leaseExpiry.UTC().Format(time.RFC3339)
+	case err == nil && info.State == asynq.TaskStateActive:
+		why = "task active with no lease"
 	case err == nil:
 		why = "task " + info.State.String() + " in the queue"
 	}
@@ -160,10 +222,33 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[s
 	return postgres.RecoveryRequeue, ""
 }
 
-// taskState is what asynq said about a task.
+// taskState is what asynq said about a task, and about its lease when it
+// is active.
 type taskState struct {
-	info *asynq.TaskInfo
-	err  error
+	info        *asynq.TaskInfo
+	err         error
+	leased      bool
+	leaseExpiry time.Time
+	leaseErr    error
+}
+
+// ask reads the task's state and, for an active task, its lease. The
+// Inspector's GetTaskInfo reports no lease (IsOrphaned is set by its
+// list calls only), hence the second read.
+func (r *Recovery) ask(ctx context.Context, id string) taskState {
+	var state taskState
+	state.info, state.err = r.inspect(ctx, id)
+	if state.err != nil || state.info.State != asynq.TaskStateActive {
+		return state
+	}
+	if r.Leases == nil {
+		state.leaseErr = errors.New("no lease reader")
+		return state
+	}
+	lctx, cancel := context.WithTimeout(ctx, inspectTimeout)
+	defer cancel()
+	state.leaseExpiry, state.leased, state.leaseErr = r.Leases.LeaseExpiry(lctx, task.QueuePayments, id)
+	return state
 }
 
 // inspect bounds the Inspector call, which takes no context.
