@@ -95,6 +95,9 @@ func (s *Sink) FailEvent(ctx context.Context, letter payment.DeadLetter) Outcome
 		letter.CreatedAt = time.Now().UTC()
 	}
 	letter.FailEvent = true // read only from a parked entry
+	if letter.FallbackID == "" {
+		letter.FallbackID = payment.FailureKey(letter.EventID, letter.Generation)
+	}
 	return s.write(ctx, letter, func(ctx context.Context, l payment.DeadLetter) (Outcome, error) {
 		moved, id, err := s.store.FailToDLQ(ctx, l)
 		return Outcome{Sink: "postgres", Failed: moved, ID: id}, err
@@ -103,10 +106,13 @@ func (s *Sink) FailEvent(ctx context.Context, letter payment.DeadLetter) Outcome
 
 // Record writes a dead letter that fails no event (the task named no
 // stored event, or its payload could not be read). A letter with a
-// FallbackID is written at most once.
+// FallbackID is written at most once; one without gets a fresh one.
 func (s *Sink) Record(ctx context.Context, letter payment.DeadLetter) Outcome {
 	if letter.CreatedAt.IsZero() {
 		letter.CreatedAt = time.Now().UTC()
+	}
+	if letter.FallbackID == "" {
+		letter.FallbackID = uuid.NewString()
 	}
 	return s.write(ctx, letter, func(ctx context.Context, l payment.DeadLetter) (Outcome, error) {
 		ids, err := s.store.InsertDeadLetters(ctx, []payment.DeadLetter{l})
@@ -120,7 +126,9 @@ func (s *Sink) Record(ctx context.Context, letter payment.DeadLetter) Outcome {
 
 // write stores a letter in PostgreSQL through store; sanitised if
 // PostgreSQL refuses it for good, parked in Redis if PostgreSQL is
-// unavailable, and logged if neither takes it.
+// unavailable, and logged if neither takes it. The letter carries its
+// FallbackID from the first attempt: a commit whose answer was lost may
+// have stored it, and the parked copy must then drain into nothing.
 func (s *Sink) write(ctx context.Context, letter payment.DeadLetter, store func(context.Context, payment.DeadLetter) (Outcome, error)) Outcome {
 	attempt := func(l payment.DeadLetter) (Outcome, error) {
 		pgCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)

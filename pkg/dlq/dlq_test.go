@@ -395,3 +395,141 @@ func TestDrainOfARefusedEntry(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, pending, "the entry waits for the next run")
 }
+
+// ambiguousSink is a sink whose PostgreSQL pool goes through a proxy that
+// can drop a connection once the server has answered a command.
+func ambiguousSink(t *testing.T) (*dlq.Sink, *testenv.CutProxy, *postgres.DB, redis.UniversalClient, string) {
+	t.Helper()
+	dsn := testenv.DatabaseURL(t)
+	proxy, viaProxy := testenv.NewCutProxy(t, dsn)
+	db := testenv.OpenDB(t, viaProxy)
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return dlq.NewSink(db, rdb, zerolog.Nop(), nil), proxy, db, rdb, dsn
+}
+
+// TestAmbiguousFailCommitWritesOneRow: the COMMIT that fails the event
+// and writes its row is made, but its answer is lost; the sink parks the
+// letter in Redis, and its drain must not write the row a second time.
+// Replay then reopens the event once.
+func TestAmbiguousFailCommitWritesOneRow(t *testing.T) {
+	ctx := context.Background()
+	sink, proxy, db, rdb, dsn := ambiguousSink(t)
+	e := enqueuedEvent(t, db)
+	rows := `SELECT count(*) FROM dead_letter_queue WHERE event_id='e-1'`
+
+	proxy.Arm("COMMIT")
+	out := sink.FailEvent(ctx, letter(e, "retries exhausted"))
+	require.Equal(t, 1, proxy.Cuts())
+	require.Equal(t, "redis", out.Sink, "a lost answer to COMMIT is an outage to the sink")
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM payment_events WHERE event_id='e-1' AND status='failed' AND outcome='dead_lettered'`), "the commit was made")
+	require.Equal(t, 1, countRows(t, dsn, rows))
+
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Zero(t, report.Remaining)
+	require.Zero(t, rdb.LLen(ctx, dlq.FallbackKey).Val())
+	require.Equal(t, 1, countRows(t, dsn, rows), "one row for one failure")
+
+	// The same failure written again (a worker that died after the commit
+	// and ran again) writes nothing either.
+	out = sink.FailEvent(ctx, letter(e, "retries exhausted"))
+	require.Equal(t, "postgres", out.Sink)
+	require.False(t, out.Failed)
+	require.Equal(t, 1, countRows(t, dsn, rows))
+
+	views, err := db.DeadLetters(ctx, "open", 0, 10)
+	require.NoError(t, err)
+	require.Len(t, views, 1)
+	result, err := db.ReplayDeadLetter(ctx, views[0].ID, "ops", "fixed")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, result)
+	result, err = db.ReplayDeadLetter(ctx, views[0].ID, "ops", "fixed")
+	require.NoError(t, err)
+	require.Equal(t, postgres.AlreadyReplayed, result)
+
+	// The next generation's failure is a row of its own.
+	claimed, err := db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Equal(t, e.Generation+1, claimed[0].Event.Generation)
+	out = sink.FailEvent(ctx, letter(claimed[0].Event, "again"))
+	require.True(t, out.Failed)
+	require.NotZero(t, out.ID)
+	require.Equal(t, 2, countRows(t, dsn, rows))
+}
+
+// TestAmbiguousRecordWritesOneRow: the same for a letter that fails no
+// event (its INSERT commits alone, and its answer is lost).
+func TestAmbiguousRecordWritesOneRow(t *testing.T) {
+	ctx := context.Background()
+	sink, proxy, _, _, dsn := ambiguousSink(t)
+
+	proxy.Arm("INSERT 0 1")
+	out := sink.Record(ctx, payment.DeadLetter{EventID: "task-9", EventType: "nope", Error: "unknown task type", Source: payment.SourceWorker})
+	require.Equal(t, 1, proxy.Cuts())
+	require.Equal(t, "redis", out.Sink)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id='task-9'`), "the insert was made")
+
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Zero(t, report.Remaining)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id='task-9'`), "one row for one letter")
+}
+
+// TestAmbiguousDrainWritesOneRow: a drain whose COMMIT (failing the event
+// with its row) is made but unanswered puts the entry back, like a drain
+// that died before LREM; the next drain writes no second row.
+func TestAmbiguousDrainWritesOneRow(t *testing.T) {
+	ctx := context.Background()
+	sink, proxy, db, rdb, dsn := ambiguousSink(t)
+	e := enqueuedEvent(t, db)
+	parked := letter(e, "retries exhausted")
+	parked.FailEvent, parked.FallbackID = true, "parked-1" // as parked before keys were set up front
+	body, err := json.Marshal(parked)
+	require.NoError(t, err)
+	require.NoError(t, rdb.RPush(ctx, dlq.FallbackKey, body).Err())
+
+	proxy.Arm("COMMIT")
+	report, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, proxy.Cuts())
+	require.Equal(t, 1, report.Failed, "the entry went back to the list")
+	require.Equal(t, 1, report.Moved, "and was taken again in the same run")
+	require.Zero(t, report.Remaining)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM payment_events WHERE event_id='e-1' AND status='failed'`))
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id='e-1'`))
+}
+
+// TestParkedFailureAfterRecoveryFailedItWritesNoSecondRow: the worker's
+// letter is parked while PostgreSQL is down, then stale recovery fails
+// the same generation with its own row; the drain adds none.
+func TestParkedFailureAfterRecoveryFailedItWritesNoSecondRow(t *testing.T) {
+	ctx := context.Background()
+	pg, dsn := ownPostgres(t)
+	db, err := postgres.Open(ctx, dsn, postgres.Options{ConnsMax: 4})
+	require.NoError(t, err)
+	defer db.Close()
+	rdb, err := redisconn.Open(testenv.RedisURL(t))
+	require.NoError(t, err)
+	defer rdb.Close()
+	sink := dlq.NewSink(db, rdb, zerolog.Nop(), nil)
+	e := enqueuedEvent(t, db)
+
+	pg.Stop()
+	require.Equal(t, "redis", sink.FailEvent(ctx, letter(e, "retries exhausted")).Sink)
+	require.NoError(t, pg.Start(ctx))
+
+	report, err := db.RecoverStale(ctx, 0, 10, postgres.StaleCursor{}, func(context.Context, postgres.StaleEvent) (postgres.RecoveryAction, string) {
+		return postgres.RecoveryDeadLetter, "recovery attempts exhausted"
+	})
+	require.NoError(t, err)
+	require.Len(t, report.DeadLettered, 1)
+
+	drained, err := sink.Drain(ctx)
+	require.NoError(t, err)
+	require.Zero(t, drained.Remaining)
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id='e-1'`))
+	require.Equal(t, 1, countRows(t, dsn, `SELECT count(*) FROM dead_letter_queue WHERE event_id='e-1' AND source='recovery'`))
+}

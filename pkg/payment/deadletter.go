@@ -2,6 +2,7 @@ package payment
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -38,4 +39,12 @@ type DeadLetter struct {
 	// FailEvent says the writer meant to fail the event too; the drain
 	// does so if the event is still where the writer left it.
 	FailEvent bool `json:"fail_event,omitempty"`
+}
+
+// FailureKey is the idempotency key (FallbackID) of the row recording an
+// event's failure in one generation: a generation fails at most once, so
+// a write repeated after an ambiguous commit, or its copy parked in Redis
+// and drained later, finds the row already there.
+func FailureKey(eventID string, generation int) string {
+	return "fail:" + eventID + ":g" + strconv.Itoa(generation)
 }

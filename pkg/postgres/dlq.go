@@ -33,6 +33,9 @@ func (db *DB) FailToDLQ(ctx context.Context, letter payment.DeadLetter) (moved b
 	if err := tx.Commit(ctx); err != nil {
 		return false, 0, classify("fail to dlq commit", err)
 	}
+	if len(ids) == 0 { // its key names a row already there
+		return true, 0, nil
+	}
 	return true, ids[0], nil
 }
 

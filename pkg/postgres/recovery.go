@@ -138,6 +138,9 @@ func (db *DB) recoverOne(ctx context.Context, s StaleEvent, action RecoveryActio
 				EventID: s.Event.ID, EventType: string(s.Event.Type), UserID: s.Event.UserID, Asset: s.Event.Asset,
 				Amount: s.Event.Amount.String(), Error: reason, Attempt: s.RetryCount + 1, Generation: s.Event.Generation,
 				Source: payment.SourceRecovery, TraceID: s.Event.TraceID,
+				// The generation's one failure: a worker's letter for it
+				// parked in Redis meanwhile drains into nothing.
+				FallbackID: payment.FailureKey(s.Event.ID, s.Event.Generation),
 			}
 			_, err = insertDeadLetters(ctx, tx, []payment.DeadLetter{*letter})
 		}

@@ -409,6 +409,19 @@ func TestUnknownTaskTypeIsDeadLetteredWithoutRetry(t *testing.T) {
 		info, err := inspector.GetQueueInfo(task.QueuePayments)
 		return err == nil && info.Archived == 1 && info.Retry == 0
 	})
+
+	// The same task run again (as after a worker that died once its row
+	// was committed) writes no second row.
+	archived, err := inspector.ListArchivedTasks(task.QueuePayments)
+	require.NoError(t, err)
+	require.Len(t, archived, 1)
+	require.NoError(t, inspector.RunTask(task.QueuePayments, archived[0].ID))
+	p.waitFor("archived again", 20*time.Second, func() bool {
+		info, err := inspector.GetQueueInfo(task.QueuePayments)
+		return err == nil && info.Archived == 1 && info.Pending == 0 && info.Active == 0
+	})
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_type='payment:refund'`), "one row for one task")
+	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE fallback_id='unknown_type:`+archived[0].ID+`'`))
 }
 
 // TestPostgresOutageDoesNotSpendRetries keeps PostgreSQL down while the

@@ -112,7 +112,7 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	w.metrics.tasks.WithLabelValues(t.Type(), "unknown_type").Inc()
 	out := w.dlq.Record(ctx, payment.DeadLetter{
 		EventID: taskID(ctx), EventType: t.Type(), Error: fmt.Sprintf("unknown task type %q", t.Type()),
-		Source: payment.SourceWorker, Payload: jsonOrNil(t.Payload()),
+		Source: payment.SourceWorker, Payload: jsonOrNil(t.Payload()), FallbackID: taskKey(ctx, "unknown_type"),
 	})
 	w.alerts.Raise("unknown_task_type:"+t.Type(), alert.Warning, "task of unknown type dead-lettered", map[string]any{"type": t.Type(), "sink": out.Sink})
 	return fmt.Errorf("unknown task type %q: %w", t.Type(), asynq.SkipRetry)
@@ -204,6 +204,7 @@ func (w *Worker) payment(ctx context.Context, t *asynq.Task) error {
 		out := w.dlq.Record(ctx, payment.DeadLetter{
 			EventID: orDefault(first.EventID, taskID(ctx)), EventType: task.TypePayment, Error: err.Error(),
 			Source: payment.SourceWorker, TraceID: first.TraceID, Payload: jsonOrNil(t.Payload()),
+			FallbackID: taskKey(ctx, "malformed"),
 		})
 		w.log.Error().Err(err).Str("task_id", taskID(ctx)).Str("sink", out.Sink).Msg("malformed payment task dead-lettered")
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
@@ -499,6 +500,18 @@ func retryCount(ctx context.Context) int {
 func taskID(ctx context.Context) string {
 	id, _ := asynq.GetTaskID(ctx)
 	return orDefault(id, "unknown")
+}
+
+// taskKey is the idempotency key of the one letter a task of this kind
+// writes: a run repeated after a commit whose answer was lost (or a
+// worker that died before asynq heard of it) writes no second row. Empty
+// when the task has no id: the sink then makes up a key of its own.
+func taskKey(ctx context.Context, kind string) string {
+	id, ok := asynq.GetTaskID(ctx)
+	if !ok || id == "" {
+		return ""
+	}
+	return kind + ":" + id
 }
 
 func orDefault(s, def string) string {
