@@ -223,3 +223,74 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name, status string) flo
 	t.Fatalf("no %s{status=%q}", name, status)
 	return 0
 }
+
+// Two replicas' runs of the full reconciliation on one pass, each on its own
+// pool, both reading the same chunk before either records it: each balance,
+// mismatch and the pass's end count once, in the pass row and in the sum of
+// the replicas' counters.
+func TestConcurrentFullReconcilesCountEachFindingOnce(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	setup := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	for u := int64(1); u <= 25; u++ {
+		_, err := setup.CreateUser(ctx, u)
+		require.NoError(t, err)
+		require.NoError(t, setup.SetInitialBalance(ctx, u, "ETH", decimal.RequireFromString("1")))
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 2 WHERE user_id IN (3, 21)`)
+	require.NoError(t, err)
+
+	// Hold both runs at their first chunk's read, so they read the same one.
+	lock, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `LOCK TABLE balances IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	errs := make(chan error, len(regs))
+	for _, reg := range regs {
+		m := monitor.New(testenv.OpenDB(t, dsn), &alerts{}, zerolog.New(io.Discard), reg)
+		go func() { errs <- m.FullReconcile(ctx) }()
+	}
+	watch, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer watch.Close(ctx)
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = 'balances'::regclass AND NOT granted`).Scan(&waiting)
+		return err == nil && waiting == 2
+	}, 10*time.Second, 20*time.Millisecond, "both runs wait at their first chunk")
+	require.NoError(t, lock.Commit(ctx))
+	for range regs {
+		require.NoError(t, <-errs)
+	}
+
+	var passes, checked, mismatches int64
+	require.NoError(t, conn.QueryRow(ctx, `SELECT count(*), COALESCE(sum(checked), 0), COALESCE(sum(mismatches), 0) FROM reconcile_runs`).Scan(&passes, &checked, &mismatches))
+	require.EqualValues(t, 1, passes, "the second run joins the first's pass")
+	require.EqualValues(t, 25, checked)
+	require.EqualValues(t, 2, mismatches)
+
+	sum := func(name string) float64 {
+		var total float64
+		for _, reg := range regs {
+			families, err := reg.Gather()
+			require.NoError(t, err)
+			for _, f := range families {
+				if f.GetName() != name {
+					continue
+				}
+				for _, s := range f.GetMetric() {
+					total += s.GetCounter().GetValue()
+				}
+			}
+		}
+		return total
+	}
+	require.EqualValues(t, 2, sum("settle_reconcile_mismatches_total"))
+	require.EqualValues(t, 25, sum("settle_reconcile_balances_checked_total"))
+	require.EqualValues(t, 1, sum("settle_reconcile_runs_total"))
+}

@@ -68,14 +68,23 @@ func (db *DB) HotPathCheck(ctx context.Context, window time.Duration) (int, []Mi
 	return checked, mismatches, nil
 }
 
-// ReconcilePass is the state of a full reconciliation pass.
+// ReconcilePass is the state of a full reconciliation pass. Two runs may
+// advance one pass at once (the scheduler's and settlectl's, or two
+// replicas'): each chunk counts for the run that recorded it first only.
 type ReconcilePass struct {
 	ID         int64
-	Checked    int64
-	Mismatches int64
-	Found      []Mismatch // found by this call
-	Finished   bool
+	Checked    int64      // recorded by this call
+	Mismatches int64      // recorded by this call
+	Found      []Mismatch // recorded by this call
+	Finished   bool       // this call recorded the pass's end
 	Resumed    bool
+	// Overtaken counts the chunks this call read but another run of the
+	// pass recorded first (this call counted none of them).
+	Overtaken int
+	// The pass as stored after this call: totals over every run of it, and
+	// whether it is over, here or in another run.
+	PassChecked, PassMismatches int64
+	PassDone                    bool
 }
 
 // ErrNothingToReconcile: the last pass finished within the interval.
@@ -102,8 +111,9 @@ func (db *DB) ReconcileFull(ctx context.Context, every time.Duration, chunk, max
 			return pass, err
 		}
 		done := seen < chunk
+		nextUser, nextAsset := cursorUser, cursorAsset
 		if seen > 0 {
-			cursorUser, cursorAsset = lastUser, lastAsset
+			nextUser, nextAsset = lastUser, lastAsset
 		}
 		sample := make([]string, 0, reconcileSampleMax)
 		for i, m := range found {
@@ -112,14 +122,30 @@ func (db *DB) ReconcileFull(ctx context.Context, every time.Duration, chunk, max
 			}
 		}
 		stmt := q("reconcile_advance")
-		if _, err := db.pool.Exec(ctx, stmt.text, id, cursorUser, cursorAsset, seen, len(found), strings.Join(sample, "; "), done); err != nil {
+		err = db.pool.QueryRow(ctx, stmt.text, id, nextUser, nextAsset, seen, len(found), strings.Join(sample, "; "), done,
+			cursorUser, cursorAsset).Scan(&pass.PassChecked, &pass.PassMismatches)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Another run recorded this chunk (or ended the pass): count
+			// nothing of it and go on from where that run got to.
+			pass.Overtaken++
+			stmt = q("reconcile_pass")
+			if err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&cursorUser, &cursorAsset, &pass.PassChecked, &pass.PassMismatches, &pass.PassDone); err != nil {
+				return pass, classify(stmt.name, err)
+			}
+			if pass.PassDone {
+				return pass, nil
+			}
+			continue
+		}
+		if err != nil {
 			return pass, classify(stmt.name, err)
 		}
+		cursorUser, cursorAsset = nextUser, nextAsset
 		pass.Checked += int64(seen)
 		pass.Mismatches += int64(len(found))
 		pass.Found = append(pass.Found, found...)
 		if done {
-			pass.Finished = true
+			pass.Finished, pass.PassDone = true, true
 			return pass, nil
 		}
 	}
@@ -133,10 +159,14 @@ func (db *DB) openPass(ctx context.Context, every time.Duration) (int64, int64, 
 		return 0, 0, "", false, classify("reconcile open pass", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	stmt := q("reconcile_lock")
+	if _, err := tx.Exec(ctx, stmt.text); err != nil {
+		return 0, 0, "", false, classify(stmt.name, err)
+	}
 	var id, cursorUser, checked, mismatches int64
 	var cursorAsset string
 	var started time.Time
-	stmt := q("reconcile_open_run")
+	stmt = q("reconcile_open_run")
 	err = tx.QueryRow(ctx, stmt.text).Scan(&id, &cursorUser, &cursorAsset, &checked, &mismatches, &started)
 	switch {
 	case err == nil && every > 0:

@@ -32,13 +32,17 @@ WHERE (b.user_id, b.asset) > ($1, $2)
 ORDER BY b.user_id, b.asset
 LIMIT $3;
 
+-- name: reconcile_lock
+-- Runs open or start a pass one at a time, so two runs that find none open
+-- do not start two passes over the same balances.
+SELECT pg_advisory_xact_lock(1399);
+
 -- name: reconcile_open_run
 SELECT id, cursor_user, cursor_asset, checked, mismatches, started_at
 FROM reconcile_runs
 WHERE finished_at IS NULL
 ORDER BY started_at DESC
-LIMIT 1
-FOR UPDATE SKIP LOCKED;
+LIMIT 1;
 
 -- name: reconcile_last_finished
 SELECT COALESCE(max(finished_at), 'epoch'::timestamptz) FROM reconcile_runs WHERE finished_at IS NOT NULL;
@@ -47,8 +51,17 @@ SELECT COALESCE(max(finished_at), 'epoch'::timestamptz) FROM reconcile_runs WHER
 INSERT INTO reconcile_runs DEFAULT VALUES RETURNING id, started_at;
 
 -- name: reconcile_advance
+-- Records a chunk only if the pass's cursor is still where the chunk began
+-- ($8, $9) and the pass is open: a run that another run of the same pass
+-- overtook records nothing, so each balance is counted once per pass.
 UPDATE reconcile_runs
 SET cursor_user = $2, cursor_asset = $3, checked = checked + $4, mismatches = mismatches + $5,
     sample = CASE WHEN sample = '' THEN $6 ELSE sample END,
     finished_at = CASE WHEN $7 THEN now() ELSE NULL END
+WHERE id = $1 AND finished_at IS NULL AND cursor_user = $8 AND cursor_asset = $9
+RETURNING checked, mismatches;
+
+-- name: reconcile_pass
+SELECT cursor_user, cursor_asset, checked, mismatches, finished_at IS NOT NULL
+FROM reconcile_runs
 WHERE id = $1;
