@@ -454,6 +454,24 @@ func TestCheckerCatchesPostOnAnotherNetwork(t *testing.T) {
 	requireOK(t, db)
 }
 
+// A void names its hold's network (the api copies it) or none. It moves
+// no money, so the ledger takes one on another network; such a void, or
+// a hold's network rewritten under it, is corruption the checker names.
+func TestCheckerCatchesVoidOnAnotherNetwork(t *testing.T) {
+	db, conn := holdFixture(t)
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "v1", Type: payment.WithdrawalVoid, UserID: 1, Asset: "ETH",
+		Amount: decimal.RequireFromString("3"), HoldID: "h1", Network: "ETH_MAINNET"}})
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "v1"))
+	requireOK(t, db)
+
+	execAll(t, conn, `UPDATE payment_events SET network = 'BASE_MAINNET' WHERE event_id = 'v1'`)
+	report := requireFailing(t, db, "every confirmed void is on its hold's network")
+	require.Contains(t, report.String(), "v1 on BASE_MAINNET, hold h1 on ETH_MAINNET")
+
+	execAll(t, conn, `UPDATE payment_events SET network = NULL WHERE event_id = 'v1'`)
+	requireOK(t, db)
+}
+
 // A dead-lettered event is explained by a letter of its failure, not by
 // the replayed letter of an earlier one.
 func TestCheckerCatchesDeadLetterOfEarlierGeneration(t *testing.T) {

@@ -60,6 +60,7 @@ var invariantChecks = []struct {
 	{name: "every confirmed withdrawal_hold has its holds row", query: "inv_holds_of_confirmed"},
 	{name: "every confirmed post or void resolved its hold", query: "inv_hold_resolvers"},
 	{name: "every confirmed post is on its hold's network", query: "inv_post_networks"},
+	{name: "every confirmed void is on its hold's network", query: "inv_void_networks"},
 	{name: "at most one confirmed post or void per hold", query: "inv_hold_resolved_once"},
 	{query: "inv_reorg", names: []string{
 		"reorg compensations and give-backs match their deposit",

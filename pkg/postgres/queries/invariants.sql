@@ -212,6 +212,21 @@ FROM (SELECT e.event_id, COALESCE(e.network, a.network) AS network, h.hold_id, h
       WHERE e.event_type = 'withdrawal_post' AND e.status = 'confirmed'
         AND COALESCE(e.network, a.network) IS DISTINCT FROM h.network) x;
 
+-- name: inv_void_networks
+-- 4. A confirmed void names its hold's network, or none. A void moves no
+-- money, so the ledger does not refuse one on another network, but the
+-- api copies the hold's network onto it: another one means the void or
+-- the hold was rewritten. A void naming none is not judged by its asset's
+-- network (no chain is read or claimed for it).
+SELECT count(*), COALESCE(string_agg(format('%s on %s, hold %s on %s', event_id, network, hold_id, hold_network), '; ')
+                          FILTER (WHERE rn <= 10), '')
+FROM (SELECT e.event_id, e.network, h.hold_id, h.network AS hold_network,
+             row_number() OVER (ORDER BY e.created_at) AS rn
+      FROM payment_events e
+      JOIN holds h ON h.hold_id = e.hold_id
+      WHERE e.event_type = 'withdrawal_void' AND e.status = 'confirmed'
+        AND e.network IS NOT NULL AND e.network IS DISTINCT FROM h.network) x;
+
 -- name: inv_hold_resolved_once
 -- 4. A hold resolves once: at most one confirmed post or void names it.
 SELECT count(*), COALESCE(string_agg(hold_id || ': ' || resolvers, '; ') FILTER (WHERE rn <= 10), '')
