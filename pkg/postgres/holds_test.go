@@ -444,7 +444,7 @@ func TestInitialBalanceBelowOpenHoldsIsRefusedClearly(t *testing.T) {
 	requireOutcome(t, f.apply(f.holdTask("h1", 1, "30"))[0], payment.StatusConfirmed, payment.OutcomeHeld)
 	err := f.db.SetInitialBalance(context.Background(), 1, "ETH", dec("10"))
 	require.ErrorIs(t, err, payment.ErrInvalid)
-	require.Contains(t, err.Error(), "open holds")
+	require.Contains(t, err.Error(), "below the 30 the user's open holds keep")
 	require.Equal(t, "100", f.balance(1, "ETH").String())
 	require.NoError(t, f.db.SetInitialBalance(context.Background(), 1, "ETH", dec("30")), "down to the held amount is allowed")
 	require.Equal(t, "30", f.balance(1, "ETH").String())

@@ -44,7 +44,17 @@ func (db *DB) SetInitialBalance(ctx context.Context, user int64, asset string, a
 		}
 		// The balance would fall below what open holds keep (or below 0).
 		if isCode(err, codeCheckViolation) {
-			return payment.Invalid("initial balance %s of user %d in %s is below what the user's open holds keep", amount, user, asset)
+			// Name the amount held, so the operator knows what to resolve
+			// or the least they may set.
+			held := "?"
+			if bs, err := db.Balances(ctx, user); err == nil {
+				for _, b := range bs {
+					if b.Asset == asset {
+						held = b.Held.String()
+					}
+				}
+			}
+			return payment.Invalid("initial balance %s of user %d in %s is below the %s the user's open holds keep: post or void them, or set at least that", amount, user, asset, held)
 		}
 		return classify(stmt.name, err)
 	}
