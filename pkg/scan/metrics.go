@@ -38,7 +38,11 @@ const (
 )
 
 type metrics struct {
-	lag         *prometheus.GaugeVec
+	lag *prometheus.GaugeVec
+	// lagUpdated: when lag was last set. A replica that stops reading the
+	// network (its node fails, its loop is stuck) keeps its last lag; the
+	// alerts count only lags set recently.
+	lagUpdated  *prometheus.GaugeVec
 	deposits    *prometheus.CounterVec
 	passes      *prometheus.CounterVec
 	calls       *prometheus.CounterVec
@@ -54,6 +58,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "settle_scan_head_lag_blocks", Help: "Blocks at or below the network's finality head that the scanner's cursor has not scanned yet.",
+		}, []string{"network"}),
+		lagUpdated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_lag_updated_timestamp_seconds", Help: "Unix time this process last set settle_scan_head_lag_blocks of the network (each pass that read the finality head and the cursor, whichever replica holds the lease).",
 		}, []string{"network"}),
 		deposits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_scan_deposits_total", Help: "Deposits the chain scanner found, by source: scanner (stored first, no webhook had reported it), reported (already an event), reopened (already an event that ended failed/reorged, now reopened), superseded (replaced a failed/mismatch deposit), conflict (the id holds other content).",
@@ -81,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"network"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs, m.rescansWaiting)
+		reg.MustRegister(m.lag, m.lagUpdated, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs, m.rescansWaiting)
 	}
 	return m
 }

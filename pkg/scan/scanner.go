@@ -328,10 +328,10 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 		s.opts.Log.Info().Str("network", n.Name).Uint64("next_block", head).Msg("scan cursor starts at the finality head")
 		result = resultIdle
 		s.succeeded(n.Name)
-		s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(head, head)))
+		s.setLag(n.Name, lag(head, head))
 		return false, nil
 	}
-	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(next, head)))
+	s.setLag(n.Name, lag(next, head))
 	if next > head {
 		result = resultIdle
 		s.succeeded(n.Name)
@@ -374,7 +374,7 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	result = resultOK
 	s.succeeded(n.Name)
 	s.metrics.blocks.WithLabelValues(n.Name, kindCursor).Add(float64(claim.To - claim.From + 1))
-	s.metrics.lag.WithLabelValues(n.Name).Set(float64(lag(claim.To+1, head)))
+	s.setLag(n.Name, lag(claim.To+1, head))
 	s.record(n.Name, events, stored)
 	s.opts.Log.Debug().Str(logging.FieldTraceID, traceID).Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).
 		Int("deposits", len(events)).Msg("scan pass")
@@ -702,6 +702,12 @@ func (s *Scanner) release(network string, do func(context.Context) error) {
 
 func (s *Scanner) count(network, method string, n int) {
 	s.metrics.calls.WithLabelValues(network, method).Add(float64(n))
+}
+
+// setLag sets the network's lag and when it was set.
+func (s *Scanner) setLag(network string, blocks uint64) {
+	s.metrics.lag.WithLabelValues(network).Set(float64(blocks))
+	s.metrics.lagUpdated.WithLabelValues(network).SetToCurrentTime()
 }
 
 func (s *Scanner) succeeded(network string) {

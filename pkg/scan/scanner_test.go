@@ -407,6 +407,45 @@ func TestFirstRunStartsAtTheHead(t *testing.T) {
 	}
 }
 
+// TestLagSetWithItsTime: every pass that reads the finality head and the
+// cursor sets the lag and when it was set, a pass another replica's lease
+// skips included; a pass that reads neither leaves both, so the alerts
+// can tell a stale lag from a fresh one.
+func TestLagSetWithItsTime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	f := newDevScanFixture(t, ctx, network, []string{"0x00000000000000000000000000000000000a0d1a"})
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	const updated = "settle_scan_lag_updated_timestamp_seconds"
+
+	before := float64(time.Now().UnixNano()) / 1e9
+	_, err = f.scanner.CursorPass(ctx, f.n) // first run
+	require.NoError(t, err)
+	first := gaugeValue(t, f.reg, updated)
+	require.GreaterOrEqual(t, first, before, "the first run set the lag")
+
+	// Another replica holds the cursor: this pass is skipped, yet it read
+	// the lag and says so.
+	_, ok, err := f.db.ClaimScanCursor(ctx, network, "other-replica", time.Minute, 1, head)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = f.scanner.CursorPass(ctx, f.n)
+	require.NoError(t, err)
+	skipped := gaugeValue(t, f.reg, updated)
+	require.Greater(t, skipped, first, "a skipped pass set the lag too")
+	require.InDelta(t, 1, gaugeValue(t, f.reg, "settle_scan_head_lag_blocks"), 0)
+
+	// A pass that cannot read the head leaves the lag and its time.
+	dead, stop := context.WithCancel(ctx)
+	stop()
+	_, err = f.scanner.CursorPass(dead, f.n)
+	require.Error(t, err)
+	require.Equal(t, skipped, gaugeValue(t, f.reg, updated))
+}
+
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
