@@ -52,6 +52,10 @@ type metrics struct {
 	reorgs      *prometheus.CounterVec
 	// rescansWaiting: running jobs whose next block is above the finality head.
 	rescansWaiting *prometheus.GaugeVec
+	// interval and passTimeout: the settings, so the alerts size how long
+	// a healthy replica may go between passes from them.
+	interval    *prometheus.GaugeVec
+	passTimeout *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -86,9 +90,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rescansWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "settle_scan_rescans_waiting", Help: "Running rescan and backfill jobs whose next block is above the network's finality head as the scanner last read it: they wait for the chain (a range asked above the head waits until the chain gets there; settlectl rescan cancel ends one).",
 		}, []string{"network"}),
+		interval: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_interval_seconds", Help: "SCAN_INTERVAL of this process's scanner, for each network it scans: how often it passes.",
+		}, []string{"network"}),
+		passTimeout: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_scan_pass_timeout_seconds", Help: "SCAN_PASS_TIMEOUT of this process's scanner, for each network it scans: the bound of one pass (and of each statement between passes).",
+		}, []string{"network"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.lagUpdated, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs, m.rescansWaiting)
+		reg.MustRegister(m.lag, m.lagUpdated, m.deposits, m.passes, m.calls, m.blocks, m.lastSuccess, m.logsRefused, m.reorgs, m.rescansWaiting,
+			m.interval, m.passTimeout)
 	}
 	return m
 }

@@ -203,6 +203,8 @@ func New(opts Options) *Scanner {
 		s.passBlocks[n.Name] = new(atomic.Uint64)
 		s.passBlocks[n.Name].Store(opts.BlocksMax)
 		s.names = append(s.names, n.Name)
+		s.metrics.interval.WithLabelValues(n.Name).Set(opts.Interval.Seconds())
+		s.metrics.passTimeout.WithLabelValues(n.Name).Set(opts.PassTimeout.Seconds())
 	}
 	sort.Strings(s.names)
 	return s

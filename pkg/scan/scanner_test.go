@@ -459,6 +459,35 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// TestSettingsExported: each network the scanner follows exports its
+// interval and pass timeout, defaults filled in, which the scanner alerts
+// size their bounds from.
+func TestSettingsExported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(Options{
+		Networks:   []Network{{Name: "ETH_MAINNET"}, {Name: "BASE_MAINNET"}},
+		Interval:   10 * time.Minute,
+		Registerer: reg,
+	})
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "settle_scan_interval_seconds" && f.GetName() != "settle_scan_pass_timeout_seconds" {
+			continue
+		}
+		got[f.GetName()] = map[string]float64{}
+		for _, m := range f.GetMetric() {
+			require.Len(t, m.GetLabel(), 1)
+			got[f.GetName()][m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+		}
+	}
+	require.Equal(t, map[string]map[string]float64{
+		"settle_scan_interval_seconds":     {"ETH_MAINNET": 600, "BASE_MAINNET": 600},
+		"settle_scan_pass_timeout_seconds": {"ETH_MAINNET": PassTimeoutDefault.Seconds(), "BASE_MAINNET": PassTimeoutDefault.Seconds()},
+	}, got)
+}
+
 // TestLaggingLogsIndexFailsThePass: behind a balancer one backend's log
 // index lags and answers eth_getLogs over the range with an empty list
 // while its blocks (from another backend) show a token deposit. The
