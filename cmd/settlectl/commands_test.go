@@ -191,9 +191,21 @@ func TestRescanCancel(t *testing.T) {
 		VALUES ('rescan-typo', 'ETH_MAINNET', 30000000, 30000100, 30000000, 'alice')`)
 	require.NoError(t, err)
 
+	// status shows a restart: how often, when and why.
+	_, err = conn.Exec(ctx, `UPDATE rescan_jobs SET restarts = 1, last_restart_at = '2026-01-02T03:04:05Z',
+		last_restart_reason = 'the branch changed under the job; reading again from block 30000000' WHERE id = 'rescan-typo'`)
+	require.NoError(t, err)
+	out, err := runCtl(t, dsn, "rescan", "status", "rescan-typo")
+	require.NoError(t, err)
+	var status map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &status), out)
+	require.EqualValues(t, 1, status["restarts"])
+	require.Equal(t, "2026-01-02T03:04:05Z", status["last_restart_at"])
+	require.Equal(t, "the branch changed under the job; reading again from block 30000000", status["last_restart_reason"])
+
 	_, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo")
 	require.ErrorIs(t, err, config.ErrUsage, "a cancel says why")
-	out, err := runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--operator", "bob", "--reason", "typo: block 3,000,000 meant")
+	out, err = runCtl(t, dsn, "rescan", "cancel", "rescan-typo", "--operator", "bob", "--reason", "typo: block 3,000,000 meant")
 	require.NoError(t, err)
 	var job map[string]any
 	require.NoError(t, json.Unmarshal([]byte(out), &job), out)

@@ -132,7 +132,11 @@ func rescanOutput(j postgres.RescanJob) map[string]any {
 	out := map[string]any{
 		"id": j.ID, "network": j.Network, "from_block": j.FromBlock, "to_block": j.ToBlock, "next_block": j.NextBlock,
 		"blocks_done": j.NextBlock - j.FromBlock, "status": j.Status, "found": j.Found, "requested_by": j.RequestedBy, "operator": j.Operator,
-		"created_at": j.CreatedAt, "updated_at": j.UpdatedAt,
+		"created_at": j.CreatedAt, "updated_at": j.UpdatedAt, "restarts": j.Restarts,
+	}
+	if j.LastRestartAt != nil {
+		out["last_restart_at"] = *j.LastRestartAt
+		out["last_restart_reason"] = j.LastRestartReason
 	}
 	if j.Address != "" {
 		out["address"] = j.Address

@@ -448,6 +448,14 @@ func TestHoldsAndRescans(t *testing.T) {
 	require.NoError(t, err)
 	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
 	require.Contains(t, a.body, "waiting: finality head 42")
+	require.NotContains(t, a.body, "restarted")
+	// A job the branch changed under says how often it restarted, and why.
+	_, err = conn.Exec(ctx, `UPDATE rescan_jobs SET restarts = 2, last_restart_at = now(),
+		last_restart_reason = 'the branch changed under the job between its passes: block 149; reading again from block 100' WHERE id = $1`, jobID)
+	require.NoError(t, err)
+	a = f.do(http.MethodGet, "/admin/console/rescans", admin, nil, nil)
+	require.Contains(t, a.body, "restarted 2×, last ")
+	require.Contains(t, a.body, "block 149; reading again from block 100")
 	// The admin API's own rules refuse, and say why.
 	for name, change := range map[string]url.Values{
 		"to before from":         {"to_block": {"99"}},

@@ -58,18 +58,25 @@ type rescanJSON struct {
 	Error       string  `json:"error,omitempty"`
 	// WaitingHead: present while the job waits for the chain, the
 	// network's finality head the scanner last read, below next_block.
-	WaitingHead *uint64   `json:"waiting_head,omitempty"`
-	Found       int       `json:"found"`
-	RequestedBy string    `json:"requested_by"`
-	Operator    string    `json:"operator,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
-	TraceID     string    `json:"trace_id"`
+	WaitingHead *uint64 `json:"waiting_head,omitempty"`
+	Found       int     `json:"found"`
+	// Restarts: how often the branch changed under the job between its
+	// passes and it read blocks again; the latest's time and reason are
+	// present once there was one.
+	Restarts          int        `json:"restarts"`
+	LastRestartAt     *time.Time `json:"last_restart_at,omitempty"`
+	LastRestartReason string     `json:"last_restart_reason,omitempty"`
+	RequestedBy       string     `json:"requested_by"`
+	Operator          string     `json:"operator,omitempty"`
+	CreatedAt         time.Time  `json:"created_at"`
+	UpdatedAt         time.Time  `json:"updated_at"`
+	TraceID           string     `json:"trace_id"`
 }
 
 func rescanView(j postgres.RescanJob, traceID string) rescanJSON {
 	v := rescanJSON{ID: j.ID, Network: j.Network, Address: j.Address, FromBlock: j.FromBlock, ToBlock: j.ToBlock,
 		NextBlock: j.NextBlock, Status: j.Status, Error: j.Error, WaitingHead: j.WaitingHead, Found: j.Found, RequestedBy: j.RequestedBy, Operator: j.Operator,
+		Restarts: j.Restarts, LastRestartAt: j.LastRestartAt, LastRestartReason: j.LastRestartReason,
 		CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt, TraceID: traceID}
 	if j.NextBlock > j.FromBlock {
 		v.BlocksDone = j.NextBlock - j.FromBlock

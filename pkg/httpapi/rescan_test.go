@@ -65,6 +65,16 @@ func TestRescanRequests(t *testing.T) {
 	execSQL(t, h.dsn, "UPDATE rescan_jobs SET waiting_head = 7 WHERE id = $1", id)
 	got = h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
 	require.EqualValues(t, 7, got.body["waiting_head"])
+	// A job that restarted says how often, when and why.
+	require.EqualValues(t, 0, got.body["restarts"])
+	require.NotContains(t, got.body, "last_restart_at")
+	require.NotContains(t, got.body, "last_restart_reason")
+	execSQL(t, h.dsn, `UPDATE rescan_jobs SET restarts = 2, last_restart_at = '2026-01-02T03:04:05Z',
+		last_restart_reason = 'the branch changed under the job; reading again from block 0' WHERE id = $1`, id)
+	got = h.do(http.MethodGet, "/admin/rescan/"+id, nil, admin)
+	require.EqualValues(t, 2, got.body["restarts"])
+	require.Equal(t, "2026-01-02T03:04:05Z", got.body["last_restart_at"])
+	require.Equal(t, "the branch changed under the job; reading again from block 0", got.body["last_restart_reason"])
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/nope", nil, admin), http.StatusNotFound)
 	requireError(t, h.do(http.MethodGet, "/admin/rescan/"+id, nil, nil), http.StatusUnauthorized)
 	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM rescan_jobs"))

@@ -475,7 +475,7 @@ func (db *DB) RescanJobs(ctx context.Context, limit int) (jobs []RescanJob, foun
 		var from, next int64
 		var to, waiting *int64
 		err := row.Scan(&j.ID, &j.Network, &j.Address, &from, &to, &next, &j.Status, &j.Error,
-			&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting)
+			&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting, &j.Restarts, &j.LastRestartAt, &j.LastRestartReason)
 		j.FromBlock, j.NextBlock, j.WaitingHead = uint64(from), uint64(next), blockPtr(waiting)
 		if to != nil {
 			end := uint64(*to)

@@ -254,7 +254,7 @@ type RescanJob struct {
 	NextBlock   uint64
 	Status      string
 	Error       string
-	Found       int
+	Found       int    // transfers its passes found, each counted once
 	RequestedBy string // the kind: RescanByAdmin or RescanByBackfill
 	// Operator is who asked and why ("name @ip", the console's "name
 	// (console, role) @ip: reason"); empty for backfills and older rows.
@@ -265,6 +265,12 @@ type RescanJob struct {
 	// network's finality head as the scanner last read it was below
 	// NextBlock.
 	WaitingHead *uint64
+	// Restarts counts the times the branch changed under the job between
+	// its passes and it went back (RestartRescan); LastRestartAt and
+	// LastRestartReason tell the latest (nil and "" before any).
+	Restarts          int
+	LastRestartAt     *time.Time
+	LastRestartReason string
 }
 
 // CreateRescan records a rescan of network's blocks from through to for
@@ -310,7 +316,7 @@ func (db *DB) Rescan(ctx context.Context, id string) (RescanJob, error) {
 	var pending bool
 	var waiting *int64
 	err := db.pool.QueryRow(ctx, stmt.text, id).Scan(&j.ID, &j.Network, &j.Address, &from, &to, &pending, &next, &j.Status, &j.Error,
-		&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting)
+		&j.Found, &j.RequestedBy, &j.Operator, &j.CreatedAt, &j.UpdatedAt, &waiting, &j.Restarts, &j.LastRestartAt, &j.LastRestartReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RescanJob{}, fmt.Errorf("rescan %s: %w", id, payment.ErrNotFound)
 	}
@@ -391,28 +397,56 @@ func (db *DB) ClaimRescan(ctx context.Context, network string, head uint64, owne
 // CompleteRescanPass stores one pass's deposits of a job and moves the
 // job past blocks from through to, recording toHash (block to's hash as
 // read; "" when not known) for its next pass; ErrLeaseLost when it is no
-// longer this owner's.
-func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, found int, events []NewEvent) ([]StoredDeposit, error) {
+// longer this owner's. The job's found grows by the events it had not
+// found before: a pass reading blocks again after a restart counts only
+// what is new to the job.
+func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, events []NewEvent) ([]StoredDeposit, error) {
 	stmt := q("rescan_advance")
+	ids := make([]string, len(events))
+	for i, e := range events {
+		ids[i] = e.Event.ID
+	}
 	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
 		var status string
-		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), found, toHash).Scan(&status)
+		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), ids, toHash).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
-		return err == nil, classify(stmt.name, err)
+		if err != nil {
+			return false, classify(stmt.name, err)
+		}
+		if status == "done" {
+			forget := q("rescan_found_forget")
+			if _, err := tx.Exec(ctx, forget.text, id); err != nil {
+				return false, classify(forget.name, err)
+			}
+		}
+		return true, nil
 	})
 }
 
+// RescanRestartReasonMax bounds the reason RestartRescan records: the
+// block the job goes back to is added, within last_restart_reason's
+// CHECK of 1000 characters (migration 0031).
+const RescanRestartReasonMax = 900
+
 // RestartRescan moves a job whose pass starting at next found the branch
 // changed under it back depth blocks (its whole range when depth is not
-// positive; never before its from_block), forgets its hash and gives
-// the lease back; it answers the job's next block now. ErrLeaseLost when
-// the job is no longer this owner's.
-func (db *DB) RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64) (uint64, error) {
+// positive; never before its from_block), forgets its hash, records the
+// restart and why (reason, cut to RescanRestartReasonMax characters, and
+// the block it goes back to) and gives the lease back; it answers the
+// job's next block now. ErrLeaseLost when the job is no longer this
+// owner's.
+func (db *DB) RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64, reason string) (uint64, error) {
+	if reason == "" {
+		reason = "restarted"
+	}
+	if r := []rune(reason); len(r) > RescanRestartReasonMax {
+		reason = string(r[:RescanRestartReasonMax])
+	}
 	stmt := q("rescan_restart")
 	var restart int64
-	err := db.pool.QueryRow(ctx, stmt.text, id, owner, int64(next), depth).Scan(&restart)
+	err := db.pool.QueryRow(ctx, stmt.text, id, owner, int64(next), depth, reason).Scan(&restart)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrLeaseLost
 	}

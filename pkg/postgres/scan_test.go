@@ -114,15 +114,15 @@ func TestBackfillEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, postgres.RescanClaim{ID: "bf-1", Network: network, Address: "0x" + strings.Repeat("11", 20), Next: 40, To: 109}, claim)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "b", 40, 89, "", 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "b", 40, 89, "", nil)
 	require.ErrorIs(t, err, postgres.ErrLeaseLost)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, "", 2, nil)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, "", []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 90, claim.Next)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 90, 109, "", 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 90, 109, "", nil)
 	require.NoError(t, err)
 	job, err = db.Rescan(ctx, "bf-1")
 	require.NoError(t, err)
@@ -261,13 +261,13 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "r-long", claim.ID, "the oldest job the head allows")
-	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 10, 19, "", 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 10, 19, "", nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "r-short", claim.ID, "after a pass of the long job, the next one's turn")
-	_, err = db.CompleteRescanPass(ctx, "r-short", "a", 50, 50, "", 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-short", "a", 50, 50, "", nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
 	require.NoError(t, err)
@@ -278,7 +278,7 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.False(t, ok, "leased, and the rest waits above the head")
 
 	require.NoError(t, db.CancelRescan(ctx, "r-long", "op", "typo"))
-	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, "", 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, "", nil)
 	require.ErrorIs(t, err, postgres.ErrLeaseLost, "the pass under way stores nothing")
 	job, err = db.Rescan(ctx, "r-long")
 	require.NoError(t, err)
@@ -344,18 +344,18 @@ func TestRescanKeepsItsLastHash(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Empty(t, claim.LastHash, "a new job knows no hash")
-	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 29, hash, 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 29, hash, nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, postgres.RescanClaim{ID: "r-hash", Network: network, Next: 30, To: 99, LastHash: hash}, claim)
 
-	_, err = db.RestartRescan(ctx, "r-hash", "b", 30, 5)
+	_, err = db.RestartRescan(ctx, "r-hash", "b", 30, 5, "test")
 	require.ErrorIs(t, err, postgres.ErrLeaseLost, "not the lease's owner")
-	_, err = db.RestartRescan(ctx, "r-hash", "a", 31, 5)
+	_, err = db.RestartRescan(ctx, "r-hash", "a", 31, 5, "test")
 	require.ErrorIs(t, err, postgres.ErrLeaseLost, "not the pass's block")
-	next, err := db.RestartRescan(ctx, "r-hash", "a", 30, 5)
+	next, err := db.RestartRescan(ctx, "r-hash", "a", 30, 5, "test")
 	require.NoError(t, err)
 	require.EqualValues(t, 25, next)
 	job, err := db.Rescan(ctx, "r-hash")
@@ -367,18 +367,126 @@ func TestRescanKeepsItsLastHash(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "the lease was given back")
 	require.Empty(t, claim.LastHash, "the hash is forgotten")
-	next, err = db.RestartRescan(ctx, "r-hash", "a", 25, 128)
+	next, err = db.RestartRescan(ctx, "r-hash", "a", 25, 128, "test")
 	require.NoError(t, err)
 	require.EqualValues(t, 10, next, "never before the job's start")
 	_, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 49, hash, 0, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 49, hash, nil)
 	require.NoError(t, err)
 	_, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
-	next, err = db.RestartRescan(ctx, "r-hash", "a", 50, -1)
+	next, err = db.RestartRescan(ctx, "r-hash", "a", 50, -1, "test")
 	require.NoError(t, err)
 	require.EqualValues(t, 10, next, "SCAN_REORG_RESCAN off: the whole range")
+}
+
+// scannedDeposit is a scanned ETH deposit of user 1 on ETH_MAINNET, its
+// transaction numbered n.
+func scannedDeposit(n int) postgres.NewEvent {
+	hash := fmt.Sprintf("0x%064x", 0xf00+n)
+	return postgres.NewEvent{Event: payment.Event{ID: "chain:ETH_MAINNET:" + hash + ":native", Type: payment.Deposit,
+		UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1"), TxHash: hash, TransferIndex: payment.TransferNative, Network: "ETH_MAINNET"},
+		Source: postgres.SourceScanner, ToAddress: "0x" + strings.Repeat("33", 20)}
+}
+
+// TestRescanRestartCountsOnce: a restart is recorded on the job (how
+// often, when, why and from which block it reads again), and the blocks
+// it reads again add to found only the transfers the job had not found:
+// one found before and again counts once, one the fork mined there
+// counts. A pass that lost its lease counts nothing, and the ids go when
+// the job ends (done, failed or cancelled).
+func TestRescanRestartCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	db, conn := f.db, f.sql
+	const network = "ETH_MAINNET"
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	ids := func(job string) int {
+		t.Helper()
+		var n int
+		require.NoError(t, conn.QueryRow(ctx, `SELECT count(*) FROM rescan_found WHERE job_id = $1`, job).Scan(&n))
+		return n
+	}
+	claim := func() {
+		t.Helper()
+		_, ok, err := db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	hash := "0x" + strings.Repeat("ab", 32)
+	_, err = db.CreateRescan(ctx, "r-count", network, 10, 99, "op")
+	require.NoError(t, err)
+	claim()
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
+	require.NoError(t, err)
+	job, err := db.Rescan(ctx, "r-count")
+	require.NoError(t, err)
+	require.Equal(t, 2, job.Found)
+	require.Zero(t, job.Restarts)
+	require.Nil(t, job.LastRestartAt)
+	require.Empty(t, job.LastRestartReason)
+
+	claim()
+	next, err := db.RestartRescan(ctx, "r-count", "a", 30, 128, "the branch changed under the job")
+	require.NoError(t, err)
+	require.EqualValues(t, 10, next)
+	job, err = db.Rescan(ctx, "r-count")
+	require.NoError(t, err)
+	require.Equal(t, 1, job.Restarts)
+	require.NotNil(t, job.LastRestartAt)
+	require.Equal(t, "the branch changed under the job; reading again from block 10", job.LastRestartReason)
+	require.Equal(t, 2, job.Found, "a restart takes nothing off")
+
+	// Read again: deposit 1 is there still, 2 is gone with the old branch,
+	// 3 is the fork's.
+	claim()
+	_, err = db.CompleteRescanPass(ctx, "r-count", "b", 10, 29, hash, []postgres.NewEvent{scannedDeposit(4)})
+	require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3)})
+	require.NoError(t, err)
+	job, err = db.Rescan(ctx, "r-count")
+	require.NoError(t, err)
+	require.Equal(t, 3, job.Found, "each transfer once: deposit 1 read twice counts once")
+	require.Equal(t, 3, ids("r-count"), "the lease lost pass recorded nothing")
+
+	claim()
+	next, err = db.RestartRescan(ctx, "r-count", "a", 30, -1, "again")
+	require.NoError(t, err)
+	require.EqualValues(t, 10, next)
+	claim()
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 99, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3), scannedDeposit(5)})
+	require.NoError(t, err)
+	job, err = db.Rescan(ctx, "r-count")
+	require.NoError(t, err)
+	require.Equal(t, "done", job.Status)
+	require.Equal(t, 4, job.Found)
+	require.Equal(t, 2, job.Restarts)
+	require.Equal(t, "again; reading again from block 10", job.LastRestartReason)
+	require.Zero(t, ids("r-count"), "a job done keeps no ids")
+
+	// A job cancelled or failed keeps none either.
+	for _, id := range []string{"r-cancel", "r-fail"} {
+		_, err = db.CreateRescan(ctx, id, network, 10, 99, "op")
+		require.NoError(t, err)
+	}
+	for _, id := range []string{"r-cancel", "r-fail"} { // in turn
+		claim()
+		_, err = db.CompleteRescanPass(ctx, id, "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1)})
+		require.NoError(t, err)
+		require.Equal(t, 1, ids(id))
+	}
+	require.NoError(t, db.CancelRescan(ctx, "r-cancel", "op", "typo"))
+	require.Zero(t, ids("r-cancel"))
+	require.Equal(t, 1, ids("r-fail"))
+	claim()
+	require.NoError(t, db.FailRescan(ctx, "r-fail", "a", "cannot read"))
+	require.Zero(t, ids("r-fail"))
+	job, err = db.Rescan(ctx, "r-fail")
+	require.NoError(t, err)
+	require.Equal(t, "failed", job.Status)
+	require.Equal(t, 1, job.Found)
 }

@@ -39,11 +39,14 @@ type branchProxy struct {
 	old    map[string]json.RawMessage // eth_getBlockByNumber(n, true) by hex n
 	logs   []json.RawMessage          // the old branch's logs; nil: none recorded
 	traces map[string]json.RawMessage // debug_traceBlockByNumber(n) by hex n
+	// receipts: eth_getTransactionReceipt(h) by h, of the transactions
+	// mined on both branches whose receipts are recorded (recordReceipts).
+	receipts map[string]json.RawMessage
 }
 
 func newBranchProxy(t *testing.T, target string) *branchProxy {
 	t.Helper()
-	p := &branchProxy{target: target, old: map[string]json.RawMessage{}, traces: map[string]json.RawMessage{}}
+	p := &branchProxy{target: target, old: map[string]json.RawMessage{}, traces: map[string]json.RawMessage{}, receipts: map[string]json.RawMessage{}}
 	p.server = httptest.NewServer(p)
 	t.Cleanup(p.server.Close)
 	return p
@@ -88,6 +91,19 @@ func (p *branchProxy) recordTraces(t *testing.T, from, to uint64) {
 	}
 }
 
+// recordReceipts keeps the node's receipts of transactions as the old
+// branch's (for one mined on both branches, the node answers the new
+// branch's block).
+func (p *branchProxy) recordReceipts(t *testing.T, hashes ...string) {
+	t.Helper()
+	for _, h := range hashes {
+		raw := p.call(t, "eth_getTransactionReceipt", h)
+		p.mu.Lock()
+		p.receipts[strings.ToLower(h)] = raw
+		p.mu.Unlock()
+	}
+}
+
 type branchRequest struct {
 	ID     json.RawMessage   `json:"id"`
 	Method string            `json:"method"`
@@ -118,6 +134,7 @@ func (p *branchProxy) catchUp() {
 	p.old = map[string]json.RawMessage{}
 	p.logs = nil
 	p.traces = map[string]json.RawMessage{}
+	p.receipts = map[string]json.RawMessage{}
 }
 
 func (p *branchProxy) forward(ctx context.Context, body []byte) ([]byte, error) {
@@ -178,6 +195,8 @@ func (p *branchProxy) answer(ctx context.Context, elem json.RawMessage) (json.Ra
 			old, ok = p.old[strings.ToLower(number)]
 		case "debug_traceBlockByNumber":
 			old, ok = p.traces[strings.ToLower(number)]
+		case "eth_getTransactionReceipt":
+			old, ok = p.receipts[strings.ToLower(number)]
 		}
 		p.mu.Unlock()
 		if ok {
@@ -196,6 +215,9 @@ func (p *branchProxy) answerSingle(ctx context.Context, body []byte) ([]byte, er
 		BlockHash          string
 		Address            json.RawMessage
 		Topics             []json.RawMessage
+	}
+	if json.Unmarshal(body, &req) == nil && req.Method == "eth_getTransactionReceipt" {
+		return p.answer(ctx, body)
 	}
 	if json.Unmarshal(body, &req) != nil || req.Method != "eth_getLogs" || len(req.Params) != 1 ||
 		json.Unmarshal(req.Params[0], &filter) != nil || filter.BlockHash != "" {
@@ -723,4 +745,69 @@ func TestRescanPassLinksToItsPassBefore(t *testing.T) {
 	require.InDelta(t, 1, counterValue(t, b.reg, "settle_scan_passes_total", "restarted"), 0)
 	_, _, status := jobState()
 	require.Equal(t, "done", status)
+}
+
+// TestRescanRestartCountsEachTransferOnce: as above, but one deposit is
+// mined in the first block of the range on both branches (the same
+// transaction) and the fork mines another there. The first pass finds
+// the first; the restart reads the block again and finds both. The job
+// counts two, not three (a restart added what it read again to found),
+// and shows its restart: counted, when and why.
+func TestRescanRestartCountsEachTransferOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const to = "0x00000000000000000000000000000000000a0d2f"
+	const pass = 3
+	b := newBranchFixture(t, ctx, network, []string{to}, Options{BlocksMax: pass, ReorgRescan: 16})
+	require.NoError(t, b.ch.CommitBlocks(ctx, 3))
+	base, err := b.ch.Head(ctx)
+	require.NoError(t, err)
+	both, err := b.ch.QueueETH(ctx, 2, to, big.NewInt(2e15))
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, 2*pass+2))
+	b.proxy.record(t, base+1, base+pass)
+	b.proxy.recordReceipts(t, both)
+	oldHead, err := b.ch.ForkAt(ctx, base)
+	require.NoError(t, err)
+	again, err := b.ch.QueueETH(ctx, 2, to, big.NewInt(2e15))
+	require.NoError(t, err)
+	require.Equal(t, both, again, "the same transaction, mined on both branches")
+	fresh, err := b.ch.QueueETH(ctx, 1, to, big.NewInt(1e15))
+	require.NoError(t, err)
+	require.NoError(t, b.ch.CommitBlocks(ctx, int(oldHead-base)+1))
+	for _, tx := range []string{both, fresh} {
+		receipt, err := b.client.Receipt(ctx, tx)
+		require.NoError(t, err)
+		require.Equal(t, base+1, receipt.BlockNumber)
+	}
+	job, err := b.db.CreateRescan(ctx, "rescan_counts", network, base+1, base+2*pass, "test")
+	require.NoError(t, err)
+
+	did, err := b.scanner.RescanPass(ctx, b.n)
+	require.NoError(t, err)
+	require.True(t, did)
+	got, err := b.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, got.Found, "the old branch's deposit")
+	require.Zero(t, got.Restarts)
+	require.Nil(t, got.LastRestartAt)
+
+	b.proxy.catchUp()
+	for did := true; did; {
+		did, err = b.scanner.RescanPass(ctx, b.n)
+		require.NoError(t, err)
+	}
+	got, err = b.db.Rescan(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "done", got.Status)
+	require.InDelta(t, 1, counterValue(t, b.reg, "settle_scan_passes_total", "restarted"), 0)
+	require.Equal(t, 2, got.Found, "each transfer counted once, however often the job read its block")
+	require.Equal(t, 1, got.Restarts)
+	require.NotNil(t, got.LastRestartAt)
+	require.Contains(t, got.LastRestartReason, fmt.Sprintf("the branch changed under the job between its passes: block %d is 0x", base+pass))
+	require.True(t, strings.HasSuffix(got.LastRestartReason, fmt.Sprintf("; reading again from block %d", base+1)), got.LastRestartReason)
+	var kept int
+	require.NoError(t, b.conn.QueryRow(ctx, `SELECT count(*) FROM rescan_found WHERE job_id = $1`, job.ID).Scan(&kept))
+	require.Zero(t, kept, "a job that ended keeps no ids")
 }

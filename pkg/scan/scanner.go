@@ -111,8 +111,8 @@ type Store interface {
 	RescanNetworks(ctx context.Context, networks []string) ([]string, error)
 	MarkRescansWaiting(ctx context.Context, network string, head uint64) (int, error)
 	ClaimRescan(ctx context.Context, network string, head uint64, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
-	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, found int, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
-	RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64) (uint64, error)
+	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64, reason string) (uint64, error)
 	ReleaseRescan(ctx context.Context, id, owner string) error
 	FailRescan(ctx context.Context, id, owner, reason string) error
 	Assets(ctx context.Context) (*payment.Registry, error)
@@ -513,8 +513,11 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 			// would be passed for good. The job goes back SCAN_REORG_RESCAN
 			// blocks (its whole range when that is off), never before its
 			// start, and this pass stores nothing; found deposits are stored
-			// once, so reading again doubles nothing.
-			restart, err := s.opts.Store.RestartRescan(ctx, job.ID, s.opts.Owner, job.Next, s.opts.ReorgRescan)
+			// and counted once, so reading again doubles nothing. The job
+			// records the restart, for an operator looking at it.
+			reason := fmt.Sprintf("the branch changed under the job between its passes: block %d is %s, the pass before read %s",
+				job.Next-1, below, job.LastHash)
+			restart, err := s.opts.Store.RestartRescan(ctx, job.ID, s.opts.Owner, job.Next, s.opts.ReorgRescan, reason)
 			if errors.Is(err, postgres.ErrLeaseLost) {
 				result = resultLeaseLost
 				return true, nil
@@ -543,7 +546,7 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 		release()
 		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
 	}
-	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, toHash, len(events), events)
+	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, toHash, events)
 	if errors.Is(err, postgres.ErrLeaseLost) {
 		result = resultLeaseLost
 		return true, nil

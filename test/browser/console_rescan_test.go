@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/redis/go-redis/v9"
@@ -30,6 +31,12 @@ func TestConsoleCancelsARescanInChromium(t *testing.T) {
 	_, err := db.CreateRescan(ctx, "rescan-typo", "ETH_MAINNET", 30_000_000, 30_000_100, "bob")
 	require.NoError(t, err)
 	_, err = db.CreateRescan(ctx, "rescan-meant", "ETH_MAINNET", 3_000_000, 3_000_100, "bob")
+	require.NoError(t, err)
+	// The branch changed under the other job once: its row says so.
+	_, ok, err := db.ClaimRescan(ctx, "ETH_MAINNET", 3_000_000, "test", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = db.RestartRescan(ctx, "rescan-meant", "test", 3_000_000, 16, "the branch changed under the job")
 	require.NoError(t, err)
 
 	browser := startBrowser(ctx, t, ts.URL, operatorName, adminToken)
@@ -60,6 +67,8 @@ func TestConsoleCancelsARescanInChromium(t *testing.T) {
 	other, err := db.Rescan(ctx, "rescan-meant")
 	require.NoError(t, err)
 	require.Equal(t, "running", other.Status, "only the job cancelled")
+	require.Contains(t, pageText(t, browser, "#restarts-rescan-meant"), "restarted 1×, last ")
+	require.Contains(t, pageText(t, browser, "#restarts-rescan-meant"), "the branch changed under the job; reading again from block 3000000")
 	cancelForms, err := chromedp.Run(browser, chromedp.Evaluate[int](`document.querySelectorAll("#cancel-rescan-typo").length`))
 	require.NoError(t, err)
 	require.Zero(t, cancelForms, "an ended job offers no Cancel")

@@ -139,7 +139,8 @@ ORDER BY network;
 -- The newest rescan jobs (migration 0013; the caller checks it exists).
 SELECT id, network, COALESCE(address, ''), from_block, to_block, next_block, status, COALESCE(error, ''),
        found, requested_by, COALESCE(operator, ''), created_at, updated_at,
-       CASE WHEN status = 'running' THEN waiting_head END
+       CASE WHEN status = 'running' THEN waiting_head END,
+       restarts, last_restart_at, COALESCE(last_restart_reason, '')
 FROM rescan_jobs
 ORDER BY created_at DESC
 LIMIT $1;

@@ -70,7 +70,8 @@ RETURNING created_at;
 -- name: rescan_get
 SELECT id, network, COALESCE(address, ''), from_block, to_block, end_pending, next_block, status, COALESCE(error, ''),
        found, requested_by, COALESCE(operator, ''), created_at, updated_at,
-       CASE WHEN status = 'running' THEN waiting_head END
+       CASE WHEN status = 'running' THEN waiting_head END,
+       restarts, last_restart_at, COALESCE(last_restart_reason, '')
 FROM rescan_jobs
 WHERE id = $1;
 
@@ -130,13 +131,27 @@ RETURNING id, network, COALESCE(address, ''), next_block, to_block, COALESCE(las
 -- name: rescan_advance
 -- Guarded like scan_cursor_advance; done once next_block passes to_block.
 -- $6 is the hash of block $4 as the pass read it ('' under finalized),
--- which the job's next pass links to.
+-- which the job's next pass links to. $5 are the event ids the pass
+-- found: found grows by those the job had not found before (a restart
+-- reads blocks again), recorded in rescan_found while the job runs. A
+-- pass that lost its lease rolls the recording back with the rest.
+WITH new AS (
+    INSERT INTO rescan_found (job_id, event_id)
+    SELECT $1, unnest($5::text[])
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
 UPDATE rescan_jobs
-SET next_block = $4 + 1, found = found + $5, last_hash = NULLIF($6, ''),
+SET next_block = $4 + 1, found = found + (SELECT count(*) FROM new), last_hash = NULLIF($6, ''),
     status = CASE WHEN $4 >= to_block THEN 'done' ELSE 'running' END,
     lease_owner = NULL, lease_until = NULL, updated_at = now()
 WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
 RETURNING status;
+
+-- name: rescan_found_forget
+-- A job's pass that ended it (done): its found is final, and the ids
+-- that counted it go.
+DELETE FROM rescan_found WHERE job_id = $1;
 
 -- name: rescan_restart
 -- A pass found its first block's parent is not the block the job's pass
@@ -144,9 +159,14 @@ RETURNING status;
 -- read may be the other branch's. The job goes back $4 blocks (the whole
 -- range when $4 is not positive), never before from_block, with no hash
 -- to link to, and gives its lease back. Guarded like rescan_advance.
+-- The restart is recorded on the job: counted, when, and why ($5, to
+-- which the block the job goes back to is added).
 UPDATE rescan_jobs
-SET next_block = CASE WHEN $4::bigint > 0 THEN GREATEST(from_block, next_block - $4::bigint) ELSE from_block END,
-    last_hash = NULL, waiting_head = NULL, lease_owner = NULL, lease_until = NULL, updated_at = now()
+SET next_block = CASE WHEN $4::bigint > 0 THEN GREATEST(from_block, $3 - $4::bigint) ELSE from_block END,
+    last_hash = NULL, waiting_head = NULL, lease_owner = NULL, lease_until = NULL, updated_at = now(),
+    restarts = restarts + 1, last_restart_at = now(),
+    last_restart_reason = $5::text || '; reading again from block '
+        || CASE WHEN $4::bigint > 0 THEN GREATEST(from_block, $3 - $4::bigint) ELSE from_block END
 WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
 RETURNING next_block;
 
@@ -158,9 +178,14 @@ UPDATE rescan_jobs SET lease_owner = NULL, lease_until = NULL, updated_at = now(
 WHERE id = $1 AND lease_owner = $2;
 
 -- name: rescan_fail
-UPDATE rescan_jobs
-SET status = 'failed', error = $3, lease_owner = NULL, lease_until = NULL, updated_at = now()
-WHERE id = $1 AND lease_owner = $2 AND status = 'running';
+-- The ids that counted found go with the job's end.
+WITH failed AS (
+    UPDATE rescan_jobs
+    SET status = 'failed', error = $3, lease_owner = NULL, lease_until = NULL, updated_at = now()
+    WHERE id = $1 AND lease_owner = $2 AND status = 'running'
+    RETURNING id
+)
+DELETE FROM rescan_found WHERE job_id IN (SELECT id FROM failed);
 
 -- name: rescan_cancel
 -- An operator ends a running job: failed, saying who and why. A pass
@@ -172,5 +197,8 @@ WITH cancelled AS (
     SET status = 'failed', error = $2, end_pending = false, lease_owner = NULL, lease_until = NULL, updated_at = now()
     WHERE id = $1 AND status = 'running'
     RETURNING id
+), forgotten AS (
+    -- the ids that counted found go with the job's end
+    DELETE FROM rescan_found WHERE job_id IN (SELECT id FROM cancelled)
 )
 SELECT EXISTS (SELECT 1 FROM cancelled), EXISTS (SELECT 1 FROM rescan_jobs WHERE id = $1);
