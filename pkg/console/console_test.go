@@ -535,7 +535,7 @@ func TestWithoutScannerTables(t *testing.T) {
 	conn, err := pgx.Connect(ctx, f.dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `DROP TABLE chain_cursors, rescan_jobs`)
+	_, err = conn.Exec(ctx, `DROP TABLE chain_cursors, rescan_found, rescan_jobs`)
 	require.NoError(t, err)
 	admin := basic("alice", adminToken)
 	a := f.do(http.MethodGet, "/admin/console/", admin, nil, nil)

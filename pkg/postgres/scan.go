@@ -471,14 +471,25 @@ var ErrRescanEnded = fmt.Errorf("%w: the rescan already ended", payment.ErrConfl
 // API and the console record. payment.ErrNotFound when there is no job
 // id, ErrRescanEnded when it is done or failed already.
 func (db *DB) CancelRescan(ctx context.Context, id, who, why string) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return classify("rescan cancel begin", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	stmt := q("rescan_cancel")
 	var cancelled, exists bool
-	if err := db.pool.QueryRow(ctx, stmt.text, id, "cancelled by "+who+": "+why).Scan(&cancelled, &exists); err != nil {
+	if err := tx.QueryRow(ctx, stmt.text, id, "cancelled by "+who+": "+why).Scan(&cancelled, &exists); err != nil {
 		return classify(stmt.name, err)
 	}
 	switch {
 	case cancelled:
-		return nil
+		// A statement of its own: it sees the ids of a pass that committed
+		// while the cancel waited for the job's row.
+		forget := q("rescan_found_forget")
+		if _, err := tx.Exec(ctx, forget.text, id); err != nil {
+			return classify(forget.name, err)
+		}
+		return classify("rescan cancel commit", tx.Commit(ctx))
 	case exists:
 		return fmt.Errorf("rescan %s: %w", id, ErrRescanEnded)
 	}

@@ -149,7 +149,7 @@ WHERE id = $1 AND next_block = $3 AND lease_owner = $2 AND status = 'running'
 RETURNING status;
 
 -- name: rescan_found_forget
--- A job's pass that ended it (done): its found is final, and the ids
+-- A job that ended (done, or cancelled): its found is final, and the ids
 -- that counted it go.
 DELETE FROM rescan_found WHERE job_id = $1;
 
@@ -197,8 +197,5 @@ WITH cancelled AS (
     SET status = 'failed', error = $2, end_pending = false, lease_owner = NULL, lease_until = NULL, updated_at = now()
     WHERE id = $1 AND status = 'running'
     RETURNING id
-), forgotten AS (
-    -- the ids that counted found go with the job's end
-    DELETE FROM rescan_found WHERE job_id IN (SELECT id FROM cancelled)
 )
 SELECT EXISTS (SELECT 1 FROM cancelled), EXISTS (SELECT 1 FROM rescan_jobs WHERE id = $1);
