@@ -60,7 +60,7 @@ func (c *Console) view(r *http.Request, nav, title string, data any) view {
 var notices = map[string]string{
 	"replay:reopened":         "Replayed: the event is back in the outbox and will be processed again.",
 	"replay:already_replayed": "This entry was already replayed; nothing changed.",
-	"replay:superseded":       "The event was no longer dead-lettered; the entry is closed, nothing else changed.",
+	"replay:superseded":       "The entry no longer applied (its event settled, or its failure was replayed already); the entry is closed, nothing else changed.",
 	"discard:discarded":       "Discarded: the entry is closed for good.",
 	"discard:already":         "This entry was already discarded; nothing changed.",
 	"recheck:reopened":        "Recheck: the chain shows the transfer final; the deposit is back in the outbox.",

@@ -97,7 +97,8 @@ const (
 	// AlreadyReplayed: this entry was replayed before; nothing changed.
 	AlreadyReplayed ReplayResult = "already_replayed"
 	// Superseded: the event is no longer dead-lettered (settled, or back in
-	// flight through another entry); the entry is closed, nothing else.
+	// flight through another entry), or its failure now is of a later
+	// generation than the entry's; the entry is closed, nothing else.
 	Superseded ReplayResult = "superseded"
 )
 
@@ -114,7 +115,7 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 		return "", classify("replay dead letter", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	eventID, resolution, err := lockDeadLetter(ctx, tx, id)
+	eventID, resolution, generation, err := lockDeadLetter(ctx, tx, id)
 	if err != nil {
 		return "", err
 	}
@@ -128,18 +129,25 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	if err != nil {
 		return "", err
 	}
-	if !states[eventID].Found {
+	state := states[eventID]
+	if !state.Found {
 		return "", ErrNoEvent
 	}
-	stmt := q("dlq_failure_discarded")
-	var discarded bool
-	if err := tx.QueryRow(ctx, stmt.text, eventID).Scan(&discarded); err != nil {
-		return "", classify(stmt.name, err)
+	// An entry of an earlier generation is no longer the event's failure
+	// (the event went back to the outbox since): it is superseded whatever
+	// became of the event, and reopens nothing.
+	current := state.Generation == generation
+	if current {
+		stmt := q("dlq_failure_discarded")
+		var discarded bool
+		if err := tx.QueryRow(ctx, stmt.text, eventID).Scan(&discarded); err != nil {
+			return "", classify(stmt.name, err)
+		}
+		if discarded {
+			return "", ErrDiscarded
+		}
 	}
-	if discarded {
-		return "", ErrDiscarded
-	}
-	moved, _, err := transition(ctx, tx, q("reopen_for_replay"), nil, nil, eventID)
+	moved, _, err := transition(ctx, tx, q("reopen_for_replay"), nil, nil, eventID, generation)
 	if err != nil {
 		return "", err
 	}
@@ -147,9 +155,12 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	if moved[eventID] {
 		result = Reopened
 	} else if why == "" {
-		why = "event was " + string(states[eventID].Status) + " at replay"
+		why = "event was " + string(state.Status) + " at replay"
+		if !current {
+			why = fmt.Sprintf("event was %s in generation %d at replay; the entry is of generation %d", state.Status, state.Generation, generation)
+		}
 	}
-	stmt = q("dlq_resolve")
+	stmt := q("dlq_resolve")
 	if _, err := tx.Exec(ctx, stmt.text, id, "replayed", who, why); err != nil {
 		return "", classify(stmt.name, err)
 	}
@@ -172,7 +183,7 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 		return false, classify("discard dead letter", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	eventID, resolution, err := lockDeadLetter(ctx, tx, id)
+	eventID, resolution, _, err := lockDeadLetter(ctx, tx, id)
 	if err != nil {
 		return false, err
 	}
@@ -196,26 +207,28 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 	return true, classify("discard dead letter commit", tx.Commit(ctx))
 }
 
-// lockDeadLetter locks an entry's event (when stored), then the entry.
-func lockDeadLetter(ctx context.Context, tx pgx.Tx, id int64) (string, string, error) {
+// lockDeadLetter locks an entry's event (when stored), then the entry;
+// it returns the entry's event, resolution and generation.
+func lockDeadLetter(ctx context.Context, tx pgx.Tx, id int64) (string, string, int, error) {
 	notFound := fmt.Errorf("dead letter %d: %w", id, payment.ErrNotFound)
 	stmt := q("dlq_event_of")
 	var eventID, resolution string
+	var generation int32
 	err := tx.QueryRow(ctx, stmt.text, id).Scan(&eventID)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", notFound
+		return "", "", 0, notFound
 	}
 	if err != nil {
-		return "", "", classify(stmt.name, err)
+		return "", "", 0, classify(stmt.name, err)
 	}
 	stmt = q("dlq_lock_event")
 	if _, err := tx.Exec(ctx, stmt.text, eventID); err != nil {
-		return "", "", classify(stmt.name, err)
+		return "", "", 0, classify(stmt.name, err)
 	}
 	stmt = q("dlq_lock")
-	err = tx.QueryRow(ctx, stmt.text, id).Scan(&eventID, &resolution)
+	err = tx.QueryRow(ctx, stmt.text, id).Scan(&eventID, &resolution, &generation)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", notFound
+		return "", "", 0, notFound
 	}
-	return eventID, resolution, classify(stmt.name, err)
+	return eventID, resolution, int(generation), classify(stmt.name, err)
 }

@@ -244,3 +244,61 @@ func TestUncoveredCompensationSeenAgainAlerts(t *testing.T) {
 	require.Equal(t, postgres.AlreadyDone, again[0].Kind)
 	require.Empty(t, again[0].Alert, "only an uncovered compensation owes one")
 }
+
+// TestReplayOfAnOlderEntryLeavesANewerFailure: an event with two entries
+// for its failure in one generation (written before letters carried
+// their key) is replayed through one, fails again in the next generation,
+// and then the other old entry is replayed. It answers superseded and
+// leaves the new failure alone; only the new failure's entry reopens it.
+func TestReplayOfAnOlderEntryLeavesANewerFailure(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, nil)
+	ctx := context.Background()
+	task := f.enqueue("dl-gen", payment.Deposit, 1, "ETH", "3")
+	first := f.deadLetter(task, "attempt one")
+	copies, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: task.ID, EventType: string(task.Type), Error: "attempt one, again",
+		Generation: task.Generation, Source: payment.SourceDrain}})
+	require.NoError(t, err)
+	result, err := f.db.ReplayDeadLetter(ctx, first, "alice", "node was down")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, result)
+
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	newer := f.deadLetter(claimed[0].Event, "attempt two")
+	generation := f.count(`SELECT generation FROM payment_events WHERE event_id = 'dl-gen'`)
+
+	result, err = f.db.ReplayDeadLetter(ctx, copies[0], "bob", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Superseded, result, "the old entry's failure was replayed already")
+	status, outcome := f.status("dl-gen")
+	require.Equal(t, payment.StatusFailed, status, "the newer failure stays for its own entry")
+	require.Equal(t, "dead_lettered", outcome)
+	require.Equal(t, generation, f.count(`SELECT generation FROM payment_events WHERE event_id = 'dl-gen'`))
+	old, err := f.db.DeadLetter(ctx, copies[0])
+	require.NoError(t, err)
+	require.Equal(t, "replayed", old.Resolution, "closed")
+	require.Contains(t, old.Reason, "the entry is of generation")
+	open, err := f.db.DeadLetter(ctx, newer)
+	require.NoError(t, err)
+	require.Empty(t, open.Resolution)
+
+	// A discard of the new failure does not make the old entry's replay
+	// a conflict either: it is superseded all the same.
+	changed, err := f.db.DiscardDeadLetter(ctx, newer, "carol", "refunded by hand")
+	require.NoError(t, err)
+	require.True(t, changed)
+	late, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: task.ID, EventType: string(task.Type), Error: "drained late",
+		Generation: task.Generation, Source: payment.SourceDrain}})
+	require.NoError(t, err)
+	result, err = f.db.ReplayDeadLetter(ctx, late[0], "bob", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Superseded, result)
+	status, _ = f.status("dl-gen")
+	require.Equal(t, payment.StatusFailed, status)
+
+	_, err = f.db.ReplayDeadLetter(ctx, newer, "bob", "")
+	require.ErrorIs(t, err, postgres.ErrDiscarded)
+	require.True(t, f.balance(1, "ETH").IsZero())
+}

@@ -52,7 +52,7 @@ SELECT event_id FROM dead_letter_queue WHERE id = $1;
 SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE;
 
 -- name: dlq_lock
-SELECT event_id, COALESCE(resolution, '')
+SELECT event_id, COALESCE(resolution, ''), generation
 FROM dead_letter_queue
 WHERE id = $1
 FOR UPDATE;
@@ -83,11 +83,14 @@ WHERE event_id = $1 AND resolution IS NULL;
 -- A human replays a dead-lettered event: back to the outbox under a new
 -- generation with a fresh recovery budget. Only dead-lettered failures
 -- reopen; a business outcome (insufficient funds, reorged) is final.
+-- Only the entry of the current generation's failure ($2) reopens it: an
+-- older entry's failure was already replayed, and the event failing
+-- again since is another failure with an entry of its own.
 WITH reopened AS (
     UPDATE payment_events
     SET status = 'pending', outcome = NULL, error = NULL, retry_count = 0, generation = generation + 1,
         next_check_at = NULL, updated_at = now()
-    WHERE event_id = $1 AND status = 'failed' AND outcome = 'dead_lettered'
+    WHERE event_id = $1 AND status = 'failed' AND outcome = 'dead_lettered' AND generation = $2
     RETURNING event_id
 ), wake AS (
     SELECT pg_notify('settle_outbox', '') FROM reopened
