@@ -574,6 +574,9 @@ func (p *planner) deadLetter(c Claimed, result *Result, reason, alert string) {
 	w.DeadLetters = append(w.DeadLetters, payment.DeadLetter{
 		EventID: e.ID, EventType: string(e.Type), UserID: e.UserID, Asset: e.Asset, Amount: e.Amount.String(),
 		Error: reason, Generation: e.Generation, Source: payment.SourceLedger, TraceID: e.TraceID,
+		// The generation's one failure: a worker's letter for it parked
+		// in Redis drains into nothing.
+		FallbackID: payment.FailureKey(e.ID, e.Generation),
 	})
 	w.DeadLetterItems = append(w.DeadLetterItems, c.Item)
 	result.Status, result.Outcome = payment.StatusFailed, payment.OutcomeDeadLettered

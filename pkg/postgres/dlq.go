@@ -56,7 +56,11 @@ func insertDeadLetters(ctx context.Context, qr querier, letters []payment.DeadLe
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	ids, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (int64, error) {
+		var id int64
+		var key string
+		return id, row.Scan(&id, &key)
+	})
 	if err != nil {
 		return nil, classify(stmt.name, err)
 	}
@@ -72,4 +76,41 @@ func insertDeadLetters(ctx context.Context, qr querier, letters []payment.DeadLe
 		return nil, fmt.Errorf("%s: wrote %d of %d rows", stmt.name, len(ids), len(letters))
 	}
 	return ids, nil
+}
+
+// deadLetterIDs reads insert_dlq's answer as one id per letter, in the
+// letters' order: 0 for a letter whose key names a row already there
+// (ON CONFLICT returns nothing for it, so the ids cannot be read by
+// position). Letters without a key are never skipped and keep their order.
+func deadLetterIDs(rows pgx.Rows, letters []payment.DeadLetter) ([]int64, error) {
+	out := make([]int64, len(letters))
+	byKey := make(map[string]int, len(letters))
+	var keyless []int
+	for i, l := range letters {
+		if l.FallbackID == "" {
+			keyless = append(keyless, i)
+		} else {
+			byKey[l.FallbackID] = i
+		}
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var key string
+		if err := rows.Scan(&id, &key); err != nil {
+			return nil, err
+		}
+		i, ok := byKey[key]
+		if key == "" {
+			if len(keyless) == 0 {
+				return nil, fmt.Errorf("insert_dlq returned more rows than letters")
+			}
+			i, ok, keyless = keyless[0], true, keyless[1:]
+		}
+		if !ok {
+			return nil, fmt.Errorf("insert_dlq returned key %q of no letter", key)
+		}
+		out[i] = id
+	}
+	return out, rows.Err()
 }

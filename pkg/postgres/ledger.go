@@ -300,16 +300,7 @@ func (db *DB) applyOnce(ctx context.Context, items []LedgerItem, excluded map[in
 				if err != nil {
 					return err
 				}
-				for rows.Next() {
-					var id int64
-					if err := rows.Scan(&id); err != nil {
-						rows.Close()
-						return err
-					}
-					dlqIDs = append(dlqIDs, id)
-				}
-				rows.Close()
-				if err := rows.Err(); err != nil {
+				if dlqIDs, err = deadLetterIDs(rows, plan.DeadLetters); err != nil {
 					return err
 				}
 				continue

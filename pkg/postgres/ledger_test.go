@@ -576,3 +576,39 @@ func TestLedgerSettingsAreNotPlannedPerTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, custom, "ledger_settings was planned per transaction")
 }
+
+// TestLedgerDeadLetterIsTheGenerationsFailure: the ledger's dead letter
+// carries the key of the event's failure in its generation, so a worker's
+// letter for the same failure, parked in the Redis fallback and drained
+// afterwards, adds no second entry; and when the key names a row already
+// there, the ids of the batch's other letters still go to their events.
+func TestLedgerDeadLetterIsTheGenerationsFailure(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	f.user(1, map[string]string{"ETH": "99999999999999999999"})
+	f.user(2, map[string]string{"ETH": "99999999999999999999"})
+	a := f.enqueue("huge-a", payment.Deposit, 1, "ETH", "1")
+	b := f.enqueue("huge-b", payment.Deposit, 2, "ETH", "1")
+	// A row of a's failure is there already, so the ledger's insert skips it.
+	_, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: a.ID, EventType: string(a.Type), Error: "worker's",
+		Generation: a.Generation, Source: payment.SourceDrain, FallbackID: payment.FailureKey(a.ID, a.Generation)}})
+	require.NoError(t, err)
+
+	results := f.apply(a, b)
+	require.Equal(t, payment.OutcomeDeadLettered, results[0].Outcome)
+	require.Equal(t, payment.OutcomeDeadLettered, results[1].Outcome)
+	require.Zero(t, results[0].DeadLetterID, "a's entry was there before")
+	require.NotZero(t, results[1].DeadLetterID)
+	entry, err := f.db.DeadLetter(ctx, results[1].DeadLetterID)
+	require.NoError(t, err)
+	require.Equal(t, b.ID, entry.Letter.EventID, "b's id is b's entry")
+	require.Equal(t, payment.SourceLedger, entry.Letter.Source)
+
+	// The worker's letter of b's failure drains from the fallback.
+	ids, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: b.ID, EventType: string(b.Type), Error: "worker's",
+		Generation: b.Generation, Source: payment.SourceDrain, FallbackID: payment.FailureKey(b.ID, b.Generation)}})
+	require.NoError(t, err)
+	require.Empty(t, ids)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'huge-a'`))
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'huge-b'`))
+}

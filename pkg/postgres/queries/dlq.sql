@@ -1,6 +1,7 @@
 -- name: insert_dlq
 -- An entry drained twice from the Redis fallback keeps its first row
--- (fallback_id is unique); such a conflict returns no id.
+-- (fallback_id is unique); such a conflict returns no id, so each id
+-- comes with its key for the caller to tell whose it is.
 INSERT INTO dead_letter_queue (event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at, fallback_id)
 SELECT t.event_id, t.event_type, NULLIF(t.user_id, 0), NULLIF(t.asset, ''), NULLIF(t.amount, '')::numeric,
        t.error, t.attempt, t.generation, t.source, t.trace_id, NULLIF(t.payload, '')::jsonb, COALESCE(t.created_at, now()),
@@ -10,7 +11,7 @@ FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::te
      WITH ORDINALITY AS t(event_id, event_type, user_id, asset, amount, error, attempt, generation, source, trace_id, payload, created_at, fallback_id, n)
 ORDER BY t.n
 ON CONFLICT (fallback_id) DO NOTHING
-RETURNING id;
+RETURNING id, COALESCE(fallback_id, '');
 
 -- name: fail_to_dlq
 -- transition: enqueued -> failed
