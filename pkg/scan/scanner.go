@@ -205,6 +205,11 @@ func New(opts Options) *Scanner {
 		s.names = append(s.names, n.Name)
 		s.metrics.interval.WithLabelValues(n.Name).Set(opts.Interval.Seconds())
 		s.metrics.passTimeout.WithLabelValues(n.Name).Set(opts.PassTimeout.Seconds())
+		// "Head last read" starts at the process's start: a node that
+		// answers no head from then on (syncing, no finalized tag) ages
+		// into SettleScannerHeadUnread like one that stopped answering,
+		// where a missing series would raise nothing after a restart.
+		s.metrics.lagUpdated.WithLabelValues(n.Name).SetToCurrentTime()
 	}
 	sort.Strings(s.names)
 	return s
