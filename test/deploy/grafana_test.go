@@ -21,9 +21,10 @@ type grafanaPanel struct {
 	Datasource *grafanaDS               `json:"datasource"`
 	GridPos    struct{ H, W, X, Y int } `json:"gridPos"`
 	Targets    []struct {
-		RefID      string     `json:"refId"`
-		Expr       string     `json:"expr"`
-		Datasource *grafanaDS `json:"datasource"`
+		RefID        string     `json:"refId"`
+		Expr         string     `json:"expr"`
+		LegendFormat string     `json:"legendFormat"`
+		Datasource   *grafanaDS `json:"datasource"`
 	} `json:"targets"`
 	Panels []grafanaPanel `json:"panels"`
 }
@@ -222,6 +223,8 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 	}
+	// What an on-call engineer looks for beyond the alerts' metrics
+	// (TestGrafanaShowsAlertMetrics checks those).
 	for _, name := range []string{
 		"settle_tasks_total",                  // throughput by outcome
 		"settle_event_latency_seconds_bucket", // latency percentiles
@@ -233,6 +236,14 @@ func TestGrafanaDashboard(t *testing.T) {
 		"settle_reconcile_mismatches_total",
 		"process_resident_memory_bytes",
 		"go_goroutines",
+		"settle_scan_passes_total", // errors, lease losses, restarted rescans
+		"settle_internal_transfer_check_untraceable",
+		"settle_recovery_requeued_total",
+		"settle_recovery_dead_lettered_total",
+		"settle_cleanup_deleted_rows_total",
+		"settle_provider_deliveries_total", // a provider's deliveries refused
+		"settle_redis_up",
+		"settle_alerts_dropped_total",
 	} {
 		require.True(t, used[name], "the dashboard shows nothing of %s", name)
 	}
@@ -262,4 +273,195 @@ func followsNetwork(t *testing.T, file, title, expr string) {
 		require.True(t, follows, "%s: panel %q: %s ignores $network (network=~\"$network\")", file, title, vs.Name)
 		return nil
 	})
+}
+
+// dashboardTarget is one query of a dashboard panel.
+type dashboardTarget struct {
+	file, panel, expr, legend string
+}
+
+// dashboardTargets is every query of every dashboard.
+func dashboardTargets(t *testing.T) []dashboardTarget {
+	t.Helper()
+	matches, err := filepath.Glob(filepath.Join(repoRoot(t), "configs", "grafana", "dashboards", "*.json"))
+	require.NoError(t, err)
+	require.NotEmpty(t, matches)
+	var out []dashboardTarget
+	var walk func(file string, ps []grafanaPanel)
+	walk = func(file string, ps []grafanaPanel) {
+		for _, p := range ps {
+			for _, tg := range p.Targets {
+				out = append(out, dashboardTarget{filepath.Base(file), p.Title, tg.Expr, tg.LegendFormat})
+			}
+			walk(file, p.Panels)
+		}
+	}
+	for _, file := range matches {
+		raw, err := os.ReadFile(file)
+		require.NoError(t, err)
+		var dash struct {
+			Panels []grafanaPanel `json:"panels"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &dash), file)
+		walk(file, dash.Panels)
+	}
+	return out
+}
+
+// TestGrafanaShowsAlertMetrics: every series an alert rule reads is on a
+// dashboard, so the on-call engineer an alert wakes can see how it got
+// there. The bounds' own gauges (an interval, a timeout) count too: a
+// panel shows the bound next to the value it holds.
+func TestGrafanaShowsAlertMetrics(t *testing.T) {
+	shown := map[string]bool{}
+	for _, tg := range dashboardTargets(t) {
+		for _, name := range checkPromQL(t, tg.file+": panel "+tg.panel, grafanaTemplate(tg.expr)) {
+			shown[name] = true
+		}
+	}
+	for _, r := range alertRules(t) {
+		for _, name := range checkPromQL(t, "alert "+r.Alert, r.Expr) {
+			require.True(t, shown[name], "alert %s reads %s, which no dashboard panel shows", r.Alert, name)
+		}
+	}
+}
+
+var legendLabel = regexp.MustCompile(`{{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*}}`)
+
+// TestGrafanaLegendLabels: a legend names only labels its query keeps; a
+// label aggregated away prints as nothing, and the series cannot be told
+// apart.
+func TestGrafanaLegendLabels(t *testing.T) {
+	for _, tg := range dashboardTargets(t) {
+		if tg.legend == "" {
+			continue
+		}
+		parsed, err := promql.ParseExpr(grafanaTemplate(tg.expr))
+		require.NoError(t, err, "%s: panel %q: %s", tg.file, tg.panel, tg.expr)
+		kept, known := outputLabels(t, parsed)
+		if !known {
+			continue
+		}
+		for _, m := range legendLabel.FindAllStringSubmatch(tg.legend, -1) {
+			require.True(t, kept[m[1]], "%s: panel %q: legend %q names %s, which %s does not keep (it keeps %v)",
+				tg.file, tg.panel, tg.legend, m[1], tg.expr, sortedKeys(kept))
+		}
+	}
+}
+
+// outputLabels is the labels the result of node can carry, and false
+// when that cannot be told (without, label_replace, group_left, ...).
+func outputLabels(t *testing.T, node parser.Node) (map[string]bool, bool) {
+	t.Helper()
+	set := func(names ...string) map[string]bool {
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	switch n := node.(type) {
+	case *parser.ParenExpr:
+		return outputLabels(t, n.Expr)
+	case *parser.StepInvariantExpr:
+		return outputLabels(t, n.Expr)
+	case *parser.UnaryExpr:
+		return outputLabels(t, n.Expr)
+	case *parser.SubqueryExpr:
+		return outputLabels(t, n.Expr)
+	case *parser.MatrixSelector:
+		return outputLabels(t, n.VectorSelector)
+	case *parser.NumberLiteral, *parser.StringLiteral:
+		return set(), true
+	case *parser.VectorSelector:
+		s, ok := exportedSeries(t)[n.Name]
+		if !ok || s.labels == nil {
+			return nil, false
+		}
+		return s.labels, true
+	case *parser.AggregateExpr:
+		switch n.Op {
+		case parser.TOPK, parser.BOTTOMK, parser.COUNT_VALUES, parser.LIMITK, parser.LIMIT_RATIO:
+			return nil, false
+		}
+		if n.Without {
+			return nil, false
+		}
+		return set(n.Grouping...), true
+	case *parser.Call:
+		switch n.Func.Name {
+		case "time", "vector", "scalar", "pi":
+			return set(), true
+		case "histogram_quantile":
+			in, ok := outputLabels(t, n.Args[1])
+			if !ok {
+				return nil, false
+			}
+			out := set()
+			for l := range in {
+				if l != "le" {
+					out[l] = true
+				}
+			}
+			return out, true
+		case "label_replace", "label_join", "absent", "absent_over_time", "sort_by_label", "sort_by_label_desc":
+			return nil, false
+		}
+		for _, a := range n.Args {
+			if a.Type() == parser.ValueTypeVector || a.Type() == parser.ValueTypeMatrix {
+				return outputLabels(t, a)
+			}
+		}
+		return nil, false
+	case *parser.BinaryExpr:
+		lt, rt := n.LHS.Type(), n.RHS.Type()
+		switch {
+		case lt == parser.ValueTypeScalar && rt == parser.ValueTypeScalar:
+			return set(), true
+		case lt == parser.ValueTypeScalar:
+			return outputLabels(t, n.RHS)
+		case rt == parser.ValueTypeScalar:
+			return outputLabels(t, n.LHS)
+		}
+		vm := n.VectorMatching
+		switch n.Op {
+		case parser.LAND, parser.LUNLESS:
+			return outputLabels(t, n.LHS)
+		case parser.LOR:
+			// A series of either side: only the labels both keep.
+			l, lok := outputLabels(t, n.LHS)
+			r, rok := outputLabels(t, n.RHS)
+			if !lok || !rok {
+				return nil, false
+			}
+			out := set()
+			for k := range l {
+				if r[k] {
+					out[k] = true
+				}
+			}
+			return out, true
+		}
+		if vm != nil && vm.Card != parser.CardOneToOne {
+			return nil, false
+		}
+		if vm != nil && vm.On {
+			return set(vm.MatchingLabels...), true
+		}
+		l, ok := outputLabels(t, n.LHS)
+		if !ok {
+			return nil, false
+		}
+		out := set()
+		for k := range l {
+			out[k] = true
+		}
+		if vm != nil {
+			for _, k := range vm.MatchingLabels {
+				delete(out, k)
+			}
+		}
+		return out, true
+	}
+	return nil, false
 }
