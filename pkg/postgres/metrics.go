@@ -12,18 +12,15 @@ type poolCollector struct {
 // often and how long callers waited for a connection (a pool too small
 // for the load shows up here first).
 func (db *DB) Collector() prometheus.Collector {
-	d := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc("settle_db_pool_"+name, help, nil, nil)
-	}
 	return &poolCollector{
 		db:       db,
-		total:    d("connections", "Open connections."),
-		idle:     d("idle_connections", "Idle connections."),
-		acquired: d("acquired_connections", "Connections in use."),
-		max:      d("max_connections", "The pool's bound."),
-		acquires: d("acquires_total", "Connections handed out."),
-		waits:    d("empty_acquires_total", "Acquisitions that had to wait for a free connection."),
-		waitSec:  d("acquire_wait_seconds_total", "Time spent waiting for connections."),
+		total:    prometheus.NewDesc("settle_db_pool_connections", "Open connections.", nil, nil),
+		idle:     prometheus.NewDesc("settle_db_pool_idle_connections", "Idle connections.", nil, nil),
+		acquired: prometheus.NewDesc("settle_db_pool_acquired_connections", "Connections in use.", nil, nil),
+		max:      prometheus.NewDesc("settle_db_pool_max_connections", "The pool's bound.", nil, nil),
+		acquires: prometheus.NewDesc("settle_db_pool_acquires_total", "Connections handed out.", nil, nil),
+		waits:    prometheus.NewDesc("settle_db_pool_empty_acquires_total", "Acquisitions that had to wait for a free connection.", nil, nil),
+		waitSec:  prometheus.NewDesc("settle_db_pool_acquire_wait_seconds_total", "Time spent waiting for connections.", nil, nil),
 	}
 }
 

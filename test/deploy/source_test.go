@@ -304,6 +304,10 @@ func scanExported(root string) (map[string]series, error) {
 	if err := scanDescPackage(root, asynqMetricsPackage, add); err != nil {
 		return nil, err
 	}
+	// The connection pool's collector declares its series the same way.
+	if err := scanDescPackage(root, "github.com/settle/settle/pkg/postgres", add); err != nil {
+		return nil, err
+	}
 
 	// The standard collectors, as every binary registers them.
 	reg := prometheus.NewRegistry()
