@@ -177,9 +177,10 @@ func (r *Recovery) count(report postgres.RecoveryReport) {
 
 // decide asks asynq where the event's task is. Waiting, scheduled or
 // retrying: the queue still has it, so it is slow, not lost. Active under
-// a lease a worker keeps extending: it is being worked on. Missing,
-// archived (asynq gave up silently), active with no lease or an expired
-// one (a zombie), or Redis unreachable: recover it.
+// a lease a worker keeps extending: it is being worked on. Active with
+// its lease unreadable: left for the next run, as its worker may be
+// running it. Missing, archived (asynq gave up silently), active with no
+// lease or an expired one (a zombie), or Redis unreachable: recover it.
 func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[string]taskState) (postgres.RecoveryAction, string) {
 	id := s.TaskID
 	if id == "" {
@@ -196,7 +197,14 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[s
 		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
 			return postgres.RecoverySkip, ""
 		case asynq.TaskStateActive:
-			if state.leaseErr == nil && state.leased && time.Now().Before(state.leaseExpiry.Add(leaseGrace)) {
+			if state.leaseErr != nil {
+				// Requeued now, a live worker and a second task would
+				// both do the work; a zombie only waits a period more.
+				r.Log.Warn().Str("event_id", s.Event.ID).Str("task_id", id).Err(state.leaseErr).
+					Msg("stale event's task is active and its lease unreadable; left for the next run")
+				return postgres.RecoverySkip, ""
+			}
+			if state.leased && time.Now().Before(state.leaseExpiry.Add(leaseGrace)) {
 				return postgres.RecoverySkip, ""
 			}
 		}
@@ -205,8 +213,6 @@ func (r *Recovery) decide(ctx context.Context, s postgres.StaleEvent, seen map[s
 	switch {
 	case err != nil && !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound):
 		why = "queue unreachable: " + err.Error()
-	case err == nil && info.State == asynq.TaskStateActive && state.leaseErr != nil:
-		why = "task active, its lease unreadable: " + state.leaseErr.Error()
 	case err == nil && info.State == asynq.TaskStateActive && state.leased:
 		why = "task active, its lease expired at " + state.leaseExpiry.UTC().Format(time.RFC3339)
 	case err == nil && info.State == asynq.TaskStateActive:
@@ -242,8 +248,7 @@ func (r *Recovery) ask(ctx context.Context, id string) taskState {
 		return state
 	}
 	if r.Leases == nil {
-		state.leaseErr = errors.New("no lease reader")
-		return state
+		return state // no lease reader: every active task is a zombie
 	}
 	lctx, cancel := context.WithTimeout(ctx, inspectTimeout)
 	defer cancel()

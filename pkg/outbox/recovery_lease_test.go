@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
@@ -25,6 +27,48 @@ import (
 // is it a zombie and recovered. Judged by age alone, the active task was
 // requeued and a second task did the work again.
 func TestRecoveryLeavesATaskALiveWorkerHolds(t *testing.T) {
+	ctx := context.Background()
+	db, rdb, conn, taskID := staleTaskHeldByWorker(t)
+	r := &outbox.Recovery{Store: db, Inspector: asynq.NewInspectorFromRedisClient(rdb), Leases: outbox.RedisRecovery{Redis: rdb},
+		Alerts: noAlerts{}, Log: zerolog.Nop(), StaleAfter: 3 * time.Minute, MaxAttempts: 10, BatchMax: 10}
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, "enqueued", status(t, conn, "held"), "a task a live worker holds was taken for a zombie")
+
+	// The worker's lease gone (the heartbeat only extends a lease that
+	// exists): a zombie, recovered.
+	require.NoError(t, rdb.ZRem(ctx, "asynq:{"+task.QueuePayments+"}:lease", taskID).Err())
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, "pending", status(t, conn, "held"), "an active task with no lease was left alone")
+}
+
+// failingLeases is a lease read that fails, as a Redis timeout would.
+type failingLeases struct{}
+
+func (failingLeases) LeaseExpiry(context.Context, string, string) (time.Time, bool, error) {
+	return time.Time{}, false, errors.New("i/o timeout")
+}
+
+// TestRecoveryLeavesAnActiveTaskWhoseLeaseIsUnreadable: asynq says the
+// task is active but its lease cannot be read: its worker may be running
+// it, so it is left for the next run; requeued, a second task did the
+// work again.
+func TestRecoveryLeavesAnActiveTaskWhoseLeaseIsUnreadable(t *testing.T) {
+	ctx := context.Background()
+	db, rdb, conn, _ := staleTaskHeldByWorker(t)
+	r := &outbox.Recovery{Store: db, Inspector: asynq.NewInspectorFromRedisClient(rdb), Leases: failingLeases{},
+		Alerts: noAlerts{}, Log: zerolog.Nop(), StaleAfter: 3 * time.Minute, MaxAttempts: 10, BatchMax: 10}
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, "enqueued", status(t, conn, "held"), "an active task whose lease was unreadable was requeued")
+	var generation int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT generation FROM payment_events WHERE event_id = 'held'`).Scan(&generation))
+	require.Zero(t, generation, "a new generation was sent out")
+}
+
+// staleTaskHeldByWorker enqueues the event "held" to a real worker that
+// holds it until the test ends, and makes the event stale; it returns
+// the database and the task's id.
+func staleTaskHeldByWorker(t *testing.T) (*postgres.DB, redis.UniversalClient, *pgx.Conn, string) {
+	t.Helper()
 	ctx := context.Background()
 	dsn := testenv.DatabaseURL(t)
 	db := testenv.OpenDB(t, dsn)
@@ -59,13 +103,7 @@ func TestRecoveryLeavesATaskALiveWorkerHolds(t *testing.T) {
 	})
 	require.NoError(t, srv.Start(mux))
 	t.Cleanup(srv.Shutdown)
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	}()
+	t.Cleanup(func() { close(release) }) // runs before the shutdown
 	select {
 	case <-started:
 	case <-time.After(10 * time.Second):
@@ -77,16 +115,7 @@ func TestRecoveryLeavesATaskALiveWorkerHolds(t *testing.T) {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	_, err = conn.Exec(ctx, `UPDATE payment_events SET updated_at = now() - interval '10 minutes' WHERE event_id = 'held'`)
 	require.NoError(t, err)
-	r := &outbox.Recovery{Store: db, Inspector: asynq.NewInspectorFromRedisClient(rdb), Leases: outbox.RedisRecovery{Redis: rdb},
-		Alerts: noAlerts{}, Log: zerolog.Nop(), StaleAfter: 3 * time.Minute, MaxAttempts: 10, BatchMax: 10}
-	require.NoError(t, r.Run(ctx))
-	require.Equal(t, "enqueued", status(t, conn, "held"), "a task a live worker holds was taken for a zombie")
-
-	// The worker's lease gone (the heartbeat only extends a lease that
-	// exists): a zombie, recovered.
-	require.NoError(t, rdb.ZRem(ctx, "asynq:{"+task.QueuePayments+"}:lease", info.ID).Err())
-	require.NoError(t, r.Run(ctx))
-	require.Equal(t, "pending", status(t, conn, "held"), "an active task with no lease was left alone")
+	return db, rdb, conn, info.ID
 }
 
 // TestRecoveryResumesOnAnotherReplica: the resume point lives in Redis,
