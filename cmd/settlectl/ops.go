@@ -137,7 +137,7 @@ func runReconcile(ctx context.Context, args []string, out io.Writer) error {
 	// one): report and judge the pass's totals, not only what ran here.
 	fmt.Fprintf(out, "pass %d: %d balances checked, %d mismatches\n", pass.ID, pass.PassChecked, pass.PassMismatches)
 	if other := pass.PassMismatches - pass.Mismatches; other > 0 {
-		fmt.Fprintf(out, "%d of the mismatches found by another run of this pass (its log and alert name them)\n", other)
+		fmt.Fprintf(out, "%d of the mismatches found by another run of this pass (settlectl prints only its own; the scheduler alerts on them all)\n", other)
 	}
 	if pass.PassMismatches > 0 {
 		return errCheckFailed

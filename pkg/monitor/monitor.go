@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,12 +26,15 @@ const (
 	FullReconcileChunksMax   = 10_000
 	HealthIntervalDefault    = time.Minute
 	mismatchesAlertSampleMax = 5
+	// fullReportTimeout bounds reporting a full pass's mismatches.
+	fullReportTimeout = 10 * time.Second
 )
 
 // Store is the database side.
 type Store interface {
 	HotPathCheck(ctx context.Context, window time.Duration) (int, []postgres.Mismatch, error)
 	ReconcileFull(ctx context.Context, every time.Duration, chunk, maxChunks int) (postgres.ReconcilePass, error)
+	ReportMismatches(ctx context.Context, report func([]postgres.UnreportedMismatches)) error
 	Health(ctx context.Context) (postgres.Health, error)
 }
 
@@ -89,29 +94,69 @@ func (m *Monitor) HotPath(window time.Duration) func(context.Context) error {
 }
 
 // FullReconcile advances the daily pass over every balance; it resumes an
-// interrupted pass and starts a new one once the last is a day old.
+// interrupted pass and starts a new one once the last is a day old. Then
+// it counts and alerts on every pass's mismatches not reported yet:
+// those it recorded, and those settlectl reconcile recorded (it prints
+// them only), in a chunk this run was overtaken on or in a pass it never
+// saw.
 func (m *Monitor) FullReconcile(ctx context.Context) error {
 	pass, err := m.store.ReconcileFull(ctx, FullReconcileEvery, postgres.ReconcileChunkDefault, FullReconcileChunksMax)
 	if errors.Is(err, postgres.ErrNothingToReconcile) {
-		return nil
+		pass, err = postgres.ReconcilePass{}, nil
+	} else {
+		// Checked: only the chunks this run recorded.
+		m.checked.WithLabelValues("full").Add(float64(pass.Checked))
+		m.logMismatches("full", pass.Found)
 	}
-	// Only what this run recorded: chunks another run of the pass recorded
-	// first are that run's to count, and its replica's to alert on.
-	m.checked.WithLabelValues("full").Add(float64(pass.Checked))
-	m.reportMismatches("full", pass.Found)
-	if err != nil {
-		return err
-	}
-	if pass.Overtaken > 0 {
+	if err == nil && pass.Overtaken > 0 {
 		m.log.Info().Int64("pass", pass.ID).Int("chunks", pass.Overtaken).
 			Msg("full reconciliation: another run of the pass recorded some chunks first; not counted here")
 	}
-	if pass.Finished {
+	if err == nil && pass.Finished {
 		m.runs.WithLabelValues("full").Inc()
 		m.log.Info().Int64("pass", pass.ID).Int64("checked", pass.Checked).Int64("mismatches", pass.Mismatches).
 			Bool("resumed", pass.Resumed).Msg("full reconciliation finished")
 	}
-	return nil
+	// A context of its own: a run cut at its timeout still reports what it
+	// recorded.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fullReportTimeout)
+	defer cancel()
+	rerr := m.store.ReportMismatches(rctx, func(u []postgres.UnreportedMismatches) { m.reportFull(pass, u) })
+	return errors.Join(err, rerr)
+}
+
+// reportFull counts and alerts on the passes' unreported mismatches once,
+// whichever run recorded them; this run's own were logged one by one.
+func (m *Monitor) reportFull(pass postgres.ReconcilePass, unreported []postgres.UnreportedMismatches) {
+	var total int64
+	passes := make([]int64, 0, len(unreported))
+	var passSample []string
+	for _, u := range unreported {
+		total += u.Mismatches
+		passes = append(passes, u.Pass)
+		if u.Sample != "" {
+			passSample = append(passSample, strings.Split(u.Sample, "; ")...)
+		}
+		m.log.Error().Str("severity", "CRITICAL").Int64("pass", u.Pass).Int64("mismatches", u.Mismatches).Str("sample", u.Sample).
+			Msg("full reconciliation: balances do not match their journal (settlectl reconcile lists them)")
+	}
+	m.mismatches.WithLabelValues("full").Add(float64(total))
+	// This run's own, when theirs are among the reported (another replica
+	// may have reported them first); else the passes' stored samples.
+	sample := make([]string, 0, mismatchesAlertSampleMax)
+	if slices.Contains(passes, pass.ID) {
+		for _, b := range pass.Found {
+			sample = append(sample, b.String())
+		}
+	}
+	if len(sample) == 0 {
+		sample = passSample
+	}
+	if len(sample) > mismatchesAlertSampleMax {
+		sample = sample[:mismatchesAlertSampleMax]
+	}
+	m.alerts.Raise("reconcile_mismatch:full", alert.Critical, fmt.Sprintf("%d balance(s) differ from initial_balance + journal", total),
+		map[string]any{"kind": "full", "sample": sample, "passes": passes})
 }
 
 func (m *Monitor) reportMismatches(kind string, bad []postgres.Mismatch) {
@@ -124,12 +169,18 @@ func (m *Monitor) reportMismatches(kind string, bad []postgres.Mismatch) {
 		if i < mismatchesAlertSampleMax {
 			sample = append(sample, b.String())
 		}
+	}
+	m.logMismatches(kind, bad)
+	m.alerts.Raise("reconcile_mismatch:"+kind, alert.Critical, fmt.Sprintf("%d balance(s) differ from initial_balance + journal", len(bad)),
+		map[string]any{"kind": kind, "sample": sample})
+}
+
+func (m *Monitor) logMismatches(kind string, bad []postgres.Mismatch) {
+	for _, b := range bad {
 		m.log.Error().Str("severity", "CRITICAL").Int64("user_id", b.UserID).Str("asset", b.Asset).
 			Str("balance", b.Balance.String()).Str("initial_balance", b.Initial.String()).Str("journal", b.Journal.String()).
 			Str("kind", kind).Msg("balance does not match its journal")
 	}
-	m.alerts.Raise("reconcile_mismatch:"+kind, alert.Critical, fmt.Sprintf("%d balance(s) differ from initial_balance + journal", len(bad)),
-		map[string]any{"kind": kind, "sample": sample})
 }
 
 // HealthGauges refreshes the zombie and DLQ gauges only. It runs on every

@@ -1,6 +1,7 @@
 package monitor_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"sync"
@@ -293,4 +294,147 @@ func TestConcurrentFullReconcilesCountEachFindingOnce(t *testing.T) {
 	require.EqualValues(t, 2, sum("settle_reconcile_mismatches_total"))
 	require.EqualValues(t, 25, sum("settle_reconcile_balances_checked_total"))
 	require.EqualValues(t, 1, sum("settle_reconcile_runs_total"))
+}
+
+// counterSum is a counter's total over its labels in one registry; none
+// is 0.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	var total float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return total
+}
+
+func (a *alerts) count(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, k := range a.keys {
+		if k == key {
+			n++
+		}
+	}
+	return n
+}
+
+// waitLocked waits until n backends wait for a lock running a statement
+// that contains text.
+func waitLocked(t *testing.T, conn *pgx.Conn, text string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, text).Scan(&waiting)
+		return err == nil && waiting == n
+	}, 10*time.Second, 20*time.Millisecond, "%d backends wait at %q", n, text)
+}
+
+// TestOvertakenFullReconcileAlertsOnSettlectlsMismatch: settlectl
+// reconcile starts a pass, the scheduler resumes it, both read the chunk
+// with a mismatch and settlectl records it first. settlectl only prints
+// it; the scheduler, overtaken, dropped the chunk's findings as another
+// replica's to alert on, so the mismatch paged nobody. It pages once:
+// one alert and one count, not again on the next run.
+func TestOvertakenFullReconcileAlertsOnSettlectlsMismatch(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	setup := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	for u := int64(1); u <= 25; u++ {
+		_, err := setup.CreateUser(ctx, u)
+		require.NoError(t, err)
+		require.NoError(t, setup.SetInitialBalance(ctx, u, "ETH", decimal.RequireFromString("1")))
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 2 WHERE user_id = 3`)
+	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer watch.Close(ctx)
+
+	// settlectl opens its pass and waits to read the first chunk.
+	balances, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = balances.Exec(ctx, `LOCK TABLE balances IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	type result struct {
+		pass postgres.ReconcilePass
+		err  error
+	}
+	settlectl, cli := make(chan result, 1), testenv.OpenDB(t, dsn)
+	go func() {
+		pass, err := cli.ReconcileFull(ctx, 0, postgres.ReconcileChunkDefault, 1<<30)
+		settlectl <- result{pass, err}
+	}()
+	waitLocked(t, watch, "FROM balances b", 1)
+
+	// Hold the pass's row: settlectl reads the chunk and waits to record
+	// it, then the scheduler resumes the pass, reads the same chunk and
+	// waits behind settlectl.
+	row, err := watch.Begin(ctx)
+	require.NoError(t, err)
+	_, err = row.Exec(ctx, `SELECT 1 FROM reconcile_runs FOR UPDATE`)
+	require.NoError(t, err)
+	require.NoError(t, balances.Commit(ctx))
+	waitLocked(t, conn, "UPDATE reconcile_runs", 1)
+	a, reg, logs := &alerts{}, prometheus.NewRegistry(), &bytes.Buffer{}
+	m := monitor.New(testenv.OpenDB(t, dsn), a, zerolog.New(logs), reg)
+	scheduler := make(chan error, 1)
+	go func() { scheduler <- m.FullReconcile(ctx) }()
+	waitLocked(t, conn, "UPDATE reconcile_runs", 2)
+	require.NoError(t, row.Commit(ctx))
+
+	got := <-settlectl
+	require.NoError(t, got.err)
+	require.True(t, got.pass.Finished, "settlectl recorded the chunk")
+	require.EqualValues(t, 1, got.pass.Mismatches)
+	require.NoError(t, <-scheduler)
+	require.Contains(t, logs.String(), "another run of the pass recorded some chunks first", "the scheduler was overtaken")
+	require.Zero(t, counterSum(t, reg, "settle_reconcile_balances_checked_total"), "the scheduler recorded nothing")
+	require.Equal(t, 1, a.count("reconcile_mismatch:full"), "the mismatch settlectl recorded reached no alert")
+	require.Equal(t, 1.0, counterSum(t, reg, "settle_reconcile_mismatches_total"))
+
+	require.NoError(t, m.FullReconcile(ctx))
+	require.Equal(t, 1, a.count("reconcile_mismatch:full"), "reported again")
+	require.Equal(t, 1.0, counterSum(t, reg, "settle_reconcile_mismatches_total"))
+}
+
+// TestSettlectlPassAlonePagesOnce: a pass settlectl reconcile ran start
+// to end with a mismatch, the scheduler reading none of it: its next run
+// (nothing to reconcile within the day) counts and alerts on it, once.
+func TestSettlectlPassAlonePagesOnce(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	for u := int64(1); u <= 3; u++ {
+		_, err := db.CreateUser(ctx, u)
+		require.NoError(t, err)
+		require.NoError(t, db.SetInitialBalance(ctx, u, "ETH", decimal.RequireFromString("1")))
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `UPDATE balances SET balance = 2 WHERE user_id IN (1, 3)`)
+	require.NoError(t, err)
+	pass, err := db.ReconcileFull(ctx, 0, postgres.ReconcileChunkDefault, 1<<30)
+	require.NoError(t, err)
+	require.True(t, pass.Finished)
+
+	a, reg := &alerts{}, prometheus.NewRegistry()
+	m := monitor.New(db, a, zerolog.New(io.Discard), reg)
+	for range 2 {
+		require.NoError(t, m.FullReconcile(ctx))
+		require.Equal(t, 1, a.count("reconcile_mismatch:full"), "settlectl's mismatches paged nobody, or twice")
+		require.Equal(t, 2.0, counterSum(t, reg, "settle_reconcile_mismatches_total"))
+		require.Zero(t, counterSum(t, reg, "settle_reconcile_runs_total"), "settlectl's pass is not the scheduler's run")
+	}
 }

@@ -218,3 +218,51 @@ func (db *DB) reconcileChunk(ctx context.Context, afterUser int64, afterAsset st
 	last := all[len(all)-1]
 	return bad, last.UserID, last.Asset, len(all), nil
 }
+
+// UnreportedMismatches are mismatches recorded in a full pass that no
+// scheduler has counted or alerted on yet.
+type UnreportedMismatches struct {
+	Pass       int64
+	Mismatches int64
+	Sample     string // the pass's first mismatches, whoever found them
+}
+
+// ReportMismatches hands report every pass's mismatches not reported yet
+// and marks them reported, in one transaction, so each reaches one caller
+// once whichever run recorded it (settlectl reconcile records without
+// reporting). report runs before the COMMIT: a COMMIT that fails, or
+// whose answer is lost, has them reported again by the next call rather
+// than never.
+func (db *DB) ReportMismatches(ctx context.Context, report func([]UnreportedMismatches)) error {
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		return classify("reconcile report", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	stmt := q("reconcile_unreported")
+	rows, err := tx.Query(ctx, stmt.text)
+	if err != nil {
+		return classify(stmt.name, err)
+	}
+	unreported, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (UnreportedMismatches, error) {
+		var u UnreportedMismatches
+		err := row.Scan(&u.Pass, &u.Mismatches, &u.Sample)
+		return u, err
+	})
+	if err != nil {
+		return classify(stmt.name, err)
+	}
+	if len(unreported) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(unreported))
+	for i, u := range unreported {
+		ids[i] = u.Pass
+	}
+	stmt = q("reconcile_mark_reported")
+	if _, err := tx.Exec(ctx, stmt.text, ids); err != nil {
+		return classify(stmt.name, err)
+	}
+	report(unreported)
+	return classify("reconcile report", tx.Commit(ctx))
+}

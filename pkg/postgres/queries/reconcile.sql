@@ -65,3 +65,16 @@ RETURNING checked, mismatches;
 SELECT cursor_user, cursor_asset, checked, mismatches, finished_at IS NOT NULL
 FROM reconcile_runs
 WHERE id = $1;
+
+-- name: reconcile_unreported
+-- Passes with mismatches no scheduler has counted and alerted on yet
+-- (settlectl records them without either). Locked, so two replicas
+-- never report one twice.
+SELECT id, mismatches - reported, sample
+FROM reconcile_runs
+WHERE reported < mismatches
+ORDER BY id
+FOR UPDATE;
+
+-- name: reconcile_mark_reported
+UPDATE reconcile_runs SET reported = mismatches WHERE id = ANY($1::bigint[]);
