@@ -217,7 +217,8 @@ func run(s settings, log zerolog.Logger) error {
 
 // cleanup keeps processed_events' daily partitions (days ahead created,
 // days past retention dropped whole) and deletes old settled
-// notifications, transfer reports and sightings in bounded batches. Each
+// notifications, transfer reports and sightings, and the found ids of
+// rescans that ended, in bounded batches. Each
 // part runs whatever the others did: a partition maintenance, or one
 // table's batch, failing every night must not let the other tables grow
 // without bound. The failures are logged and returned together
@@ -229,7 +230,7 @@ func cleanup(db *postgres.DB, alerts *alert.Alerter, log zerolog.Logger, reg pro
 	})
 	deleted := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "settle_cleanup_deleted_rows_total",
-		Help: "Rows the daily cleanup deleted past PROCESSED_RETENTION, by table, counted as each batch commits.",
+		Help: "Rows the daily cleanup deleted (past PROCESSED_RETENTION; rescan_found: of rescans that ended), by table, counted as each batch commits.",
 	}, []string{"table"})
 	reg.MustRegister(deferred, deleted)
 	batches := postgres.CleanupOptions{

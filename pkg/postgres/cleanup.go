@@ -30,18 +30,22 @@ const (
 	CleanupNotifications   = "notification_outbox"
 	CleanupTransferReports = "transfer_reports"
 	CleanupSightings       = "transfer_sightings"
+	CleanupRescanFound     = "rescan_found"
 	cleanupProcessed       = "processed_events"
 )
 
 // cleanupTables are the tables Cleanup takes turns on, each with its
-// one-batch delete taking (retention interval, batch size).
+// one-batch delete taking (retention interval, batch size), or the batch
+// size alone when its rows go whatever their age (anyAge).
 var cleanupTables = []struct {
-	table string
-	query string
+	table  string
+	query  string
+	anyAge bool
 }{
 	{table: CleanupNotifications, query: "cleanup_notifications"},
 	{table: CleanupTransferReports, query: "delete_old_reports"},
 	{table: CleanupSightings, query: "delete_old_sightings"},
+	{table: CleanupRescanFound, query: "cleanup_rescan_found", anyAge: true},
 }
 
 // CleanupOptions bound the cleanup's deletes; zero values are the
@@ -91,7 +95,8 @@ type CleanupReport struct {
 
 // Cleanup deletes the settled notifications, transfer reports and
 // transfer sightings older than retention (a transfer with a block
-// reported removed keeps its sightings), one batch of each table in turn,
+// reported removed keeps its sightings), and the found ids of rescan jobs
+// that ended (rescan_found), one batch of each table in turn,
 // until every table is done or ctx ends. A batch that fails or times out
 // ends its own table's cleanup for this run, not the others'. The reports
 // are in cleanupTables' order; the error joins the tables' errors.
@@ -116,7 +121,11 @@ func (db *DB) Cleanup(ctx context.Context, retention time.Duration, o CleanupOpt
 			if ctx.Err() != nil {
 				break
 			}
-			more, err := db.cleanupBatch(ctx, q(t.query), retention, o, r)
+			args := []any{interval(retention), o.Batch}
+			if t.anyAge {
+				args = args[1:]
+			}
+			more, err := db.cleanupBatch(ctx, q(t.query), args, o, r)
 			if err != nil {
 				r.Err = err
 				continue
@@ -153,7 +162,7 @@ func (db *DB) trimProcessed(ctx context.Context, retention time.Duration, o Clea
 	}
 	r := CleanupReport{Table: cleanupProcessed}
 	for range CleanupBatchesMax {
-		more, err := db.cleanupBatch(ctx, q("cleanup_processed"), retention, o, &r)
+		more, err := db.cleanupBatch(ctx, q("cleanup_processed"), []any{interval(retention), o.Batch}, o, &r)
 		if err != nil || !more {
 			return r.Deleted, err
 		}
@@ -166,10 +175,10 @@ func (db *DB) trimProcessed(ctx context.Context, retention time.Duration, o Clea
 	return r.Deleted, nil
 }
 
-// cleanupBatch runs one batch of the delete stmt in its own transaction
-// under o.BatchTimeout, adds it to r, and says whether the batch was full
-// (more may be left).
-func (db *DB) cleanupBatch(ctx context.Context, stmt query, retention time.Duration, o CleanupOptions, r *CleanupReport) (bool, error) {
+// cleanupBatch runs one batch of the delete stmt (its arguments args) in
+// its own transaction under o.BatchTimeout, adds it to r, and says
+// whether the batch was full (more may be left).
+func (db *DB) cleanupBatch(ctx context.Context, stmt query, args []any, o CleanupOptions, r *CleanupReport) (bool, error) {
 	// The server's statement_timeout ends a batch first (the connection
 	// stays good); the client's bound only when the server is silent.
 	bctx, cancel := context.WithTimeout(ctx, o.BatchTimeout+time.Second)
@@ -179,7 +188,7 @@ func (db *DB) cleanupBatch(ctx context.Context, stmt query, retention time.Durat
 		if _, err := tx.Exec(bctx, q("cleanup_batch_timeout").text, durationSetting(o.BatchTimeout)); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(bctx, stmt.text, interval(retention), o.Batch)
+		tag, err := tx.Exec(bctx, stmt.text, args...)
 		rows = tag.RowsAffected()
 		return err
 	})

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,9 @@ import (
 // 14-day retention and young ones: 25 old and 3 young settled
 // notifications plus 2 old pending ones; 25 old and 3 young transfer
 // reports; 25 old and 3 young sightings of plain transfers, plus 3 old
-// sightings of a transfer with a block reported removed.
+// sightings of a transfer with a block reported removed; the found ids of
+// rescan jobs: 25 of two that ended (done, failed), as a binary from
+// before rescan_found leaves them, and 3 of a running one, all new.
 func seedCleanup(t *testing.T, ctx context.Context, conn *pgx.Conn) {
 	t.Helper()
 	for _, stmt := range []string{
@@ -43,6 +46,14 @@ func seedCleanup(t *testing.T, ctx context.Context, conn *pgx.Conn) {
 		`INSERT INTO transfer_sightings (event_id, block_hash, removed, removed_at, reporter, first_at)
 		 SELECT 'reorged', '0x' || lpad(to_hex(i), 64, '0'), i = 1, CASE WHEN i = 1 THEN now() END, 'alchemy', now() - interval '30 days'
 		 FROM generate_series(1, 3) i`,
+		`INSERT INTO rescan_jobs (id, network, from_block, to_block, next_block, status, error)
+		 VALUES ('r-done', 'ETH_MAINNET', 1, 100, 101, 'done', NULL), ('r-failed', 'ETH_MAINNET', 1, 100, 50, 'failed', 'cancelled'),
+		        ('r-running', 'ETH_MAINNET', 1, 100, 50, 'running', NULL)`,
+		`INSERT INTO rescan_found (job_id, event_id, block_number)
+		 SELECT CASE WHEN i <= 20 THEN 'r-done' ELSE 'r-failed' END, 'ended-' || i, CASE WHEN i % 2 = 0 THEN i END
+		 FROM generate_series(1, 25) i`,
+		`INSERT INTO rescan_found (job_id, event_id, block_number)
+		 SELECT 'r-running', 'running-' || i, 40 + i FROM generate_series(1, 3) i`,
 	} {
 		_, err := conn.Exec(ctx, stmt)
 		require.NoError(t, err)
@@ -58,8 +69,10 @@ func countRows(t *testing.T, ctx context.Context, conn *pgx.Conn, query string) 
 
 // TestCleanupDeletesBacklogInBatches: a backlog larger than one batch is
 // deleted whole, in batches of at most the batch size, each table in
-// turn; young rows, pending notifications and the sightings of a
-// transfer with a removed block stay.
+// turn; young rows, pending notifications, the sightings of a transfer
+// with a removed block and the found ids of a running rescan stay. The
+// ids of rescans that ended go whatever their age: a binary from before
+// rescan_found ending a job left them, and nothing else deleted them.
 func TestCleanupDeletesBacklogInBatches(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.DatabaseURL(t)
@@ -79,7 +92,7 @@ func TestCleanupDeletesBacklogInBatches(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	require.Len(t, tables, 3)
+	require.Len(t, tables, 4)
 	for _, r := range tables {
 		require.EqualValues(t, 25, r.Deleted, r.Table)
 		require.Equal(t, 7, r.Batches, "%s: 25 rows in batches of 4", r.Table)
@@ -87,8 +100,9 @@ func TestCleanupDeletesBacklogInBatches(t *testing.T) {
 		require.NoError(t, r.Err)
 		require.EqualValues(t, 4, largest[r.Table], "%s: no batch above the bound", r.Table)
 	}
-	require.Equal(t, []string{postgres.CleanupNotifications, postgres.CleanupTransferReports, postgres.CleanupSightings,
-		postgres.CleanupNotifications, postgres.CleanupTransferReports, postgres.CleanupSightings}, order[:6], "the tables take turns")
+	require.Equal(t, []string{postgres.CleanupNotifications, postgres.CleanupTransferReports, postgres.CleanupSightings, postgres.CleanupRescanFound,
+		postgres.CleanupNotifications, postgres.CleanupTransferReports, postgres.CleanupSightings, postgres.CleanupRescanFound}, order[:8],
+		"the tables take turns")
 
 	require.Equal(t, 3, countRows(t, ctx, conn, `SELECT count(*) FROM notification_outbox WHERE delivery_id LIKE 'young-%'`))
 	require.Equal(t, 2, countRows(t, ctx, conn, `SELECT count(*) FROM notification_outbox WHERE status = 'pending'`))
@@ -98,6 +112,9 @@ func TestCleanupDeletesBacklogInBatches(t *testing.T) {
 	require.Equal(t, 3, countRows(t, ctx, conn, `SELECT count(*) FROM transfer_sightings WHERE event_id = 'reorged'`),
 		"a transfer with a removed block keeps all its sightings")
 	require.Equal(t, 6, countRows(t, ctx, conn, `SELECT count(*) FROM transfer_sightings`))
+	require.Equal(t, 3, countRows(t, ctx, conn, `SELECT count(*) FROM rescan_found WHERE job_id = 'r-running'`),
+		"a running job's ids stay, however new")
+	require.Equal(t, 3, countRows(t, ctx, conn, `SELECT count(*) FROM rescan_found`), "the ended jobs' ids are gone")
 
 	_, err = db.Cleanup(ctx, postgres.CleanupRetentionDefault, postgres.CleanupOptions{Batch: postgres.CleanupBatchMax + 1})
 	require.ErrorContains(t, err, "outside 1..")
@@ -187,4 +204,46 @@ func TestCleanupStopsAtRunEnd(t *testing.T) {
 		require.False(t, r.Done, r.Table)
 		require.ErrorContains(t, r.Err, "rows left", r.Table)
 	}
+}
+
+// TestCleanupForgetsEndedRescans: a job ended by a replica of a binary
+// from before rescan_found (a rolling update) keeps its found ids, as
+// rescan_jobs rows are never deleted for the cascade to run; the daily
+// cleanup deletes them, and leaves a running job's. They stayed forever.
+func TestCleanupForgetsEndedRescans(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	_, err = db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	hash := "0x" + strings.Repeat("ab", 32)
+	for i, id := range []string{"r-old-binary", "r-running"} {
+		_, err = db.CreateRescan(ctx, id, "ETH_MAINNET", 10, 999, "op")
+		require.NoError(t, err)
+		c, ok, err := db.ClaimRescan(ctx, "ETH_MAINNET", 10_000, "a", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, id, c.ID)
+		_, err = db.CompleteRescanPass(ctx, id, "a", 10, 29, hash, 128, []postgres.NewEvent{foundAt(2*i+1, 12), foundAt(2*i+2, 20)})
+		require.NoError(t, err)
+		if i == 0 {
+			// The older binary's last pass: done, its ids left behind.
+			_, err = conn.Exec(ctx, `UPDATE rescan_jobs SET status = 'done', next_block = 1000 WHERE id = $1`, id)
+			require.NoError(t, err)
+		}
+	}
+
+	tables, err := db.Cleanup(ctx, postgres.CleanupRetentionDefault, postgres.CleanupOptions{Batch: 1, Pause: time.Millisecond})
+	require.NoError(t, err)
+	require.Zero(t, countRows(t, ctx, conn, `SELECT count(*) FROM rescan_found WHERE job_id = 'r-old-binary'`),
+		"the ended job's ids, left by the older binary, are deleted")
+	require.Equal(t, 2, countRows(t, ctx, conn, `SELECT count(*) FROM rescan_found WHERE job_id = 'r-running'`),
+		"a running job keeps its ids")
+	require.Len(t, tables, 4)
+	require.Equal(t, postgres.CleanupRescanFound, tables[3].Table)
+	require.EqualValues(t, 2, tables[3].Deleted)
+	require.Equal(t, 3, tables[3].Batches, "batches of 1: two full, the third finds none left")
 }

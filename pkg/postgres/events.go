@@ -39,6 +39,9 @@ type NewEvent struct {
 	// hold, a transfer index respelt): a row stored under it earlier, as
 	// sent, is the same delivery, not a conflict. Nil: none.
 	SentAs []byte
+	// Block is the block a scanner pass found the transfer in: a rescan
+	// job keeps its id only while a restart can read that block again.
+	Block uint64
 }
 
 // sameContent tells whether the content stored under the event's id is

@@ -399,16 +399,19 @@ func (db *DB) ClaimRescan(ctx context.Context, network string, head uint64, owne
 // read; "" when not known) for its next pass; ErrLeaseLost when it is no
 // longer this owner's. The job's found grows by the events it had not
 // found before: a pass reading blocks again after a restart counts only
-// what is new to the job.
-func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, events []NewEvent) ([]StoredDeposit, error) {
+// what is new to the job. The job keeps the ids a restart (RestartRescan
+// with depth, as its next pass would call it) can read again, and forgets
+// the rest.
+func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, depth int64, events []NewEvent) ([]StoredDeposit, error) {
 	stmt := q("rescan_advance")
 	ids := make([]string, len(events))
+	blocks := make([]int64, len(events))
 	for i, e := range events {
-		ids[i] = e.Event.ID
+		ids[i], blocks[i] = e.Event.ID, int64(e.Block)
 	}
 	return db.inPass(ctx, events, func(tx pgx.Tx) (bool, error) {
 		var status string
-		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), ids, toHash).Scan(&status)
+		err := tx.QueryRow(ctx, stmt.text, id, owner, int64(from), int64(to), ids, toHash, blocks).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
@@ -420,9 +423,37 @@ func (db *DB) CompleteRescanPass(ctx context.Context, id, owner string, from, to
 			if _, err := tx.Exec(ctx, forget.text, id); err != nil {
 				return false, classify(forget.name, err)
 			}
+			return true, nil
+		}
+		if below, ok := rescanFoundFloor(to, toHash, depth); ok {
+			prune := q("rescan_found_prune")
+			if _, err := tx.Exec(ctx, prune.text, id, below); err != nil {
+				return false, classify(prune.name, err)
+			}
 		}
 		return true, nil
 	})
+}
+
+// rescanFoundFloor is the block below which a running job's found ids can
+// go once its pass read through block to: no restart reads them again.
+// A restart starts from the next pass's first block (to+1) and goes back
+// depth blocks, or to the job's start when depth is not positive, so then
+// every id stays (ok false). Without toHash (finalized) the next pass has
+// nothing to link to and cannot restart: none needs keeping. A second
+// restart soon after one can go back past the floor of an earlier pass;
+// found may then count a transfer there again (it is only a count).
+func rescanFoundFloor(to uint64, toHash string, depth int64) (int64, bool) {
+	next := int64(to) + 1
+	switch {
+	case toHash == "":
+		return next, true
+	case depth <= 0:
+		return 0, false
+	case next <= depth:
+		return 0, false // back to the range's start, at most
+	}
+	return next - depth, true
 }
 
 // RescanRestartReasonMax bounds the reason RestartRescan records: the

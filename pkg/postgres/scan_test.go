@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
@@ -114,15 +115,15 @@ func TestBackfillEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, postgres.RescanClaim{ID: "bf-1", Network: network, Address: "0x" + strings.Repeat("11", 20), Next: 40, To: 109}, claim)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "b", 40, 89, "", nil)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "b", 40, 89, "", 128, nil)
 	require.ErrorIs(t, err, postgres.ErrLeaseLost)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, "", []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 40, 89, "", 128, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.EqualValues(t, 90, claim.Next)
-	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 90, 109, "", nil)
+	_, err = db.CompleteRescanPass(ctx, "bf-1", "a", 90, 109, "", 128, nil)
 	require.NoError(t, err)
 	job, err = db.Rescan(ctx, "bf-1")
 	require.NoError(t, err)
@@ -261,13 +262,13 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "r-long", claim.ID, "the oldest job the head allows")
-	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 10, 19, "", nil)
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 10, 19, "", 128, nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, "r-short", claim.ID, "after a pass of the long job, the next one's turn")
-	_, err = db.CompleteRescanPass(ctx, "r-short", "a", 50, 50, "", nil)
+	_, err = db.CompleteRescanPass(ctx, "r-short", "a", 50, 50, "", 128, nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 100, "a", time.Minute)
 	require.NoError(t, err)
@@ -278,7 +279,7 @@ func TestRescanClaimTurnsAndWaits(t *testing.T) {
 	require.False(t, ok, "leased, and the rest waits above the head")
 
 	require.NoError(t, db.CancelRescan(ctx, "r-long", "op", "typo"))
-	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, "", nil)
+	_, err = db.CompleteRescanPass(ctx, "r-long", "a", 20, 29, "", 128, nil)
 	require.ErrorIs(t, err, postgres.ErrLeaseLost, "the pass under way stores nothing")
 	job, err = db.Rescan(ctx, "r-long")
 	require.NoError(t, err)
@@ -344,7 +345,7 @@ func TestRescanKeepsItsLastHash(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Empty(t, claim.LastHash, "a new job knows no hash")
-	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 29, hash, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 29, hash, 128, nil)
 	require.NoError(t, err)
 	claim, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
@@ -373,7 +374,7 @@ func TestRescanKeepsItsLastHash(t *testing.T) {
 	_, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 49, hash, nil)
+	_, err = db.CompleteRescanPass(ctx, "r-hash", "a", 10, 49, hash, 128, nil)
 	require.NoError(t, err)
 	_, ok, err = db.ClaimRescan(ctx, network, 1000, "a", time.Minute)
 	require.NoError(t, err)
@@ -421,7 +422,7 @@ func TestRescanRestartCountsOnce(t *testing.T) {
 	_, err = db.CreateRescan(ctx, "r-count", network, 10, 99, "op")
 	require.NoError(t, err)
 	claim()
-	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, 128, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(2)})
 	require.NoError(t, err)
 	job, err := db.Rescan(ctx, "r-count")
 	require.NoError(t, err)
@@ -444,9 +445,9 @@ func TestRescanRestartCountsOnce(t *testing.T) {
 	// Read again: deposit 1 is there still, 2 is gone with the old branch,
 	// 3 is the fork's.
 	claim()
-	_, err = db.CompleteRescanPass(ctx, "r-count", "b", 10, 29, hash, []postgres.NewEvent{scannedDeposit(4)})
+	_, err = db.CompleteRescanPass(ctx, "r-count", "b", 10, 29, hash, 128, []postgres.NewEvent{scannedDeposit(4)})
 	require.ErrorIs(t, err, postgres.ErrLeaseLost)
-	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3)})
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 29, hash, 128, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3)})
 	require.NoError(t, err)
 	job, err = db.Rescan(ctx, "r-count")
 	require.NoError(t, err)
@@ -458,7 +459,7 @@ func TestRescanRestartCountsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 10, next)
 	claim()
-	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 99, hash, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3), scannedDeposit(5)})
+	_, err = db.CompleteRescanPass(ctx, "r-count", "a", 10, 99, hash, 128, []postgres.NewEvent{scannedDeposit(1), scannedDeposit(3), scannedDeposit(5)})
 	require.NoError(t, err)
 	job, err = db.Rescan(ctx, "r-count")
 	require.NoError(t, err)
@@ -475,7 +476,7 @@ func TestRescanRestartCountsOnce(t *testing.T) {
 	}
 	for _, id := range []string{"r-cancel", "r-fail"} { // in turn
 		claim()
-		_, err = db.CompleteRescanPass(ctx, id, "a", 10, 29, hash, []postgres.NewEvent{scannedDeposit(1)})
+		_, err = db.CompleteRescanPass(ctx, id, "a", 10, 29, hash, 128, []postgres.NewEvent{scannedDeposit(1)})
 		require.NoError(t, err)
 		require.Equal(t, 1, ids(id))
 	}
@@ -489,4 +490,104 @@ func TestRescanRestartCountsOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "failed", job.Status)
 	require.Equal(t, 1, job.Found)
+}
+
+// foundAt is scannedDeposit(n) found in block.
+func foundAt(n int, block uint64) postgres.NewEvent {
+	e := scannedDeposit(n)
+	e.Block = block
+	return e
+}
+
+// TestRescanFoundPrunedAsJobAdvances: a running job keeps the ids of
+// what it found only as far back as a restart reads again
+// (SCAN_REORG_RESCAN blocks below its next block), and found still
+// counts a transfer read again after a restart once. Under finalized
+// (no hash: no restart) it keeps none past the pass; with
+// SCAN_REORG_RESCAN off (a restart reads the whole range) it keeps all;
+// an id an older binary recorded without its block stays until the job
+// ends. The job kept every id until it ended, one row per transfer of a
+// backfill of millions of blocks.
+func TestRescanFoundPrunedAsJobAdvances(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	db, conn := f.db, f.sql
+	const network = "ETH_MAINNET"
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	blocks := func(job string) []int64 {
+		t.Helper()
+		rows, err := conn.Query(ctx, `SELECT COALESCE(block_number, -1) FROM rescan_found WHERE job_id = $1 ORDER BY 1`, job)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return got
+	}
+	// A network each, so each claim takes its job.
+	nets := map[string]string{"r-prune": network, "r-final": "ETH_FINAL", "r-whole": "ETH_WHOLE"}
+	claim := func(want string) {
+		t.Helper()
+		c, ok, err := db.ClaimRescan(ctx, nets[want], 10_000, "a", time.Minute)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, want, c.ID)
+	}
+	found := func(job string) int {
+		t.Helper()
+		j, err := db.Rescan(ctx, job)
+		require.NoError(t, err)
+		return j.Found
+	}
+	hash := "0x" + strings.Repeat("ab", 32)
+	const depth = 20
+
+	_, err = db.CreateRescan(ctx, "r-prune", network, 10, 999, "op")
+	require.NoError(t, err)
+	claim("r-prune")
+	_, err = db.CompleteRescanPass(ctx, "r-prune", "a", 10, 29, hash, depth, []postgres.NewEvent{foundAt(1, 12), foundAt(2, 25)})
+	require.NoError(t, err)
+	require.Equal(t, []int64{12, 25}, blocks("r-prune"), "a restart from block 30 reads from block 10")
+	_, err = conn.Exec(ctx, `INSERT INTO rescan_found (job_id, event_id) VALUES ('r-prune', 'older-binary')`)
+	require.NoError(t, err)
+	claim("r-prune")
+	_, err = db.CompleteRescanPass(ctx, "r-prune", "a", 30, 59, hash, depth, []postgres.NewEvent{foundAt(3, 39), foundAt(4, 40), foundAt(5, 55)})
+	require.NoError(t, err)
+	require.Equal(t, []int64{-1, 40, 55}, blocks("r-prune"), "a restart from block 60 reads from block 40: the ids below go")
+	require.Equal(t, 5, found("r-prune"))
+
+	// The restart reads blocks 40 to 59 again: what it finds there again
+	// counts once, the fork's new one counts.
+	claim("r-prune")
+	next, err := db.RestartRescan(ctx, "r-prune", "a", 60, depth, "test")
+	require.NoError(t, err)
+	require.EqualValues(t, 40, next)
+	claim("r-prune")
+	_, err = db.CompleteRescanPass(ctx, "r-prune", "a", 40, 59, hash, depth, []postgres.NewEvent{foundAt(4, 40), foundAt(5, 55), foundAt(6, 58)})
+	require.NoError(t, err)
+	require.Equal(t, 6, found("r-prune"), "deposits 4 and 5 read again count once")
+	require.Equal(t, []int64{-1, 40, 55, 58}, blocks("r-prune"))
+
+	// Under finalized no pass links to another, so none restarts.
+	_, err = db.CreateRescan(ctx, "r-final", nets["r-final"], 10, 999, "op")
+	require.NoError(t, err)
+	claim("r-final")
+	_, err = db.CompleteRescanPass(ctx, "r-final", "a", 10, 29, "", depth, []postgres.NewEvent{foundAt(1, 12), foundAt(2, 29)})
+	require.NoError(t, err)
+	require.Empty(t, blocks("r-final"), "no id outlives its pass")
+	require.Equal(t, 2, found("r-final"))
+
+	// SCAN_REORG_RESCAN off: a restart reads from the job's start.
+	_, err = db.CreateRescan(ctx, "r-whole", nets["r-whole"], 10, 99_999, "op")
+	require.NoError(t, err)
+	claim("r-whole")
+	_, err = db.CompleteRescanPass(ctx, "r-whole", "a", 10, 4999, hash, -1, []postgres.NewEvent{foundAt(1, 12), foundAt(2, 4000)})
+	require.NoError(t, err)
+	require.Equal(t, []int64{12, 4000}, blocks("r-whole"), "every id stays")
+
+	// The job's end forgets the rest, the older binary's too.
+	claim("r-prune")
+	_, err = db.CompleteRescanPass(ctx, "r-prune", "a", 60, 999, hash, depth, []postgres.NewEvent{foundAt(7, 990)})
+	require.NoError(t, err)
+	require.Empty(t, blocks("r-prune"))
+	require.Equal(t, 7, found("r-prune"))
 }

@@ -343,7 +343,7 @@ func (f finder) tokenDeposits(r span, logs []chain.TransferLog, owners map[strin
 		if !ok || !listed || l.BlockNumber < r.from || l.BlockNumber > r.to {
 			continue
 		}
-		if e, ok := f.event(user, asset, l.TxHash, payment.LogIndexTransfer(uint64(l.LogIndex)), l.To, l.Value); ok {
+		if e, ok := f.event(user, asset, l.BlockNumber, l.TxHash, payment.LogIndexTransfer(uint64(l.LogIndex)), l.To, l.Value); ok {
 			out = append(out, e)
 		}
 	}
@@ -482,7 +482,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 			if statuses[cand.tx.Hash] != 1 {
 				continue // a reverted transaction moved no value
 			}
-			if e, ok := f.event(cand.user, asset, cand.tx.Hash, payment.TransferNative, cand.tx.To, cand.tx.Value); ok {
+			if e, ok := f.event(cand.user, asset, cand.block.Number, cand.tx.Hash, payment.TransferNative, cand.tx.To, cand.tx.Value); ok {
 				out = append(out, e)
 			}
 		}
@@ -495,7 +495,7 @@ func (f finder) nativeEvents(ctx context.Context, r span, addrs addressSet) ([]p
 // tx_hash, transfer_index, network; the content hash covers neither
 // source nor trace id), so whichever arrives first wins and the other is
 // a duplicate.
-func (f finder) event(user int64, asset payment.Asset, txHash, index, to string, value *big.Int) (postgres.NewEvent, bool) {
+func (f finder) event(user int64, asset payment.Asset, block uint64, txHash, index, to string, value *big.Int) (postgres.NewEvent, bool) {
 	id := payment.Transfer{Network: f.network, TxHash: txHash, Index: index}.EventID()
 	amount, err := money.FromBaseUnits("0x"+value.Text(16), asset.Decimals)
 	switch {
@@ -512,5 +512,6 @@ func (f finder) event(user int64, asset payment.Asset, txHash, index, to string,
 		},
 		Source:    postgres.SourceScanner,
 		ToAddress: to,
+		Block:     block,
 	}, true
 }

@@ -792,6 +792,9 @@ func TestRescanRestartCountsEachTransferOnce(t *testing.T) {
 	require.Equal(t, 1, got.Found, "the old branch's deposit")
 	require.Zero(t, got.Restarts)
 	require.Nil(t, got.LastRestartAt)
+	var foundIn uint64
+	require.NoError(t, b.conn.QueryRow(ctx, `SELECT block_number FROM rescan_found WHERE job_id = $1`, job.ID).Scan(&foundIn))
+	require.Equal(t, base+1, foundIn, "the job keeps the block it found the deposit in")
 
 	b.proxy.catchUp()
 	for did := true; did; {

@@ -111,7 +111,7 @@ type Store interface {
 	RescanNetworks(ctx context.Context, networks []string) ([]string, error)
 	MarkRescansWaiting(ctx context.Context, network string, head uint64) (int, error)
 	ClaimRescan(ctx context.Context, network string, head uint64, owner string, lease time.Duration) (postgres.RescanClaim, bool, error)
-	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
+	CompleteRescanPass(ctx context.Context, id, owner string, from, to uint64, toHash string, depth int64, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	RestartRescan(ctx context.Context, id, owner string, next uint64, depth int64, reason string) (uint64, error)
 	ReleaseRescan(ctx context.Context, id, owner string) error
 	FailRescan(ctx context.Context, id, owner, reason string) error
@@ -551,7 +551,7 @@ func (s *Scanner) RescanPass(ctx context.Context, n Network) (did bool, err erro
 		release()
 		return false, fmt.Errorf("rescan %s: %w", job.ID, err)
 	}
-	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, toHash, events)
+	stored, err := s.opts.Store.CompleteRescanPass(ctx, job.ID, s.opts.Owner, r.from, r.to, toHash, s.opts.ReorgRescan, events)
 	if errors.Is(err, postgres.ErrLeaseLost) {
 		result = resultLeaseLost
 		return true, nil

@@ -112,7 +112,7 @@ func (f finder) internalEvents(ctx context.Context, r span, addrs addressSet, bl
 				continue
 			}
 			t := cand.transfer
-			if e, ok := f.event(cand.user, asset, t.TxHash, payment.TraceTransfer(t.TraceAddress), t.To, t.Value); ok {
+			if e, ok := f.event(cand.user, asset, t.BlockNumber, t.TxHash, payment.TraceTransfer(t.TraceAddress), t.To, t.Value); ok {
 				out = append(out, e)
 			}
 		}

@@ -26,6 +26,23 @@ DELETE FROM notification_outbox n
 USING doomed
 WHERE n.id = doomed.id;
 
+-- name: cleanup_rescan_found
+-- One batch of the found ids of rescan jobs no longer running, whatever
+-- their age. A job's end forgets its ids, but a replica of a binary from
+-- before migration 0031 ending a job (a rolling update) leaves them, and
+-- rescan_jobs rows are never deleted, so the cascade never runs either.
+-- A job never runs again once ended.
+WITH doomed AS (
+    SELECT f.job_id, f.event_id FROM rescan_found f
+    JOIN rescan_jobs j ON j.id = f.job_id
+    WHERE j.status <> 'running'
+    LIMIT $1
+    FOR UPDATE OF f SKIP LOCKED
+)
+DELETE FROM rescan_found f
+USING doomed
+WHERE f.job_id = doomed.job_id AND f.event_id = doomed.event_id;
+
 -- name: cleanup_batch_timeout
 -- Each batch of the cleanup is its own transaction under this bound, so a
 -- batch stuck behind a lock or a slow disk ends, and the run goes on.

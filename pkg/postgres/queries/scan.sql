@@ -132,12 +132,13 @@ RETURNING id, network, COALESCE(address, ''), next_block, to_block, COALESCE(las
 -- Guarded like scan_cursor_advance; done once next_block passes to_block.
 -- $6 is the hash of block $4 as the pass read it ('' under finalized),
 -- which the job's next pass links to. $5 are the event ids the pass
--- found: found grows by those the job had not found before (a restart
--- reads blocks again), recorded in rescan_found while the job runs. A
--- pass that lost its lease rolls the recording back with the rest.
+-- found and $7 their blocks: found grows by those the job had not found
+-- before (a restart reads blocks again), recorded in rescan_found while
+-- the job runs (rescan_found_prune drops those no restart reads again).
+-- A pass that lost its lease rolls the recording back with the rest.
 WITH new AS (
-    INSERT INTO rescan_found (job_id, event_id)
-    SELECT $1, unnest($5::text[])
+    INSERT INTO rescan_found (job_id, event_id, block_number)
+    SELECT $1, f.id, f.block FROM unnest($5::text[], $7::bigint[]) AS f(id, block)
     ON CONFLICT DO NOTHING
     RETURNING 1
 )
@@ -152,6 +153,13 @@ RETURNING status;
 -- A job that ended (done, or cancelled): its found is final, and the ids
 -- that counted it go.
 DELETE FROM rescan_found WHERE job_id = $1;
+
+-- name: rescan_found_prune
+-- A running job's pass forgets the ids found below block $2, where a
+-- restart at its next pass would go back to (rescanFoundFloor). Rows of
+-- an older binary (no block) stay until the job ends. Run after rescan_advance, in its transaction: a CTE of
+-- it would not see the rows it inserted.
+DELETE FROM rescan_found WHERE job_id = $1 AND block_number < $2;
 
 -- name: rescan_restart
 -- A pass found its first block's parent is not the block the job's pass
