@@ -33,6 +33,9 @@ func TestLockOnAHotTableDeadLettersNoGoodEvent(t *testing.T) {
 	} {
 		table := lock.table
 		t.Run(table+" "+lock.mode, func(t *testing.T) {
+			// Isolated (a database and a Redis database of its own) and
+			// mostly asleep while the lock is held.
+			t.Parallel()
 			ctx := context.Background()
 			p := newPipeline(t, pipelineOptions{
 				noEnqueuer: true, lock: 100 * time.Millisecond, retryDelay: 20 * time.Millisecond,

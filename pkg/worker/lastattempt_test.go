@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/task"
@@ -95,16 +94,9 @@ func TestGracefulStopOnTheLastAttemptHandsTheTaskBack(t *testing.T) {
 // 5th retry of 5: both are a last attempt.)
 func TestOutageOnTheLastAttemptIsNotDeadLettered(t *testing.T) {
 	ctx := context.Background()
-	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
-	require.NoError(t, err)
-	t.Cleanup(pg.Close)
-	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx)
-	require.NoError(t, err)
-	migrator.Close()
+	pg, dsn := outagePostgres(t)
 
-	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), noEnqueuer: true, retryDelay: 10 * time.Millisecond})
+	p := newPipeline(t, pipelineOptions{dsn: dsn, noEnqueuer: true, retryDelay: 10 * time.Millisecond})
 	p.user(1, map[string]string{"ETH": "0"})
 	p.accept("outage-last", payment.Deposit, 1, "ETH", "1")
 	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 32)
@@ -123,7 +115,7 @@ func TestOutageOnTheLastAttemptIsNotDeadLettered(t *testing.T) {
 	// The scheduler's drain_dlq job runs every minute.
 	_, err = p.sink.Drain(ctx)
 	require.NoError(t, err)
-	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	deadline := time.Now().Add(10 * time.Second)
@@ -149,16 +141,9 @@ func TestOutageOnTheLastAttemptIsNotDeadLettered(t *testing.T) {
 // 'enqueued' for stale recovery, never dead-lettered.
 func TestOutageOutlastingTheLastAttemptLeavesTheEventToRecovery(t *testing.T) {
 	ctx := context.Background()
-	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
-	require.NoError(t, err)
-	t.Cleanup(pg.Close)
-	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx)
-	require.NoError(t, err)
-	migrator.Close()
+	pg, dsn := outagePostgres(t)
 
-	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), noEnqueuer: true, retryDelay: 10 * time.Millisecond})
+	p := newPipeline(t, pipelineOptions{dsn: dsn, noEnqueuer: true, retryDelay: 10 * time.Millisecond})
 	p.user(1, map[string]string{"ETH": "0"})
 	p.accept("outage-short", payment.Deposit, 1, "ETH", "1")
 	claimed, err := p.db.ClaimOutbox(ctx, 10, 0, 32)
@@ -181,7 +166,7 @@ func TestOutageOutlastingTheLastAttemptLeavesTheEventToRecovery(t *testing.T) {
 	require.Less(t, time.Since(start), 4*time.Second, "the last attempt waited although its deadline left no room")
 	require.NoError(t, pg.Start(ctx))
 
-	conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var status string

@@ -30,6 +30,9 @@ func TestLongLockOutlastingTaskTimeoutsDeadLettersNoGoodEvent(t *testing.T) {
 	require.Greater(t, held, time.Duration(task.RetryMax+1)*taskTimeout)
 	for _, table := range []string{"payment_events", "balances"} {
 		t.Run(table, func(t *testing.T) {
+			// Each table's run has a database and a Redis database of its
+			// own, and mostly sleeps while the lock is held.
+			t.Parallel()
 			ctx := context.Background()
 			p := newPipeline(t, pipelineOptions{
 				noEnqueuer: true, lock: 100 * time.Millisecond, retryDelay: 20 * time.Millisecond,

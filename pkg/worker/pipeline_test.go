@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/alert"
-	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/payment"
@@ -371,6 +370,9 @@ func TestRecoveryBringsBackTasksTheQueueLost(t *testing.T) {
 // DLQ row and an alert, never silently stuck.
 func TestRecoveryDeadLettersWhenTheQueueStaysDown(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true})
+	// Nothing here races the bound (no worker, a dead queue): a short one
+	// keeps the four rounds' waits short.
+	p.recovery.StaleAfter = 200 * time.Millisecond
 	p.user(1, nil)
 	p.accept("stuck-1", payment.Deposit, 1, "ETH", "1")
 	p.waitFor("enqueued", 10*time.Second, func() bool {
@@ -387,7 +389,7 @@ func TestRecoveryDeadLettersWhenTheQueueStaysDown(t *testing.T) {
 			return p.count(`SELECT count(*) FROM payment_events WHERE status IN ('enqueued','failed')`) == 1
 		})
 		require.NoError(t, p.rdb.FlushDB(context.Background()).Err())
-		time.Sleep(1100 * time.Millisecond)
+		time.Sleep(p.recovery.StaleAfter + 100*time.Millisecond)
 		require.NoError(t, p.recovery.Run(context.Background()))
 	}
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='stuck-1' AND status='failed' AND outcome='dead_lettered'`))
@@ -430,21 +432,14 @@ func TestUnknownTaskTypeIsDeadLetteredWithoutRetry(t *testing.T) {
 // database is back, none dead-lettered.
 func TestPostgresOutageDoesNotSpendRetries(t *testing.T) {
 	ctx := context.Background()
-	pg, err := devenv.StartPostgres(ctx, devenv.PostgresOptions{})
-	require.NoError(t, err)
-	t.Cleanup(pg.Close)
-	migrator, err := postgres.Open(ctx, pg.URL("postgres"), postgres.Options{ConnsMax: 2})
-	require.NoError(t, err)
-	_, err = migrator.Migrate(ctx)
-	require.NoError(t, err)
-	migrator.Close()
+	pg, dsn := outagePostgres(t)
 
 	// A long lock timeout: the tasks wait on the held row, not fail.
-	p := newPipeline(t, pipelineOptions{dsn: pg.URL("postgres"), retryDelay: 10 * time.Millisecond, lock: 30 * time.Second})
+	p := newPipeline(t, pipelineOptions{dsn: dsn, retryDelay: 10 * time.Millisecond, lock: 30 * time.Second})
 	p.user(1, map[string]string{"ETH": "0"})
 	// count opens a connection per question: PostgreSQL restarts below.
 	count := func(query string) int {
-		conn, err := pgx.Connect(ctx, pg.URL("postgres"))
+		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return -1
 		}
@@ -455,7 +450,7 @@ func TestPostgresOutageDoesNotSpendRetries(t *testing.T) {
 	}
 	// Hold the balance row so the tasks are in the worker when the
 	// database goes away.
-	holder, err := pgx.Connect(ctx, pg.URL("postgres"))
+	holder, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	// Referenced until the end: a collected connection closes its socket
 	// and PostgreSQL would drop the lock with it.
