@@ -2,10 +2,13 @@ package deploy
 
 import (
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/test/harness"
 )
 
 // devOnlyPackages may never be linked into a production binary: the
@@ -49,8 +52,10 @@ func TestProductionBinariesLinkNoDevTooling(t *testing.T) {
 		}
 	}
 
-	// Without the tag, a development command says how to get it.
-	cmd := exec.Command("go", "run", "./cmd/settlectl", "dev")
+	// Without the tag, a development command says how to get it. The
+	// package's settlectl is built without tags like the Dockerfile's: no
+	// build of its own here.
+	cmd := exec.Command(filepath.Join(harness.Binaries(t), "settlectl"), "dev")
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err)
