@@ -89,7 +89,8 @@ func deadLetterIDs(rows pgx.Rows, letters []payment.DeadLetter) ([]int64, error)
 	for i, l := range letters {
 		if l.FallbackID == "" {
 			keyless = append(keyless, i)
-		} else {
+		} else if _, seen := byKey[l.FallbackID]; !seen {
+			// ON CONFLICT keeps the first of a key in one call.
 			byKey[l.FallbackID] = i
 		}
 	}

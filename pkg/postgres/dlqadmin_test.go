@@ -302,3 +302,27 @@ func TestReplayOfAnOlderEntryLeavesANewerFailure(t *testing.T) {
 	require.ErrorIs(t, err, postgres.ErrDiscarded)
 	require.True(t, f.balance(1, "ETH").IsZero())
 }
+
+// TestDeadLetterIDsOfOneCallSharingAKey: of two letters with one key in
+// one call (the ledger's read of insert_dlq), the first is stored (ON
+// CONFLICT skips the second, in order) and the id is the first's;
+// letters without a key keep theirs.
+func TestDeadLetterIDsOfOneCallSharingAKey(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	letter := func(key, errText string) payment.DeadLetter {
+		return payment.DeadLetter{EventID: "dup-1", EventType: "deposit", Error: errText, Source: payment.SourceDrain, FallbackID: key}
+	}
+	ids, err := f.db.InsertDeadLettersByLetter(ctx, []payment.DeadLetter{
+		letter("", "keyless before"), letter("k-dup", "first"), letter("k-dup", "second"), letter("", "keyless after"),
+	})
+	require.NoError(t, err)
+	require.Len(t, ids, 4)
+	require.NotZero(t, ids[0])
+	require.NotZero(t, ids[1], "the first letter of a key is the one stored")
+	require.Zero(t, ids[2], "the second of the key was skipped")
+	require.NotZero(t, ids[3])
+	var stored string
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT error FROM dead_letter_queue WHERE id = $1`, ids[1]).Scan(&stored))
+	require.Equal(t, "first", stored)
+}

@@ -3,6 +3,10 @@ package postgres
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/settle/settle/pkg/payment"
 )
 
 // QueryText is a named statement's SQL, for tests that EXPLAIN it.
@@ -36,4 +40,16 @@ func ListenWithin(ctx context.Context, dsn, channel string, wake func(), onError
 // ClaimRowByRow is ClaimOutbox's fallback, run on its own.
 func (db *DB) ClaimRowByRow(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
 	return db.claimRowByRow(ctx, pendingMax, dueMax)
+}
+
+// InsertDeadLettersByLetter runs insert_dlq and reads its answer as the
+// ledger does: one id per letter, 0 for one ON CONFLICT skipped.
+func (db *DB) InsertDeadLettersByLetter(ctx context.Context, letters []payment.DeadLetter) ([]int64, error) {
+	batch := &pgx.Batch{}
+	queueDeadLetters(batch, letters)
+	rows, err := db.pool.Query(ctx, batch.QueuedQueries[0].SQL, batch.QueuedQueries[0].Arguments...)
+	if err != nil {
+		return nil, err
+	}
+	return deadLetterIDs(rows, letters)
 }
