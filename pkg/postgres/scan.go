@@ -134,6 +134,24 @@ func (db *DB) ReleaseScanCursor(ctx context.Context, network, owner string) erro
 	return classify(stmt.name, err)
 }
 
+// SeedScanHead answers when the network's finality head was last read,
+// by any scheduler; a network never read answers start, recorded as its
+// first start.
+func (db *DB) SeedScanHead(ctx context.Context, network string, start time.Time) (time.Time, error) {
+	stmt := q("scan_head_seed")
+	var at time.Time
+	err := db.pool.QueryRow(ctx, stmt.text, network, start).Scan(&at)
+	return at, classify(stmt.name, err)
+}
+
+// RecordScanHead records that the network's head was read at at, unless
+// a read within every before it is recorded already.
+func (db *DB) RecordScanHead(ctx context.Context, network string, at time.Time, every time.Duration) error {
+	stmt := q("scan_head_read")
+	_, err := db.pool.Exec(ctx, stmt.text, network, at, every.Milliseconds())
+	return classify(stmt.name, err)
+}
+
 // inPass runs guard, then inserts the events through the outbox insert
 // (pending, pg_notify at COMMIT), all in one transaction; an event stored
 // before with the same content that ended failed/reorged is reopened.

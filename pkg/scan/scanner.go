@@ -102,6 +102,8 @@ type Store interface {
 	ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (postgres.ScanClaim, bool, error)
 	CompleteScanPass(ctx context.Context, network, owner string, claim postgres.ScanClaim, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	ReleaseScanCursor(ctx context.Context, network, owner string) error
+	SeedScanHead(ctx context.Context, network string, start time.Time) (time.Time, error)
+	RecordScanHead(ctx context.Context, network string, at time.Time, every time.Duration) error
 	RehashScanCursor(ctx context.Context, network, owner string, claim postgres.ScanClaim, hash string) error
 	CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (postgres.RescanJob, error)
 	ScanAddresses(ctx context.Context, network, after string, limit int) ([]postgres.DepositAddress, error)
@@ -168,6 +170,21 @@ type Scanner struct {
 	passBlocks map[string]*atomic.Uint64
 	// windows are each network's eth_getLogs windows (read-only map).
 	windows map[string]logWindows
+	// heads are each network's head-read bookkeeping (read-only map).
+	heads map[string]*headState
+	// started is when New ran: the time of the lag while the database
+	// cannot say when the head was last read.
+	started time.Time
+}
+
+// headState tracks what settle_scan_lag_updated_timestamp_seconds of one
+// network holds and when this process last recorded a head read.
+type headState struct {
+	mu sync.Mutex
+	// known: the gauge holds a head read's time (the database's or a
+	// pass's); fellBack: it holds started, the database unreachable.
+	known, fellBack bool
+	recorded        time.Time
 }
 
 // New builds a scanner.
@@ -196,7 +213,8 @@ func New(opts Options) *Scanner {
 	if opts.ReorgRescan == 0 {
 		opts.ReorgRescan = ReorgRescanDefault
 	}
-	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]*atomic.Uint64{}, windows: map[string]logWindows{}}
+	s := &Scanner{opts: opts, metrics: newMetrics(opts.Registerer), networks: map[string]Network{}, passBlocks: map[string]*atomic.Uint64{},
+		windows: map[string]logWindows{}, heads: map[string]*headState{}, started: time.Now()}
 	for _, n := range opts.Networks {
 		s.networks[n.Name] = n
 		s.windows[n.Name] = logWindows{filtered: newWindow(opts.BlocksMax), contracts: newWindow(opts.LogWindow)}
@@ -205,11 +223,10 @@ func New(opts Options) *Scanner {
 		s.names = append(s.names, n.Name)
 		s.metrics.interval.WithLabelValues(n.Name).Set(opts.Interval.Seconds())
 		s.metrics.passTimeout.WithLabelValues(n.Name).Set(opts.PassTimeout.Seconds())
-		// "Head last read" starts at the process's start: a node that
-		// answers no head from then on (syncing, no finalized tag) ages
-		// into SettleScannerHeadUnread like one that stopped answering,
-		// where a missing series would raise nothing after a restart.
-		s.metrics.lagUpdated.WithLabelValues(n.Name).SetToCurrentTime()
+		// The time of the lag is not set here: the first pass seeds it
+		// from the database (seedHead), and a fresh start time exported
+		// meanwhile would win the replicas' max and reset the alert.
+		s.heads[n.Name] = &headState{}
 	}
 	sort.Strings(s.names)
 	return s
@@ -311,6 +328,7 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	defer func() { s.metrics.passes.WithLabelValues(n.Name, kindCursor, result).Inc() }()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.PassTimeout)
 	defer cancel()
+	s.seedHead(ctx, n.Name)
 	head, ok, err := n.RPC.FinalityHead(ctx, n.Policy)
 	s.count(n.Name, chain.MethodBlock, 1)
 	if err != nil {
@@ -335,10 +353,10 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 		s.opts.Log.Info().Str("network", n.Name).Uint64("next_block", head).Msg("scan cursor starts at the finality head")
 		result = resultIdle
 		s.succeeded(n.Name)
-		s.setLag(n.Name, lag(head, head))
+		s.setLag(ctx, n.Name, lag(head, head), true)
 		return false, nil
 	}
-	s.setLag(n.Name, lag(next, head))
+	s.setLag(ctx, n.Name, lag(next, head), true)
 	if next > head {
 		result = resultIdle
 		s.succeeded(n.Name)
@@ -381,7 +399,8 @@ func (s *Scanner) CursorPass(ctx context.Context, n Network) (more bool, err err
 	result = resultOK
 	s.succeeded(n.Name)
 	s.metrics.blocks.WithLabelValues(n.Name, kindCursor).Add(float64(claim.To - claim.From + 1))
-	s.setLag(n.Name, lag(claim.To+1, head))
+	// The head was read and recorded at the pass's start: one write a pass.
+	s.setLag(ctx, n.Name, lag(claim.To+1, head), false)
 	s.record(n.Name, events, stored)
 	s.opts.Log.Debug().Str(logging.FieldTraceID, traceID).Str("network", n.Name).Uint64("from", claim.From).Uint64("to", claim.To).
 		Int("deposits", len(events)).Msg("scan pass")
@@ -714,11 +733,57 @@ func (s *Scanner) count(network, method string, n int) {
 	s.metrics.calls.WithLabelValues(network, method).Add(float64(n))
 }
 
-// setLag sets the network's lag and when it was set.
-func (s *Scanner) setLag(network string, blocks uint64) {
+// setLag sets the network's lag and when it was set. With record, it
+// records the head read in the database too, unless this process did
+// less than an interval ago (the statement skips it as well when another
+// replica did), so a network costs about one write an interval, whatever
+// the replicas.
+func (s *Scanner) setLag(ctx context.Context, network string, blocks uint64, record bool) {
+	now := time.Now()
 	s.metrics.lag.WithLabelValues(network).Set(float64(blocks))
-	s.metrics.lagUpdated.WithLabelValues(network).SetToCurrentTime()
+	s.metrics.lagUpdated.WithLabelValues(network).Set(unixSeconds(now))
+	h := s.heads[network]
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.known = true
+	if !record || now.Sub(h.recorded) < s.opts.Interval {
+		return
+	}
+	if err := s.opts.Store.RecordScanHead(ctx, network, now, s.opts.Interval); err != nil {
+		s.opts.Log.Warn().Err(err).Str("network", network).Msg("finality head read not recorded; a restart may count from an older read")
+		return
+	}
+	h.recorded = now
 }
+
+// seedHead sets the time of the lag, before a pass of a network whose
+// head this process has not read, to when any replica last read it (the
+// database's), so a restart neither clears SettleScannerHeadUnread nor
+// starts its count again. A network never read counts from the first
+// start of a scanner following it. While the database does not answer,
+// the time is this process's start, and the next pass asks again.
+func (s *Scanner) seedHead(ctx context.Context, network string) {
+	h := s.heads[network]
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.known {
+		return
+	}
+	at, err := s.opts.Store.SeedScanHead(ctx, network, s.started)
+	if err != nil {
+		if !h.fellBack {
+			h.fellBack = true
+			s.metrics.lagUpdated.WithLabelValues(network).Set(unixSeconds(s.started))
+			s.opts.Log.Warn().Err(err).Str("network", network).
+				Msg("when the finality head was last read is unknown (database unreachable); counting from this start until the database answers")
+		}
+		return
+	}
+	h.known = true
+	s.metrics.lagUpdated.WithLabelValues(network).Set(unixSeconds(at))
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 func (s *Scanner) succeeded(network string) {
 	s.metrics.lastSuccess.WithLabelValues(network).SetToCurrentTime()

@@ -216,6 +216,7 @@ type devScanFixture struct {
 	scanner *Scanner
 	n       Network
 	reg     *prometheus.Registry
+	dsn     string
 }
 
 func newDevScanFixture(t *testing.T, ctx context.Context, network string, registered []string) *devScanFixture {
@@ -240,7 +241,7 @@ func newDevScanFixture(t *testing.T, ctx context.Context, network string, regist
 	reg := prometheus.NewRegistry()
 	n := Network{Name: network, RPC: client, Policy: chain.FinalizedPolicy()}
 	s := New(Options{Store: db, Owner: "dev-scan", Registerer: reg, Networks: []Network{n}, Log: zerolog.Nop()})
-	return &devScanFixture{ch: ch, client: client, conn: conn, db: db, scanner: s, n: n, reg: reg}
+	return &devScanFixture{ch: ch, client: client, conn: conn, db: db, scanner: s, n: n, reg: reg, dsn: dsn}
 }
 
 // drain runs cursor passes until the scanner is at its finality head.
@@ -422,9 +423,9 @@ func TestLagSetWithItsTime(t *testing.T) {
 	const updated = "settle_scan_lag_updated_timestamp_seconds"
 
 	before := float64(time.Now().UnixNano()) / 1e9
-	// Before any pass it says the process's start, so a node that never
-	// answers a head after a restart still ages into an alert.
-	require.LessOrEqual(t, gaugeValue(t, f.reg, updated), before, "set when the scanner was made")
+	// Before any pass nothing says when the head was read: the first pass
+	// asks the database (TestHeadReadOutlivesARestart).
+	require.False(t, hasGauge(t, f.reg, updated), "not set before the database is asked")
 	_, err = f.scanner.CursorPass(ctx, f.n) // first run
 	require.NoError(t, err)
 	first := gaugeValue(t, f.reg, updated)
@@ -447,6 +448,96 @@ func TestLagSetWithItsTime(t *testing.T) {
 	_, err = f.scanner.CursorPass(dead, f.n)
 	require.Error(t, err)
 	require.Equal(t, skipped, gaugeValue(t, f.reg, updated))
+}
+
+// TestHeadReadOutlivesARestart: when the finality head was last read is
+// kept in the database, so a restarted scheduler whose node answers no
+// head (syncing, no finalized tag) exports that time, not its own start:
+// a restart, or a crash loop, neither clears SettleScannerHeadUnread nor
+// starts its count again. A network never read counts from the first
+// start of a scanner following it; a database that does not answer at
+// start leaves this process's start until it does.
+func TestHeadReadOutlivesARestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const updated = "settle_scan_lag_updated_timestamp_seconds"
+	f := newDevScanFixture(t, ctx, network, nil)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+	stored := func(network string) float64 {
+		t.Helper()
+		var at time.Time
+		require.NoError(t, f.conn.QueryRow(ctx, `SELECT read_at FROM scan_head_reads WHERE network = $1`, network).Scan(&at))
+		return unixSeconds(at)
+	}
+
+	_, err = f.scanner.CursorPass(ctx, f.n)
+	require.NoError(t, err)
+	read := gaugeValue(t, f.reg, updated)
+	require.InDelta(t, read, stored(network), 1e-5, "the pass recorded its head read")
+	// Another pass within the interval reads the head again but does not
+	// write it.
+	_, err = f.scanner.CursorPass(ctx, f.n)
+	require.NoError(t, err)
+	require.Greater(t, gaugeValue(t, f.reg, updated), read)
+	require.InDelta(t, read, stored(network), 1e-5, "one write an interval")
+
+	// The node now answers no head (a chain shorter than the policy's
+	// confirmations), and the scheduler restarts, twice.
+	noHead, err := chain.ConfirmationsPolicy(chain.ConfirmationsMax)
+	require.NoError(t, err)
+	restart := func(name string, store Store) (*Scanner, Network, *prometheus.Registry) {
+		reg := prometheus.NewRegistry()
+		n := Network{Name: name, RPC: f.client, Policy: noHead}
+		return New(Options{Store: store, Owner: "restarted", Registerer: reg, Networks: []Network{n}, Log: zerolog.Nop()}), n, reg
+	}
+	for range 2 {
+		s, n, reg := restart(network, f.db)
+		more, err := s.CursorPass(ctx, n)
+		require.NoError(t, err)
+		require.False(t, more)
+		require.Greater(t, unixSeconds(s.started), read)
+		require.InDelta(t, read, gaugeValue(t, reg, updated), 1e-5, "a restart says when the head was last read, not when it started")
+	}
+
+	// A network never read: the first start, across restarts.
+	const never = "BASE_MAINNET"
+	first, n, reg := restart(never, f.db)
+	_, err = first.CursorPass(ctx, n)
+	require.NoError(t, err)
+	require.InDelta(t, unixSeconds(first.started), gaugeValue(t, reg, updated), 1e-5)
+	again, n, reg := restart(never, f.db)
+	_, err = again.CursorPass(ctx, n)
+	require.NoError(t, err)
+	require.InDelta(t, unixSeconds(first.started), gaugeValue(t, reg, updated), 1e-5, "counted from the first start")
+
+	// The database does not answer at start: this process's start, and
+	// the database's time once it answers.
+	down, err := postgres.Open(ctx, f.dsn, postgres.Options{ConnsMax: 1})
+	require.NoError(t, err)
+	down.Close()
+	s, n, reg := restart(network, down)
+	_, err = s.CursorPass(ctx, n)
+	require.NoError(t, err, "an idle pass needs no database")
+	require.InDelta(t, unixSeconds(s.started), gaugeValue(t, reg, updated), 1e-6, "the start while the database is down")
+	s.opts.Store = f.db
+	_, err = s.CursorPass(ctx, n)
+	require.NoError(t, err)
+	require.InDelta(t, read, gaugeValue(t, reg, updated), 1e-5, "the database's time once it answers")
+}
+
+func hasGauge(t *testing.T, reg *prometheus.Registry, name string) bool {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
