@@ -62,7 +62,18 @@ func newClientMetrics(reg prometheus.Registerer) *clientMetrics {
 	if reg != nil {
 		reg.MustRegister(m.calls, m.errors, m.latency, m.state, m.fallback, m.transitions, m.rejected, m.redisFailure)
 	}
+	// Every method's error count exists at 0 from the start, so
+	// SettleChainRPCErrors' increase() counts a method's first errors.
+	for _, method := range rpcMethods {
+		m.errors.WithLabelValues(method)
+	}
 	return m
+}
+
+// rpcMethods are every method the client calls.
+var rpcMethods = []string{
+	methodChainID, methodReceipt, methodBlock, methodTx,
+	MethodLogs, MethodTraceBlock, MethodTraceBlockByHash, MethodTraceTx,
 }
 
 type cacheMetrics struct {

@@ -73,6 +73,11 @@ func NewSink(store Store, rdb redis.UniversalClient, log zerolog.Logger, reg pro
 	if reg != nil {
 		reg.MustRegister(s.writes, s.parked, s.moved)
 	}
+	// Every sink's series exists at 0 from the start: the DLQ alerts'
+	// increase() would miss a process's first letter to a sink.
+	for _, sink := range []string{"postgres", "redis", "log"} {
+		s.writes.WithLabelValues(sink)
+	}
 	return s
 }
 

@@ -142,6 +142,13 @@ func New(o Options) *Gate {
 	if o.Registerer != nil {
 		o.Registerer.MustRegister(g.verdicts, g.watched)
 	}
+	// The untraced series of every network asked exist at 0 from the
+	// start, so SettleInternalDepositsUntraced's increase() sees the
+	// first one.
+	for network := range o.Networks {
+		g.verdicts.WithLabelValues(network, "untraced")
+		g.watched.WithLabelValues(network, "untraced")
+	}
 	return g
 }
 

@@ -12,6 +12,14 @@ import (
 // routeUnmatched labels requests that matched no route.
 const routeUnmatched = "unmatched"
 
+// The webhook routes, whose 5xx SettleWebhook5xxRatio watches.
+const (
+	routeWebhookPayments  = "/webhook/payments"
+	routeWebhookAlchemy   = "/webhook/alchemy"
+	routeWebhookQuickNode = "/webhook/quicknode"
+	routeWebhookMoralis   = "/webhook/moralis"
+)
+
 // Webhook sources and outcomes, as metric labels.
 const (
 	sourcePayments  = "payments"
@@ -77,6 +85,13 @@ func newMetrics(reg *prometheus.Registry, addRuntime bool) *metrics {
 		}),
 	}
 	reg.MustRegister(m.requests, m.latency, m.webhooks, m.deliveries, m.rateLimited, m.rateLimitFallback, m.authFailures, m.panics)
+	// The webhooks' 5xx series exist at 0 from the start (the api answers
+	// no other 5xx), so SettleWebhook5xxRatio's rate() counts the first.
+	for _, route := range []string{routeWebhookPayments, routeWebhookAlchemy, routeWebhookQuickNode, routeWebhookMoralis} {
+		for _, status := range []int{http.StatusInternalServerError, http.StatusServiceUnavailable} {
+			m.requests.WithLabelValues(http.MethodPost, route, strconv.Itoa(status))
+		}
+	}
 	if addRuntime {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}

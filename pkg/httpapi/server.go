@@ -291,10 +291,10 @@ func New(opts Options) (*Server, error) {
 
 	// Middleware is attached per route, not per group: echo gives a group
 	// with middleware a catch-all that would turn a 405 into a 404.
-	e.POST("/webhook/payments", s.webhookPayments, s.rateLimitMiddleware)
-	e.POST("/webhook/alchemy", s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware)
-	e.POST("/webhook/quicknode", s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware)
-	e.POST("/webhook/moralis", s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware)
+	e.POST(routeWebhookPayments, s.webhookPayments, s.rateLimitMiddleware)
+	e.POST(routeWebhookAlchemy, s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware)
+	e.POST(routeWebhookQuickNode, s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware)
+	e.POST(routeWebhookMoralis, s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware)
 
 	readAuth := s.requireToken(false, s.readers...)
 	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)

@@ -291,6 +291,9 @@ func TestHealthAndMetrics(t *testing.T) {
 		`settle_api_http_requests_total{method="GET",route="/healthz",status="200"} 1`,
 		`settle_api_http_request_duration_seconds_bucket{method="GET",route="/readyz",status="503"`,
 		"settle_redis_up 1",
+		// At 0 before any: SettleWebhook5xxRatio's rate() counts the first.
+		`settle_api_http_requests_total{method="POST",route="/webhook/payments",status="503"} 0`,
+		`settle_api_http_requests_total{method="POST",route="/webhook/moralis",status="500"} 0`,
 	} {
 		require.Contains(t, text, want)
 	}

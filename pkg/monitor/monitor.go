@@ -30,6 +30,9 @@ const (
 	fullReportTimeout = 10 * time.Second
 )
 
+// Kinds are the reconciliations, the kind label of settle_reconcile_*.
+var Kinds = []string{"hot_path", "full"}
+
 // Store is the database side.
 type Store interface {
 	HotPathCheck(ctx context.Context, window time.Duration) (int, []postgres.Mismatch, error)
@@ -74,6 +77,13 @@ func New(store Store, alerts Alerter, log zerolog.Logger, reg prometheus.Registe
 	}
 	if reg != nil {
 		reg.MustRegister(m.runs, m.mismatches, m.checked, m.zombies)
+	}
+	// Each kind's series exists at 0 from the start: increase() in the
+	// alerts cannot see a series that first appears at its first count.
+	for _, kind := range Kinds {
+		m.runs.WithLabelValues(kind)
+		m.mismatches.WithLabelValues(kind)
+		m.checked.WithLabelValues(kind)
 	}
 	return m
 }

@@ -438,3 +438,33 @@ func TestSettlectlPassAlonePagesOnce(t *testing.T) {
 		require.Zero(t, counterSum(t, reg, "settle_reconcile_runs_total"), "settlectl's pass is not the scheduler's run")
 	}
 }
+
+// TestFreshMonitorExportsZeroSeries: a new Monitor exports every kind's
+// counters at 0, before any run, so the first mismatch is an increase
+// SettleReconcileMismatch sees (a series first scraped at n is not).
+func TestFreshMonitorExportsZeroSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	monitor.New(nil, &alerts{}, zerolog.New(io.Discard), reg)
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if m.GetCounter() == nil {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" {
+					got[f.GetName()+"/"+l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{}
+	for _, name := range []string{"settle_reconcile_mismatches_total", "settle_reconcile_runs_total", "settle_reconcile_balances_checked_total"} {
+		for _, kind := range []string{"full", "hot_path"} {
+			want[name+"/"+kind] = 0
+		}
+	}
+	require.Equal(t, want, got)
+}

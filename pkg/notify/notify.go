@@ -106,6 +106,11 @@ func New(store Store, url string, key []byte, log zerolog.Logger, alerts Alerter
 	if reg != nil {
 		reg.MustRegister(d.results)
 	}
+	// Every result's series exists at 0 from the start, so
+	// SettleNotificationsUndeliverable's increase() sees the first failure.
+	for _, result := range []string{"delivered", "retry", "failed"} {
+		d.results.WithLabelValues(result)
+	}
 	return d
 }
 

@@ -1,0 +1,39 @@
+package finality_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/finality"
+)
+
+// TestUntracedSeriesStartAtZero: a new gate exports the untraced counts
+// of every network it asks at 0, so SettleInternalDepositsUntraced's
+// increase() sees a worker's first untraced deposit.
+func TestUntracedSeriesStartAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	finality.New(finality.Options{
+		Networks:   map[string]finality.NetworkChain{"ETH_MAINNET": {Chain: waitingChain{}}, "BASE_MAINNET": {Chain: waitingChain{}}},
+		Registerer: reg,
+	})
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, p := range m.GetLabel() {
+				key += "/" + p.GetValue()
+			}
+			got[key] = m.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, map[string]float64{
+		"settle_finality_checks_total/BASE_MAINNET/untraced": 0,
+		"settle_finality_checks_total/ETH_MAINNET/untraced":  0,
+		"settle_reorg_watch_total/BASE_MAINNET/untraced":     0,
+		"settle_reorg_watch_total/ETH_MAINNET/untraced":      0,
+	}, got)
+}
