@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -131,37 +130,27 @@ func (m *Monitor) FullReconcile(ctx context.Context) error {
 	// recorded.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fullReportTimeout)
 	defer cancel()
-	rerr := m.store.ReportMismatches(rctx, func(u []postgres.UnreportedMismatches) { m.reportFull(pass, u) })
+	rerr := m.store.ReportMismatches(rctx, m.reportFull)
 	return errors.Join(err, rerr)
 }
 
 // reportFull counts and alerts on the passes' unreported mismatches once,
 // whichever run recorded them; this run's own were logged one by one.
-func (m *Monitor) reportFull(pass postgres.ReconcilePass, unreported []postgres.UnreportedMismatches) {
+// Each pass's stored sample is of the mismatches reported now.
+func (m *Monitor) reportFull(unreported []postgres.UnreportedMismatches) {
 	var total int64
 	passes := make([]int64, 0, len(unreported))
-	var passSample []string
+	sample := make([]string, 0, mismatchesAlertSampleMax)
 	for _, u := range unreported {
 		total += u.Mismatches
 		passes = append(passes, u.Pass)
 		if u.Sample != "" {
-			passSample = append(passSample, strings.Split(u.Sample, "; ")...)
+			sample = append(sample, strings.Split(u.Sample, "; ")...)
 		}
 		m.log.Error().Str("severity", "CRITICAL").Int64("pass", u.Pass).Int64("mismatches", u.Mismatches).Str("sample", u.Sample).
 			Msg("full reconciliation: balances do not match their journal (settlectl reconcile lists them)")
 	}
 	m.mismatches.WithLabelValues("full").Add(float64(total))
-	// This run's own, when theirs are among the reported (another replica
-	// may have reported them first); else the passes' stored samples.
-	sample := make([]string, 0, mismatchesAlertSampleMax)
-	if slices.Contains(passes, pass.ID) {
-		for _, b := range pass.Found {
-			sample = append(sample, b.String())
-		}
-	}
-	if len(sample) == 0 {
-		sample = passSample
-	}
 	if len(sample) > mismatchesAlertSampleMax {
 		sample = sample[:mismatchesAlertSampleMax]
 	}

@@ -224,7 +224,7 @@ func (db *DB) reconcileChunk(ctx context.Context, afterUser int64, afterAsset st
 type UnreportedMismatches struct {
 	Pass       int64
 	Mismatches int64
-	Sample     string // the pass's first mismatches, whoever found them
+	Sample     string // the first of these mismatches, whoever found them
 }
 
 // ReportMismatches hands report every pass's mismatches not reported yet

@@ -54,9 +54,16 @@ INSERT INTO reconcile_runs DEFAULT VALUES RETURNING id, started_at;
 -- Records a chunk only if the pass's cursor is still where the chunk began
 -- ($8, $9) and the pass is open: a run that another run of the same pass
 -- overtook records nothing, so each balance is counted once per pass.
+-- sample keeps the pass's first mismatches, unreported_sample the first
+-- since the last report (all reported: this chunk's, whichever binary
+-- reported them).
 UPDATE reconcile_runs
 SET cursor_user = $2, cursor_asset = $3, checked = checked + $4, mismatches = mismatches + $5,
     sample = CASE WHEN sample = '' THEN $6 ELSE sample END,
+    unreported_sample = CASE
+        WHEN $5 = 0 THEN unreported_sample
+        WHEN unreported_sample = '' OR reported = mismatches THEN $6
+        ELSE unreported_sample END,
     finished_at = CASE WHEN $7 THEN now() ELSE NULL END
 WHERE id = $1 AND finished_at IS NULL AND cursor_user = $8 AND cursor_asset = $9
 RETURNING checked, mismatches;
@@ -69,12 +76,13 @@ WHERE id = $1;
 -- name: reconcile_unreported
 -- Passes with mismatches no scheduler has counted and alerted on yet
 -- (settlectl records them without either). Locked, so two replicas
--- never report one twice.
-SELECT id, mismatches - reported, sample
+-- never report one twice. A row from before 0035 has no
+-- unreported_sample: its first sample stands in.
+SELECT id, mismatches - reported, COALESCE(NULLIF(unreported_sample, ''), sample)
 FROM reconcile_runs
 WHERE reported < mismatches
 ORDER BY id
 FOR UPDATE;
 
 -- name: reconcile_mark_reported
-UPDATE reconcile_runs SET reported = mismatches WHERE id = ANY($1::bigint[]);
+UPDATE reconcile_runs SET reported = mismatches, unreported_sample = '' WHERE id = ANY($1::bigint[]);
