@@ -170,7 +170,7 @@ func tokens(units int64, decimals int) *big.Int {
 // on the network it was not sent on is not credited; precision is the
 // network's; a network not enabled is a 400.
 func TestDepositsOnTwoNetworksCreditOneBalance(t *testing.T) {
-	n := newTwoNetworks(t, devchain.Options{Manual: true}, map[string]string{"FINALITY_TIMEOUT": "6s"})
+	n := newTwoNetworks(t, devchain.Options{Manual: true}, map[string]string{"FINALITY_TIMEOUT": "6s", "REORG_RECHECK_DELAY": "1s"})
 	ctx := context.Background()
 
 	ethOnETH, err := n.eth.SendETH(ctx, 0, addrUser1, wei(1))
@@ -212,6 +212,11 @@ func TestDepositsOnTwoNetworksCreditOneBalance(t *testing.T) {
 	for _, id := range []string{"eth-on-eth", "eth-on-base", tokenETHID, tokenBaseID, "fine-on-base"} {
 		n.waitStatus(t, id, "confirmed")
 	}
+	// not_found needs two null reads the delay and a new block apart.
+	n.WaitFor("the first absence", time.Minute, func() bool {
+		return n.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'wrong-network' AND absent_since IS NOT NULL`) == 1
+	})
+	require.NoError(t, n.base.CommitBlocks(ctx, 1))
 	n.waitStatus(t, "wrong-network", "failed")
 	_, outcome := n.state(t, "wrong-network")
 	require.Equal(t, "not_found", outcome, "BASE_MAINNET's node has no such transaction")

@@ -56,7 +56,7 @@ func credited(t *testing.T, s *harness.Stack, balance func() string, id, amount 
 // nothing; a recheck of a mismatch that is still one changes nothing and
 // says why. Every recheck is recorded with who asked.
 func TestRecheckAgainstTheChain(t *testing.T) {
-	c := newChainStack(t, "finalized", map[string]string{"FINALITY_TIMEOUT": "3s"})
+	c := newChainStack(t, "finalized", map[string]string{"FINALITY_TIMEOUT": "3s", "REORG_RECHECK_DELAY": "1s"})
 	proxy := c.lyingWorkers(t)
 	ctx := context.Background()
 
@@ -65,6 +65,11 @@ func TestRecheckAgainstTheChain(t *testing.T) {
 	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
 	proxy.NullReceipt(tx.Hash, devchain.Forever)
 	c.deposit(t, "nf-1", 2, "ETH", "2", tx.Hash)
+	// not_found needs two null reads the delay and a new block apart.
+	c.WaitFor("the first absence", 30*time.Second, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'nf-1' AND absent_since IS NOT NULL`) == 1
+	})
+	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
 	c.waitStatus(t, "nf-1", "failed")
 	_, outcome, _ := c.event(t, "nf-1")
 	require.Equal(t, "not_found", outcome)

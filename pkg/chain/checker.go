@@ -52,6 +52,9 @@ type Verdict struct {
 	ReceiptSeen bool
 	// Reason says why, in words fit for a log line or a DLQ row.
 	Reason string
+	// Head is the latest block number, read after a null receipt for a
+	// Deposit with WantHead; 0 otherwise.
+	Head uint64
 	// Transfers are the indexes of the transfers that match the deposit
 	// (Credit only), in log order: the ledger claims the first that no
 	// other event holds.
@@ -92,6 +95,10 @@ type Deposit struct {
 	// chain shows belong to the depositor: every registered address
 	// counts, looked up by the addresses themselves.
 	Owner AddressOwner
+	// WantHead: with no receipt, read the latest head too (Verdict.Head),
+	// for the rule that two absences must be a new block apart. Asked only
+	// when it may decide something, to spare the node a read per check.
+	WantHead bool
 }
 
 // AddressOwner tells which of some addresses are the depositor's.
@@ -266,7 +273,16 @@ func (c *Checker) CheckDeposit(ctx context.Context, d Deposit, p Policy) (Verdic
 	}
 	r, err := c.client.Receipt(ctx, d.TxHash)
 	if errors.Is(err, ErrReceiptNotFound) {
-		return Verdict{State: Wait, Reason: "no receipt: not mined yet, unknown to the node, or dropped by a reorg"}, nil
+		v := Verdict{State: Wait, Reason: "no receipt: not mined yet, unknown to the node, or dropped by a reorg"}
+		if d.WantHead {
+			// Read after the receipt, as absent reads it.
+			h, err := c.client.HeaderByTag(ctx, TagLatest)
+			if err != nil {
+				return Verdict{}, err
+			}
+			v.Head = h.Number
+		}
+		return v, nil
 	}
 	if err != nil {
 		return Verdict{}, err
@@ -754,7 +770,7 @@ func listAddresses(transfers []Transfer, pick func(Transfer) string) string {
 
 // normalized validates a deposit and lowercases its hex.
 func (d Deposit) normalized() (Deposit, error) {
-	out := Deposit{Amount: d.Amount, Internal: d.Internal, Index: d.Index, Owner: d.Owner, LogPosition: d.LogPosition}
+	out := Deposit{Amount: d.Amount, Internal: d.Internal, Index: d.Index, Owner: d.Owner, LogPosition: d.LogPosition, WantHead: d.WantHead}
 	var err error
 	if out.TxHash, err = ParseTxHash(d.TxHash); err != nil {
 		return Deposit{}, err

@@ -52,6 +52,7 @@ type Store interface {
 	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error)
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
+	RecordUnseenAbsence(ctx context.Context, e payment.Event, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
@@ -193,7 +194,10 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 			Note:      fmt.Sprintf("asset %s on %s is not in this worker's registry yet (REGISTRY_REFRESH)", e.Asset, networkOf(e)),
 		})
 	}
-	verdict, network, err := g.verdict(ctx, e, state.ToAddress)
+	// Past the timeout a never-seen deposit's null receipt may count
+	// towards not_found, which needs the head it was read at.
+	unseenLate := state.Age >= g.o.Timeout && !state.ReceiptSeen
+	verdict, network, err := g.verdict(ctx, e, state.ToAddress, unseenLate)
 	if errors.Is(err, chain.ErrTxTraceUnsupported) {
 		// Never credited unchecked: it waits for a node with the debug
 		// API, or for the operator to accept status-only checking.
@@ -238,8 +242,9 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 }
 
 // wait parks a deposit the chain cannot decide yet, or fails it once
-// FINALITY_TIMEOUT has passed without its transaction: never seen, or
-// seen and then shown gone by the chain's evidence (see reorgEvidence).
+// FINALITY_TIMEOUT has passed without its transaction and the chain shows
+// it: never seen and absent on two reads (unseenEvidence), or seen and
+// then gone (reorgEvidence).
 func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWaitState, verdict chain.Verdict) error {
 	if state.Age >= g.o.Timeout {
 		switch {
@@ -263,8 +268,15 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 				verdict.ReceiptSeen, verdict.BlockNumber, verdict.BlockHash = true, ev.seen.BlockNumber, ev.seen.BlockHash
 			}
 		case !verdict.ReceiptSeen:
-			g.verdicts.WithLabelValues(networkOf(e), "not_found").Inc()
-			return g.decideUnseen(ctx, e, state, payment.OutcomeNotFound, "transaction not found within "+g.o.Timeout.String())
+			notFound, err := g.unseenEvidence(ctx, e, verdict)
+			if err != nil {
+				return err
+			}
+			if notFound != "" {
+				g.verdicts.WithLabelValues(networkOf(e), "not_found").Inc()
+				return g.decideUnseen(ctx, e, state, payment.OutcomeNotFound, notFound)
+			}
+			verdict.Reason += "; past " + g.o.Timeout.String() + ", not evidence of not_found yet"
 		default:
 			// Mined and still canonical, only slow to finalize: a real
 			// deposit is never failed for the chain's slowness.
@@ -283,6 +295,25 @@ func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWa
 		BlockHash:   verdict.BlockHash,
 		Note:        verdict.Reason,
 	})
+}
+
+// unseenEvidence decides whether a deposit whose receipt was never seen
+// is not_found past FINALITY_TIMEOUT, by the rule reorged follows: one
+// null is no evidence (a lagging or lying backend, or a deposit first
+// checked late), only receipts absent on reads REORG_RECHECK_DELAY and a
+// new block apart are. It says why, or "" while that is not shown.
+func (g *Gate) unseenEvidence(ctx context.Context, e payment.Event, verdict chain.Verdict) (string, error) {
+	if verdict.Head == 0 {
+		// No head read (a receipt off the canonical chain, say): nothing
+		// to count the blocks from.
+		return "", nil
+	}
+	a, err := g.o.Store.RecordUnseenAbsence(ctx, e, int64(verdict.Head), g.o.ReorgRecheckDelay)
+	if err != nil || !a.Evidence {
+		return "", err
+	}
+	return fmt.Sprintf("transaction not found within %s: no receipt on reads %s and %d blocks apart",
+		g.o.Timeout, a.Since.Round(time.Second), int64(verdict.Head)-a.HeadThen), nil
 }
 
 // decideUnseen fails a deposit whose transaction the chain does not show
@@ -318,7 +349,7 @@ func (g *Gate) decideUnseen(ctx context.Context, e payment.Event, state postgres
 // (perhaps a cached hint, or one lagging backend's) is taken only once
 // the headers confirm its block, as the reorg watch takes it.
 func (g *Gate) minedNow(ctx context.Context, e payment.Event, toAddress string) (chain.Canonicity, error) {
-	v, _, err := g.verdict(ctx, e, toAddress)
+	v, _, err := g.verdict(ctx, e, toAddress, false)
 	if err != nil || !v.ReceiptSeen {
 		return chain.Canonicity{}, err
 	}
@@ -379,15 +410,18 @@ func (g *Gate) reorgEvidence(ctx context.Context, e payment.Event, state postgre
 // or deciding anything: what a recheck shows an operator. toAddress is the
 // recipient the provider named, if any.
 func (g *Gate) Verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, error) {
-	v, _, err := g.verdict(ctx, e, toAddress)
+	v, _, err := g.verdict(ctx, e, toAddress, false)
 	return v, err
 }
 
-func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string) (chain.Verdict, string, error) {
+// verdict asks the chain about a deposit; wantHead reads the head with a
+// null receipt (chain.Deposit.WantHead).
+func (g *Gate) verdict(ctx context.Context, e payment.Event, toAddress string, wantHead bool) (chain.Verdict, string, error) {
 	deposit, nc, network, err := g.claim(e, toAddress)
 	if err != nil {
 		return chain.Verdict{}, network, err
 	}
+	deposit.WantHead = wantHead
 	v, err := nc.Chain.CheckDeposit(ctx, deposit, nc.Policy)
 	return v, network, err
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,6 +102,26 @@ func (f *timeoutFixture) check() {
 	credit, err := f.gate.Check(f.ctx, postgres.LedgerItem{Event: claimed[0].Event})
 	require.NoError(f.t, err)
 	require.Nil(f.t, credit, "not final: nothing to credit")
+}
+
+// checkItem claims the deposit's task and runs the gate on it: the item
+// to credit, or nil.
+func (f *timeoutFixture) checkItem() *postgres.LedgerItem {
+	f.t.Helper()
+	var claimed []postgres.Claimed
+	for range 100 {
+		var err error
+		claimed, err = f.db.ClaimOutbox(f.ctx, 10, 10, postgres.TaskEventsMax)
+		require.NoError(f.t, err)
+		if len(claimed) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Len(f.t, claimed, 1)
+	credit, err := f.gate.Check(f.ctx, postgres.LedgerItem{Event: claimed[0].Event})
+	require.NoError(f.t, err)
+	return credit
 }
 
 // state is the deposit's status/outcome and its error text.
@@ -211,18 +232,24 @@ func TestTimeoutDroppedIsReorged(t *testing.T) {
 }
 
 // TestMinedJustAfterFailingIsReopened: past FINALITY_TIMEOUT a deposit's
-// transaction is not found (here: one null receipt, as a read just before
-// it was mined gives) and the deposit fails not_found. The gate asks once
-// more after that commit: mined now, the deposit is reopened, as a report
-// of it would have done had it not come while the deposit still waited.
-// Still not found on that read, it stays failed.
+// transaction is not found (here: null receipts, as reads just before it
+// was mined give) on reads the delay and a new block apart, and the
+// deposit fails not_found. The gate asks once more after that commit:
+// mined now, the deposit is reopened, as a report of it would have done
+// had it not come while the deposit still waited. Still not found on that
+// read, it stays failed.
 func TestMinedJustAfterFailingIsReopened(t *testing.T) {
 	f := newTimeoutFixture(t)
 	gone := f.deposit("gone", 1)
 	f.expire("gone")
+	f.proxy.NullReceipt(gone.Hash, 1)
+	f.check() // the first null read only starts the two reads
+	status, _ := f.state("gone")
+	require.Equal(t, "awaiting_finality/", status)
+	f.ageAbsence("gone")
 	f.proxy.NullReceipt(gone.Hash, 2)
 	f.check()
-	status, _ := f.state("gone")
+	status, _ = f.state("gone")
 	require.Equal(t, "failed/not_found", status, "not on the chain on the second read either")
 
 	generation := func() int {
@@ -233,6 +260,9 @@ func TestMinedJustAfterFailingIsReopened(t *testing.T) {
 	}
 	late := f.deposit("late", 0)
 	f.expire("late")
+	f.proxy.NullReceipt(late.Hash, 1)
+	f.check()
+	f.ageAbsence("late")
 	before := generation()
 	f.proxy.NullReceipt(late.Hash, 1)
 	f.check()
@@ -240,6 +270,77 @@ func TestMinedJustAfterFailingIsReopened(t *testing.T) {
 	require.Equal(t, "pending/", status, "reopened")
 	require.Contains(t, reason, fmt.Sprintf("the transaction is in block %d, seen just after the deposit failed not_found", late.BlockNumber))
 	require.Equal(t, before+1, generation(), "a new generation for the reopened deposit")
+}
+
+// ageAbsence moves a deposit's first recorded absence past
+// REORG_RECHECK_DELAY and commits a new block, so the next null read is
+// evidence.
+func (f *timeoutFixture) ageAbsence(id string) {
+	f.t.Helper()
+	tag, err := f.conn.Exec(f.ctx, `UPDATE payment_events SET absent_since = absent_since - interval '31 seconds' WHERE event_id = $1 AND absent_since IS NOT NULL`, id)
+	require.NoError(f.t, err)
+	require.EqualValues(f.t, 1, tag.RowsAffected(), "no absence recorded")
+	require.NoError(f.t, f.ch.CommitBlocks(f.ctx, 1))
+}
+
+// TestLateFirstCheckNullsAreNotNotFound: a deposit first checked after
+// FINALITY_TIMEOUT (it waited in queues) meets a backend that answers
+// null receipts for a while. Null reads are not_found only when they are
+// REORG_RECHECK_DELAY and a new block apart: here the real receipt comes
+// first, which forgets the absence, and the deposit is credited once
+// final.
+func TestLateFirstCheckNullsAreNotNotFound(t *testing.T) {
+	f := newTimeoutFixture(t)
+	tx := f.deposit("late-first", 0)
+	f.expire("late-first")
+	f.proxy.NullReceipt(tx.Hash, 3)
+	for range 3 {
+		f.check()
+		status, reason := f.state("late-first")
+		require.Equal(t, "awaiting_finality/", status, "null receipts read at once failed a canonical deposit")
+		require.Contains(t, reason, "not evidence of not_found yet")
+	}
+	f.check() // the receipt, not final yet
+	var absent bool
+	require.NoError(t, f.conn.QueryRow(f.ctx, `SELECT absent_since IS NOT NULL FROM payment_events WHERE event_id = 'late-first'`).Scan(&absent))
+	require.False(t, absent, "the receipt seen forgets the absence")
+	require.NoError(t, f.ch.FinalizeThrough(f.ctx, tx.BlockNumber))
+	credit := f.checkItem()
+	require.NotNil(t, credit, "final: credited")
+	require.Equal(t, tx.BlockHash, credit.Chain.BlockHash)
+}
+
+// TestLateFirstCheckAbsentIsNotFound: a transaction no node knows, first
+// checked past FINALITY_TIMEOUT, fails not_found once its receipt is
+// absent on reads REORG_RECHECK_DELAY and a new block apart; an outage
+// meanwhile decides nothing.
+func TestLateFirstCheckAbsentIsNotFound(t *testing.T) {
+	f := newTimeoutFixture(t)
+	f.deposit("absent", 1)
+	_, err := f.conn.Exec(f.ctx, `UPDATE payment_events SET tx_hash = $1 WHERE event_id = 'absent'`, "0x"+strings.Repeat("ab", 32))
+	require.NoError(t, err)
+	f.expire("absent")
+	f.check()
+	status, _ := f.state("absent")
+	require.Equal(t, "awaiting_finality/", status, "the first absence is not evidence")
+	f.check()
+	status, _ = f.state("absent")
+	require.Equal(t, "awaiting_finality/", status, "a second read at once is not evidence")
+	_, err = f.conn.Exec(f.ctx, `UPDATE payment_events SET absent_since = absent_since - interval '31 seconds' WHERE event_id = 'absent'`)
+	require.NoError(t, err)
+	f.check()
+	status, _ = f.state("absent")
+	require.Equal(t, "awaiting_finality/", status, "the delay, but no new block")
+	require.NoError(t, f.ch.CommitBlocks(f.ctx, 1))
+	f.proxy.Answer("eth_getBlockByNumber", "latest", json.RawMessage(`"not a block"`), 1)
+	f.check()
+	status, reason := f.state("absent")
+	require.Equal(t, "awaiting_finality/", status, "an outage decides nothing")
+	require.Contains(t, reason, "chain unavailable")
+	f.check()
+	status, reason = f.state("absent")
+	require.Equal(t, "failed/not_found", status)
+	require.Contains(t, reason, "transaction not found within 1h0m0s: no receipt on reads")
 }
 
 // TestStaleReceiptAfterReorgDoesNotReopen: a fork drops a deposit's

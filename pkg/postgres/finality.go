@@ -254,3 +254,20 @@ func (db *DB) RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash 
 	a.Since = time.Duration(sinceMicros) * time.Microsecond
 	return a, classify(stmt.name, err)
 }
+
+// RecordUnseenAbsence is RecordWaitAbsence for the live task of a deposit
+// whose receipt was never seen: a null receipt with head head, evidence
+// for not_found only on a second one delay and a new block after the
+// first. The task no longer live, or a receipt seen since: the zero
+// Absence.
+func (db *DB) RecordUnseenAbsence(ctx context.Context, e payment.Event, head int64, delay time.Duration) (Absence, error) {
+	stmt := q("record_unseen_absence")
+	var a Absence
+	var sinceMicros int64
+	err := db.pool.QueryRow(ctx, stmt.text, e.ID, e.Generation, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Absence{}, nil
+	}
+	a.Since = time.Duration(sinceMicros) * time.Microsecond
+	return a, classify(stmt.name, err)
+}

@@ -59,6 +59,29 @@ RETURNING prev.absent_since IS NULL,
           COALESCE(prev.absent_head, $4::bigint),
           COALESCE(now() - prev.absent_since >= $5::interval AND $4::bigint > prev.absent_head, false);
 
+-- name: record_unseen_absence
+-- As record_wait_absence, for a deposit past FINALITY_TIMEOUT whose
+-- receipt was never seen (no block stored): $3 the head seen with its
+-- null receipt, $4 REORG_RECHECK_DELAY. not_found needs the same two
+-- reads as reorged. A receipt seen meanwhile (await_finality with a
+-- block) forgets the absence.
+WITH prev AS (
+    SELECT event_id, absent_since, absent_head
+    FROM payment_events
+    WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
+      AND receipt_seen_at IS NULL AND block_hash IS NULL
+    FOR UPDATE
+)
+UPDATE payment_events p
+SET absent_since = COALESCE(prev.absent_since, now()), absent_head = COALESCE(prev.absent_head, $3::bigint),
+    updated_at = now()
+FROM prev
+WHERE p.event_id = prev.event_id
+RETURNING prev.absent_since IS NULL,
+          (extract(epoch FROM now() - COALESCE(prev.absent_since, now())) * 1000000)::bigint,
+          COALESCE(prev.absent_head, $3::bigint),
+          COALESCE(now() - prev.absent_since >= $4::interval AND $3::bigint > prev.absent_head, false);
+
 -- name: watched_deposits
 -- Credited deposits whose block was not final when they were credited,
 -- with what they claim (amount, recipient, transfer), which a transaction
