@@ -53,3 +53,11 @@ func (db *DB) InsertDeadLettersByLetter(ctx context.Context, letters []payment.D
 	}
 	return deadLetterIDs(rows, letters)
 }
+
+// SetMigrationLockQuery replaces one try for the migration lock until the
+// returned function restores it.
+func SetMigrationLockQuery(query string) (restore func()) {
+	old := migrationLockQuery
+	migrationLockQuery = query
+	return func() { migrationLockQuery = old }
+}

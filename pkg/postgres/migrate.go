@@ -91,16 +91,20 @@ func (db *DB) MigrateTo(ctx context.Context, version int) ([]string, error) {
 	}
 	// Under the lock too: two concurrent CREATE TABLE IF NOT EXISTS can
 	// both try to create it, and one fails.
-	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
-		if err := lockMigrations(ctx, tx); err != nil {
+	err = func() error {
+		tx, err := db.beginLocked(ctx)
+		if err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version integer PRIMARY KEY,
 			name text NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now())`)
-		return err
-	})
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}()
 	if err != nil {
 		return nil, fmt.Errorf("create schema_migrations: %w", err)
 	}
@@ -131,14 +135,11 @@ func (db *DB) applyMigration(ctx context.Context, m migration) (bool, error) {
 	if strings.Contains(m.text, noTransactionDirective) {
 		return db.applyMigrationOutsideTransaction(ctx, m)
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.beginLocked(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if err := lockMigrations(ctx, tx); err != nil {
-		return false, err
-	}
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, m.version).Scan(&exists); err != nil {
 		return false, err
@@ -168,15 +169,12 @@ func (db *DB) applyMigration(ctx context.Context, m migration) (bool, error) {
 // would wait for each other. Such a file must still be re-runnable (IF NOT EXISTS everywhere): a
 // crash can leave it half applied, and the next migrator runs it again.
 func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration) (bool, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.beginLocked(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	simple := pgx.QueryExecModeSimpleProtocol
-	if err := lockMigrations(ctx, tx); err != nil {
-		return false, err
-	}
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)`, simple, m.version).Scan(&exists); err != nil {
 		return false, err
@@ -205,24 +203,37 @@ func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration)
 	return true, tx.Commit(ctx)
 }
 
-// lockMigrations takes the migration lock in tx. It asks again every
-// migrationLockPoll instead of waiting inside pg_advisory_xact_lock: a
-// session waiting in a statement holds a snapshot, which a CREATE INDEX
-// CONCURRENTLY of the migrator holding the lock would wait for, while
-// that migrator waits for its index: neither would ever finish. Between
-// two tries the transaction holds no snapshot (simple protocol).
-func lockMigrations(ctx context.Context, tx pgx.Tx) error {
+// migrationLockQuery is one try for the lock (a variable so a test can
+// make each try hold its snapshot longer).
+var migrationLockQuery = `SELECT pg_try_advisory_xact_lock($1)`
+
+// beginLocked opens a transaction holding the migration lock. A try that
+// fails ends its transaction before the next: CREATE INDEX CONCURRENTLY,
+// run by the migrator holding the lock, waits for the end of every
+// transaction whose snapshot was older than its own when it looked, and a
+// try running at that moment is one. Kept open to try again, that
+// transaction would wait for the lock while the index waited for it, and
+// neither migrator would finish. Waiting inside pg_advisory_xact_lock
+// would hold a snapshot the whole time, so the lock is polled. The try
+// uses the simple protocol, so no portal keeps its snapshot after it.
+func (db *DB) beginLocked(ctx context.Context) (pgx.Tx, error) {
 	for {
-		var locked bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, pgx.QueryExecModeSimpleProtocol, int64(migrationLockID)).Scan(&locked); err != nil {
-			return fmt.Errorf("migration lock: %w", err)
+		tx, err := db.pool.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migration lock: %w", err)
 		}
-		if locked {
-			return nil
+		var locked bool
+		err = tx.QueryRow(ctx, migrationLockQuery, pgx.QueryExecModeSimpleProtocol, int64(migrationLockID)).Scan(&locked)
+		if err == nil && locked {
+			return tx, nil
+		}
+		_ = tx.Rollback(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migration lock: %w", err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for another migrator: %w", ctx.Err())
+			return nil, fmt.Errorf("waiting for another migrator: %w", ctx.Err())
 		case <-time.After(migrationLockPoll):
 		}
 	}

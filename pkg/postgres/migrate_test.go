@@ -101,6 +101,36 @@ func TestNonTransactionalMigrationWaitsForTheLock(t *testing.T) {
 	require.True(t, indexExists())
 }
 
+// TestWaitingMigratorLetsTheIndexFinish: a migrator waiting for the lock
+// must not be a transaction the holder's CREATE INDEX CONCURRENTLY waits
+// for. Here each try holds its snapshot for 300 ms, so one is running when
+// the index looks for older snapshots; a waiter that kept its transaction
+// open between tries deadlocked the two (seen once in CI, through
+// PgBouncer, on 0010).
+func TestWaitingMigratorLetsTheIndexFinish(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	first := testenv.OpenDB(t, dsn)
+	_, err := first.MigrateTo(ctx, 9)
+	require.NoError(t, err)
+	second := testenv.OpenDB(t, dsn)
+	defer postgres.SetMigrationLockQuery(`SELECT pg_try_advisory_xact_lock($1) FROM pg_sleep(0.3)`)()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	results := make(chan []string, 2)
+	for _, db := range []*postgres.DB{first, second} {
+		go func() {
+			applied, err := db.MigrateTo(ctx, 10)
+			if err != nil {
+				t.Error(err)
+			}
+			results <- applied
+		}()
+	}
+	applied := append(<-results, <-results...)
+	require.Equal(t, []string{"0010_paging_indexes.sql"}, applied, "0010 applied once, by one of them")
+}
+
 // TestConcurrentMigratorsThroughPgBouncer: two migrators race from an
 // empty database through PgBouncer in transaction pooling; every
 // migration is applied exactly once, and no pooled server connection is
