@@ -181,7 +181,10 @@ const (
 	codeUndefinedColumn     = "42703"
 	codeUndefinedFunction   = "42883"
 	codeAdminShutdown       = "57P01"
-	codeCannotConnectNow    = "57P03"
+	// The session was ended for idling in its transaction (the ledger's
+	// bound): rolled back, no fault of an event.
+	codeIdleInTxTimeout  = "25P03"
+	codeCannotConnectNow = "57P03"
 	// Errors a connection pooler in front of PostgreSQL answers with when
 	// it is misconfigured or restarting: the database is not the problem.
 	codeInvalidStatementName = "26000"
@@ -207,7 +210,7 @@ func classify(op string, err error) error {
 		switch pgErr.Code {
 		case codeLockNotAvailable, codeQueryCanceled, codeDeadlockDetected, codeSerializationFail:
 			return payment.Retryable(op, err)
-		case codeAdminShutdown, codeCannotConnectNow, codeInvalidStatementName, codeDuplicatePrepared, codeProtocolViolation:
+		case codeAdminShutdown, codeIdleInTxTimeout, codeCannotConnectNow, codeInvalidStatementName, codeDuplicatePrepared, codeProtocolViolation:
 			return payment.Unavailable(op, err)
 		case codeUndefinedTable, codeUndefinedColumn, codeUndefinedFunction:
 			// A migration not applied yet: no event is at fault, and

@@ -847,14 +847,22 @@ func durationSetting(d time.Duration) string {
 // than the timeouts as parameters, and with no parameter it is never
 // planned afresh. Its text is fixed by the options, so it is prepared
 // once per connection.
+//
+// The transaction is also bounded while it waits for its client: between
+// round trips a worker only plans in memory, so one idle in it longer
+// than a statement may run is frozen or cut off (a paused VM, a lost
+// node). PostgreSQL then ends its session and the balance rows it locked
+// go to the other workers, instead of failing their batches until the
+// kernel gives the socket up, hours later.
 func ledgerSettings(opts LedgerOptions) string {
 	key := [2]time.Duration{opts.LockTimeout, opts.StatementTimeout}
 	if last := lastLedgerSettings.Load(); last != nil && last.key == key {
 		return last.text
 	}
 	plans := strings.TrimSuffix(strings.TrimSpace(q("hot_path_plans").text), ";")
-	text := fmt.Sprintf("%s, set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%s', true)",
-		plans, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout))
+	text := fmt.Sprintf("%s, set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%s', true), "+
+		"set_config('idle_in_transaction_session_timeout', '%s', true)",
+		plans, durationSetting(opts.LockTimeout), durationSetting(opts.StatementTimeout), durationSetting(opts.StatementTimeout))
 	lastLedgerSettings.Store(&ledgerSettingsText{key: key, text: text})
 	return text
 }

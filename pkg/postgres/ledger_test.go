@@ -612,3 +612,67 @@ func TestLedgerDeadLetterIsTheGenerationsFailure(t *testing.T) {
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'huge-a'`))
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id = 'huge-b'`))
 }
+
+// TestFrozenWorkerLetsGoOfItsBalances: a worker cut off mid-transaction
+// (a paused VM, a lost node: its socket neither answers nor resets) must
+// not keep its balance rows locked until the kernel gives the socket up,
+// hours later, failing every other worker's batch for those users. Here
+// worker A locks user 7's balance, its event's lock is held elsewhere a
+// moment so that A is frozen right after, with its transaction open;
+// worker B must still apply its own deposit for user 7.
+func TestFrozenWorkerLetsGoOfItsBalances(t *testing.T) {
+	f := newFixture(t)
+	f.user(7, map[string]string{"ETH": "10"})
+	taskA := f.enqueue("frozen-a", payment.Deposit, 7, "ETH", "1")
+	taskB := f.enqueue("frozen-b", payment.Deposit, 7, "ETH", "1")
+	ctx := context.Background()
+
+	holder, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = 'frozen-a' FOR UPDATE`)
+	require.NoError(t, err)
+
+	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
+	workerA := testenv.OpenDB(t, frozenDSN)
+	require.NoError(t, workerA.Ping(ctx))
+	defer freezer.Thaw() // before the pool's Close, which waits for A
+	doneA := make(chan error, 1)
+	go func() {
+		_, err := workerA.ApplyBatch(ctx, []postgres.LedgerItem{{Event: taskA}},
+			postgres.LedgerOptions{LockTimeout: 10 * time.Second, StatementTimeout: 2 * time.Second})
+		doneA <- err
+	}()
+	// A holds the balance row and waits for its event: freeze it there,
+	// then let its round trip finish, so its transaction sits open.
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	freezer.Freeze()
+	require.NoError(t, tx.Commit(ctx))
+
+	var applied bool
+	var last error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !applied; {
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: taskB}}, postgres.LedgerOptions{})
+		last = err
+		applied = err == nil && results[0].Kind == postgres.Applied
+	}
+	require.True(t, applied, "worker B's deposit never applied while A is frozen: %v", last)
+
+	freezer.Thaw()
+	select {
+	case err := <-doneA:
+		require.ErrorIs(t, err, payment.ErrUnavailable, "A's transaction was ended, not applied")
+	case <-time.After(10 * time.Second):
+		t.Fatal("worker A never returned after the thaw")
+	}
+	status, _ := f.status("frozen-a")
+	require.Equal(t, payment.StatusEnqueued, status, "A's event is left for its retry")
+	f.apply(taskA)
+	require.True(t, f.balance(7, "ETH").Equal(dec("12")), "each deposit credited once: %s", f.balance(7, "ETH"))
+	f.requireJournalInvariant()
+}
