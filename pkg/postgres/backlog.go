@@ -33,7 +33,7 @@ type Backlog struct {
 // snapshot, bounded by timeout.
 func (db *DB) Backlog(ctx context.Context, timeout time.Duration) (Backlog, error) {
 	var b Backlog
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return b, classify("backlog", err)
 	}

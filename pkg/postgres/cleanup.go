@@ -184,7 +184,7 @@ func (db *DB) cleanupBatch(ctx context.Context, stmt query, args []any, o Cleanu
 	bctx, cancel := context.WithTimeout(ctx, o.BatchTimeout+time.Second)
 	defer cancel()
 	var rows int64
-	err := pgx.BeginFunc(bctx, db.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(bctx, db.pool, bounded(pgx.TxOptions{}), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(bctx, q("cleanup_batch_timeout").text, durationSetting(o.BatchTimeout)); err != nil {
 			return err
 		}

@@ -91,7 +91,7 @@ var notificationKinds = []string{NotifyDepositCredited, NotifyWithdrawalConfirme
 // EventStory reads an event's whole story; payment.ErrNotFound if there is
 // no such event.
 func (db *DB) EventStory(ctx context.Context, eventID string) (Story, error) {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return Story{}, classify("event story", err)
 	}
@@ -357,7 +357,7 @@ func (db *DB) EventsOfTx(ctx context.Context, txHash string) (TxEvents, error) {
 }
 
 func (db *DB) scanTx(ctx context.Context, txHash string) ([]EventView, error) {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return nil, classify("events of tx", err)
 	}

@@ -275,6 +275,40 @@ func SchemaMismatch(err error) bool {
 	return isCode(err, codeUndefinedTable) || isCode(err, codeUndefinedColumn) || isCode(err, codeUndefinedFunction)
 }
 
+// txIdleMax bounds how long a transaction waits for its client between
+// statements (a variable so a test can shorten it). Between two
+// statements settle's code only works in memory: a client idle that long
+// in its transaction is frozen or cut off (a paused VM, a lost node: its
+// socket neither answers nor resets), and PostgreSQL ends its session,
+// releasing its row and advisory locks, instead of keeping them until
+// its kernel gives the socket up, hours later. The ledger bounds its own
+// (ledgerSettings); the migration lock's transaction waits for its
+// migration on purpose and is not bounded.
+var txIdleMax = 10 * time.Second
+
+// begin opens a transaction bounded by txIdleMax.
+func (db *DB) begin(ctx context.Context) (pgx.Tx, error) {
+	return db.pool.BeginTx(ctx, bounded(pgx.TxOptions{}))
+}
+
+// bounded is o with BEGIN and the bound sent together: one round trip,
+// as BEGIN alone, and SET LOCAL ends with the transaction (PgBouncer's
+// transaction pooling keeps nothing of it).
+func bounded(o pgx.TxOptions) pgx.TxOptions {
+	begin := "BEGIN"
+	if o.IsoLevel != "" {
+		begin += " ISOLATION LEVEL " + string(o.IsoLevel)
+	}
+	if o.AccessMode != "" {
+		begin += " " + string(o.AccessMode)
+	}
+	if o.DeferrableMode != "" {
+		begin += " " + string(o.DeferrableMode)
+	}
+	o.BeginQuery = fmt.Sprintf("%s; SET LOCAL idle_in_transaction_session_timeout = '%s'", begin, durationSetting(txIdleMax))
+	return o
+}
+
 // querier is what a statement runs on: the pool or a transaction.
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

@@ -14,7 +14,7 @@ import (
 // fail (another generation, or already terminal) nothing is written and
 // moved is false: the event is not failed, so there is nothing for a human.
 func (db *DB) FailToDLQ(ctx context.Context, letter payment.DeadLetter) (moved bool, id int64, err error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, 0, classify("fail to dlq", err)
 	}

@@ -110,7 +110,7 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	if who == "" {
 		return "", payment.Invalid("a replay needs the operator's name")
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return "", classify("replay dead letter", err)
 	}
@@ -178,7 +178,7 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 	if who == "" || why == "" {
 		return false, payment.Invalid("a discard needs the operator's name and a reason")
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, classify("discard dead letter", err)
 	}

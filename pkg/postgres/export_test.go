@@ -61,3 +61,11 @@ func SetMigrationLockQuery(query string) (restore func()) {
 	migrationLockQuery = query
 	return func() { migrationLockQuery = old }
 }
+
+// SetTxIdleMax replaces how long a transaction may wait for its client
+// until the returned function restores it.
+func SetTxIdleMax(d time.Duration) (restore func()) {
+	old := txIdleMax
+	txIdleMax = d
+	return func() { txIdleMax = old }
+}

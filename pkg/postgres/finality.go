@@ -77,7 +77,7 @@ func (db *DB) ChainWait(ctx context.Context, eventID string) (ChainWaitState, er
 // (reverted, mismatch, reorged, not_found) and records it on its
 // idempotency key, in one transaction.
 func (db *DB) DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, classify("decide chain outcome", err)
 	}
@@ -150,7 +150,7 @@ func (db *DB) WatchedDeposits(ctx context.Context, networks []string, perNetwork
 // MarkFinal stops watching a deposit whose block is finalized; one that
 // was compensated for a reorg and watched again is given back (givenBack).
 func (db *DB) MarkFinal(ctx context.Context, eventID string) (givenBack bool, err error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, classify("mark final", err)
 	}
@@ -190,7 +190,7 @@ func (db *DB) KeepWatching(ctx context.Context, eventID string) error {
 // reports moved false if the deposit was no longer watched in block
 // fromHash.
 func (db *DB) MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, false, classify("move evidence", err)
 	}

@@ -80,7 +80,7 @@ func (db *DB) CheckInvariants(ctx context.Context, o InvariantOptions) ([]Findin
 	if o.PendingKeyAfter <= 0 {
 		o.PendingKeyAfter = 10 * time.Minute
 	}
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return nil, nil, classify("check invariants", err)
 	}

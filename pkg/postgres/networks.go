@@ -15,7 +15,7 @@ import (
 func (db *DB) Assets(ctx context.Context) (*payment.Registry, error) {
 	var networks []payment.Network
 	var assets []payment.Asset
-	err := pgx.BeginTxFunc(ctx, db.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, db.pool, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}), func(tx pgx.Tx) error {
 		stmt := q("list_networks")
 		rows, err := tx.Query(ctx, stmt.text)
 		if err != nil {
@@ -61,7 +61,7 @@ type NewNetwork struct {
 // that exists exactly as given is not an error (added false); a name or
 // chain id already used otherwise is payment.ErrConflict.
 func (db *DB) AddNetwork(ctx context.Context, n NewNetwork) (added bool, err error) {
-	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, db.pool, bounded(pgx.TxOptions{}), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q("lock_registry").text); err != nil {
 			return classify("lock registry", err)
 		}
@@ -113,7 +113,7 @@ func (db *DB) AddNetwork(ctx context.Context, n NewNetwork) (added bool, err err
 // facts there, is payment.ErrConflict; an unknown network is
 // payment.ErrUnknownNetwork.
 func (db *DB) AddAsset(ctx context.Context, a payment.Asset) (added bool, err error) {
-	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, db.pool, bounded(pgx.TxOptions{}), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, q("lock_registry").text); err != nil {
 			return classify("lock registry", err)
 		}

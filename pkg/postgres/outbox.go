@@ -99,7 +99,7 @@ func readClaim(br pgx.BatchResults) (claimed []Claimed, claimErr, err error) {
 // claimRowByRow is the fallback when the set-based claim fails: each row
 // moves in its own savepoint, and a row that fails stays where it is.
 func (db *DB) claimRowByRow(ctx context.Context, pendingMax, dueMax int) ([]Claimed, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return nil, classify("claim outbox", err)
 	}

@@ -258,7 +258,7 @@ func partitionName(day time.Time) string { return partitionPrefix + day.UTC().Fo
 func (db *DB) partitionDDL(ctx context.Context, o PartitionOptions, ddl func(pgx.Tx) error) (bool, error) {
 	pause := o.PauseFirst
 	for try := 1; ; try++ {
-		err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, db.pool, bounded(pgx.TxOptions{}), func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, q("partition_lock_timeout").text, durationSetting(o.LockTimeout)); err != nil {
 				return err
 			}

@@ -109,7 +109,7 @@ func (db *DB) RecordRecheck(ctx context.Context, r Recheck, reopen bool) (Rechec
 	if r.RequestedBy == "" {
 		return Recheck{}, payment.Invalid("a recheck needs the operator's name")
 	}
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return Recheck{}, classify("record recheck", err)
 	}

@@ -45,7 +45,7 @@ func scanMismatch(rows pgx.CollectableRow) (Mismatch, error) {
 // transaction pooling would drop), every balance touched within window
 // with initial_balance + SUM(journal). It returns how many it checked.
 func (db *DB) HotPathCheck(ctx context.Context, window time.Duration) (int, []Mismatch, error) {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return 0, nil, classify("hot path check", err)
 	}
@@ -154,7 +154,7 @@ func (db *DB) ReconcileFull(ctx context.Context, every time.Duration, chunk, max
 
 // openPass resumes the open pass or starts a new one when it is due.
 func (db *DB) openPass(ctx context.Context, every time.Duration) (int64, int64, string, bool, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return 0, 0, "", false, classify("reconcile open pass", err)
 	}
@@ -192,7 +192,7 @@ func (db *DB) openPass(ctx context.Context, every time.Duration) (int64, int64, 
 }
 
 func (db *DB) reconcileChunk(ctx context.Context, afterUser int64, afterAsset string, chunk int) ([]Mismatch, int64, string, int, error) {
-	tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := db.pool.BeginTx(ctx, bounded(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}))
 	if err != nil {
 		return nil, 0, "", 0, classify("reconcile chunk", err)
 	}
@@ -234,7 +234,7 @@ type UnreportedMismatches struct {
 // whose answer is lost, has them reported again by the next call rather
 // than never.
 func (db *DB) ReportMismatches(ctx context.Context, report func([]UnreportedMismatches)) error {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return classify("reconcile report", err)
 	}

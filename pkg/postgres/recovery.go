@@ -120,7 +120,7 @@ func (db *DB) staleEnqueued(ctx context.Context, staleAfter time.Duration, limit
 // dead letter, in one transaction; a refused transition (the generation
 // moved on) is an error and changes nothing.
 func (db *DB) recoverOne(ctx context.Context, s StaleEvent, action RecoveryAction, reason string) (*payment.DeadLetter, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return nil, classify("recover stale", err)
 	}

@@ -20,7 +20,7 @@ import (
 // deposit in any other state (already reopened, pending, confirmed, or
 // failed otherwise); payment.ErrNotFound when there is no such event.
 func (db *DB) ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return false, classify("reopen deposit", err)
 	}

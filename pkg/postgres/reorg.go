@@ -45,7 +45,7 @@ func (r Reversal) String() string {
 // The event row is locked first, so a ledger batch crediting it right now
 // finishes before this decides.
 func (db *DB) ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (Reversal, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return 0, classify("reverse deposit", err)
 	}

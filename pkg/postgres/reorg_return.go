@@ -250,7 +250,7 @@ func canGiveBack(cycle int, depositID string) bool {
 // MoveEvidence). Any other deposit, or none, is left as it is
 // (NotCompensated).
 func (db *DB) ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (Return, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return 0, classify("return deposit", err)
 	}

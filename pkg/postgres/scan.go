@@ -156,7 +156,7 @@ func (db *DB) RecordScanHead(ctx context.Context, network string, at time.Time, 
 // (pending, pg_notify at COMMIT), all in one transaction; an event stored
 // before with the same content that ended failed/reorged is reopened.
 func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) (bool, error)) ([]StoredDeposit, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return nil, classify("scan pass begin", err)
 	}
@@ -309,7 +309,7 @@ func (db *DB) CreateRescan(ctx context.Context, id, network string, from, to uin
 // AddBackfill records that address (registered on network) received
 // deposits from block from on, and schedules their scan.
 func (db *DB) AddBackfill(ctx context.Context, id, network, address string, from uint64) error {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return classify("backfill begin", err)
 	}
@@ -520,7 +520,7 @@ var ErrRescanEnded = fmt.Errorf("%w: the rescan already ended", payment.ErrConfl
 // API and the console record. payment.ErrNotFound when there is no job
 // id, ErrRescanEnded when it is done or failed already.
 func (db *DB) CancelRescan(ctx context.Context, id, who, why string) error {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return classify("rescan cancel begin", err)
 	}

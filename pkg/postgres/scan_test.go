@@ -591,3 +591,78 @@ func TestRescanFoundPrunedAsJobAdvances(t *testing.T) {
 	require.Empty(t, blocks("r-prune"))
 	require.Equal(t, 7, found("r-prune"))
 }
+
+// TestFrozenScannerLetsGoOfTheCursor: a scheduler cut off mid-pass (a
+// lost node, a paused VM: its socket neither answers nor resets) must not
+// keep the network's cursor row locked until the kernel gives its socket
+// up, hours later: once its lease runs out, another replica claims the
+// range. Here replica A's pass waits for a deposit's row held elsewhere,
+// A is frozen there, and the row is let go, so A's transaction sits open
+// holding the cursor.
+func TestFrozenScannerLetsGoOfTheCursor(t *testing.T) {
+	defer postgres.SetTxIdleMax(time.Second)()
+	ctx := context.Background()
+	f := newFixture(t)
+	const network = "ETH_MAINNET"
+	_, err := f.db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, f.db.InitScanCursor(ctx, network, 100))
+	reorged := scannedDeposit(1)
+	claim, ok, err := f.db.ClaimScanCursor(ctx, network, "setup", time.Minute, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = f.db.CompleteScanPass(ctx, network, "setup", claim, []postgres.NewEvent{reorged})
+	require.NoError(t, err)
+	_, err = f.sql.Exec(ctx, `UPDATE payment_events SET status = 'failed', outcome = 'reorged', chain_state = 'reorged' WHERE event_id = $1`, reorged.Event.ID)
+	require.NoError(t, err)
+
+	hold, err := f.sql.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE`, reorged.Event.ID)
+	require.NoError(t, err)
+
+	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
+	replicaA := testenv.OpenDB(t, frozenDSN)
+	require.NoError(t, replicaA.Ping(ctx))
+	defer freezer.Thaw() // before the pool's Close, which waits for A
+	const lease = 300 * time.Millisecond
+	claimA, ok, err := replicaA.ClaimScanCursor(ctx, network, "a", lease, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+	doneA := make(chan error, 1)
+	go func() {
+		_, err := replicaA.CompleteScanPass(ctx, network, "a", claimA, []postgres.NewEvent{scannedDeposit(2), reorged})
+		doneA <- err
+	}()
+	// A holds the cursor row and waits for the deposit's: freeze it
+	// there, then let the deposit go, so its transaction sits open.
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	freezer.Freeze()
+	require.NoError(t, hold.Rollback(ctx))
+	time.Sleep(lease)
+
+	var claimed bool
+	var last error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !claimed; {
+		claimCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, claimed, last = f.db.ClaimScanCursor(claimCtx, network, "b", time.Minute, 10, 1000)
+		cancel()
+	}
+	require.True(t, claimed, "replica B never got the range A's lease gave up while A is frozen: %v", last)
+
+	freezer.Thaw()
+	select {
+	case err := <-doneA:
+		require.ErrorIs(t, err, payment.ErrUnavailable, "A's pass was ended, not stored")
+	case <-time.After(10 * time.Second):
+		t.Fatal("replica A never returned after the thaw")
+	}
+	_, err = f.db.Event(ctx, scannedDeposit(2).Event.ID)
+	require.ErrorIs(t, err, payment.ErrNotFound, "A's pass stored nothing")
+	next, _, _, err := f.db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.Equal(t, claimA.From, next, "the cursor waits for B's pass")
+}

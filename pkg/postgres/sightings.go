@@ -62,7 +62,7 @@ type Sighted struct {
 func (db *DB) SightTransfer(ctx context.Context, s Sighting) (Sighted, error) {
 	var out Sighted
 	eventID := s.Transfer.EventID()
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return out, classify("sight transfer", err)
 	}

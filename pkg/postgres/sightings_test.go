@@ -109,3 +109,69 @@ func TestRemovedSightingOutlivesRetention(t *testing.T) {
 	testenv.SettleOutbox(t, db)
 	require.Equal(t, "0", balance(), "a stale add of a removed block credits nothing")
 }
+
+// TestFrozenReportLetsGoOfTheDeposit: an api replica cut off while it
+// records a provider's report (a lost node, a paused VM: its socket
+// neither answers nor resets) must not keep the deposit's row locked
+// until the kernel gives its socket up, hours later: the ledger could not
+// credit it, and past RETRY_CONTENTION_WINDOW the deposit would go to the
+// DLQ. Here replica A's report waits for the deposit's row held
+// elsewhere, A is frozen there, and the row is let go, so A's
+// transaction sits open holding it; a worker must still credit it.
+func TestFrozenReportLetsGoOfTheDeposit(t *testing.T) {
+	defer postgres.SetTxIdleMax(time.Second)()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.user(1, nil)
+	tr := payment.Transfer{Network: "ETH_MAINNET", TxHash: fmt.Sprintf("0x%064x", 0xf1), Index: "0"}
+	inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: tr.EventID(), Type: payment.Deposit, UserID: 1,
+		Asset: "ETH", Amount: decimal.RequireFromString("2"), TxHash: tr.TxHash, TransferIndex: tr.Index, Network: tr.Network, TraceID: "t-frozen"},
+		Source: postgres.SourceScanner, ToAddress: "0x" + fmt.Sprintf("%040x", 0x44)})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	deposit := claimed[0].Event
+
+	hold, err := f.sql.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE`, deposit.ID)
+	require.NoError(t, err)
+
+	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
+	replicaA := testenv.OpenDB(t, frozenDSN)
+	require.NoError(t, replicaA.Ping(ctx))
+	defer freezer.Thaw() // before the pool's Close, which waits for A
+	doneA := make(chan error, 1)
+	go func() {
+		_, err := replicaA.SightTransfer(ctx, postgres.Sighting{Transfer: tr, BlockHash: fmt.Sprintf("0x%064x", 0xb1),
+			Reporter: "alchemy", Reason: "test"})
+		doneA <- err
+	}()
+	require.Eventually(t, func() bool {
+		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	freezer.Freeze()
+	require.NoError(t, hold.Rollback(ctx))
+
+	var applied bool
+	var last error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !applied; {
+		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: deposit}}, postgres.LedgerOptions{})
+		last = err
+		applied = err == nil && results[0].Kind == postgres.Applied
+	}
+	require.True(t, applied, "the deposit was never credited while A is frozen: %v", last)
+
+	freezer.Thaw()
+	select {
+	case err := <-doneA:
+		require.ErrorIs(t, err, payment.ErrUnavailable, "A's report was ended, not recorded")
+	case <-time.After(10 * time.Second):
+		t.Fatal("replica A never returned after the thaw")
+	}
+	require.True(t, f.balance(1, "ETH").Equal(dec("2")), "credited once: %s", f.balance(1, "ETH"))
+	f.requireJournalInvariant()
+}

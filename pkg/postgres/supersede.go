@@ -42,7 +42,7 @@ const supersedeChainState = "mismatch"
 // gate again, and the replaced content is recorded in event_rechecks
 // under reporter. Any other stored state is SupersedeRefused, unchanged.
 func (db *DB) SupersedeDeposit(ctx context.Context, e NewEvent, reporter string) (SupersedeResult, error) {
-	tx, err := db.pool.Begin(ctx)
+	tx, err := db.begin(ctx)
 	if err != nil {
 		return "", classify("supersede deposit", err)
 	}
