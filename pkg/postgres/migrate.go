@@ -185,6 +185,13 @@ func (db *DB) applyMigrationOutsideTransaction(ctx context.Context, m migration)
 	if db.pool.Config().MaxConns < 2 {
 		return false, errors.New("a migration outside a transaction needs a pool of at least two connections")
 	}
+	// The lock's transaction idles while the other connection builds the
+	// index, for as long as that takes: a database's or role's
+	// idle_in_transaction_session_timeout would end it mid-build, freeing
+	// the lock for another migrator while the build still runs.
+	if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`, simple); err != nil {
+		return false, err
+	}
 	conn, err := db.pool.Acquire(ctx)
 	if err != nil {
 		return false, err

@@ -295,3 +295,46 @@ func TestNetworksMigrationKeepsHandAddedAssets(t *testing.T) {
 		})
 	}
 }
+
+// TestMigrationLockOutlastsAnIdleBound: a database (or role) whose
+// default idle_in_transaction_session_timeout is shorter than an index
+// build must not end the lock's transaction of a migration outside a
+// transaction mid-build: the lock would go to another migrator while the
+// build runs, and the version would not be recorded. Here 0003's index
+// waits 1.5 s for an older snapshot, five times the database's bound.
+func TestMigrationLockOutlastsAnIdleBound(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.EmptyDatabaseURL(t)
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = %L', current_database(), '300ms');
+	END $$`)
+	require.NoError(t, err)
+	db := testenv.OpenDB(t, dsn) // its sessions take the database's bound
+	_, err = db.MigrateTo(ctx, 2)
+	require.NoError(t, err)
+
+	old, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer old.Close(ctx)
+	snapshot, err := old.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	_, err = snapshot.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`)
+	require.NoError(t, err)
+	_, err = snapshot.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		released <- snapshot.Commit(ctx)
+	}()
+	defer func() { require.NoError(t, <-released) }()
+
+	migrateCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	applied, err := db.MigrateTo(migrateCtx, 3)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0003_processed_events_partition_prepare.sql"}, applied)
+}
