@@ -636,40 +636,13 @@ func TestFrozenWorkerLetsGoOfItsBalances(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = 'frozen-a' FOR UPDATE`)
 	require.NoError(t, err)
 
-	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
-	workerA := testenv.OpenDB(t, frozenDSN)
-	require.NoError(t, workerA.Ping(ctx))
-	defer freezer.Thaw() // before the pool's Close, which waits for A
-	doneA := make(chan error, 1)
-	go func() {
+	freezer, doneA := f.frozenMidTransaction(t, tx, func(workerA *postgres.DB) error {
 		_, err := workerA.ApplyBatch(ctx, []postgres.LedgerItem{{Event: taskA}},
 			postgres.LedgerOptions{LockTimeout: 10 * time.Second, StatementTimeout: 2 * time.Second})
-		doneA <- err
-	}()
-	// A holds the balance row and waits for its event: freeze it there,
-	// then let its round trip finish, so its transaction sits open.
-	require.Eventually(t, func() bool {
-		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
-	}, 5*time.Second, 5*time.Millisecond)
-	freezer.Freeze()
-	require.NoError(t, tx.Commit(ctx))
-
-	var applied bool
-	var last error
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !applied; {
-		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: taskB}}, postgres.LedgerOptions{})
-		last = err
-		applied = err == nil && results[0].Kind == postgres.Applied
-	}
-	require.True(t, applied, "worker B's deposit never applied while A is frozen: %v", last)
-
-	freezer.Thaw()
-	select {
-	case err := <-doneA:
-		require.ErrorIs(t, err, payment.ErrUnavailable, "A's transaction was ended, not applied")
-	case <-time.After(10 * time.Second):
-		t.Fatal("worker A never returned after the thaw")
-	}
+		return err
+	})
+	f.requireAppliedWithin(t, taskB, "worker B's deposit")
+	requireEndedWhileFrozen(t, freezer, doneA)
 	status, _ := f.status("frozen-a")
 	require.Equal(t, payment.StatusEnqueued, status, "A's event is left for its retry")
 	f.apply(taskA)

@@ -622,26 +622,18 @@ func TestFrozenScannerLetsGoOfTheCursor(t *testing.T) {
 	_, err = hold.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE`, reorged.Event.ID)
 	require.NoError(t, err)
 
-	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
-	replicaA := testenv.OpenDB(t, frozenDSN)
-	require.NoError(t, replicaA.Ping(ctx))
-	defer freezer.Thaw() // before the pool's Close, which waits for A
 	const lease = 300 * time.Millisecond
-	claimA, ok, err := replicaA.ClaimScanCursor(ctx, network, "a", lease, 10, 1000)
-	require.NoError(t, err)
-	require.True(t, ok)
-	doneA := make(chan error, 1)
-	go func() {
-		_, err := replicaA.CompleteScanPass(ctx, network, "a", claimA, []postgres.NewEvent{scannedDeposit(2), reorged})
-		doneA <- err
-	}()
-	// A holds the cursor row and waits for the deposit's: freeze it
-	// there, then let the deposit go, so its transaction sits open.
-	require.Eventually(t, func() bool {
-		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
-	}, 5*time.Second, 5*time.Millisecond)
-	freezer.Freeze()
-	require.NoError(t, hold.Rollback(ctx))
+	var claimA postgres.ScanClaim // read after A answers
+	// A holds the cursor row and waits for the deposit's.
+	freezer, doneA := f.frozenMidTransaction(t, hold, func(replicaA *postgres.DB) error {
+		claim, ok, err := replicaA.ClaimScanCursor(ctx, network, "a", lease, 10, 1000)
+		if err != nil || !ok {
+			return fmt.Errorf("A's claim: %t, %w", ok, err)
+		}
+		claimA = claim
+		_, err = replicaA.CompleteScanPass(ctx, network, "a", claim, []postgres.NewEvent{scannedDeposit(2), reorged})
+		return err
+	})
 	time.Sleep(lease)
 
 	var claimed bool
@@ -652,14 +644,7 @@ func TestFrozenScannerLetsGoOfTheCursor(t *testing.T) {
 		cancel()
 	}
 	require.True(t, claimed, "replica B never got the range A's lease gave up while A is frozen: %v", last)
-
-	freezer.Thaw()
-	select {
-	case err := <-doneA:
-		require.ErrorIs(t, err, payment.ErrUnavailable, "A's pass was ended, not stored")
-	case <-time.After(10 * time.Second):
-		t.Fatal("replica A never returned after the thaw")
-	}
+	requireEndedWhileFrozen(t, freezer, doneA)
 	_, err = f.db.Event(ctx, scannedDeposit(2).Event.ID)
 	require.ErrorIs(t, err, payment.ErrNotFound, "A's pass stored nothing")
 	next, _, _, err := f.db.ScanCursor(ctx, network)

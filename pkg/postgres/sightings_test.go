@@ -140,38 +140,13 @@ func TestFrozenReportLetsGoOfTheDeposit(t *testing.T) {
 	_, err = hold.Exec(ctx, `SELECT 1 FROM payment_events WHERE event_id = $1 FOR UPDATE`, deposit.ID)
 	require.NoError(t, err)
 
-	freezer, frozenDSN := testenv.NewFreezer(t, f.dsn)
-	replicaA := testenv.OpenDB(t, frozenDSN)
-	require.NoError(t, replicaA.Ping(ctx))
-	defer freezer.Thaw() // before the pool's Close, which waits for A
-	doneA := make(chan error, 1)
-	go func() {
+	freezer, doneA := f.frozenMidTransaction(t, hold, func(replicaA *postgres.DB) error {
 		_, err := replicaA.SightTransfer(ctx, postgres.Sighting{Transfer: tr, BlockHash: fmt.Sprintf("0x%064x", 0xb1),
 			Reporter: "alchemy", Reason: "test"})
-		doneA <- err
-	}()
-	require.Eventually(t, func() bool {
-		return f.count(`SELECT count(*) FROM pg_locks WHERE NOT granted`) > 0
-	}, 5*time.Second, 5*time.Millisecond)
-	freezer.Freeze()
-	require.NoError(t, hold.Rollback(ctx))
-
-	var applied bool
-	var last error
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !applied; {
-		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{{Event: deposit}}, postgres.LedgerOptions{})
-		last = err
-		applied = err == nil && results[0].Kind == postgres.Applied
-	}
-	require.True(t, applied, "the deposit was never credited while A is frozen: %v", last)
-
-	freezer.Thaw()
-	select {
-	case err := <-doneA:
-		require.ErrorIs(t, err, payment.ErrUnavailable, "A's report was ended, not recorded")
-	case <-time.After(10 * time.Second):
-		t.Fatal("replica A never returned after the thaw")
-	}
+		return err
+	})
+	f.requireAppliedWithin(t, deposit, "the deposit")
+	requireEndedWhileFrozen(t, freezer, doneA)
 	require.True(t, f.balance(1, "ETH").Equal(dec("2")), "credited once: %s", f.balance(1, "ETH"))
 	f.requireJournalInvariant()
 }
