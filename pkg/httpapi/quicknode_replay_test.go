@@ -124,3 +124,51 @@ func TestQuickNodeReplayGuardWithoutRedis(t *testing.T) {
 	require.Equal(t, 0.0, r.body["duplicates"], "%s", r.raw)
 	require.GreaterOrEqual(t, counter(t, h.metrics, "settle_api_replay_guard_fallback_total", nil), 2.0)
 }
+
+// A kept claim outlives the delivery's window on every api replica, not
+// only on the one that claimed it: api replicas' clocks differ. A
+// delivery stamped at the future edge QuickNode may use (FutureSkewMax
+// ahead) is taken by replica A; when its claim expires, replica B, whose
+// clock is 30 s behind A's, must find the timestamp too old, or the
+// captured delivery reopens the deposit a reorg report reversed.
+func TestQuickNodeReplayClaimOutlivesTheWindowOnASkewedReplica(t *testing.T) {
+	a := providerHarness(t)
+	a.createUser(7)
+	require.Equal(t, http.StatusCreated, a.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
+
+	bodyA := quickNodeLogs("0x1", false)
+	captured := signedQuickNode("nonce-edge", fixedNow.Add(quicknode.FutureSkewMax-time.Second), bodyA)
+	r := a.do(http.MethodPost, "/webhook/quicknode", bodyA, captured)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	r = a.postQuickNode(quickNodeLogs("0x1", true), fixedNow, false)
+	require.Equal(t, 1.0, r.body["reversed"], "%s", r.raw)
+
+	ctx := context.Background()
+	keys, err := a.redis.Keys(ctx, "settle:replay:quicknode:*").Result()
+	require.NoError(t, err)
+	var ttl time.Duration
+	for _, k := range keys {
+		if v, _ := a.redis.Get(ctx, k).Result(); v == "done" {
+			pttl, err := a.redis.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			ttl = max(ttl, pttl)
+		}
+	}
+	require.Positive(t, ttl, "no kept claim among %v", keys)
+	// The claims run out: what Redis does once ttl has passed.
+	require.NoError(t, a.redis.Del(ctx, keys...).Err())
+
+	const skew = 30 * time.Second
+	b := newHarness(t, harnessOptions{dsn: a.dsn, redisURL: a.redisURL, change: func(o *httpapi.Options) {
+		o.QuickNodeTokens = []string{quickNodeToken}
+		o.Now = func() time.Time { return fixedNow.Add(ttl).Add(-skew) }
+	}})
+	r = b.do(http.MethodPost, "/webhook/quicknode", bodyA, captured)
+	e, err := a.db.Event(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, payment.StatusFailed, e.Status,
+		"the claim expired %s after the delivery while a replica %s behind still took its timestamp: the replay reopened the reversed deposit: %s", ttl, skew, r.raw)
+	requireError(t, r, http.StatusUnauthorized)
+}

@@ -26,9 +26,10 @@ import (
 // once the timestamp could no longer pass the window.
 const (
 	replayKeyPrefix = "settle:replay:"
-	// replayKeyGrace keeps a claim a little past the window, so replicas
-	// whose clocks differ slightly still see it.
-	replayKeyGrace = 5 * time.Second
+	// replayKeyGrace keeps a claim past the window as the claiming
+	// replica's clock sees it, for the replicas whose clocks are behind
+	// it (up to this much): they take the timestamp as fresh for longer.
+	replayKeyGrace = time.Minute
 	// replayDone is a claim's value once its delivery was answered 2xx.
 	replayDone = "done"
 	// replayFallbackKeysMax bounds the in-process table used while Redis
