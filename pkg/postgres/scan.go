@@ -135,20 +135,21 @@ func (db *DB) ReleaseScanCursor(ctx context.Context, network, owner string) erro
 }
 
 // SeedScanHead answers when the network's finality head was last read,
-// by any scheduler; a network never read answers start, recorded as its
-// first start.
-func (db *DB) SeedScanHead(ctx context.Context, network string, start time.Time) (time.Time, error) {
+// by any scheduler; a network never read answers now, recorded as its
+// first start. Both on the database's clock.
+func (db *DB) SeedScanHead(ctx context.Context, network string) (time.Time, error) {
 	stmt := q("scan_head_seed")
 	var at time.Time
-	err := db.pool.QueryRow(ctx, stmt.text, network, start).Scan(&at)
+	err := db.pool.QueryRow(ctx, stmt.text, network).Scan(&at)
 	return at, classify(stmt.name, err)
 }
 
-// RecordScanHead records that the network's head was read at at, unless
-// a read within every before it is recorded already.
-func (db *DB) RecordScanHead(ctx context.Context, network string, at time.Time, every time.Duration) error {
+// RecordScanHead records that the network's head was read now (the
+// database's clock, not the replica's), unless a read within every
+// before it is recorded already.
+func (db *DB) RecordScanHead(ctx context.Context, network string, every time.Duration) error {
 	stmt := q("scan_head_read")
-	_, err := db.pool.Exec(ctx, stmt.text, network, at, every.Milliseconds())
+	_, err := db.pool.Exec(ctx, stmt.text, network, every.Milliseconds())
 	return classify(stmt.name, err)
 }
 

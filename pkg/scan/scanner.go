@@ -102,8 +102,8 @@ type Store interface {
 	ClaimScanCursor(ctx context.Context, network, owner string, lease time.Duration, blocksMax, head uint64) (postgres.ScanClaim, bool, error)
 	CompleteScanPass(ctx context.Context, network, owner string, claim postgres.ScanClaim, events []postgres.NewEvent) ([]postgres.StoredDeposit, error)
 	ReleaseScanCursor(ctx context.Context, network, owner string) error
-	SeedScanHead(ctx context.Context, network string, start time.Time) (time.Time, error)
-	RecordScanHead(ctx context.Context, network string, at time.Time, every time.Duration) error
+	SeedScanHead(ctx context.Context, network string) (time.Time, error)
+	RecordScanHead(ctx context.Context, network string, every time.Duration) error
 	RehashScanCursor(ctx context.Context, network, owner string, claim postgres.ScanClaim, hash string) error
 	CreateRescan(ctx context.Context, id, network string, from, to uint64, operator string) (postgres.RescanJob, error)
 	ScanAddresses(ctx context.Context, network, after string, limit int) ([]postgres.DepositAddress, error)
@@ -175,6 +175,8 @@ type Scanner struct {
 	// started is when New ran: the time of the lag while the database
 	// cannot say when the head was last read.
 	started time.Time
+	// clock is this replica's clock; time.Now when nil (tests set it).
+	clock func() time.Time
 }
 
 // headState tracks what settle_scan_lag_updated_timestamp_seconds of one
@@ -737,9 +739,13 @@ func (s *Scanner) count(network, method string, n int) {
 // records the head read in the database too, unless this process did
 // less than an interval ago (the statement skips it as well when another
 // replica did), so a network costs about one write an interval, whatever
-// the replicas.
+// the replicas. The record takes the database's clock: another replica
+// reads it back, and one whose clock runs ahead must not date it.
 func (s *Scanner) setLag(ctx context.Context, network string, blocks uint64, record bool) {
 	now := time.Now()
+	if s.clock != nil {
+		now = s.clock()
+	}
 	s.metrics.lag.WithLabelValues(network).Set(float64(blocks))
 	s.metrics.lagUpdated.WithLabelValues(network).Set(unixSeconds(now))
 	h := s.heads[network]
@@ -749,7 +755,7 @@ func (s *Scanner) setLag(ctx context.Context, network string, blocks uint64, rec
 	if !record || now.Sub(h.recorded) < s.opts.Interval {
 		return
 	}
-	if err := s.opts.Store.RecordScanHead(ctx, network, now, s.opts.Interval); err != nil {
+	if err := s.opts.Store.RecordScanHead(ctx, network, s.opts.Interval); err != nil {
 		s.opts.Log.Warn().Err(err).Str("network", network).Msg("finality head read not recorded; a restart may count from an older read")
 		return
 	}
@@ -769,7 +775,7 @@ func (s *Scanner) seedHead(ctx context.Context, network string) {
 	if h.known {
 		return
 	}
-	at, err := s.opts.Store.SeedScanHead(ctx, network, s.started)
+	at, err := s.opts.Store.SeedScanHead(ctx, network)
 	if err != nil {
 		if !h.fellBack {
 			h.fellBack = true

@@ -475,8 +475,9 @@ func TestHeadReadOutlivesARestart(t *testing.T) {
 
 	_, err = f.scanner.CursorPass(ctx, f.n)
 	require.NoError(t, err)
-	read := gaugeValue(t, f.reg, updated)
-	require.InDelta(t, read, stored(network), 1e-5, "the pass recorded its head read")
+	// Recorded on the database's clock, the gauge set on this process's.
+	read := stored(network)
+	require.InDelta(t, gaugeValue(t, f.reg, updated), read, 1, "the pass recorded its head read")
 	// Another pass within the interval reads the head again but does not
 	// write it.
 	_, err = f.scanner.CursorPass(ctx, f.n)
@@ -507,11 +508,12 @@ func TestHeadReadOutlivesARestart(t *testing.T) {
 	first, n, reg := restart(never, f.db)
 	_, err = first.CursorPass(ctx, n)
 	require.NoError(t, err)
-	require.InDelta(t, unixSeconds(first.started), gaugeValue(t, reg, updated), 1e-5)
+	firstStart := gaugeValue(t, reg, updated)
+	require.InDelta(t, unixSeconds(first.started), firstStart, 1)
 	again, n, reg := restart(never, f.db)
 	_, err = again.CursorPass(ctx, n)
 	require.NoError(t, err)
-	require.InDelta(t, unixSeconds(first.started), gaugeValue(t, reg, updated), 1e-5, "counted from the first start")
+	require.InDelta(t, firstStart, gaugeValue(t, reg, updated), 1e-5, "counted from the first start")
 
 	// The database does not answer at start: this process's start, and
 	// the database's time once it answers.
@@ -977,4 +979,50 @@ type noHeadRPC struct{ RPC }
 
 func (noHeadRPC) FinalityHead(context.Context, chain.Policy) (uint64, bool, error) {
 	return 0, false, nil
+}
+
+// TestHeadReadOfASkewedReplicaDoesNotOutliveItsClock: the time of a head
+// read kept in the database is the database's, not the reading replica's.
+// A replica whose clock ran an hour ahead recorded its read an hour in
+// the future, and the record never moves back: every scheduler restarted
+// while the node answers no head then exported that time, and
+// SettleScannerHeadUnread stayed quiet for the hour.
+func TestHeadReadOfASkewedReplicaDoesNotOutliveItsClock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const network = "ETH_MAINNET"
+	const updated = "settle_scan_lag_updated_timestamp_seconds"
+	f := newDevScanFixture(t, ctx, network, nil)
+	head, err := f.ch.Head(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.ch.FinalizeThrough(ctx, head))
+
+	const ahead = time.Hour
+	f.scanner.clock = func() time.Time { return time.Now().Add(ahead) }
+	_, err = f.scanner.CursorPass(ctx, f.n)
+	require.NoError(t, err)
+
+	// The node now answers no head, and a scheduler with a right clock
+	// starts.
+	noHead, err := chain.ConfirmationsPolicy(chain.ConfirmationsMax)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	n := Network{Name: network, RPC: f.client, Policy: noHead}
+	s := New(Options{Store: f.db, Owner: "restarted", Registerer: reg, Networks: []Network{n}, Log: zerolog.Nop()})
+	_, err = s.CursorPass(ctx, n)
+	require.NoError(t, err)
+	now := unixSeconds(time.Now())
+	require.LessOrEqual(t, gaugeValue(t, reg, updated), now,
+		"a restart exports a head read %.0f s in the future, written by a replica %s ahead", gaugeValue(t, reg, updated)-now, ahead)
+
+	// A row an older version dated in the future is replaced by the next
+	// read, not kept until the future comes.
+	_, err = f.conn.Exec(ctx, `UPDATE scan_head_reads SET read_at = now() + interval '1 hour' WHERE network = $1`, network)
+	require.NoError(t, err)
+	s = New(Options{Store: f.db, Owner: "another", Registerer: prometheus.NewRegistry(), Networks: []Network{f.n}, Log: zerolog.Nop()})
+	_, err = s.CursorPass(ctx, f.n)
+	require.NoError(t, err)
+	var future bool
+	require.NoError(t, f.conn.QueryRow(ctx, `SELECT read_at > now() FROM scan_head_reads WHERE network = $1`, network).Scan(&future))
+	require.False(t, future, "a read dated in the future stays")
 }

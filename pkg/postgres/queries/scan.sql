@@ -25,21 +25,25 @@ SELECT next_block, updated_at FROM chain_cursors WHERE network = $1;
 
 -- name: scan_head_seed
 -- When the network's head was last read, for a scanner starting; for a
--- network never read, when a scanner first followed it ($2, this start,
--- unless one did before), so that a restart while the node has never
--- answered a head still counts from the first start.
-INSERT INTO scan_head_reads (network, started_at) VALUES ($1, $2)
+-- network never read, when a scanner first followed it (now, unless one
+-- did before), so that a restart while the node has never answered a
+-- head still counts from the first start. Times are the database's:
+-- a replica's clock running ahead would be kept, as the time never moves
+-- back.
+INSERT INTO scan_head_reads (network, started_at) VALUES ($1, now())
 ON CONFLICT (network) DO UPDATE SET started_at = scan_head_reads.started_at
 RETURNING COALESCE(read_at, started_at);
 
 -- name: scan_head_read
--- A pass read the head at $2: recorded unless a read no older than $3 ms
--- before it is (any replica's), so the replicas write a network's row
--- about once an interval between them. Never moves the time back.
-INSERT INTO scan_head_reads (network, started_at, read_at) VALUES ($1, $2, $2)
+-- A pass read the head now: recorded unless a read no older than $2 ms
+-- is (any replica's), so the replicas write a network's row about once
+-- an interval between them. Never moves the time back, except from the
+-- database's future (a row an older version wrote from a clock ahead).
+INSERT INTO scan_head_reads (network, started_at, read_at) VALUES ($1, now(), now())
 ON CONFLICT (network) DO UPDATE SET read_at = EXCLUDED.read_at
 WHERE scan_head_reads.read_at IS NULL
-   OR scan_head_reads.read_at <= EXCLUDED.read_at - $3 * interval '1 millisecond';
+   OR scan_head_reads.read_at <= EXCLUDED.read_at - $2 * interval '1 millisecond'
+   OR scan_head_reads.read_at > EXCLUDED.read_at;
 
 -- name: scan_cursor_advance
 -- Guarded by the block the pass started at and by its lease: a pass whose
