@@ -122,6 +122,10 @@ type Waker struct {
 	quiet   map[string]time.Time
 	due     map[string]bool
 	skipped int64
+	// forwards counts forwards into the other queues: a look that began
+	// before one is stale (Redis may have run it first, the hook booked
+	// it after) and never marks the queue quiet.
+	forwards uint64
 	// plan answers the forwarder's scripts on sets with nothing due
 	// (forward.go).
 	plan forwardPlan
@@ -390,12 +394,13 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		if key != h.w.pending {
-			if h.w.knownQuiet(key) {
+			forwards, quiet := h.w.knownQuiet(key)
+			if quiet {
 				cmd.SetErr(redis.Nil)
 				return redis.Nil
 			}
 			err := next(ctx, cmd)
-			h.w.lookedAt(key, err)
+			h.w.lookedAt(key, err, forwards)
 			return err
 		}
 		// Nothing announced is left: wait first, then look once (a task
@@ -432,26 +437,33 @@ func (h wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (w *Waker) quietFor() time.Duration { return min(QuietWaits*w.wait, WakeWaitMax) }
 
 // knownQuiet reports whether a look at the pending list key found it
-// empty less than quietFor ago (counting the look it answers).
-func (w *Waker) knownQuiet(key string) bool {
+// empty less than quietFor ago (counting the look it answers), and the
+// forwards booked so far, for lookedAt.
+func (w *Waker) knownQuiet(key string) (forwards uint64, quiet bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	at, ok := w.quiet[key]
 	if !ok || time.Since(at) >= w.quietFor() {
-		return false
+		return w.forwards, false
 	}
 	if w.stopping {
-		return false // shutting down: look, as asynq expects
+		return w.forwards, false // shutting down: look, as asynq expects
 	}
 	w.skipped++
-	return true
+	return w.forwards, true
 }
 
-// lookedAt books a look at another queue's pending list: empty marks it
-// quiet, anything else ends that.
-func (w *Waker) lookedAt(key string, err error) {
+// lookedAt books a look at another queue's pending list, begun when
+// forwards forwards had been booked: empty marks it quiet, anything else
+// ends that. A look overtaken by a forward only ends the quiet mark: its
+// "empty" may predate the tasks forwarded.
+func (w *Waker) lookedAt(key string, err error, forwards uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.forwards != forwards {
+		delete(w.quiet, key)
+		return
+	}
 	delete(w.due, key)
 	if errors.Is(err, redis.Nil) {
 		w.quiet[key] = time.Now()
@@ -475,6 +487,7 @@ func (w *Waker) markForwarded(key string) {
 	w.mu.Lock()
 	delete(w.quiet, key)
 	w.due[key] = true
+	w.forwards++
 	w.mu.Unlock()
 	w.wake(0)
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/settle/settle/pkg/procs"
 	"github.com/settle/settle/pkg/task"
+	"github.com/settle/settle/pkg/testenv"
 )
 
 // FuzzAnnouncedTasks: whatever a wake-up carries (anyone who can write
@@ -104,4 +106,55 @@ func TestWaitFitsTheReadTimeout(t *testing.T) {
 	require.Equal(t, fallbackWaitMax, waitLimit(redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}})))
 	require.Equal(t, "0.001", blockSeconds(0), "never 0, which would block for ever")
 	require.Equal(t, "1.250", blockSeconds(1250*time.Millisecond))
+}
+
+// TestEmptyLookOvertakenByAForwardLeavesTheQueueAwake: Redis runs a look
+// at the notifications queue (empty), then the forwarder's script moves a
+// task in; the forwarder's answer is booked first. The look's "empty"
+// predates the task: it must not mark the queue quiet (the task would
+// wait out the quiet mark), and the next look takes the task.
+func TestEmptyLookOvertakenByAForwardLeavesTheQueueAwake(t *testing.T) {
+	ctx := context.Background()
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	w := NewWaker(rdb, time.Second)
+	t.Cleanup(w.Stop)
+	hook := wakeHook{w}.ProcessHook
+
+	pending := task.PendingListKey(task.QueueNotifications)
+	base := strings.TrimSuffix(pending, ":pending")
+	scheduled := base + ":scheduled"
+	require.NoError(t, rdb.ZAdd(ctx, scheduled, redis.Z{Score: 1, Member: "t1"}).Err())
+	// Shaped like asynq's dequeue and forward scripts (the keys the hook
+	// reads), doing their part of the work.
+	look := func() *redis.Cmd {
+		return redis.NewCmd(ctx, "eval", `return redis.call("RPOP", KEYS[1])`, 4, pending, base+":paused", base+":active", base+":lease")
+	}
+	forward := redis.NewCmd(ctx, "eval", `
+local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1])
+for _, id in ipairs(ids) do
+	redis.call("LPUSH", KEYS[2], id)
+	redis.call("ZREM", KEYS[1], id)
+end
+return #ids`, 2, scheduled, pending, time.Now().Unix())
+
+	overtaken := hook(func(ctx context.Context, cmd redis.Cmder) error {
+		err := rdb.Process(ctx, cmd)
+		require.NoError(t, hook(rdb.Process)(ctx, forward))
+		return err
+	})
+	require.ErrorIs(t, overtaken(ctx, look()), redis.Nil)
+	require.EqualValues(t, 1, forward.Val(), "the forward moved the task")
+	_, quiet := w.knownQuiet(pending)
+	require.False(t, quiet, "an empty look older than the forward marked the queue quiet")
+
+	next := look()
+	require.NoError(t, hook(rdb.Process)(ctx, next))
+	require.Equal(t, "t1", next.Val())
+	// A look with nothing overtaking it still marks the queue quiet.
+	require.ErrorIs(t, hook(rdb.Process)(ctx, look()), redis.Nil)
+	_, quiet = w.knownQuiet(pending)
+	require.True(t, quiet, "an empty look left the queue awake")
 }
