@@ -263,24 +263,32 @@ func TestForwarderAsksOncePerRound(t *testing.T) {
 
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	const crowd = 250
-	due := time.Now().Add(400 * time.Millisecond)
+	// asynq dates a scheduled task to the second (its score is the unix
+	// second), and enqueues one whose time has passed straight into the
+	// pending list, without the forwarder or a wake-up: the time is on a
+	// second, with at least a second to enqueue the crowd before it.
+	due := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	for i := range crowd {
 		q := task.QueuePayments
 		if i%5 == 0 {
 			q = task.QueueNotifications
 		}
-		_, err := client.Enqueue(asynq.NewTask("test:later", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprintf("later-%d", i)), asynq.ProcessAt(due))
+		info, err := client.Enqueue(asynq.NewTask("test:later", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprintf("later-%d", i)), asynq.ProcessAt(due))
 		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateScheduled, info.State, "task %d enqueued after its time (the crowd took over a second)", i)
 	}
 	seen := map[string]bool{}
-	deadline := time.After(time.Until(due) + 3*time.Second)
+	// Generous for a loaded machine, yet short of what a missed forward
+	// costs: a quiet queue's mark (10 s) or the payments wait (up to 7.5 s).
+	const within = 6 * time.Second
+	deadline := time.After(time.Until(due) + within)
 	for len(seen) < crowd {
 		select {
 		case id := <-ran:
-			require.False(t, time.Now().Before(due.Truncate(time.Second)), "%s ran before its time", id)
+			require.False(t, time.Now().Before(due), "%s ran before its time", id)
 			seen[id] = true
 		case <-deadline:
-			t.Fatalf("%d of %d scheduled tasks ran within 3 s of their time", len(seen), crowd)
+			t.Fatalf("%d of %d scheduled tasks ran within %v of their time", len(seen), crowd, within)
 		}
 	}
 	require.Positive(t, forwards.n.Load()-scripts, "the due tasks moved without the real script?")
