@@ -28,5 +28,6 @@ func TestEveryTransactionIsBounded(t *testing.T) {
 		require.NoError(t, err)
 		found := len(unbounded.FindAll(text, -1))
 		require.LessOrEqual(t, found, allowed[file], "%s begins a transaction without the idle bound (use db.begin or bounded)", file)
+		require.False(t, strings.Contains(string(text), "Rollback(context.WithoutCancel("), "%s rolls back without a deadline (use rollbackDetached)", file)
 	}
 }

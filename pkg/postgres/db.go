@@ -291,6 +291,16 @@ func (db *DB) begin(ctx context.Context) (pgx.Tx, error) {
 	return db.pool.BeginTx(ctx, bounded(pgx.TxOptions{}))
 }
 
+// rollbackDetached ends tx even when ctx is gone (so its connection goes
+// back to the pool whole), within rollbackTimeout: a link that froze
+// after the last statement closes the connection instead of holding the
+// caller until TCP gives up.
+func rollbackDetached(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
+
 // bounded is o with BEGIN and the bound sent together: one round trip,
 // as BEGIN alone, and SET LOCAL ends with the transaction (PgBouncer's
 // transaction pooling keeps nothing of it).

@@ -69,3 +69,8 @@ func SetTxIdleMax(d time.Duration) (restore func()) {
 	txIdleMax = d
 	return func() { txIdleMax = old }
 }
+
+// InPass is the scan pass's transaction with the guard given.
+func (db *DB) InPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) (bool, error)) ([]StoredDeposit, error) {
+	return db.inPass(ctx, events, guard)
+}

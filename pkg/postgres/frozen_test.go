@@ -64,3 +64,30 @@ func (f *fixture) requireAppliedWithin(t *testing.T, ev payment.Event, what stri
 	}
 	t.Fatalf("%s never applied while the other is frozen: %v", what, last)
 }
+
+// TestRollbackOnAFrozenLinkEnds: a transaction whose link freezes after
+// its last statement is rolled back within rollbackTimeout (the
+// connection closed), not held until TCP gives up: the scan pass's guard
+// freezes the link and reports the lease lost.
+func TestRollbackOnAFrozenLinkEnds(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	freezer, dsn := testenv.NewFreezer(t, f.dsn)
+	replica := testenv.OpenDB(t, dsn)
+	t.Cleanup(freezer.Thaw) // runs before the pool's Close
+	require.NoError(t, replica.Ping(ctx))
+	done := make(chan error, 1)
+	go func() {
+		_, err := replica.InPass(ctx, nil, func(pgx.Tx) (bool, error) {
+			freezer.Freeze()
+			return false, nil
+		})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the rollback on a frozen link has not returned in 15 s")
+	}
+}

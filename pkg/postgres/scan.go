@@ -161,7 +161,7 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 	if err != nil {
 		return nil, classify("scan pass begin", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollbackDetached(ctx, tx)
 	ok, err := guard(tx)
 	if err != nil {
 		return nil, err
@@ -314,7 +314,7 @@ func (db *DB) AddBackfill(ctx context.Context, id, network, address string, from
 	if err != nil {
 		return classify("backfill begin", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollbackDetached(ctx, tx)
 	stmt := q("scan_backfill_from")
 	if _, err := tx.Exec(ctx, stmt.text, network, address, int64(from)); err != nil {
 		return classify(stmt.name, err)
@@ -525,7 +525,7 @@ func (db *DB) CancelRescan(ctx context.Context, id, who, why string) error {
 	if err != nil {
 		return classify("rescan cancel begin", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollbackDetached(ctx, tx)
 	stmt := q("rescan_cancel")
 	var cancelled, exists bool
 	if err := tx.QueryRow(ctx, stmt.text, id, "cancelled by "+who+": "+why).Scan(&cancelled, &exists); err != nil {

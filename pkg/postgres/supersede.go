@@ -46,7 +46,7 @@ func (db *DB) SupersedeDeposit(ctx context.Context, e NewEvent, reporter string)
 	if err != nil {
 		return "", classify("supersede deposit", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer rollbackDetached(ctx, tx)
 	result, err := supersedeDeposit(ctx, tx, e, reporter)
 	if err != nil || result != SupersedeDone {
 		return result, err
