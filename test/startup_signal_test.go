@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = silent.Close() })
+	var accepted atomic.Int64
 	go func() {
 		var held []net.Conn
 		defer func() {
@@ -39,6 +41,7 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 				return
 			}
 			held = append(held, c)
+			accepted.Add(1)
 		}
 	}()
 	port := silent.Addr().(*net.TCPAddr).Port
@@ -57,13 +60,26 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 			// Read only after Wait: the command's copier writes it until then.
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
+			before := accepted.Load()
 			require.NoError(t, cmd.Start())
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
-			select {
-			case err = <-done:
-				t.Fatalf("%s exited before the signal (%v):\n%s", bin, err, out.String())
-			case <-time.After(1500 * time.Millisecond): // still waiting to connect
+			// Signalled only once it waits for PostgreSQL (its connection
+			// reached the silent server): a race binary on a loaded machine
+			// can take seconds to get there, and a SIGTERM before its signal
+			// handlers are set kills it, which is not what is tested.
+			waiting := time.NewTicker(20 * time.Millisecond)
+			defer waiting.Stop()
+			deadline := time.After(time.Minute)
+			for accepted.Load() == before {
+				select {
+				case err = <-done:
+					t.Fatalf("%s exited before the signal (%v):\n%s", bin, err, out.String())
+				case <-deadline:
+					_ = cmd.Process.Kill()
+					t.Fatalf("%s never connected to the database address (then killed: %v):\n%s", bin, <-done, out.String())
+				case <-waiting.C:
+				}
 			}
 			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 			select {
