@@ -312,7 +312,7 @@ func TestWorkerRefusesAnRPCOfAnotherChain(t *testing.T) {
 }
 
 // TestOneNetworkDownOthersSettle: under load on both networks, with
-// BASE_MAINNET's RPC down for a minute, ETH_MAINNET's deposits are all
+// BASE_MAINNET's RPC down for a minute or more, ETH_MAINNET's deposits are all
 // confirmed while it is down (their latency is printed), and BASE's are
 // all confirmed once it is back: nothing is lost.
 func TestOneNetworkDownOthersSettle(t *testing.T) {
@@ -372,10 +372,12 @@ func TestOneNetworkDownOthersSettle(t *testing.T) {
 	wg.Wait()
 
 	// While BASE is still down, every ETH_MAINNET deposit is confirmed.
-	n.WaitFor("ETH_MAINNET deposits confirmed while BASE_MAINNET is down", time.Until(downSince.Add(outage)), func() bool {
+	// BASE stays down until they are (it comes back only below), so the
+	// wait is generous: a loaded machine confirms the last sends late, and
+	// ETH work stuck behind BASE's stays stuck however long it is given.
+	n.WaitFor("ETH_MAINNET deposits confirmed while BASE_MAINNET is down", time.Minute, func() bool {
 		return n.Count(`SELECT count(*) FROM payment_events WHERE network = 'ETH_MAINNET' AND status <> 'confirmed'`) == 0
 	})
-	require.True(t, time.Since(downSince) < outage, "still inside the outage")
 	baseConfirmed := n.Count(`SELECT count(*) FROM payment_events WHERE network = 'BASE_MAINNET' AND status = 'confirmed' AND event_id NOT IN ('BASE_MAINNET-0','BASE_MAINNET-1','BASE_MAINNET-2','BASE_MAINNET-3')`)
 	require.Zero(t, n.Count(`SELECT count(*) FROM payment_events WHERE network = 'BASE_MAINNET' AND status = 'failed'`), "an outage fails nothing")
 
