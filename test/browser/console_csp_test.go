@@ -60,7 +60,9 @@ document.addEventListener("htmx:after:swap", () => { window.liveSwapped = true; 
 		require.True(t, started, path)
 		if path == "" {
 			// The overview's live part (every 5s): htmx's request and swap.
-			swapped, err := chromedp.Run(browser, chromedp.Poll[bool](`window.liveSwapped`, chromedp.WithPollingTimeout(15*time.Second)))
+			// Given a minute: a blocked swap never comes, a slow machine's
+			// first one may come well after 15 s.
+			swapped, err := chromedp.Run(browser, chromedp.Poll[bool](`window.liveSwapped`, chromedp.WithPollingTimeout(time.Minute)))
 			require.NoError(t, err, "the overview's live part was swapped")
 			require.True(t, swapped)
 		}

@@ -50,8 +50,9 @@ func TestConsoleCancelsARescanInChromium(t *testing.T) {
 	))
 	shots.take(browser, "10-rescan-cancel")
 	require.NoError(t, chromedp.Do(browser, chromedp.Click(chromedp.CSS(form+` button[type=submit]`))))
-	// The console answers at once: a page without the notice is a refusal.
-	noticeCtx, cancelNotice := context.WithTimeout(browser, pageTextTimeout)
+	// A page without the notice is a refusal, however long it is waited
+	// for; a minute covers a loaded machine's POST and render.
+	noticeCtx, cancelNotice := context.WithTimeout(browser, time.Minute)
 	defer cancelNotice()
 	if err := chromedp.Do(noticeCtx, chromedp.WaitVisible(chromedp.CSS(`#notice`))); err != nil {
 		require.NoError(t, err, "the cancel's notice; the page says: %s", pageText(t, browser, "body"))
