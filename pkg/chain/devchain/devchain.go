@@ -548,28 +548,54 @@ func (c *Chain) send(ctx context.Context, from int, to *common.Address, value *b
 }
 
 // submit signs and sends with the account's next nonce. The caller holds
-// mu, so two sends cannot take the same nonce.
+// mu, so two sends cannot take the same nonce. The pool counts a send in
+// its pending nonce only once it has processed it, and after a block
+// reorganizes itself in the background: a nonce read too early is one a
+// pending transaction already has, refused as its replacement. Read
+// again once the pool caught up (seconds on a loaded machine).
 func (c *Chain) submit(ctx context.Context, acct Account, to *common.Address, value *big.Int, gas uint64, data []byte) (common.Hash, error) {
 	sender := common.HexToAddress(acct.Address)
-	nonce, err := c.client.PendingNonceAt(ctx, sender)
-	if err != nil {
-		return common.Hash{}, fmt.Errorf("devchain: nonce: %w", err)
+	deadline := time.Now().Add(nonceRetryFor)
+	for {
+		nonce, err := c.client.PendingNonceAt(ctx, sender)
+		if err != nil {
+			return common.Hash{}, fmt.Errorf("devchain: nonce: %w", err)
+		}
+		tip, feeCap, err := c.currentFees(ctx)
+		if err != nil {
+			return common.Hash{}, err
+		}
+		tx, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
+			ChainID: big.NewInt(c.chainID), Nonce: nonce, To: to, Value: value, Gas: gas,
+			GasTipCap: tip, GasFeeCap: feeCap, Data: data,
+		})
+		if err != nil {
+			return common.Hash{}, fmt.Errorf("devchain: sign: %w", err)
+		}
+		err = c.client.SendTransaction(ctx, tx)
+		if err == nil {
+			return tx.Hash(), nil
+		}
+		if !nonceTaken(err) || time.Now().After(deadline) {
+			return common.Hash{}, fmt.Errorf("devchain: send: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return common.Hash{}, fmt.Errorf("devchain: send: %w (%w)", err, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
-	tip, feeCap, err := c.currentFees(ctx)
-	if err != nil {
-		return common.Hash{}, err
-	}
-	tx, err := types.SignNewTx(acct.key, c.signer, &types.DynamicFeeTx{
-		ChainID: big.NewInt(c.chainID), Nonce: nonce, To: to, Value: value, Gas: gas,
-		GasTipCap: tip, GasFeeCap: feeCap, Data: data,
-	})
-	if err != nil {
-		return common.Hash{}, fmt.Errorf("devchain: sign: %w", err)
-	}
-	if err := c.client.SendTransaction(ctx, tx); err != nil {
-		return common.Hash{}, fmt.Errorf("devchain: send: %w", err)
-	}
-	return tx.Hash(), nil
+}
+
+// nonceRetryFor bounds how long submit waits for the pool's pending
+// nonce to count the transactions it already holds.
+const nonceRetryFor = 30 * time.Second
+
+// nonceTaken: the pool refused the transaction because its nonce is one
+// a transaction it holds (or mined) already has.
+func nonceTaken(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "replacement transaction underpriced") || strings.Contains(msg, "nonce too low")
 }
 
 // currentFees: the standard tip, and a fee cap of twice the base fee plus
