@@ -53,6 +53,20 @@ func wakingServerOn(t *testing.T, rdb redis.UniversalClient, handler asynq.Handl
 	return waker, srv
 }
 
+// unboundedRedis is a client of the pipeline's Redis without a read
+// deadline, so a wait runs its whole aligned length (2.5 to 7.5 s at
+// wakeWait). On redisconn's client a wait is cut to redisWait, and a
+// missed wake-up costs hardly more than a slow run on a loaded machine.
+func unboundedRedis(t *testing.T, p *pipeline) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(p.redisURL)
+	require.NoError(t, err)
+	opts.ReadTimeout = -1
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 // TestIdleWorkerWaitsForTheEnqueuersWakeUp: an idle worker asks Redis
 // about once per wait instead of every TaskCheckInterval, and an event
 // the enqueuer hands over is still settled at once, not a wait later.
@@ -63,10 +77,10 @@ func TestIdleWorkerWaitsForTheEnqueuersWakeUp(t *testing.T) {
 	t.Cleanup(cancel)
 	go batcher.Run(ctx)
 	handler := worker.NewWorker(worker.WorkerOptions{Log: zerolog.New(io.Discard), Batcher: batcher, DeadLetters: p.sink, Alerts: p.alerts})
-	waker := wakingServer(t, p, handler)
+	waker, _ := wakingServerOn(t, unboundedRedis(t, p), handler)
 	p.user(1, nil)
 
-	time.Sleep(300 * time.Millisecond) // the processor is now waiting
+	waitingAll(t, p, waker)
 	before := waker.Waits()
 	time.Sleep(time.Second)
 	// Polling every 10–30 ms would be 30 or more looks.
@@ -79,8 +93,10 @@ func TestIdleWorkerWaitsForTheEnqueuersWakeUp(t *testing.T) {
 		p.waitFor(id+" confirmed", wakeWait, func() bool {
 			return p.count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND status = 'confirmed'`, id) == 1
 		})
-		// The poll of waitFor is 20 ms; a missed wake-up costs 5 s.
-		require.Less(t, time.Since(started), time.Second, "event %d waited for the worker's poll", i)
+		// A missed wake-up costs the rest of the wait under way: at
+		// least 2.5 s less the 200 ms since the last event (events 1
+		// and 2). A run takes tens of ms, more under load.
+		require.Less(t, time.Since(started), 2*time.Second, "event %d waited for the worker's poll", i)
 		time.Sleep(200 * time.Millisecond)
 	}
 	p.requireInvariants()
@@ -94,7 +110,7 @@ func TestForwardedRetryWakesTheWorker(t *testing.T) {
 	var runs atomic.Int32
 	done := make(chan time.Time, 1)
 	failedAt := make(chan time.Time, 1)
-	wakingServer(t, p, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		if runs.Add(1) == 1 {
 			failedAt <- time.Now()
 			return errors.New("once")
@@ -115,8 +131,10 @@ func TestForwardedRetryWakesTheWorker(t *testing.T) {
 	}
 	select {
 	case retried := <-done:
-		// Forwarder tick 100 ms, retry delay 10 ms.
-		require.Less(t, retried.Sub(failed), time.Second, "the retry waited for the worker's poll")
+		// Forwarder tick 100 ms, retry delay 10 ms; without the hook's
+		// wake-up the retry waits for the wait begun after the failure
+		// to end, at least 2.5 s.
+		require.Less(t, retried.Sub(failed), 2*time.Second, "the retry waited for the worker's poll")
 	case <-time.After(wakeWait * 2):
 		t.Fatal("no retry")
 	}
