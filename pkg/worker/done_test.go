@@ -71,10 +71,11 @@ func signallingServer(t *testing.T, hooks ...redis.Hook) (*pipeline, *worker.Wak
 		time.Sleep(50 * time.Millisecond)
 		return nil
 	}))
-	// Time for the processor to find the queue empty and wait: a task
+	// The processor has found the queue empty and waits: a task
 	// enqueued during its first look is taken unannounced, and the look
 	// right after it, made at once, would carry a done held by then.
-	time.Sleep(300 * time.Millisecond)
+	// (Waited for, not slept for: a loaded machine can be slower.)
+	waitingAll(t, p, waker)
 	return p, waker, ran
 }
 
