@@ -53,7 +53,9 @@ func TestGracefulStopOnTheLastAttemptHandsTheTaskBack(t *testing.T) {
 		info, err := inspector.GetTaskInfo(task.QueuePayments, claimed[0].TaskID)
 		return err == nil && info.State == asynq.TaskStateActive
 	})
-	time.Sleep(200 * time.Millisecond) // in the ledger, waiting for the lock
+	p.waitFor("the ledger waiting for the lock", 10*time.Second, func() bool {
+		return p.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	})
 
 	p.server.Shutdown() // SIGTERM: the task in flight must be handed back
 	p.server = nil
@@ -74,7 +76,9 @@ func TestGracefulStopOnTheLastAttemptHandsTheTaskBack(t *testing.T) {
 	require.NoError(t, other.Start(handler))
 	defer other.Shutdown()
 
-	deadline := time.Now().Add(10 * time.Second)
+	// Generous: a loaded machine is slow to settle, and the loop ends at
+	// the first terminal status, a wrong one too.
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) && p.count(`SELECT count(*) FROM payment_events WHERE event_id = 'sd-withdrawal' AND status IN ('confirmed','failed')`) == 0 {
 		time.Sleep(50 * time.Millisecond)
 	}
