@@ -111,7 +111,8 @@ func TestCleanupGoesOnPastStuckBatch(t *testing.T) {
 	require.Zero(t, count(`SELECT count(*) FROM transfer_sightings`), "old sightings deleted all the same")
 	require.Equal(t, 10, count(`SELECT count(*) FROM transfer_reports`), "left to the next run")
 	require.ErrorContains(t, err, "transfer_reports", "the stuck table fails the run")
-	require.Less(t, took, 5*time.Second, "the stuck batch held the run")
+	// ~1 s normally; a batch that held the run would end with runCtx (20 s).
+	require.Less(t, took, 15*time.Second, "the stuck batch held the run")
 
 	families, err := reg.Gather()
 	require.NoError(t, err)
