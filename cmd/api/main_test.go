@@ -304,7 +304,10 @@ func TestSIGTERMWithASlowClientExitsZero(t *testing.T) {
 	select {
 	case err := <-exited:
 		require.NoError(t, err, "exit 0 expected after %s; stderr: %s", time.Since(start).Round(time.Millisecond), lastLine(stderr.String()))
-		require.Less(t, time.Since(start), 5*time.Second, "SHUTDOWN_TIMEOUT is 2s")
+		// SHUTDOWN_TIMEOUT is 2 s and the exit takes ~3 s (3.1 s under
+		// load); waiting for the slow request would take its 30 s read
+		// deadline.
+		require.Less(t, time.Since(start), 15*time.Second, "SHUTDOWN_TIMEOUT is 2s")
 		require.Contains(t, stderr.String(), "were cut off")
 		require.Contains(t, stderr.String(), "api stopped cleanly")
 	case <-time.After(20 * time.Second):
