@@ -3,11 +3,9 @@ package test
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/test/harness"
 )
 
@@ -24,27 +23,8 @@ import (
 func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 	// A server that accepts connections and never answers: PostgreSQL
 	// still starting, or a pooler waiting for it.
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = silent.Close() })
-	var accepted atomic.Int64
-	go func() {
-		var held []net.Conn
-		defer func() {
-			for _, c := range held {
-				_ = c.Close()
-			}
-		}()
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-			accepted.Add(1)
-		}
-	}()
-	port := silent.Addr().(*net.TCPAddr).Port
+	silent := testenv.NewSilentServer(t)
+	port := silent.Port
 	for _, bin := range []string{"worker", "scheduler"} {
 		t.Run(bin, func(t *testing.T) {
 			metrics, err := devenv.FreePort()
@@ -60,27 +40,15 @@ func TestSignalWhileWaitingForPostgreSQLIsACleanStop(t *testing.T) {
 			// Read only after Wait: the command's copier writes it until then.
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
-			before := accepted.Load()
+			before := silent.Connected()
 			require.NoError(t, cmd.Start())
 			done := make(chan error, 1)
 			go func() { done <- cmd.Wait() }()
-			// Signalled only once it waits for PostgreSQL (its connection
-			// reached the silent server): a race binary on a loaded machine
-			// can take seconds to get there, and a SIGTERM before its signal
-			// handlers are set kills it, which is not what is tested.
-			waiting := time.NewTicker(20 * time.Millisecond)
-			defer waiting.Stop()
-			deadline := time.After(time.Minute)
-			for accepted.Load() == before {
-				select {
-				case err = <-done:
-					t.Fatalf("%s exited before the signal (%v):\n%s", bin, err, out.String())
-				case <-deadline:
-					_ = cmd.Process.Kill()
-					t.Fatalf("%s never connected to the database address (then killed: %v):\n%s", bin, <-done, out.String())
-				case <-waiting.C:
-				}
-			}
+			t.Cleanup(func() { _ = cmd.Process.Kill() })
+			// Signalled only once it waits for PostgreSQL: a SIGTERM before
+			// its signal handlers are set kills it, which is not what is
+			// tested.
+			silent.AwaitConnection(t, before, done, out.String)
 			require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 			select {
 			case err = <-done:

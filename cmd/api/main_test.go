@@ -216,12 +216,12 @@ func TestServeAndStopOnSIGTERM(t *testing.T) {
 // rolling deploy during a database failover) has nothing in flight: exit 0,
 // as for any SIGTERM.
 func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
-	dbPort, err := devenv.FreePort() // nothing listens there
-	require.NoError(t, err)
+	// Accepts and never answers: the process waits to connect.
+	silent := testenv.NewSilentServer(t)
 	httpPort, err := devenv.FreePort()
 	require.NoError(t, err)
 	settings := validSettings()
-	settings["DATABASE_URL"] = fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", dbPort)
+	settings["DATABASE_URL"] = fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", silent.Port)
 	settings["REDIS_URL"] = "redis://127.0.0.1:1/0"
 	settings["HTTP_ADDR"] = fmt.Sprintf("127.0.0.1:%d", httpPort)
 	settings[runMainEnv] = "1"
@@ -235,12 +235,9 @@ func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
-	time.Sleep(1500 * time.Millisecond) // in postgres.Open's retry loop
-	select {
-	case err := <-exited:
-		t.Fatalf("api exited before the signal (%v): %s", err, stderr.String())
-	default:
-	}
+	// Signalled once it waits for PostgreSQL, not after a guessed sleep:
+	// a SIGTERM before its signal handlers are set kills it.
+	silent.AwaitConnection(t, 0, exited, stderr.String)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-exited:

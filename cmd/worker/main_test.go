@@ -65,12 +65,12 @@ func (b *lockedBuffer) String() string {
 // nothing in flight: exit 0, as for any SIGTERM (service.Main), which
 // needs postgres.Open's error to say it was canceled.
 func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
-	dbPort, err := devenv.FreePort() // nothing listens there
-	require.NoError(t, err)
+	// Accepts and never answers: the process waits to connect.
+	silent := testenv.NewSilentServer(t)
 	metricsPort, err := devenv.FreePort()
 	require.NoError(t, err)
 	settings := map[string]string{
-		"DATABASE_URL":     fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", dbPort),
+		"DATABASE_URL":     fmt.Sprintf("postgres://settle@127.0.0.1:%d/settle?connect_timeout=1", silent.Port),
 		"REDIS_URL":        "redis://127.0.0.1:1/0",
 		"DEPOSIT_FINALITY": "none",
 		"METRICS_ADDR":     fmt.Sprintf("127.0.0.1:%d", metricsPort),
@@ -85,12 +85,9 @@ func TestSIGTERMWhileWaitingForPostgresExitsZero(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
-	time.Sleep(1500 * time.Millisecond) // in postgres.Open's retry loop
-	select {
-	case err := <-exited:
-		t.Fatalf("worker exited before the signal (%v): %s", err, stderr.String())
-	default:
-	}
+	// Signalled once it waits for PostgreSQL, not after a guessed sleep:
+	// a SIGTERM before its signal handlers are set kills it.
+	silent.AwaitConnection(t, 0, exited, stderr.String)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
 	case err := <-exited:
