@@ -122,9 +122,9 @@ type Waker struct {
 	quiet   map[string]time.Time
 	due     map[string]bool
 	skipped int64
-	// forwards counts forwards into the other queues: a look that began
-	// before one is stale (Redis may have run it first, the hook booked
-	// it after) and never marks the queue quiet.
+	// forwards counts forwards into the other queues and wake-ups naming
+	// them: a look that began before one is stale (Redis may have run it
+	// first, the hook booked it after) and never marks the queue quiet.
 	forwards uint64
 	// plan answers the forwarder's scripts on sets with nothing due
 	// (forward.go).
