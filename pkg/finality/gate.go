@@ -52,7 +52,6 @@ type Store interface {
 	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error)
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
-	RecordUnseenAbsence(ctx context.Context, e payment.Event, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
 	ReturnDeposit(ctx context.Context, eventID string, t payment.Transfer, watch bool, reason string) (postgres.Return, error)
 	ReopenDeposit(ctx context.Context, eventID string, outcomes []payment.Outcome, reason string) (bool, error)
@@ -308,7 +307,7 @@ func (g *Gate) unseenEvidence(ctx context.Context, e payment.Event, verdict chai
 		// to count the blocks from.
 		return "", nil
 	}
-	a, err := g.o.Store.RecordUnseenAbsence(ctx, e, int64(verdict.Head), g.o.ReorgRecheckDelay)
+	a, err := g.o.Store.RecordWaitAbsence(ctx, e, "", int64(verdict.Head), g.o.ReorgRecheckDelay)
 	if err != nil || !a.Evidence {
 		return "", err
 	}

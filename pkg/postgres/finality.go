@@ -227,44 +227,24 @@ type Absence struct {
 // at least delay later (on the database's clock) and with a higher head
 // is evidence. Watched no longer in block blockHash: the zero Absence.
 func (db *DB) RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (Absence, error) {
-	stmt := q("record_absence")
-	var a Absence
-	var sinceMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, eventID, blockHash, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Absence{}, nil
-	}
-	a.Since = time.Duration(sinceMicros) * time.Microsecond
-	return a, classify(stmt.name, err)
+	return db.recordAbsence(ctx, q("record_absence"), eventID, blockHash, head, interval(delay))
 }
 
 // RecordWaitAbsence is RecordAbsence for the live task of a deposit still
-// waiting for finality, whose receipt was seen in block blockHash and is
-// now missing: the same two-read rule decides whether that is evidence.
-// The task no longer live, or its receipt seen elsewhere since: the zero
-// Absence.
+// waiting for finality whose receipt is missing: seen before in block
+// blockHash, or never seen (blockHash "", past FINALITY_TIMEOUT, where
+// not_found needs the same two reads as reorged). The task no longer
+// live, or its receipt seen (elsewhere) since: the zero Absence.
 func (db *DB) RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (Absence, error) {
-	stmt := q("record_wait_absence")
-	var a Absence
-	var sinceMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, e.ID, e.Generation, blockHash, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Absence{}, nil
-	}
-	a.Since = time.Duration(sinceMicros) * time.Microsecond
-	return a, classify(stmt.name, err)
+	return db.recordAbsence(ctx, q("record_wait_absence"), e.ID, e.Generation, nullable(blockHash), head, interval(delay))
 }
 
-// RecordUnseenAbsence is RecordWaitAbsence for the live task of a deposit
-// whose receipt was never seen: a null receipt with head head, evidence
-// for not_found only on a second one delay and a new block after the
-// first. The task no longer live, or a receipt seen since: the zero
-// Absence.
-func (db *DB) RecordUnseenAbsence(ctx context.Context, e payment.Event, head int64, delay time.Duration) (Absence, error) {
-	stmt := q("record_unseen_absence")
+// recordAbsence runs one of the absence statements, which answer alike;
+// no row (the guard no longer holds) is the zero Absence.
+func (db *DB) recordAbsence(ctx context.Context, stmt query, args ...any) (Absence, error) {
 	var a Absence
 	var sinceMicros int64
-	err := db.pool.QueryRow(ctx, stmt.text, e.ID, e.Generation, head, interval(delay)).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
+	err := db.pool.QueryRow(ctx, stmt.text, args...).Scan(&a.First, &sinceMicros, &a.HeadThen, &a.Evidence)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Absence{}, nil
 	}

@@ -39,14 +39,16 @@ WHERE event_id = $1;
 
 -- name: record_wait_absence
 -- As record_absence, for a deposit still waiting for finality (the live
--- task: $2 its generation) whose receipt, seen before in block $3, is
--- missing while the chain shows nothing else: $4 the head seen, $5
--- REORG_RECHECK_DELAY. A receipt seen again (await_finality with a
--- block) or a credit (ledger_confirm) forgets it.
+-- task: $2 its generation) whose receipt is missing while the chain shows
+-- nothing else: seen before in block $3, or never seen ($3 null, past
+-- FINALITY_TIMEOUT: not_found needs the same two reads as reorged). $4
+-- the head seen, $5 REORG_RECHECK_DELAY. A receipt seen (again)
+-- (await_finality with a block) or a credit (ledger_confirm) forgets it.
 WITH prev AS (
     SELECT event_id, absent_since, absent_head
     FROM payment_events
-    WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2 AND block_hash = $3
+    WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
+      AND (block_hash = $3::text OR ($3::text IS NULL AND block_hash IS NULL AND receipt_seen_at IS NULL))
     FOR UPDATE
 )
 UPDATE payment_events p
@@ -58,29 +60,6 @@ RETURNING prev.absent_since IS NULL,
           (extract(epoch FROM now() - COALESCE(prev.absent_since, now())) * 1000000)::bigint,
           COALESCE(prev.absent_head, $4::bigint),
           COALESCE(now() - prev.absent_since >= $5::interval AND $4::bigint > prev.absent_head, false);
-
--- name: record_unseen_absence
--- As record_wait_absence, for a deposit past FINALITY_TIMEOUT whose
--- receipt was never seen (no block stored): $3 the head seen with its
--- null receipt, $4 REORG_RECHECK_DELAY. not_found needs the same two
--- reads as reorged. A receipt seen meanwhile (await_finality with a
--- block) forgets the absence.
-WITH prev AS (
-    SELECT event_id, absent_since, absent_head
-    FROM payment_events
-    WHERE event_id = $1 AND status = 'enqueued' COLLATE "C" AND generation = $2
-      AND receipt_seen_at IS NULL AND block_hash IS NULL
-    FOR UPDATE
-)
-UPDATE payment_events p
-SET absent_since = COALESCE(prev.absent_since, now()), absent_head = COALESCE(prev.absent_head, $3::bigint),
-    updated_at = now()
-FROM prev
-WHERE p.event_id = prev.event_id
-RETURNING prev.absent_since IS NULL,
-          (extract(epoch FROM now() - COALESCE(prev.absent_since, now())) * 1000000)::bigint,
-          COALESCE(prev.absent_head, $3::bigint),
-          COALESCE(now() - prev.absent_since >= $4::interval AND $3::bigint > prev.absent_head, false);
 
 -- name: watched_deposits
 -- Credited deposits whose block was not final when they were credited,
