@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -134,6 +135,7 @@ func parseNetworkFields(fields map[string]json.RawMessage) (postgres.NewNetwork,
 
 // readListingBody reads {"network","asset","contract","decimals"}; a
 // missing or null contract lists the network's native coin.
+// "contract_address" (network_assets' column) is taken for "contract".
 func readListingBody(c echo.Context) (payment.Asset, *apiError) {
 	fields, answer := readAdminObject(c)
 	if answer != nil {
@@ -151,8 +153,24 @@ func parseListingFields(fields map[string]json.RawMessage) (payment.Asset, *apiE
 	if !ok {
 		return payment.Asset{}, newError(http.StatusBadRequest, "asset must be a string")
 	}
+	// An absent contract means the native coin, so a field left unread
+	// (a misspelt contract) would list a token as the network's coin.
+	for k := range fields {
+		switch k {
+		case "network", "asset", "contract", "contract_address", "decimals":
+		default:
+			return payment.Asset{}, newError(http.StatusBadRequest, fmt.Sprintf(`unknown field %q; the body is {"network", "asset", "contract", "decimals"}`, truncate(k)))
+		}
+	}
+	raw, present := fields["contract"]
+	if alias, aliased := fields["contract_address"]; aliased {
+		if present {
+			return payment.Asset{}, newError(http.StatusBadRequest, "give contract or contract_address, not both")
+		}
+		raw, present = alias, true
+	}
 	contract := ""
-	if raw, present := fields["contract"]; present && !isJSONNull(raw) {
+	if present && !isJSONNull(raw) {
 		if contract, ok = jsonString(raw); !ok || contract == "" {
 			return payment.Asset{}, newError(http.StatusBadRequest, "contract must be 0x followed by 40 hex digits, or null for the native coin")
 		}

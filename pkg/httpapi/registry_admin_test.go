@@ -152,6 +152,33 @@ func TestAdminAddAsset(t *testing.T) {
 	require.Equal(t, 2, countRows(t, h.dsn, `SELECT count(*) FROM network_assets WHERE asset = 'NEWT'`))
 }
 
+// TestAdminAddAssetContractField: network_assets' column name
+// (CONTRACT.md, Networks) lists the token at that contract, and a field
+// the api does not read is refused, never taken for "no contract": on a
+// network without its native coin listed (one carried over from round
+// one) that would list the token as the native coin.
+func TestAdminAddAssetContractField(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	execSQL(t, h.dsn, `INSERT INTO networks (name) VALUES ('LEGACY_NET')`)
+	lower := "0x5fbdb2315678afecb367f032d93f642f64180aa3"
+
+	r := h.postAdmin("/admin/assets", map[string]any{"network": "LEGACY_NET", "asset": "USDC", "contract_address": lower, "decimals": 6})
+	require.Equal(t, http.StatusCreated, r.status, "%s", r.raw)
+	require.Equal(t, lower, r.body["contract"])
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM network_assets WHERE network = 'LEGACY_NET' AND asset = 'USDC' AND contract_address = $1`, lower))
+
+	for name, fields := range map[string]map[string]any{
+		"misspelt contract": {"network": "LEGACY_NET", "asset": "USDT", "contractAddress": "0x" + repeat("cd", 20), "decimals": 6},
+		"both spellings":    {"network": "LEGACY_NET", "asset": "USDT", "contract": "0x" + repeat("cd", 20), "contract_address": "0x" + repeat("cd", 20), "decimals": 6},
+	} {
+		t.Run(name, func(t *testing.T) {
+			requireRefused(t, h.postAdmin("/admin/assets", fields), http.StatusBadRequest, httpapi.CodeInvalidRequest)
+		})
+	}
+	require.Equal(t, 0, countRows(t, h.dsn, `SELECT count(*) FROM network_assets WHERE network = 'LEGACY_NET' AND contract_address IS NULL`),
+		"no token became the network's native coin")
+}
+
 // A network and asset this api adds are accepted by its next request,
 // however fresh its cached registry is (the harness's clock stands still,
 // so nothing but the addition could make it read the tables again).
