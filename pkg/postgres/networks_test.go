@@ -188,3 +188,54 @@ func TestKeepRegistryOnAFrozenDatabaseGoesOn(t *testing.T) {
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return failures >= 2 }, 50*every, every/5,
 		"the registry's reload still waits on a frozen PostgreSQL")
 }
+
+// TestSeededRegistryIsTheContracts pins the networks and listings a new
+// database starts with (CONTRACT.md, Networks): Alchemy's names, their
+// chain ids, the native coins, USDC and USDT at their real contracts, and
+// round one's Ethereum tokens (CONTRACT.md, Assets).
+func TestSeededRegistryIsTheContracts(t *testing.T) {
+	db := testenv.DB(t)
+	registry, err := db.Assets(context.Background())
+	require.NoError(t, err)
+
+	require.Equal(t, []payment.Network{
+		{Name: "ARB_MAINNET", ChainID: 42161, Native: "ETH"},
+		{Name: "BASE_MAINNET", ChainID: 8453, Native: "ETH"},
+		{Name: "BASE_SEPOLIA", ChainID: 84532, Native: "ETH"},
+		{Name: "ETH_MAINNET", ChainID: 1, Native: "ETH"},
+		{Name: "ETH_SEPOLIA", ChainID: 11155111, Native: "ETH"},
+		{Name: "MATIC_MAINNET", ChainID: 137, Native: "POL"},
+		{Name: "OPT_MAINNET", ChainID: 10, Native: "ETH"},
+	}, registry.Networks())
+
+	native := func(network, code string) payment.Asset {
+		return payment.Asset{Code: code, Network: network, Decimals: 18}
+	}
+	token := func(network, code, contract string) payment.Asset {
+		return payment.Asset{Code: code, Network: network, Contract: contract, Decimals: 6}
+	}
+	require.Equal(t, []payment.Asset{
+		native("ARB_MAINNET", "ETH"),
+		token("ARB_MAINNET", "USDC", "0xaf88d065e77c8cc2239327c5edb3a432268e5831"),
+		token("ARB_MAINNET", "USDT", "0xfd086bc7cd5c481dcc9c85ebe478a1c0b69fcbb9"),
+		native("BASE_MAINNET", "ETH"),
+		token("BASE_MAINNET", "USDC", "0x833589fcd6edb6e08f4c7c32d4f71b54bda02913"),
+		token("BASE_MAINNET", "USDT", "0xfde4c96c8593536e31f229ea8f37b2ada2699bb2"),
+		native("BASE_SEPOLIA", "ETH"),
+		token("BASE_SEPOLIA", "USDC", "0x036cbd53842c5426634e7929541ec2318f3dcf7e"),
+		{Code: "DAI", Network: "ETH_MAINNET", Contract: "0x6b175474e89094c44da98b954eedeac495271d0f", Decimals: 18},
+		native("ETH_MAINNET", "ETH"),
+		token("ETH_MAINNET", "USDC", "0xa0b86991c6218b36c1d19d4a2e9eb0ce3606eb48"),
+		token("ETH_MAINNET", "USDT", "0xdac17f958d2ee523a2206206994597c13d831ec7"),
+		{Code: "WBTC", Network: "ETH_MAINNET", Contract: "0x2260fac5e5542a773aa44fbcfedf7c193bc2c599", Decimals: 8},
+		{Code: "WETH", Network: "ETH_MAINNET", Contract: "0xc02aaa39b223fe8d0a0e5c4f27ead9083c756cc2", Decimals: 18},
+		native("ETH_SEPOLIA", "ETH"),
+		token("ETH_SEPOLIA", "USDC", "0x1c7d4b196cb0c7b01d743fbc6116a902379c7238"),
+		native("MATIC_MAINNET", "POL"),
+		token("MATIC_MAINNET", "USDC", "0x3c499c542cef5e3811e1192ce70d8cc03d5c3359"),
+		token("MATIC_MAINNET", "USDT", "0xc2132d05d31c914a87c6611c10748aeb04b58e8f"),
+		native("OPT_MAINNET", "ETH"),
+		token("OPT_MAINNET", "USDC", "0x0b2c639c533813f4aa9d7837caf62653d097ff85"),
+		token("OPT_MAINNET", "USDT", "0x94b008aa00579c1307b0ef2c499ad98a8ce58e58"),
+	}, registry.All())
+}
