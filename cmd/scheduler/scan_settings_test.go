@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/config"
@@ -28,4 +32,33 @@ func TestScanBatchesInFlight(t *testing.T) {
 		readScanSettings(env)
 		require.ErrorContains(t, env.Err(), "SCAN_BATCHES_IN_FLIGHT", "%q", v)
 	}
+}
+
+// TestScanIntervalOff: SCAN_INTERVAL defaults to scan.IntervalDefault,
+// takes a positive duration or off (CONTRACT.md, Chain scanner), and off
+// starts no scanner even for a network with an RPC: startScanner returns
+// before it reads the database, which is nil here.
+func TestScanIntervalOff(t *testing.T) {
+	env := config.FromMap(map[string]string{})
+	require.Equal(t, scan.IntervalDefault, readScanSettings(env).Interval)
+	require.NoError(t, env.Err())
+
+	env = config.FromMap(map[string]string{"SCAN_INTERVAL": "2s"})
+	require.Equal(t, 2*time.Second, readScanSettings(env).Interval)
+	require.NoError(t, env.Err())
+
+	for _, v := range []string{"0s", "-1s", "never", "OFF"} {
+		env := config.FromMap(map[string]string{"SCAN_INTERVAL": v})
+		readScanSettings(env)
+		require.ErrorContains(t, env.Err(), "SCAN_INTERVAL", "%q", v)
+	}
+
+	env = config.FromMap(map[string]string{"SCAN_INTERVAL": "off", "RPC_URL_ETH_MAINNET": "http://127.0.0.1:1"})
+	s := readScanSettings(env)
+	require.NoError(t, env.Err())
+	require.Zero(t, s.Interval)
+	require.True(t, s.Chain.HasRPC(), "the network has an RPC, so only off keeps the scanner from starting")
+	stop, err := startScanner(context.Background(), s, nil, nil, nil, "test", zerolog.Nop(), prometheus.NewRegistry())
+	require.NoError(t, err)
+	stop()
 }
