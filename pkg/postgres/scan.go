@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -156,6 +158,7 @@ func (db *DB) RecordScanHead(ctx context.Context, network string, every time.Dur
 // inPass runs guard, then inserts the events through the outbox insert
 // (pending, pg_notify at COMMIT), all in one transaction; an event stored
 // before with the same content that ended failed/reorged is reopened.
+// The events are stored in id order; out[i] answers events[i].
 func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) (bool, error)) ([]StoredDeposit, error) {
 	tx, err := db.begin(ctx)
 	if err != nil {
@@ -169,8 +172,25 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 	if !ok {
 		return nil, ErrLeaseLost
 	}
-	out := make([]StoredDeposit, len(events))
+	// Passes find transfers in block order (token logs first), cut into
+	// windows and chunks their own way: a cursor pass and a rescan over
+	// the same blocks, or a pass and a webhook batch, would take the same
+	// rows in other orders and deadlock. The transactions are locked
+	// first, in one order (scan_lock_transfers); the events go in id byte
+	// order, as insert_events inserts them.
+	hashes := make([]string, len(events))
+	order := make([]int, len(events))
 	for i, e := range events {
+		hashes[i], order[i] = e.Event.TxHash, i
+	}
+	lock := q("scan_lock_transfers")
+	if _, err := tx.Exec(ctx, lock.text, hashes); err != nil {
+		return nil, classify(lock.name, err)
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(events[a].Event.ID, events[b].Event.ID) })
+	out := make([]StoredDeposit, len(events))
+	for _, i := range order {
+		e := events[i]
 		inserted, err := insertEvent(ctx, tx, e)
 		switch {
 		case errors.Is(err, payment.ErrConflict):

@@ -85,8 +85,9 @@ WITH input AS (
       -- A row committed after this snapshot still meets ON CONFLICT.
       AND NOT EXISTS (SELECT 1 FROM payment_events e WHERE e.event_id = i.event_id)
     -- Rows (and so their unique-index locks) in id order: two api replicas
-    -- inserting the same ids in arrival order would deadlock.
-    ORDER BY i.event_id
+    -- inserting the same ids in arrival order would deadlock. Byte order,
+    -- whatever the database's collation: the scanner's passes store in it.
+    ORDER BY i.event_id COLLATE "C"
     ON CONFLICT (event_id) DO NOTHING
     RETURNING event_id, event_type, user_id, asset, amount, tx_hash, trace_id, generation, created_at, task_id, traceparent
 ), wake AS (

@@ -45,6 +45,16 @@ WHERE scan_head_reads.read_at IS NULL
    OR scan_head_reads.read_at <= EXCLUDED.read_at - $2 * interval '1 millisecond'
    OR scan_head_reads.read_at > EXCLUDED.read_at;
 
+-- name: scan_lock_transfers
+-- A pass's transactions ($1, tx hashes), locked before any row, in key
+-- order, whatever order the pass found them in: a pass touches only
+-- rows of its transactions (their deposits, the deposits holding their
+-- claims, those deposits' compensations), so two passes sharing one
+-- queue on it here instead of each holding rows the other wants (40P01).
+-- Not the ledger's class 1397: the ledger takes that after event rows.
+SELECT pg_advisory_xact_lock(1400, s.k)
+FROM (SELECT DISTINCT hashtext(lower(h)) AS k FROM unnest($1::text[]) AS h WHERE h <> '' ORDER BY 1) s;
+
 -- name: scan_cursor_advance
 -- Guarded by the block the pass started at and by its lease: a pass whose
 -- lease another scheduler took over moves nothing (the other one scans
