@@ -175,17 +175,22 @@ func (db *DB) inPass(ctx context.Context, events []NewEvent, guard func(pgx.Tx) 
 	// Passes find transfers in block order (token logs first), cut into
 	// windows and chunks their own way: a cursor pass and a rescan over
 	// the same blocks, or a pass and a webhook batch, would take the same
-	// rows in other orders and deadlock. The transactions are locked
-	// first, in one order (scan_lock_transfers); the events go in id byte
-	// order, as insert_events inserts them.
-	hashes := make([]string, len(events))
+	// rows in other orders and deadlock. Passes of one network queue on
+	// its lock (scan_lock_network); the events go in id byte order, as
+	// insert_events inserts them.
+	networks := make([]string, 0, 1)
 	order := make([]int, len(events))
 	for i, e := range events {
-		hashes[i], order[i] = e.Event.TxHash, i
+		order[i] = i
+		if !slices.Contains(networks, e.Event.Network) {
+			networks = append(networks, e.Event.Network)
+		}
 	}
-	lock := q("scan_lock_transfers")
-	if _, err := tx.Exec(ctx, lock.text, hashes); err != nil {
-		return nil, classify(lock.name, err)
+	if len(networks) > 0 {
+		lock := q("scan_lock_network")
+		if _, err := tx.Exec(ctx, lock.text, networks); err != nil {
+			return nil, classify(lock.name, err)
+		}
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(events[a].Event.ID, events[b].Event.ID) })
 	out := make([]StoredDeposit, len(events))

@@ -45,15 +45,17 @@ WHERE scan_head_reads.read_at IS NULL
    OR scan_head_reads.read_at <= EXCLUDED.read_at - $2 * interval '1 millisecond'
    OR scan_head_reads.read_at > EXCLUDED.read_at;
 
--- name: scan_lock_transfers
--- A pass's transactions ($1, tx hashes), locked before any row, in key
--- order, whatever order the pass found them in: a pass touches only
--- rows of its transactions (their deposits, the deposits holding their
--- claims, those deposits' compensations), so two passes sharing one
--- queue on it here instead of each holding rows the other wants (40P01).
+-- name: scan_lock_network
+-- A pass's networks ($1; one, in practice), locked before any row, in
+-- key order: a pass touches only rows of its network's transactions (their
+-- deposits, the deposits holding their claims, those deposits'
+-- compensations), so a cursor pass and a rescan, or two rescans, of one
+-- network queue here instead of each holding rows the other wants
+-- (40P01). One lock a network, however many transfers a pass stores (a
+-- lock per transaction would fill the shared lock table on a big pass).
 -- Not the ledger's class 1397: the ledger takes that after event rows.
 SELECT pg_advisory_xact_lock(1400, s.k)
-FROM (SELECT DISTINCT hashtext(lower(h)) AS k FROM unnest($1::text[]) AS h WHERE h <> '' ORDER BY 1) s;
+FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest($1::text[]) AS n ORDER BY 1) s;
 
 -- name: scan_cursor_advance
 -- Guarded by the block the pass started at and by its lease: a pass whose
