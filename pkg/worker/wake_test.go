@@ -55,8 +55,9 @@ func wakingServerOn(t *testing.T, rdb redis.UniversalClient, handler asynq.Handl
 
 // unboundedRedis is a client of the pipeline's Redis without a read
 // deadline, so a wait runs its whole aligned length (2.5 to 7.5 s at
-// wakeWait). On redisconn's client a wait is cut to redisWait, and a
-// missed wake-up costs hardly more than a slow run on a loaded machine.
+// wakeWait). On redisconn's client a wait is cut to 1.5 s (its 2 s read
+// timeout less the waker's margin), and a missed wake-up costs hardly
+// more than a slow run on a loaded machine.
 func unboundedRedis(t *testing.T, p *pipeline) *redis.Client {
 	t.Helper()
 	opts, err := redis.ParseURL(p.redisURL)

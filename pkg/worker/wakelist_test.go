@@ -18,10 +18,6 @@ import (
 	"github.com/settle/settle/pkg/worker"
 )
 
-// redisWait is the longest wait on a client opened by redisconn (its 2 s
-// read timeout less the waker's margin).
-const redisWait = 1500 * time.Millisecond
-
 // waitingAll returns once every waker's processor has begun a wait.
 func waitingAll(t *testing.T, p *pipeline, wakers ...*worker.Waker) {
 	t.Helper()
@@ -49,7 +45,7 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 	looks := []*lookCounter{countLooks(task.QueuePayments), countLooks(task.QueuePayments)}
 	var wakers []*worker.Waker
 	for _, l := range looks {
-		rdb := p.otherRedis()
+		rdb := unboundedRedis(t, p) // trickle's bound needs whole waits
 		waker, _ := wakingServerOn(t, rdb, handler)
 		rdb.AddHook(l) // inside the waker's hook: real looks only
 		wakers = append(wakers, waker)
@@ -60,8 +56,9 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 	started := time.Now()
 	trickle(t, p, "one", tasks, ran)
 	looked := looks[0].n.Load() + looks[1].n.Load() - before
-	// One look per task, and each worker's idle look per wait at most.
-	idle := 2 * (int64(time.Since(started)/(redisWait/2)) + 1)
+	// One look per task, and each worker's idle look per wait at most
+	// (whole waits end on multiples of wakeWait).
+	idle := 2 * (int64(time.Since(started)/wakeWait) + 1)
 	require.LessOrEqual(t, looked, int64(tasks)+idle, "looks for %d tasks by two workers", tasks)
 }
 
@@ -72,7 +69,7 @@ func TestOneWaitingWorkerWakesPerTask(t *testing.T) {
 func TestWakeUpAndDequeueShareARoundTrip(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 16)
-	rdb := p.otherRedis()
+	rdb := unboundedRedis(t, p) // trickle's bound needs whole waits
 	waker, _ := wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
@@ -144,11 +141,7 @@ func (h *takenIn) snapshot() [][]string {
 // waker's own list.
 func TestStopEndsAWaitUnderWay(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	opts, err := redis.ParseURL(p.redisURL)
-	require.NoError(t, err)
-	opts.ReadTimeout = -1
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := unboundedRedis(t, p)
 	waker := worker.NewWaker(rdb, worker.WakeWaitMax)
 	rdb.AddHook(waker.Hook())
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
@@ -211,7 +204,9 @@ func (r *refusedWaits) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func TestRefusedWaitLosesNoTask(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 16)
-	rdb := p.otherRedis()
+	// Whole waits: a wait that blocks costs the unannounced task at least
+	// 2.5 s less trickle's 100 ms gap (~1.4 s on a redisconn client).
+	rdb := unboundedRedis(t, p)
 	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
@@ -225,7 +220,7 @@ func TestRefusedWaitLosesNoTask(t *testing.T) {
 	require.NoError(t, err)
 	select {
 	case at := <-ran:
-		require.Less(t, at.Sub(sent), redisWait/2, "an unannounced task waited although no wait can block")
+		require.Less(t, at.Sub(sent), 2*time.Second, "an unannounced task waited although no wait can block")
 	case <-time.After(wakeWait):
 		t.Fatal("the unannounced task did not run")
 	}
