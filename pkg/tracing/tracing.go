@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel"
@@ -42,6 +43,10 @@ const (
 	// EnvDisabled "true" keeps tracing off whatever the endpoint says,
 	// as the OpenTelemetry specification defines it.
 	EnvDisabled = "OTEL_SDK_DISABLED"
+	// EnvHeaders and EnvTracesHeaders carry the collector's credentials
+	// (name=value pairs, comma-separated, values percent-encoded).
+	EnvHeaders       = "OTEL_EXPORTER_OTLP_HEADERS"
+	EnvTracesHeaders = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
 )
 
 // instrumentationName names settle's tracer.
@@ -86,6 +91,13 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 	if !configured {
 		return off, nil
 	}
+	// The exporter prints a malformed entry, credential and all, to
+	// stderr through otel's own logger, and then runs without it.
+	for _, name := range []string{EnvHeaders, EnvTracesHeaders} {
+		if err := checkHeaders(os.Getenv(name)); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	// The exporter's errors name the URL it posts to, whose path or query
 	// may hold the collector's ingest key, and quote the collector's answer.
 	redact := logging.NewRedactor(endpoints...)
@@ -113,6 +125,42 @@ func Setup(ctx context.Context, service string, log zerolog.Logger) (shutdown fu
 		defer restore()
 		return redactExportError(redact, tp.Shutdown(ctx))
 	}, nil
+}
+
+// checkHeaders refuses what the exporter's header parser would log and
+// drop (its rules, otlptracehttp's internal/envconfig), without quoting
+// any of it: the entries are credentials.
+func checkHeaders(value string) error {
+	if value == "" {
+		return nil
+	}
+	entries := strings.Split(value, ",")
+	for i, entry := range entries {
+		name, v, found := strings.Cut(entry, "=")
+		switch {
+		case !found:
+			return fmt.Errorf("entry %d of %d is not name=value", i+1, len(entries))
+		case !validHeaderName(strings.TrimSpace(name)):
+			return fmt.Errorf("entry %d of %d: the name is not an HTTP header name", i+1, len(entries))
+		}
+		if _, err := url.PathUnescape(v); err != nil {
+			return fmt.Errorf("entry %d of %d: the value is not percent-encoded (a literal %% is %%25)", i+1, len(entries))
+		}
+	}
+	return nil
+}
+
+// validHeaderName: an RFC 9110 token.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range name {
+		if c > unicode.MaxASCII || !(unicode.IsLetter(c) || unicode.IsDigit(c) || strings.ContainsRune("!#$%&'*+-.^_`|~", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // NewProvider is an SDK provider that honours WithTraceID, for tests that
