@@ -35,11 +35,16 @@ const (
 func runEnv(_ context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("env", flag.ContinueOnError)
 	path := fs.String("out", ".env", "file to write")
-	rpc := fs.String("rpc", os.Getenv("ETH_RPC_URL"), "Ethereum JSON-RPC endpoint (http/https; default $ETH_RPC_URL)")
+	// Not the flag's default: -h prints defaults, and the URL holds the
+	// provider's API key.
+	rpc := fs.String("rpc", "", "Ethereum JSON-RPC endpoint (http/https; default $ETH_RPC_URL)")
 	finality := fs.String("finality", "finalized", "DEPOSIT_FINALITY: finalized, confirmations:N, or none (trusts every deposit: a trial only)")
 	force := fs.Bool("force", false, "overwrite an existing file")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *rpc == "" {
+		*rpc = os.Getenv("ETH_RPC_URL")
 	}
 	policy, err := chain.ParsePolicy(*finality)
 	if err != nil {
