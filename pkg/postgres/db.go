@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -99,8 +101,19 @@ func CheckURL(url string) error {
 	if !errors.As(err, &parseErr) || i < 0 || strings.Contains(text[i:], url) {
 		return errNotConnString
 	}
-	return errors.New(text[i+len("`: "):])
+	// The words may still quote a piece of the string: the word after a
+	// space in an unquoted password (`missing "=" after "<word>"`).
+	return errors.New(quotedPieces.ReplaceAllStringFunc(text[i+len("`: "):], func(q string) string {
+		piece, err := strconv.Unquote(q)
+		if err == nil && (len(piece) < 2 || !strings.Contains(url, piece)) {
+			return q // the driver's own ("=") or not from the string
+		}
+		return `"[redacted]"`
+	}))
 }
+
+// quotedPieces are the %q strings of the driver's words.
+var quotedPieces = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
 // Open connects and waits, within ctx, until PostgreSQL answers. The URL may carry any
 // pgx setting; behind PgBouncer in transaction pooling, add

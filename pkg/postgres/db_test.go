@@ -61,12 +61,15 @@ func TestCheckURL(t *testing.T) {
 		{"postgres://settle:hun%ter2@db/settle", "percent-encoded"},
 		{"host=db password=hunter2 port=x", "invalid port"},
 		{"postgres://settle:hunter2@db/settle?pool_max_conns=lots", "pool_max_conns"},
+		// A space in an unquoted password: the driver quotes the word
+		// after it ("missing \"=\" after \"hunter3\"").
+		{"host=db user=settle password=hunter2 hunter3 dbname=settle", "keyword/value"},
 		// Too short to tell from the driver's words: a generic answer.
 		{"e", "not a PostgreSQL connection URL"},
 	} {
 		err := postgres.CheckURL(c.url)
 		require.ErrorContains(t, err, c.want, c.url)
-		for _, secret := range []string{"hunter2", "hun%ter2", "db.example", "@db"} {
+		for _, secret := range []string{"hunter2", "hunter3", "hun%ter2", "db.example", "@db"} {
 			require.NotContains(t, err.Error(), secret, c.url)
 		}
 	}
