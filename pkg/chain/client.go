@@ -111,8 +111,8 @@ type ClientOptions struct {
 	CallTimeout time.Duration
 	Breaker     BreakerSettings
 	// HTTPClient replaces the default transport (tests, proxies). Its
-	// answers are bounded by ResponseMax too: Dial uses a copy whose
-	// transport is wrapped.
+	// answers are bounded by ResponseMax too, and it follows no redirect:
+	// Dial uses a copy whose transport is wrapped.
 	HTTPClient *http.Client
 	// ResponseMax bounds one answer's body in bytes (RPC_RESPONSE_MAX);
 	// zero takes ResponseMaxDefault.
@@ -193,6 +193,9 @@ func Dial(ctx context.Context, rawURL string, opts ClientOptions) (*Client, erro
 		}}
 	}
 	httpClient.Transport = boundResponses(httpClient.Transport, opts.ResponseMax)
+	// A redirect is an outage: following it re-sends the call to a host
+	// nobody configured, with the endpoint (its API key) as Referer.
+	httpClient.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	redact := logging.NewRedactor(rawURL)
 	rc, err := rpc.DialOptions(ctx, rawURL, rpc.WithHTTPClient(httpClient))
 	if err != nil {
