@@ -126,6 +126,43 @@ func TestCheckerCatchesResolutionOfAnotherKind(t *testing.T) {
 	requireFailing(t, db, "every confirmed post or void resolved its hold", "holds match their hold, post and void events")
 }
 
+// A post that debited less than its hold paid out: every table agrees
+// with itself (the journal with the post, the balance with the journal,
+// held with the open holds), so only the hold names the shortfall.
+func TestCheckerCatchesPostOfAnotherAmount(t *testing.T) {
+	db, conn := holdFixture(t)
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3"), HoldID: "h1"}})
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
+	requireOK(t, db)
+	execAll(t, conn,
+		`UPDATE payment_events SET amount = 1 WHERE event_id = 'p1'`,
+		`UPDATE balance_events SET amount = -1 WHERE source_event_id = 'p1'`,
+		`UPDATE balances SET balance = balance + 2 WHERE user_id = 1 AND asset = 'ETH'`)
+	report := requireFailing(t, db, "holds match their hold, post and void events")
+	require.Contains(t, report.String(), "e.g. h1")
+}
+
+// A post of one user's hold that debited another user: the owner's
+// payout was paid for by someone else, each balance consistent with its
+// journal.
+func TestCheckerCatchesPostDebitingAnotherUser(t *testing.T) {
+	db, conn := holdFixture(t)
+	ctx := context.Background()
+	_, err := db.CreateUser(ctx, 2)
+	require.NoError(t, err)
+	require.NoError(t, db.SetInitialBalance(ctx, 2, "ETH", decimal.RequireFromString("10")))
+	settleEvent(t, db, postgres.NewEvent{Event: payment.Event{ID: "p1", Type: payment.WithdrawalPost, UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("3"), HoldID: "h1"}})
+	require.Equal(t, "confirmed/success", statusOf(t, conn, "p1"))
+	requireOK(t, db)
+	execAll(t, conn,
+		`UPDATE payment_events SET user_id = 2 WHERE event_id = 'p1'`,
+		`UPDATE balance_events SET user_id = 2 WHERE source_event_id = 'p1'`,
+		`UPDATE balances SET balance = balance + 3 WHERE user_id = 1 AND asset = 'ETH'`,
+		`UPDATE balances SET balance = balance - 3 WHERE user_id = 2 AND asset = 'ETH'`)
+	report := requireFailing(t, db, "holds match their hold, post and void events")
+	require.Contains(t, report.String(), "e.g. h1")
+}
+
 // A confirmed hold ("held") that reserves nothing: its holds row is gone
 // and held was lowered with it.
 func TestCheckerCatchesConfirmedHoldWithoutItsRow(t *testing.T) {

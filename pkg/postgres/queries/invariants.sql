@@ -165,7 +165,10 @@ FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
 
 -- name: inv_holds_match_events
 -- Every hold row was opened by a confirmed withdrawal_hold of its user,
--- asset and amount, and a resolved one by a confirmed post or void of it.
+-- asset and amount, and a resolved one by a confirmed post or void of it,
+-- of the same user, asset and amount: the journal checks hold a post to
+-- its own row, so a post that debited another user, or less than the
+-- hold paid out, shows only here.
 SELECT count(*), COALESCE(string_agg(hold_id, ', ') FILTER (WHERE rn <= 10), '')
 FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
       FROM holds h
@@ -173,7 +176,8 @@ FROM (SELECT h.hold_id, row_number() OVER (ORDER BY h.created_at) AS rn
       LEFT JOIN payment_events r ON r.event_id = h.resolved_by
       WHERE e.event_id IS NULL OR e.status <> 'confirmed' OR e.user_id <> h.user_id OR e.asset <> h.asset OR e.amount <> h.amount
          OR (h.status <> 'open' AND (r.event_id IS NULL OR r.status <> 'confirmed' OR r.hold_id IS DISTINCT FROM h.hold_id
-                                     OR r.event_type <> CASE h.status WHEN 'posted' THEN 'withdrawal_post' ELSE 'withdrawal_void' END))) x;
+                                     OR r.event_type <> CASE h.status WHEN 'posted' THEN 'withdrawal_post' ELSE 'withdrawal_void' END
+                                     OR r.user_id <> h.user_id OR r.asset <> h.asset OR r.amount <> h.amount))) x;
 
 -- name: inv_holds_of_confirmed
 -- 4. A confirmed withdrawal_hold reserved its amount: it has its holds row
