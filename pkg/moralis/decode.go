@@ -40,6 +40,9 @@ type Payload struct {
 	ChainID   int64
 	Confirmed bool
 	StreamID  string
+	// BlockHash is the delivery's block (0x and 64 lowercase hex digits),
+	// "" when it names none that reads.
+	BlockHash string
 	// Test marks the delivery Moralis sends when a stream is created or
 	// updated: empty chain id, block and arrays. It must be answered 200
 	// and carries nothing.
@@ -66,6 +69,7 @@ type envelope struct {
 
 type blockView struct {
 	Number string `json:"number"`
+	Hash   string `json:"hash"`
 }
 
 // Decode reads a delivery's envelope. Unknown fields are tolerated
@@ -92,6 +96,12 @@ func Decode(body []byte) (Payload, error) {
 		return Payload{}, fmt.Errorf("%w: chainId %q", ErrPayload, truncate(chain))
 	}
 	p.ChainID = id
+	if env.Block != nil {
+		// Every transfer of a delivery is in its block: named, so that
+		// where no chain can be asked, a late delivery of a block another
+		// provider reported removed is stale, not a re-add.
+		p.BlockHash, _ = payment.NormalizeHex(env.Block.Hash, 64)
+	}
 	return p, nil
 }
 
@@ -142,6 +152,7 @@ func Transfers(p Payload, assets Assets, chains Chains) ([]payment.ReportedTrans
 			ignored = append(ignored, payment.Ignored{Index: i, Reason: reason})
 			return
 		}
+		t.BlockHash = p.BlockHash
 		transfers = append(transfers, t)
 	}
 	i := 0

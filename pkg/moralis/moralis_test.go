@@ -3,6 +3,7 @@ package moralis_test
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -176,5 +177,31 @@ func TestDecodeTestDelivery(t *testing.T) {
 	for _, bad := range []string{`[]`, `{"chainId":"1"}`, `{"chainId":"","txs":[{}]}`, `{"chainId":"0x"}`, `not json`} {
 		_, err := moralis.Decode([]byte(bad))
 		require.ErrorIs(t, err, moralis.ErrPayload, bad)
+	}
+}
+
+// Every transfer of a delivery names the delivery's block, so the intake
+// weighs it with the other providers' reports of that block; a block
+// hash that does not read names none.
+func TestTransfersNameTheirBlock(t *testing.T) {
+	body := func(hash string) []byte {
+		return []byte(fmt.Sprintf(`{"confirmed":false,"chainId":"0x1","block":{"number":"16","hash":%q},
+		"erc20Transfers":[{"transactionHash":"0x7a4a39da2a3fa1fc2ef88fd1eaea070286ed2aba21e0419dcfb6d5c5d9f02a72","logIndex":"12","contract":"0xa0b86991c6218b36c1d19d4a2e9eb0ce3606eb48","to":"0x1111111111111111111111111111111111111111","value":"7000000"}],
+		"txs":[{"hash":"0x0a20777dadad23b885daf4cd95a955293f230de3abd64705db324f45ae0f664e","toAddress":"0x1111111111111111111111111111111111111111","value":"2","receiptStatus":"1"}]}`, hash))
+	}
+	hash := "0x" + strings.Repeat("Ab", 32)
+	p, err := moralis.Decode(body(hash))
+	require.NoError(t, err)
+	transfers, _ := moralis.Transfers(p, registry(), networks)
+	require.Len(t, transfers, 2)
+	for _, tr := range transfers {
+		require.Equal(t, strings.ToLower(hash), tr.BlockHash)
+	}
+	p, err = moralis.Decode(body("0x12"))
+	require.NoError(t, err)
+	transfers, _ = moralis.Transfers(p, registry(), networks)
+	require.Len(t, transfers, 2)
+	for _, tr := range transfers {
+		require.Empty(t, tr.BlockHash)
 	}
 }

@@ -29,9 +29,10 @@ type ReportedTransfer struct {
 	// where it cannot, it is a removal like Alchemy's.
 	Reorged bool
 	// BlockHash is the block the provider saw the transfer in (0x and 64
-	// lowercase hex digits), where its report names it in the form its
-	// removals do (Alchemy's token logs); "" otherwise. Where the chain
-	// cannot be asked, it orders a transfer's adds and removals.
+	// lowercase hex digits), where its report names it (Alchemy's token
+	// logs, QuickNode's logs and blocks, Moralis's deliveries); "" otherwise.
+	// Where the chain cannot be asked, it orders a transfer's adds and
+	// removals, whichever provider reports them.
 	BlockHash string
 }
 

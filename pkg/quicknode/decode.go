@@ -94,10 +94,12 @@ const (
 type candidate struct {
 	kind candidateKind
 	raw  json.RawMessage
-	// For a native transfer: its block's number and its receipt's status
-	// (nil: no receipt in the delivery).
-	block  uint64
-	status *string
+	// For a native transfer: its block's number and hash ("" when the
+	// block names none that reads) and its receipt's status (nil: no
+	// receipt in the delivery).
+	block     uint64
+	blockHash string
+	status    *string
 }
 
 type envelope struct {
@@ -262,6 +264,7 @@ func (d *decoder) log(raw json.RawMessage) error {
 
 type blockView struct {
 	Number       *string           `json:"number"`
+	Hash         *string           `json:"hash"`
 	Transactions []json.RawMessage `json:"transactions"`
 }
 
@@ -307,6 +310,10 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 	if b.Number != nil {
 		number, _ = payment.ParseQuantity(*b.Number)
 	}
+	var hash string
+	if b.Hash != nil {
+		hash, _ = payment.NormalizeHex(*b.Hash, 64)
+	}
 	for _, raw := range b.Transactions {
 		if err := d.count(1); err != nil {
 			return err
@@ -333,7 +340,7 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 			d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
 			continue
 		}
-		d.p.candidates = append(d.p.candidates, candidate{kind: kindNative, raw: raw, block: number, status: status})
+		d.p.candidates = append(d.p.candidates, candidate{kind: kindNative, raw: raw, block: number, blockHash: hash, status: status})
 	}
 	return nil
 }
@@ -388,6 +395,7 @@ type logView struct {
 	Topics          []string `json:"topics"`
 	Data            *string  `json:"data"`
 	BlockNumber     *string  `json:"blockNumber"`
+	BlockHash       *string  `json:"blockHash"`
 	TransactionHash *string  `json:"transactionHash"`
 	LogIndex        *string  `json:"logIndex"`
 	Removed         bool     `json:"removed"`
@@ -448,11 +456,29 @@ func logTransfer(p Payload, raw json.RawMessage, assets Assets) (payment.Reporte
 		return payment.ReportedTransfer{}, reason
 	}
 	index := payment.LogIndexTransfer(logIndex)
-	return payment.ReportedTransfer{
+	t := payment.ReportedTransfer{
 		Transfer:  payment.Transfer{Network: p.Network, TxHash: txHash, Index: index},
 		ToAddress: to, Asset: asset, Amount: amount,
 		Removed: l.Removed || p.Reorged[block], Reorged: !l.Removed && p.Reorged[block],
-	}, ""
+	}
+	if l.BlockHash != nil {
+		t.BlockHash = reportedBlock(t, *l.BlockHash)
+	}
+	return t, ""
+}
+
+// reportedBlock is the block a report names for the intake to weigh it
+// with the transfer's other reports (where no chain can be asked): a
+// delivery of a block another provider reported removed is then stale,
+// not a re-add. A transfer sent again because of blocks_reorged names
+// none: that block is the reorg's new branch, not one taken away, and
+// such a report is handled as a removal without a block, as before.
+func reportedBlock(t payment.ReportedTransfer, hash string) string {
+	if t.Reorged {
+		return ""
+	}
+	normalized, _ := payment.NormalizeHex(hash, 64)
+	return normalized
 }
 
 func nativeTransfer(p Payload, c candidate, assets Assets) (payment.ReportedTransfer, payment.IgnoreReason) {
@@ -482,11 +508,13 @@ func nativeTransfer(p Payload, c candidate, assets Assets) (payment.ReportedTran
 	if reason != "" {
 		return payment.ReportedTransfer{}, reason
 	}
-	return payment.ReportedTransfer{
+	t := payment.ReportedTransfer{
 		Transfer:  payment.Transfer{Network: p.Network, TxHash: txHash, Index: payment.TransferNative},
 		ToAddress: to, Asset: asset, Amount: amount,
 		Removed: p.Reorged[c.block], Reorged: p.Reorged[c.block],
-	}, ""
+	}
+	t.BlockHash = reportedBlock(t, c.blockHash)
+	return t, ""
 }
 
 // amountOf reads a hex quantity or a 32-byte word as base units of asset.

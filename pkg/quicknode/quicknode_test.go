@@ -176,3 +176,34 @@ func timeOf(timestamp string) time.Time {
 	}
 	return time.Unix(n, 0)
 }
+
+// Each transfer names the block it was delivered in (the log's
+// blockHash, the block's hash), so the intake weighs it with the other
+// providers' reports of that block; one sent again for blocks_reorged
+// names none: its block is the reorg's new branch, not a removed one.
+func TestTransfersNameTheirBlock(t *testing.T) {
+	blockHash := "0x" + strings.Repeat("AB", 32)
+	body := func(reorged string) []byte {
+		return []byte(fmt.Sprintf(`{"data":[{"block":{"number":"0x10","hash":%q,"transactions":[{"hash":%q,"to":%q,"value":"0x5"}]},
+		 "receipts":[{"transactionHash":%q,"status":"0x1","logs":[]},
+		  {"transactionHash":%q,"status":"0x1","logs":[{"address":%q,"topics":[%q,%q,%q],"data":"0x%064x","blockNumber":"0x10","blockHash":%q,"transactionHash":%q,"logIndex":"0x3","removed":false}]}]}],
+		 "metadata":{"network":"ethereum-mainnet","dataset":"block_with_receipts","blocks_reorged":%s}}`,
+			blockHash, txNative, to, txNative, txToken, usdc, quicknode.TransferTopic, from, toTopic, 7, blockHash, txToken, reorged))
+	}
+	p, err := quicknode.Decode(body("null"))
+	require.NoError(t, err)
+	transfers, ignored := quicknode.Transfers(p, registry())
+	require.Len(t, transfers, 2, "%+v", ignored)
+	for _, tr := range transfers {
+		require.Equal(t, strings.ToLower(blockHash), tr.BlockHash, tr.EventID())
+	}
+
+	p, err = quicknode.Decode(body("[16]"))
+	require.NoError(t, err)
+	transfers, _ = quicknode.Transfers(p, registry())
+	require.Len(t, transfers, 2)
+	for _, tr := range transfers {
+		require.True(t, tr.Removed && tr.Reorged, tr.EventID())
+		require.Empty(t, tr.BlockHash, tr.EventID())
+	}
+}

@@ -1,0 +1,115 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/moralis"
+	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/quicknode"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+func auditBlockHash(n int) string { return fmt.Sprintf("0x%064x", 0xb10c000+n) }
+
+// alchemyTokenIn is Alchemy's report of the USDC transfer (log 1) in
+// block n, removed or not, as Alchemy writes a token log: with its block.
+func alchemyTokenIn(t *testing.T, n int, removed bool) []byte {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{
+		"webhookId": "wh_1", "id": "whevt_1", "type": "ADDRESS_ACTIVITY",
+		"event": map[string]any{
+			"network": "ETH_MAINNET",
+			"activity": []any{map[string]any{
+				"hash": alchemyTx, "toAddress": alchemyRecipient, "category": "token",
+				"rawContract": map[string]any{"rawValue": "0x16e360", "address": usdcContract, "decimals": 6},
+				"log": map[string]any{"address": usdcContract, "logIndex": "0x1", "removed": removed,
+					"transactionHash": alchemyTx, "blockHash": auditBlockHash(n), "blockNumber": "0x10"},
+			}},
+		},
+	})
+	require.NoError(t, err)
+	return body
+}
+
+// quickNodeTokenIn is QuickNode's logs delivery of the same transfer in
+// block n (the log names its block, as eth_getLogs writes it).
+func quickNodeTokenIn(n int) []byte {
+	return []byte(fmt.Sprintf(`{"data":[[{"address":%q,"topics":[%q,"0x0000000000000000000000009999999999999999999999999999999999999999","0x000000000000000000000000%s"],"data":"0x%064x","blockNumber":"0x10","blockHash":%q,"transactionHash":%q,"logIndex":"0x1","removed":false}]],"metadata":{"network":"ethereum-mainnet","dataset":"logs"}}`,
+		usdcContract, quicknode.TransferTopic, alchemyRecipient[2:], 1_500_000, auditBlockHash(n), alchemyTx))
+}
+
+// moralisTokenIn is Moralis's delivery of the same transfer in block n.
+func moralisTokenIn(n int, confirmed bool) []byte {
+	return []byte(fmt.Sprintf(`{"confirmed":%v,"chainId":"0x1","streamId":"s","block":{"number":"16","hash":%q,"timestamp":"1"},"txs":[],"txsInternal":[],"erc20Transfers":[{"transactionHash":%q,"logIndex":"1","contract":%q,"from":"0x9999999999999999999999999999999999999999","to":%q,"value":"1500000"}]}`,
+		confirmed, auditBlockHash(n), alchemyTx, usdcContract, alchemyRecipient))
+}
+
+func (h *harness) postMoralis(body []byte) response {
+	h.t.Helper()
+	sig, err := moralis.Sign(body, []byte(moralisSecret))
+	require.NoError(h.t, err)
+	return h.do(http.MethodPost, "/webhook/moralis", body, map[string]string{httpapi.HeaderMoralisSignature: sig})
+}
+
+func (h *harness) usdcBalance(user int64) string {
+	h.t.Helper()
+	balances, err := h.db.Balances(context.Background(), user)
+	require.NoError(h.t, err)
+	for _, b := range balances {
+		if b.Asset == "USDC" {
+			return b.Balance.String()
+		}
+	}
+	return "0"
+}
+
+// Without an RPC the providers' reports are the evidence, and they may
+// arrive in any order: Alchemy reports a transfer in block 1, then its
+// removal by a reorg. A late delivery of block 1 by QuickNode or Moralis
+// (a retry of one that failed before the reorg) names that removed block:
+// it is stale and must not reopen and credit the deposit, just as
+// Alchemy's own late redelivery does not. Reported in another block, the
+// transfer is on the chain again and is credited.
+func TestStaleReportOfARemovedBlockFromAnotherProvider(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
+
+	r := h.postAlchemy(alchemyTokenIn(t, 1, false), alchemyKey)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	r = h.postAlchemy(alchemyTokenIn(t, 1, true), alchemyKey)
+	require.Equal(t, 1.0, r.body["reversed"], "%s", r.raw)
+	testenv.SettleOutbox(t, h.db)
+	require.Equal(t, "0", h.usdcBalance(7))
+
+	stale := map[string]func() response{
+		"alchemy":   func() response { return h.postAlchemy(alchemyTokenIn(t, 1, false), alchemyKey) },
+		"quicknode": func() response { return h.postQuickNode(quickNodeTokenIn(1), fixedNow, false) },
+		"moralis":   func() response { return h.postMoralis(moralisTokenIn(1, false)) },
+	}
+	for _, provider := range []string{"alchemy", "quicknode", "moralis"} {
+		r := stale[provider]()
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", provider, r.raw)
+		require.Equal(t, 0.0, r.body["reopened"], "%s: a report of the removed block reopens nothing: %s", provider, r.raw)
+		e, err := h.db.Event(context.Background(), id)
+		require.NoError(t, err)
+		require.Equal(t, payment.StatusFailed, e.Status, "%s", provider)
+		testenv.SettleOutbox(t, h.db)
+		require.Equal(t, "0", h.usdcBalance(7), "%s: credited for a transfer only a removed block held", provider)
+	}
+
+	// Moralis reports the transfer in the reorg's new block: on the chain.
+	r = h.postMoralis(moralisTokenIn(2, true))
+	require.Equal(t, 1.0, r.body["reopened"], "%s", r.raw)
+	testenv.SettleOutbox(t, h.db)
+	require.Equal(t, "1.5", h.usdcBalance(7))
+	testenv.RequireInvariants(t, h.db)
+}
