@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/alchemy"
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/moralis"
 	"github.com/settle/settle/pkg/payment"
@@ -112,4 +114,81 @@ func TestStaleReportOfARemovedBlockFromAnotherProvider(t *testing.T) {
 	testenv.SettleOutbox(t, h.db)
 	require.Equal(t, "1.5", h.usdcBalance(7))
 	testenv.RequireInvariants(t, h.db)
+}
+
+// One transfer spelled three ways (Alchemy: upper-case hex, a log index
+// with a leading zero; QuickNode: lower case; Moralis: the log index as
+// a JSON number) is one event; a native transfer of value 0 and an
+// amount sent as a JSON number are nothing, from every provider.
+func TestProviderSpellingsOfOneTransfer(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	upper := func(s string) string { return "0X" + strings.ToUpper(s[2:]) }
+	alchemyBody := func(activity map[string]any) []byte {
+		body, err := json.Marshal(map[string]any{"webhookId": "wh_1", "id": "whevt_1", "type": "ADDRESS_ACTIVITY",
+			"event": map[string]any{"network": "ETH_MAINNET", "activity": []any{activity}}})
+		require.NoError(t, err)
+		return body
+	}
+	r := h.postAlchemy(alchemyBody(map[string]any{
+		"hash": upper(alchemyTx), "toAddress": upper(alchemyRecipient), "category": "token", "value": 99.0,
+		"rawContract": map[string]any{"rawValue": "0x00000000000000000000000000000000000000000000000000000000016E360", "address": upper(usdcContract)},
+		"log":         map[string]any{"address": upper(usdcContract), "logIndex": "0x01", "transactionHash": alchemyTx, "removed": false},
+	}), alchemyKey)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	r = h.postQuickNode(quickNodeLogs("0x1", false), fixedNow, false)
+	require.Equal(t, 1.0, r.body["duplicates"], "%s", r.raw)
+	r = h.postMoralis([]byte(fmt.Sprintf(`{"confirmed":true,"chainId":"0x1","block":{"number":"16"},"erc20Transfers":[{"transactionHash":%q,"logIndex":1,"contract":%q,"to":%q,"value":"1500000"}]}`,
+		upper(alchemyTx), upper(usdcContract), upper(alchemyRecipient))))
+	require.Equal(t, 1.0, r.body["duplicates"], "%s", r.raw)
+	e, err := h.db.Event(context.Background(), "chain:ETH_MAINNET:"+alchemyTx+":1")
+	require.NoError(t, err)
+	require.Equal(t, "1.5", e.Amount.String())
+	require.Equal(t, 1, countRows(t, h.dsn, "SELECT count(*) FROM payment_events WHERE event_id = $1 AND to_address = $2 AND tx_hash = $3", e.ID, alchemyRecipient, alchemyTx))
+	require.Equal(t, 1, h.countEvents())
+
+	// Value 0, and amounts as JSON numbers: ignored, nothing stored.
+	zeroTx := "0x" + strings.Repeat("0d", 32)
+	r = h.postAlchemy(alchemyBody(map[string]any{"hash": zeroTx, "toAddress": alchemyRecipient, "category": "external", "rawContract": map[string]any{"rawValue": "0x0"}}), alchemyKey)
+	require.Equal(t, 1.0, r.body["ignored"], "%s", r.raw)
+	r = h.postAlchemy(alchemyBody(map[string]any{"hash": zeroTx, "toAddress": alchemyRecipient, "category": "external", "rawContract": map[string]any{"rawValue": 1e18}}), alchemyKey)
+	require.Equal(t, 1.0, r.body["ignored"], "%s", r.raw)
+	r = h.postQuickNode([]byte(fmt.Sprintf(`{"data":[{"block":{"number":"0x10","transactions":[{"hash":%q,"to":%q,"value":"0x00"},{"hash":%q,"to":%q,"value":1000}]},"receipts":[{"transactionHash":%q,"status":"0x1","logs":[]}]}],"metadata":{"network":"ethereum-mainnet","dataset":"block_with_receipts"}}`,
+		zeroTx, alchemyRecipient, zeroTx, alchemyRecipient, zeroTx)), fixedNow, false)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 0.0, r.body["accepted"], "%s", r.raw)
+	r = h.postMoralis([]byte(fmt.Sprintf(`{"confirmed":true,"chainId":"0x1","block":{"number":"16"},"txs":[{"hash":%q,"toAddress":%q,"value":"000","receiptStatus":"1"},{"hash":%q,"toAddress":%q,"value":1000,"receiptStatus":"1"}],"erc20Transfers":[{"transactionHash":%q,"logIndex":"2","contract":%q,"to":%q,"value":1500000}]}`,
+		zeroTx, alchemyRecipient, zeroTx, alchemyRecipient, zeroTx, usdcContract, alchemyRecipient)))
+	require.Equal(t, 3.0, r.body["ignored"], "%s", r.raw)
+	require.Equal(t, 1, h.countEvents())
+}
+
+// Alchemy's signature covers the raw bytes: the header name in any case
+// and the hex in upper case are accepted; the same JSON re-spaced, a
+// prefixed or empty signature, or another key's are not.
+func TestAlchemySignatureEdges(t *testing.T) {
+	h := providerHarness(t)
+	body := tokenPayload(t, "0x1", false)
+	sig := alchemy.Sign(body, []byte(alchemyKey))
+	post := func(b []byte, header, value string) response {
+		return h.do(http.MethodPost, "/webhook/alchemy", b, map[string]string{"Content-Type": "application/json", header: value})
+	}
+	require.Equal(t, http.StatusOK, post(body, "x-alchemy-signature", strings.ToUpper(sig)).status)
+	var v any
+	require.NoError(t, json.Unmarshal(body, &v))
+	spaced, err := json.MarshalIndent(v, "", " ")
+	require.NoError(t, err)
+	for name, r := range map[string]response{
+		"re-spaced body": post(spaced, httpapi.HeaderAlchemySignature, sig),
+		"sha256= prefix": post(body, httpapi.HeaderAlchemySignature, "sha256="+sig),
+		"0x prefix":      post(body, httpapi.HeaderAlchemySignature, "0x"+sig),
+		"empty":          post(body, httpapi.HeaderAlchemySignature, ""),
+		"other key":      post(body, httpapi.HeaderAlchemySignature, alchemy.Sign(body, []byte("whsec_other"))),
+		"empty key":      post(body, httpapi.HeaderAlchemySignature, alchemy.Sign(body, nil)),
+		"payments key":   post(body, httpapi.HeaderAlchemySignature, alchemy.Sign(body, []byte(webhookSecret))),
+	} {
+		require.Equal(t, http.StatusUnauthorized, r.status, "%s: %s", name, r.raw)
+	}
+	require.Equal(t, 0, h.countEvents())
 }
