@@ -192,3 +192,70 @@ func TestAlchemySignatureEdges(t *testing.T) {
 	}
 	require.Equal(t, 0, h.countEvents())
 }
+
+// A delivery past a decoder's item bound is refused whole (400) before
+// anything is stored, even with a good transfer first: never half
+// accepted, then retried.
+func TestOversizedDeliveriesStoreNothing(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	junk := func(n int) string { return strings.TrimSuffix(strings.Repeat("{},", n), ",") }
+
+	good := tokenPayload(t, "0x1", false)
+	alchemyBody := strings.Replace(string(good), `"value":1.5}]`, `"value":1.5},`+junk(alchemy.ActivitiesMax)+`]`, 1)
+	require.NotEqual(t, string(good), alchemyBody)
+	requireCode(t, h.postAlchemy([]byte(alchemyBody), alchemyKey), http.StatusBadRequest, httpapi.CodeInvalidRequest)
+
+	logs := string(quickNodeLogs("0x1", false))
+	quickNodeBody := strings.Replace(logs, `"removed":false}]]`, `"removed":false},`+junk(quicknode.ItemsMax)+`]]`, 1)
+	require.NotEqual(t, logs, quickNodeBody)
+	requireCode(t, h.postQuickNode([]byte(quickNodeBody), fixedNow, true), http.StatusBadRequest, httpapi.CodeInvalidRequest)
+
+	moralisBody := fmt.Sprintf(`{"confirmed":true,"chainId":"0x1","block":{"number":"16"},"erc20Transfers":[{"transactionHash":%q,"logIndex":"1","contract":%q,"to":%q,"value":"1500000"}],"txs":[%s]}`,
+		alchemyTx, usdcContract, alchemyRecipient, junk(moralis.ItemsMax))
+	requireCode(t, h.postMoralis([]byte(moralisBody)), http.StatusBadRequest, httpapi.CodeInvalidRequest)
+	require.Equal(t, 0, h.countEvents())
+
+	// The good transfer alone is taken.
+	require.Equal(t, 1.0, h.postAlchemy(good, alchemyKey).body["accepted"])
+}
+
+// A delivery whose storage fails after some of its transfers are stored
+// is answered 503, and the provider's retry completes it: the stored half
+// counts as duplicates, nothing is stored twice, and every transfer ends
+// reported by its provider once.
+func TestDeliveryFailingHalfwayIsCompletedByTheRetry(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	second := "chain:ETH_MAINNET:" + alchemyTx + ":2"
+	execSQL(t, h.dsn, `CREATE FUNCTION audit_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.event_id = '`+second+`' THEN RAISE EXCEPTION 'audit outage' USING ERRCODE = '57P01'; END IF;
+  RETURN NEW;
+END $$`)
+	execSQL(t, h.dsn, `CREATE TRIGGER audit_fail BEFORE INSERT ON payment_events FOR EACH ROW EXECUTE FUNCTION audit_fail()`)
+
+	var one, two map[string]any
+	require.NoError(t, json.Unmarshal(tokenPayload(t, "0x1", false), &one))
+	require.NoError(t, json.Unmarshal(tokenPayload(t, "0x2", false), &two))
+	activities := one["event"].(map[string]any)["activity"].([]any)
+	one["event"].(map[string]any)["activity"] = append(activities, two["event"].(map[string]any)["activity"].([]any)...)
+	body, err := json.Marshal(one)
+	require.NoError(t, err)
+
+	r := h.postAlchemy(body, alchemyKey)
+	require.Equal(t, http.StatusServiceUnavailable, r.status, "%s", r.raw)
+	require.Equal(t, 1, h.countEvents(), "the first transfer was stored before the failure")
+
+	execSQL(t, h.dsn, `DROP TRIGGER audit_fail ON payment_events`)
+	r = h.postAlchemy(body, alchemyKey)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	require.Equal(t, 1.0, r.body["duplicates"], "%s", r.raw)
+	require.Equal(t, 2, h.countEvents())
+	require.Equal(t, 2, countRows(t, h.dsn, `SELECT count(*) FROM transfer_reports WHERE reporter = 'alchemy'`))
+	testenv.SettleOutbox(t, h.db)
+	require.Equal(t, "3", h.usdcBalance(7))
+}
