@@ -70,17 +70,22 @@ func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*paym
 
 // providerTransfers decodes a provider's delivery against the registry,
 // and once more against a fresh read of it when the cached copy knew no
-// listing for one of its transfers: a token another replica or settlectl
-// listed within REGISTRY_REFRESH is credited now, not answered ignored,
-// which ends the provider's retries for good. Misses reload at most every
-// assetsMissInterval, so a stream of unlisted (spam) tokens costs little.
+// listing (or network) for one of its transfers: a token or network
+// another replica or settlectl added within REGISTRY_REFRESH is credited
+// now, not answered ignored, which ends the provider's retries for good.
+// Misses reload at most every assetsMissInterval, so a stream of unlisted
+// (spam) tokens or unmapped networks costs little.
 func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored)) ([]payment.ReportedTransfer, []payment.Ignored, error) {
 	registry, err := s.assets.get(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	transfers, ignored := decode(registry)
-	if !slices.ContainsFunc(ignored, func(i payment.Ignored) bool { return i.Reason == payment.IgnoreUnknownAsset }) {
+	// A network is a miss too: Moralis names one only by its chain id,
+	// which the cached copy may not know yet.
+	if !slices.ContainsFunc(ignored, func(i payment.Ignored) bool {
+		return i.Reason == payment.IgnoreUnknownAsset || i.Reason == payment.IgnoreUnknownNetwork
+	}) {
 		return transfers, ignored, nil
 	}
 	if fresh, err := s.assets.refreshForMiss(ctx); err == nil && fresh != registry {

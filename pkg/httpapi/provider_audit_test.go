@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/moralis"
 	"github.com/settle/settle/pkg/payment"
+	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/quicknode"
 	"github.com/settle/settle/pkg/testenv"
 )
@@ -258,4 +261,36 @@ END $$`)
 	require.Equal(t, 2, countRows(t, h.dsn, `SELECT count(*) FROM transfer_reports WHERE reporter = 'alchemy'`))
 	testenv.SettleOutbox(t, h.db)
 	require.Equal(t, "3", h.usdcBalance(7))
+}
+
+// A network another replica (or settlectl) added after this api read the
+// registry: Moralis names it only by chain id, and its first deposits are
+// credited, not answered ignored (which ends Moralis's retries for
+// good), just as a token listed elsewhere is (a miss reads the registry
+// again, at most every 5 s).
+func TestMoralisNetworkAddedElsewhereIsCreditedAtOnce(t *testing.T) {
+	var clock atomic.Int64 // seconds past fixedNow
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
+		o.MoralisSecrets = []string{moralisSecret}
+		o.Networks = []string{"ETH_MAINNET", "MY_DEVNET"}
+		o.RegistryRefresh = time.Hour
+		o.Now = func() time.Time { return fixedNow.Add(time.Duration(clock.Load()) * time.Second) }
+	}})
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	r := h.postMoralis(moralisTokenIn(1, true))
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw) // the registry is read
+
+	ctx := context.Background()
+	_, err := h.db.AddNetwork(ctx, postgres.NewNetwork{Name: "MY_DEVNET", ChainID: 31337, Native: "ETH", Decimals: 18})
+	require.NoError(t, err)
+	_, err = h.db.AddDepositAddress(ctx, "MY_DEVNET", alchemyRecipient, 7)
+	require.NoError(t, err)
+	clock.Store(6) // past the miss interval since that read
+	tx := "0x" + strings.Repeat("de", 32)
+	r = h.postMoralis([]byte(fmt.Sprintf(`{"confirmed":true,"chainId":"0x7a69","block":{"number":"5"},"txs":[{"hash":%q,"toAddress":%q,"value":"2000000000000000000","receiptStatus":"1"}]}`, tx, alchemyRecipient)))
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
+	e, err := h.db.Event(ctx, "chain:MY_DEVNET:"+tx+":native")
+	require.NoError(t, err)
+	require.Equal(t, "2", e.Amount.String())
 }
