@@ -838,8 +838,11 @@ func queueDeadLetters(batch *pgx.Batch, letters []payment.DeadLetter) {
 	batch.Queue(q("insert_dlq").text, ids, types, users, assets, amounts, errs, attempts, generations, sources, traces, payloads, created, fallbacks)
 }
 
+// durationSetting is d as a PostgreSQL timeout setting, in whole
+// milliseconds rounded up: truncated, a positive d under a millisecond
+// was '0ms', which PostgreSQL takes for no timeout at all.
 func durationSetting(d time.Duration) string {
-	return fmt.Sprintf("%dms", d.Milliseconds())
+	return fmt.Sprintf("%dms", (d + time.Millisecond - 1).Milliseconds())
 }
 
 // ledgerSettings is one statement for the hot path's plan settings and

@@ -484,3 +484,34 @@ func TestPartitionErrorOnOneDayKeepsTheRest(t *testing.T) {
 	require.NoError(t, f.sql.QueryRow(ctx, `SELECT 'processed_events_p' || to_char(now() AT TIME ZONE 'UTC' + interval '29 days', 'YYYYMMDD')`).Scan(&last))
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM pg_class WHERE relname = $1`, last))
 }
+
+// TestSubMillisecondPartitionLockTimeoutStillTimesOut: a
+// PARTITION_LOCK_TIMEOUT under a millisecond (500us) is still a bound.
+// Truncated to whole milliseconds it was lock_timeout '0ms', which
+// PostgreSQL reads as no timeout: the DDL waited behind a pg_dump for the
+// whole cleanup run, every ledger write queued behind it.
+func TestSubMillisecondPartitionLockTimeoutStillTimesOut(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var lastDay time.Time
+	require.NoError(t, f.sql.QueryRow(ctx, `SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '29 days'`).Scan(&lastDay))
+	missing := "processed_events_p" + lastDay.UTC().Format("20060102")
+	_, err := f.sql.Exec(ctx, "DROP TABLE "+missing)
+	require.NoError(t, err)
+
+	dump, err := pgx.Connect(ctx, f.dsn)
+	require.NoError(t, err)
+	defer dump.Close(ctx)
+	tx, err := dump.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT * FROM processed_events LIMIT 1`)
+	require.NoError(t, err)
+
+	runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	report, err := f.db.MaintainPartitions(runCtx, 14*24*time.Hour, postgres.PartitionsAheadDefault, time.Now(),
+		postgres.PartitionOptions{LockTimeout: 500 * time.Microsecond})
+	require.NoError(t, err, "the CREATE waited for its lock until the run's deadline")
+	require.Contains(t, report.Deferred, missing, "the blocked CREATE is left for the next run")
+}
