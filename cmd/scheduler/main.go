@@ -61,20 +61,41 @@ type cleanupSettings struct {
 	BatchTimeout time.Duration
 }
 
+// Bounds of the scheduler's durations; outside them a setting stops the
+// scheduler at start. Below intervalMin a job claims its period back to
+// back (under 1µs every claim is refused and the job never runs); above
+// intervalMax, the daily cleanup's period, a job runs about never while
+// the alerts sized by its interval wait as long.
+const (
+	intervalMin = 10 * time.Millisecond
+	intervalMax = 24 * time.Hour
+	timeoutMin  = 10 * time.Millisecond
+	timeoutMax  = time.Hour
+	// staleAfterMin: sooner, recovery takes an event whose task the
+	// enqueuer (or the api) is enqueueing right after its commit for lost,
+	// spending its MAX_RECOVERY_ATTEMPTS.
+	staleAfterMin = time.Second
+	// cleanupTimeout bounds a cleanup run, so a batch cannot take longer.
+	cleanupTimeout = time.Hour
+	// partitionLockTimeoutMax: every ledger write queues behind a
+	// partition DDL waiting for its lock.
+	partitionLockTimeoutMax = 10 * time.Second
+)
+
 func readSettings(env *config.Env) settings {
 	s := settings{
 		Common:             service.ReadCommon(env),
 		MetricsAddr:        env.String("METRICS_ADDR", ":9092"),
-		PollInterval:       env.Duration("POLL_INTERVAL", 5*time.Second),
+		PollInterval:       env.DurationWithin("POLL_INTERVAL", 5*time.Second, intervalMin, intervalMax),
 		EnqueueBatch:       env.Int("ENQUEUE_BATCH", outbox.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
 		TaskEvents:         env.Int("TASK_EVENTS_MAX", outbox.TaskEventsDefault, 1, postgres.TaskEventsMax),
 		QueueDepthMax:      env.Int("QUEUE_DEPTH_MAX", outbox.QueueDepthMaxDefault, 1, 10_000_000),
-		StaleEnqueuedAfter: env.Duration("STALE_ENQUEUED_AFTER", outbox.StaleEnqueuedAfterDefault),
-		RecoverInterval:    env.Duration("RECOVER_INTERVAL", outbox.RecoverIntervalDefault),
+		StaleEnqueuedAfter: env.DurationWithin("STALE_ENQUEUED_AFTER", outbox.StaleEnqueuedAfterDefault, staleAfterMin, intervalMax),
+		RecoverInterval:    env.DurationWithin("RECOVER_INTERVAL", outbox.RecoverIntervalDefault, intervalMin, intervalMax),
 		MaxRecoveries:      env.Int("MAX_RECOVERY_ATTEMPTS", outbox.MaxRecoveryAttemptsDefault, 0, 1000),
-		DrainInterval:      env.Duration("DLQ_DRAIN_INTERVAL", time.Minute),
-		ReorgWatchInterval: env.Duration("REORG_WATCH_INTERVAL", 30*time.Second),
-		NotifyInterval:     env.Duration("NOTIFY_INTERVAL", 2*time.Second),
+		DrainInterval:      env.DurationWithin("DLQ_DRAIN_INTERVAL", time.Minute, intervalMin, intervalMax),
+		ReorgWatchInterval: env.DurationWithin("REORG_WATCH_INTERVAL", 30*time.Second, intervalMin, intervalMax),
+		NotifyInterval:     env.DurationWithin("NOTIFY_INTERVAL", 2*time.Second, intervalMin, intervalMax),
 		CleanupAt:          config.Parse(env, "CLEANUP_AT", 3*time.Hour, parseTimeOfDay),
 		AlertWebhookURL:    env.URL("ALERT_WEBHOOK_URL", "", "http", "https"),
 	}
@@ -85,9 +106,9 @@ func readSettings(env *config.Env) settings {
 	}
 	s.Cleanup = cleanupSettings{
 		Retention:            env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
-		PartitionLockTimeout: env.Duration("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault),
+		PartitionLockTimeout: env.DurationWithin("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault, time.Millisecond, partitionLockTimeoutMax),
 		Batch:                env.Int("CLEANUP_BATCH", postgres.CleanupBatchDefault, 1, postgres.CleanupBatchMax),
-		BatchTimeout:         env.Duration("CLEANUP_BATCH_TIMEOUT", postgres.CleanupBatchTimeoutDefault),
+		BatchTimeout:         env.DurationWithin("CLEANUP_BATCH_TIMEOUT", postgres.CleanupBatchTimeoutDefault, timeoutMin, cleanupTimeout),
 	}
 	s.Monitor = readMonitorSettings(env)
 	s.Scan = readScanSettings(env)
@@ -161,7 +182,7 @@ func run(s settings, log zerolog.Logger) error {
 			}
 			return err
 		}},
-		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: time.Hour, Run: cleanup(db, alerts, log, reg, s.Cleanup)},
+		{Name: "cleanup", Every: 24 * time.Hour, At: s.CleanupAt, Timeout: cleanupTimeout, Run: cleanup(db, alerts, log, reg, s.Cleanup)},
 		{Name: "watch_reorgs", Every: s.ReorgWatchInterval, Run: enqueueMaintenance(client, rdb, task.QueueMaintenance, task.TypeWatchReorgs, s.ReorgWatchInterval)},
 		// Idle, a period has nothing to deliver: asked first, it costs a
 		// read instead of a claim, a task and the worker's query.

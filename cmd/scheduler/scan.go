@@ -23,6 +23,12 @@ import (
 // scanStartTimeout bounds each trace probe at start.
 const scanStartTimeout = 10 * time.Second
 
+// scanPassTimeoutMin: a pass reads blocks and commits within it, and its
+// lease (a quarter longer) is kept in whole milliseconds. timeoutMax
+// bounds it from above: a replica killed mid-pass holds the network's
+// cursor for the lease.
+const scanPassTimeoutMin = time.Second
+
 // scanLogsMaxMin: a busy mainnet block alone carries several hundred
 // Transfers of USDT and USDC; a cap under that would read most blocks by
 // recipient.
@@ -62,8 +68,8 @@ func readScanSettings(env *config.Env) scanSettings {
 				return 0, nil
 			}
 			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return 0, fmt.Errorf("%q is not off or a positive duration like 15s", v)
+			if err != nil || d < intervalMin || d > intervalMax {
+				return 0, fmt.Errorf("%q is not off or a duration like 15s from %s to %s", v, intervalMin, intervalMax)
 			}
 			return d, nil
 		}),
@@ -81,7 +87,7 @@ func readScanSettings(env *config.Env) scanSettings {
 		}),
 		LogsMax:         env.Int("SCAN_LOGS_MAX", scan.LogsMaxDefault, scanLogsMaxMin, scan.LogsMaxLimit),
 		BatchesInFlight: env.Int("SCAN_BATCHES_IN_FLIGHT", scan.BatchesInFlightDefault, 1, scan.BatchesInFlightLimit),
-		PassTimeout:     env.Duration("SCAN_PASS_TIMEOUT", scan.PassTimeoutDefault),
+		PassTimeout:     env.DurationWithin("SCAN_PASS_TIMEOUT", scan.PassTimeoutDefault, scanPassTimeoutMin, timeoutMax),
 		Traces:          env.OneOf("SCAN_TRACES", "off", "on", "off") == "on",
 		ReorgRescan:     env.Int("SCAN_REORG_RESCAN", scan.ReorgRescanDefault, 0, scan.ReorgRescanLimit),
 		Chain:           finality.ReadSettings(env, false),

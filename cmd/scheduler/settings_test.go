@@ -35,3 +35,42 @@ func TestListenURLIsChecked(t *testing.T) {
 	require.Equal(t, "postgres://settle@db/settle", readSettings(env).ListenURL)
 	require.NoError(t, env.Err())
 }
+
+// TestDurationSettingsAreBounded: every interval and timeout of the
+// scheduler is refused at start outside its bounds, naming the setting.
+// Unbounded, RECOVER_INTERVAL=500ns started a scheduler whose every
+// claim of the job was refused (a period under 1µs): stale recovery never
+// ran, and no run error told SettleJobFailing. 2000h (a slip for 2000s)
+// ran a job about once in 83 days, its alert bounds scaled to match; a
+// SCAN_PASS_TIMEOUT of hours held a killed replica's cursor lease that
+// long.
+func TestDurationSettingsAreBounded(t *testing.T) {
+	for name, c := range map[string]struct{ low, ok, high string }{
+		"POLL_INTERVAL":           {"500ns", "200ms", "25h"},
+		"RECOVER_INTERVAL":        {"500ns", "1s", "2000h"},
+		"DLQ_DRAIN_INTERVAL":      {"1us", "300ms", "25h"},
+		"REORG_WATCH_INTERVAL":    {"5ms", "300ms", "25h"},
+		"NOTIFY_INTERVAL":         {"1ms", "300ms", "25h"},
+		"HOT_PATH_CHECK_INTERVAL": {"500ns", "1m", "25h"},
+		"HEALTH_CHECK_INTERVAL":   {"500ns", "1m", "25h"},
+		"PROVIDER_MISS_INTERVAL":  {"500ns", "1m", "25h"},
+		"BACKLOG_INTERVAL":        {"500ns", "15s", "25h"},
+		"BACKLOG_TIMEOUT":         {"500ns", "5s", "2h"},
+		"SCAN_INTERVAL":           {"500ns", "50ms", "25h"},
+		"SCAN_PASS_TIMEOUT":       {"500ms", "3s", "2h"},
+		"STALE_ENQUEUED_AFTER":    {"500ms", "1s", "25h"},
+		"CLEANUP_BATCH_TIMEOUT":   {"500ns", "30s", "2h"},
+		"PARTITION_LOCK_TIMEOUT":  {"500ns", "100ms", "1m"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, v := range []string{c.low, c.high} {
+				env := config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle@db/settle", name: v})
+				readSettings(env)
+				require.ErrorContains(t, env.Err(), "setting "+name, "%s=%s is accepted", name, v)
+			}
+			env := config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle@db/settle", name: c.ok})
+			readSettings(env)
+			require.NoError(t, env.Err(), "%s=%s", name, c.ok)
+		})
+	}
+}

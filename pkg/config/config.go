@@ -150,6 +150,16 @@ func (e *Env) Duration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+// DurationWithin is Duration within [minimum, maximum].
+func (e *Env) DurationWithin(name string, def, minimum, maximum time.Duration) time.Duration {
+	d := e.Duration(name, def)
+	if d < minimum || d > maximum {
+		e.fail(name, "%s is outside %s..%s", d, minimum, maximum)
+		return def
+	}
+	return d
+}
+
 // Int parses an integer within [minimum, maximum].
 func (e *Env) Int(name string, def, minimum, maximum int) int {
 	v, ok := e.raw(name)
