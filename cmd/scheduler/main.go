@@ -155,7 +155,9 @@ func run(s settings, log zerolog.Logger) error {
 	// asynq's own queue gauges (asynq_*), which asynqmon's Metrics tab
 	// reads back from Prometheus. Collected at each scrape.
 	reg.MustRegister(db.Collector(), outbox.QueueMetricsCollector(inspector))
-	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg})
+	// The checks run on whichever replica wins each period: one cooldown
+	// for them all, so a lasting condition pages once, not once a replica.
+	alerts := alert.New(log, alert.Options{Service: "scheduler", WebhookURL: s.AlertWebhookURL, Registerer: reg, Shared: rdb})
 	defer alerts.Close()
 	sink := dlq.NewSink(db, rdb, log, reg)
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/logging"
@@ -61,7 +62,16 @@ type Options struct {
 	QueueMax   int
 	Client     *http.Client
 	Registerer prometheus.Registerer
+	// Shared, when set, holds each key's cooldown in Redis as well, for
+	// replicas that raise the same alerts (the scheduler's checks run on
+	// whichever replica wins a period): the first one's alert is posted,
+	// the others' within the cooldown are not. Unreachable, each replica
+	// posts its own.
+	Shared redis.UniversalClient
 }
+
+// sharedTimeout bounds the shared cooldown's one Redis call.
+const sharedTimeout = time.Second
 
 // Alerter rate-limits, logs and delivers alerts.
 type Alerter struct {
@@ -118,7 +128,7 @@ func New(log zerolog.Logger, opts Options) *Alerter {
 			Name: "settle_alerts_total", Help: "Alerts raised and passed the per-key rate limit, by severity.",
 		}, []string{"severity"}),
 		suppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_alerts_suppressed_total", Help: "Alerts suppressed by the per-key cooldown or the full key table.",
+			Name: "settle_alerts_suppressed_total", Help: "Alerts suppressed by the per-key cooldown (replica: another scheduler replica's, shared in Redis) or the full key table.",
 		}, []string{"reason"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "settle_alerts_dropped_total", Help: "Alerts not delivered to the webhook because its queue was full (they were logged).",
@@ -205,9 +215,29 @@ func (a *Alerter) deliver() {
 		case <-a.stopped:
 			return
 		case msg := <-a.queue:
-			a.post(msg)
+			if a.sharedCooldown(msg) {
+				a.post(msg)
+			}
 		}
 	}
+}
+
+// sharedCooldown takes msg's key for the cooldown in Redis; false when
+// another replica took it within the cooldown (the alert was logged here,
+// and is counted suppressed). Asked on the delivery goroutine, so Raise
+// never waits for Redis.
+func (a *Alerter) sharedCooldown(msg Alert) bool {
+	if a.opts.Shared == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(a.base, sharedTimeout)
+	defer cancel()
+	took, err := a.opts.Shared.SetNX(ctx, "settle:alert:"+a.opts.Service+":"+msg.Key, 1, a.opts.Cooldown).Result()
+	if err != nil || took {
+		return true
+	}
+	a.suppressed.WithLabelValues("replica").Inc()
+	return false
 }
 
 // post sends one alert with bounded attempts and a timeout each.
