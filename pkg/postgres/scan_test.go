@@ -651,3 +651,79 @@ func TestFrozenScannerLetsGoOfTheCursor(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, claimA.From, next, "the cursor waits for B's pass")
 }
+
+// TestPausedPassAfterTakeoverStoresNothing: a scheduler paused (SIGSTOP, a
+// suspended VM) past its lease, whose range or rescan job another one
+// took over meanwhile, stores and moves nothing when it wakes, whether
+// the other pass completed, failed and gave the lease back, or still
+// holds it; its release and failure leave the other's lease alone.
+func TestPausedPassAfterTakeoverStoresNothing(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.DB(t)
+	const network = "ETH_MAINNET"
+	const lease = 50 * time.Millisecond
+	_, err := db.CreateUser(ctx, 1)
+	require.NoError(t, err)
+	ev := postgres.NewEvent{Event: payment.Event{ID: "chain:ETH_MAINNET:0x" + strings.Repeat("cd", 32) + ":native", Type: payment.Deposit,
+		UserID: 1, Asset: "ETH", Amount: decimal.RequireFromString("1"), TxHash: "0x" + strings.Repeat("cd", 32), TransferIndex: payment.TransferNative},
+		Source: postgres.SourceScanner, ToAddress: "0x" + strings.Repeat("11", 20)}
+
+	require.NoError(t, db.InitScanCursor(ctx, network, 100))
+	paused, ok, err := db.ClaimScanCursor(ctx, network, "a", lease, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+	time.Sleep(2 * lease)
+	// b takes over, fails and gives the lease back: no owner.
+	_, ok, err = db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok, "the expired lease is taken over")
+	require.NoError(t, db.ReleaseScanCursor(ctx, network, "b"))
+	_, err = db.CompleteScanPass(ctx, network, "a", paused, []postgres.NewEvent{ev})
+	require.ErrorIs(t, err, postgres.ErrLeaseLost, "a released lease is not the paused pass's again")
+	// b takes it again and holds it: a's release leaves it.
+	claim, ok, err := db.ClaimScanCursor(ctx, network, "b", time.Minute, 10, 1000)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, db.ReleaseScanCursor(ctx, network, "a"))
+	_, ok, err = db.ClaimScanCursor(ctx, network, "c", time.Minute, 10, 1000)
+	require.NoError(t, err)
+	require.False(t, ok, "a's release freed b's lease")
+	_, err = db.CompleteScanPass(ctx, network, "b", claim, nil)
+	require.NoError(t, err)
+	_, err = db.CompleteScanPass(ctx, network, "a", paused, []postgres.NewEvent{ev})
+	require.ErrorIs(t, err, postgres.ErrLeaseLost, "the range b completed")
+	_, err = db.Event(ctx, ev.Event.ID)
+	require.ErrorIs(t, err, payment.ErrNotFound, "the paused pass stored nothing")
+	next, _, _, err := db.ScanCursor(ctx, network)
+	require.NoError(t, err)
+	require.EqualValues(t, 110, next, "the cursor moved once")
+
+	_, err = db.CreateRescan(ctx, "r-paused", network, 10, 99, "op")
+	require.NoError(t, err)
+	pausedJob, ok, err := db.ClaimRescan(ctx, network, 1000, "a", lease)
+	require.NoError(t, err)
+	require.True(t, ok)
+	time.Sleep(2 * lease)
+	_, ok, err = db.ClaimRescan(ctx, network, 1000, "b", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok, "the expired job lease is taken over")
+	require.NoError(t, db.ReleaseRescan(ctx, "r-paused", "b"))
+	_, err = db.CompleteRescanPass(ctx, "r-paused", "a", pausedJob.Next, 29, "", 0, []postgres.NewEvent{ev})
+	require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	_, err = db.RestartRescan(ctx, "r-paused", "a", pausedJob.Next, 5, "paused")
+	require.ErrorIs(t, err, postgres.ErrLeaseLost)
+	_, ok, err = db.ClaimRescan(ctx, network, 1000, "b", time.Minute)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, db.FailRescan(ctx, "r-paused", "a", "paused pass"))
+	require.NoError(t, db.ReleaseRescan(ctx, "r-paused", "a"))
+	_, err = db.CompleteRescanPass(ctx, "r-paused", "b", pausedJob.Next, 29, "", 0, nil)
+	require.NoError(t, err, "b's lease survived a's failure and release")
+	job, err := db.Rescan(ctx, "r-paused")
+	require.NoError(t, err)
+	require.Equal(t, "running", job.Status)
+	require.EqualValues(t, 30, job.NextBlock)
+	require.Zero(t, job.Restarts)
+	_, err = db.Event(ctx, ev.Event.ID)
+	require.ErrorIs(t, err, payment.ErrNotFound, "the paused rescan stored nothing")
+}
