@@ -311,7 +311,9 @@ func maintenanceTimeout(taskType string, every time.Duration) time.Duration {
 }
 
 // enqueueMaintenance returns a job that hands a maintenance task to the
-// workers; the task id carries the period, so a period is enqueued once.
+// workers; the task id carries the period, so a period is enqueued once,
+// and none is while one of the job's tasks still waits in its queue (the
+// queue is the job's alone).
 // The wake-up that names the queue brings an idle worker to it at once
 // (it asks about a queue found empty only every few seconds).
 func enqueueMaintenance(client *asynq.Client, rdb redis.UniversalClient, queueName, taskType string, every time.Duration) func(context.Context) error {
@@ -322,6 +324,12 @@ func enqueueMaintenance(client *asynq.Client, rdb redis.UniversalClient, queueNa
 		start, ok := periodic.JobPeriod(ctx)
 		if !ok {
 			start = time.Now().Truncate(every)
+		}
+		// A task still waiting does this period's work when it starts: one
+		// a period would pile up for as long as no worker runs. (Unreadable,
+		// the task is enqueued as before.)
+		if waiting, err := rdb.LLen(ctx, task.PendingListKey(queueName)).Result(); err == nil && waiting > 0 {
+			return nil
 		}
 		period := start.UnixNano() / int64(every)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask(taskType, nil),
