@@ -54,6 +54,9 @@ func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func runUsers(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("users", args); err != nil {
+		return err
+	}
 	if len(args) == 0 || args[0] != "create" {
 		return fmt.Errorf("%w: users create ID [--initial ASSET=AMOUNT ...]", config.ErrUsage)
 	}
@@ -121,6 +124,9 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 var addressPattern = regexp.MustCompile(`^0x[0-9a-fA-F]{40}$`)
 
 func runAddresses(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("addresses", args); err != nil {
+		return err
+	}
 	if len(args) == 0 || args[0] != "add" {
 		return fmt.Errorf("%w: addresses add --network N --address 0x... --user ID", config.ErrUsage)
 	}

@@ -26,6 +26,9 @@ func init() {
 var errNoRPC = errors.New("ETH_RPC_URL is not set: a recheck asks the chain; set ETH_RPC_URL (and DEPOSIT_FINALITY as the worker has it)")
 
 func runEvents(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("events", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: events recheck ID | rechecks ID", config.ErrUsage)
 	}

@@ -19,6 +19,9 @@ func init() {
 }
 
 func runHolds(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("holds", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: holds list | show ID", config.ErrUsage)
 	}

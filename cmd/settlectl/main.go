@@ -51,11 +51,13 @@ func usage(w io.Writer) {
 var errCheckFailed = errors.New("check failed")
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+	if len(os.Args) < 2 {
+		// No command is a usage error: its text goes where errors go.
+		usage(os.Stderr)
+		os.Exit(service.ExitSettings)
+	}
+	if isHelp(os.Args[1]) {
 		usage(os.Stdout)
-		if len(os.Args) < 2 {
-			os.Exit(service.ExitSettings)
-		}
 		return
 	}
 	cmd, ok := commands[os.Args[1]]
@@ -84,6 +86,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
 		os.Exit(service.ExitFailure)
 	}
+}
+
+func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
+
+// groupHelp answers `settlectl dlq --help` (a command made of
+// subcommands): its usage line on stdout, exit 0, nothing done.
+func groupHelp(name string, args []string) error {
+	if len(args) == 0 || !isHelp(args[0]) {
+		return nil
+	}
+	fmt.Fprintf(os.Stdout, "usage: settlectl %s\n\nsettlectl %s <subcommand> --help lists a subcommand's flags.\n", commands[name].summary, name)
+	return flag.ErrHelp
 }
 
 // openDB connects with DATABASE_URL; a missing setting is a usage error.

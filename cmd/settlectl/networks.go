@@ -27,6 +27,9 @@ const (
 )
 
 func runNetworks(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("networks", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: %s", config.ErrUsage, networksUsage)
 	}
@@ -102,6 +105,9 @@ func networksList(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func runAssets(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("assets", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: %s", config.ErrUsage, assetsUsage)
 	}

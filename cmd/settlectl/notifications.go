@@ -18,6 +18,9 @@ func init() {
 }
 
 func runNotifications(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("notifications", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: notifications list|redeliver|redeliver-failed", config.ErrUsage)
 	}

@@ -31,6 +31,9 @@ func operator(flagValue string) string {
 }
 
 func runDLQ(ctx context.Context, args []string, out io.Writer) error {
+	if err := groupHelp("dlq", args); err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		return fmt.Errorf("%w: dlq list|show|replay|discard", config.ErrUsage)
 	}

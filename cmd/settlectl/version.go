@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 
@@ -14,6 +15,10 @@ func init() {
 }
 
 func runVersion(_ context.Context, args []string, out io.Writer) error {
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprintln(out, "usage: settlectl version")
+		return flag.ErrHelp
+	}
 	if len(args) > 0 {
 		return fmt.Errorf("%w: version takes no arguments", config.ErrUsage)
 	}
