@@ -137,6 +137,11 @@ func runAddresses(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
+	// Checked here, as POST /admin/deposit-addresses does: the table's
+	// CHECK constraint would answer with PostgreSQL's words.
+	if !payment.ValidNetworkName(*network) {
+		return fmt.Errorf("%w: --network %q is not a network name like ETH_MAINNET", config.ErrUsage, *network)
+	}
 	if !addressPattern.MatchString(*address) {
 		return fmt.Errorf("%w: --address %q is not 0x and 40 hex digits", config.ErrUsage, *address)
 	}

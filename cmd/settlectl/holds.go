@@ -70,6 +70,9 @@ func runHolds(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *jsonOut {
+		if holds == nil {
+			holds = []postgres.Hold{} // [] for none, as the other lists print, not null
+		}
 		return writeJSON(out, holds)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

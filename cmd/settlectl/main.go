@@ -115,7 +115,14 @@ func openDB(ctx context.Context) (*postgres.DB, error) {
 // them. -h or --help prints the command's flags and ends it (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string, positional ...string) ([]string, error) {
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(reorderFlags(fs, args)); err != nil {
+	ordered, dangling := reorderFlags(fs, args)
+	if dangling != "" {
+		// Left to fs, it would take the "--" before the positional
+		// arguments as its value: `dlq discard 7 --reason` discarding
+		// with the reason "--".
+		return nil, fmt.Errorf("%w: flag needs an argument: %s", config.ErrUsage, dangling)
+	}
+	if err := fs.Parse(ordered); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printHelp(os.Stdout, fs, positional)
 			return nil, err
@@ -152,8 +159,8 @@ func printHelp(w io.Writer, fs *flag.FlagSet, positional []string) {
 // --initial ETH=1" parses like "--initial ETH=1 create 7"), so flags may
 // come anywhere. A flag takes the next argument as its value unless it is
 // a bool flag (fs says which) or carries "=value"; after "--" everything
-// is positional.
-func reorderFlags(fs *flag.FlagSet, args []string) []string {
+// is positional. dangling names a last flag that wants a value and has none.
+func reorderFlags(fs *flag.FlagSet, args []string) (ordered []string, dangling string) {
 	var flags, positional []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -178,12 +185,14 @@ func reorderFlags(fs *flag.FlagSet, args []string) []string {
 		if i+1 < len(args) {
 			flags = append(flags, args[i+1])
 			i++
+		} else if fs.Lookup(name) != nil {
+			dangling = a
 		}
 	}
 	if len(positional) == 0 {
-		return flags
+		return flags, dangling
 	}
-	return append(append(flags, "--"), positional...)
+	return append(append(flags, "--"), positional...), dangling
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/settle/settle/pkg/config"
@@ -170,6 +171,10 @@ func assetsList(ctx context.Context, args []string, out io.Writer) error {
 	registry, err := readRegistry(ctx)
 	if err != nil {
 		return err
+	}
+	if *network != "" && !slices.ContainsFunc(registry.Networks(), func(n payment.Network) bool { return n.Name == *network }) {
+		// An empty list would read as "nothing listed there".
+		return fmt.Errorf("%w: %w %q (settlectl networks list names them)", config.ErrUsage, payment.ErrUnknownNetwork, *network)
 	}
 	var listings []payment.Asset
 	for _, a := range registry.All() {

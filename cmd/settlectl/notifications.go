@@ -47,6 +47,11 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 	if *limit < 1 || *limit > postgres.NotificationPageMax {
 		return fmt.Errorf("%w: --limit must be 1..%d", config.ErrUsage, postgres.NotificationPageMax)
 	}
+	switch *state {
+	case "pending", "delivered", "failed", "all":
+	default:
+		return fmt.Errorf("%w: --state must be pending, delivered, failed or all", config.ErrUsage)
+	}
 	id, err := optionalID(rest, "notification id")
 	if err != nil {
 		return err

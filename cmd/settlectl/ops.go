@@ -7,6 +7,7 @@ import (
 	"io"
 	"os/user"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -64,6 +65,9 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	if *limit < 1 || *limit > postgres.DeadLetterPageMax {
 		return fmt.Errorf("%w: --limit must be 1..%d", config.ErrUsage, postgres.DeadLetterPageMax)
 	}
+	if *state != "open" && *state != "resolved" && *state != "all" {
+		return fmt.Errorf("%w: --state must be open, resolved or all", config.ErrUsage)
+	}
 	db, err := openDB(ctx)
 	if err != nil {
 		return err
@@ -100,7 +104,8 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "dead letter %d: %s\n", id, result)
 		return nil
 	default: // discard
-		if *reason == "" {
+		// Blank is no reason, as POST /admin/dlq/{id}/discard has it.
+		if strings.TrimSpace(*reason) == "" {
 			return fmt.Errorf("%w: discard needs --reason", config.ErrUsage)
 		}
 		changed, err := db.DiscardDeadLetter(ctx, id, operator(*who), *reason)
@@ -121,6 +126,9 @@ func runReconcile(ctx context.Context, args []string, out io.Writer) error {
 	chunk := fs.Int("chunk", postgres.ReconcileChunkDefault, "balances per snapshot")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *chunk < 1 {
+		return fmt.Errorf("%w: --chunk must be above zero", config.ErrUsage)
 	}
 	db, err := openDB(ctx)
 	if err != nil {
