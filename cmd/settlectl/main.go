@@ -72,20 +72,27 @@ func main() {
 	}
 	ctx, stop := service.SignalContext()
 	defer stop()
-	err := cmd.run(ctx, os.Args[2:], os.Stdout)
-	switch {
-	case err == nil:
-	case errors.Is(err, errCheckFailed):
-		os.Exit(service.ExitFailure)
-	case errors.Is(err, flag.ErrHelp):
-		// Asked for: the command's flags are printed.
-	case errors.Is(err, config.ErrUsage):
-		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
-		os.Exit(service.ExitSettings)
-	default:
-		fmt.Fprintf(os.Stderr, "settlectl %s: %v\n", os.Args[1], err)
-		os.Exit(service.ExitFailure)
+	if code := exitCode(os.Stderr, os.Args[1], cmd.run(ctx, os.Args[2:], os.Stdout)); code != 0 {
+		stop()
+		os.Exit(code)
 	}
+}
+
+// exitCode says how command name ends after err, and prints err on one
+// line to stderr: the driver's connect error lists every address tried
+// on lines of its own, and a script reads one line.
+func exitCode(stderr io.Writer, name string, err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp): // help: the command printed it
+		return 0
+	case errors.Is(err, errCheckFailed):
+		return service.ExitFailure
+	}
+	fmt.Fprintf(stderr, "settlectl %s: %s\n", name, strings.Join(strings.Fields(err.Error()), " "))
+	if errors.Is(err, config.ErrUsage) {
+		return service.ExitSettings
+	}
+	return service.ExitFailure
 }
 
 func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
@@ -100,10 +107,13 @@ func groupHelp(name string, args []string) error {
 	return flag.ErrHelp
 }
 
-// openDB connects with DATABASE_URL; a missing setting is a usage error.
+// openDB connects with DATABASE_URL; a missing or malformed setting is a
+// usage error, which never repeats the value (it holds the password, and
+// the driver masks it only as best it can).
 func openDB(ctx context.Context) (*postgres.DB, error) {
 	env := config.FromOS()
 	url := env.Required("DATABASE_URL")
+	service.CheckDatabaseURL(env, "DATABASE_URL", url)
 	if err := env.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", config.ErrUsage, err)
 	}
