@@ -273,6 +273,6 @@ func TestConcurrentHoldsThroughTwoWorkers(t *testing.T) {
 	require.Contains(t, out, "not found")
 	out, code = s.Settlectl("holds", "show", held[1], "--json")
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, `"ResolvedBy": "p-1"`)
+	require.Contains(t, out, `"resolved_by": "p-1"`)
 	requireInvariants(t, s)
 }
