@@ -108,15 +108,18 @@ func runUsers(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for _, b := range balances {
-		if err := db.SetInitialBalance(ctx, id, b.code, b.amount); err != nil {
-			return err
-		}
-	}
 	if created {
 		fmt.Fprintf(out, "user %d created\n", id)
 	} else {
 		fmt.Fprintf(out, "user %d exists\n", id)
+	}
+	// Said per asset: on a user that exists, --initial still sets the
+	// balance (moving it by the difference), which "exists" alone hides.
+	for _, b := range balances {
+		if err := db.SetInitialBalance(ctx, id, b.code, b.amount); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "user %d: initial %s balance set to %s\n", id, b.code, money.Canonical(b.amount))
 	}
 	return nil
 }
