@@ -23,7 +23,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/settle/settle/pkg/chain"
 	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/payment"
@@ -106,7 +108,21 @@ func runDev(ctx context.Context, args []string, out io.Writer) error {
 	}
 	nets, err := pickDevNetworks(*networks)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	// Checked before the build and the servers: a bad policy would
+	// otherwise surface a minute later as the worker's exit.
+	if _, err := chain.ParsePolicy(*policy); err != nil {
+		return fmt.Errorf("%w: --finality: %w", config.ErrUsage, err)
+	}
+	for _, p := range []struct {
+		flag string
+		port int
+	}{{"--postgres-port", *pgPort}, {"--redis-port", *redisPort}, {"--chain-port", *chainPort}, {"--metrics-port", *metricsPort}} {
+		// The chain and metrics ports are the first of a few in a row.
+		if p.port < 1 || p.port > 65535-devNetworksMax {
+			return fmt.Errorf("%w: %s %d is not a port (1..%d)", config.ErrUsage, p.flag, p.port, 65535-devNetworksMax)
+		}
 	}
 	if err := ensureInstalled(out); err != nil {
 		return err
