@@ -71,11 +71,11 @@ func runHolds(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if *jsonOut {
 		if sub == "show" {
-			return writeJSON(out, holdView(holds[0]))
+			return writeJSON(out, holds[0].View())
 		}
-		views := make([]holdJSON, 0, len(holds)) // [] for none, not null
+		views := make([]postgres.HoldView, 0, len(holds)) // [] for none, not null
 		for _, h := range holds {
-			views = append(views, holdView(h))
+			views = append(views, h.View())
 		}
 		return writeJSON(out, views)
 	}
@@ -86,37 +86,6 @@ func runHolds(ctx context.Context, args []string, out io.Writer) error {
 			dash(h.ToAddress), h.Status, h.CreatedAt.UTC().Format(time.RFC3339), dash(h.ResolvedBy))
 	}
 	return w.Flush()
-}
-
-// holdJSON is GET /v1/holds/{hold_id}'s shape (httpapi's holdJSON;
-// settlectl links no echo), so a script reads either the same way.
-type holdJSON struct {
-	HoldID     string     `json:"hold_id"`
-	UserID     int64      `json:"user_id"`
-	Asset      string     `json:"asset"`
-	Amount     string     `json:"amount"`
-	Network    string     `json:"network"`
-	ToAddress  *string    `json:"to_address"`
-	Status     string     `json:"status"`
-	CreatedAt  time.Time  `json:"created_at"`
-	ResolvedAt *time.Time `json:"resolved_at"`
-	ResolvedBy *string    `json:"resolved_by"`
-}
-
-func holdView(h postgres.Hold) holdJSON {
-	out := holdJSON{HoldID: h.ID, UserID: h.UserID, Asset: h.Asset, Amount: money.Canonical(h.Amount), Network: h.Network,
-		Status: string(h.Status), CreatedAt: h.CreatedAt.UTC()}
-	if h.ToAddress != "" {
-		out.ToAddress = &h.ToAddress
-	}
-	if h.ResolvedAt != nil {
-		at := h.ResolvedAt.UTC()
-		out.ResolvedAt = &at
-	}
-	if h.ResolvedBy != "" {
-		out.ResolvedBy = &h.ResolvedBy
-	}
-	return out
 }
 
 func dash(s string) string {

@@ -7,13 +7,11 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 	"github.com/shopspring/decimal"
 
-	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
@@ -108,35 +106,6 @@ func checkHoldAmount(req paymentRequest, h postgres.HoldEvent, amount decimal.De
 
 var errHoldAmount = errors.New("amount must equal the hold's amount (or be left out)")
 
-type holdJSON struct {
-	HoldID     string     `json:"hold_id"`
-	UserID     int64      `json:"user_id"`
-	Asset      string     `json:"asset"`
-	Amount     string     `json:"amount"`
-	Network    string     `json:"network"`
-	ToAddress  *string    `json:"to_address"`
-	Status     string     `json:"status"`
-	CreatedAt  time.Time  `json:"created_at"`
-	ResolvedAt *time.Time `json:"resolved_at"`
-	ResolvedBy *string    `json:"resolved_by"`
-}
-
-func viewHold(h postgres.Hold) holdJSON {
-	out := holdJSON{HoldID: h.ID, UserID: h.UserID, Asset: h.Asset, Amount: money.Canonical(h.Amount), Network: h.Network,
-		Status: string(h.Status), CreatedAt: h.CreatedAt.UTC()}
-	if h.ToAddress != "" {
-		out.ToAddress = &h.ToAddress
-	}
-	if h.ResolvedAt != nil {
-		at := h.ResolvedAt.UTC()
-		out.ResolvedAt = &at
-	}
-	if h.ResolvedBy != "" {
-		out.ResolvedBy = &h.ResolvedBy
-	}
-	return out
-}
-
 // hold answers GET /v1/holds/{hold_id}.
 func (s *Server) hold(c echo.Context) error {
 	id := unescapeParam(c, c.Param("hold_id"))
@@ -149,5 +118,5 @@ func (s *Server) hold(c echo.Context) error {
 	if err != nil {
 		return storeError(err)
 	}
-	return c.JSON(http.StatusOK, viewHold(h))
+	return c.JSON(http.StatusOK, h.View())
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/settle/settle/pkg/money"
 	"github.com/settle/settle/pkg/payment"
 )
 
@@ -27,6 +28,39 @@ type Hold struct {
 	CreatedAt  time.Time
 	ResolvedAt *time.Time
 	ResolvedBy string
+}
+
+// HoldView is a hold as GET /v1/holds/{hold_id} answers it and
+// settlectl's --json prints it: the table's columns, amounts as strings,
+// null for what is not there.
+type HoldView struct {
+	HoldID     string     `json:"hold_id"`
+	UserID     int64      `json:"user_id"`
+	Asset      string     `json:"asset"`
+	Amount     string     `json:"amount"`
+	Network    string     `json:"network"`
+	ToAddress  *string    `json:"to_address"`
+	Status     string     `json:"status"`
+	CreatedAt  time.Time  `json:"created_at"`
+	ResolvedAt *time.Time `json:"resolved_at"`
+	ResolvedBy *string    `json:"resolved_by"`
+}
+
+// View is h as HoldView, times in UTC.
+func (h Hold) View() HoldView {
+	out := HoldView{HoldID: h.ID, UserID: h.UserID, Asset: h.Asset, Amount: money.Canonical(h.Amount), Network: h.Network,
+		Status: string(h.Status), CreatedAt: h.CreatedAt.UTC()}
+	if h.ToAddress != "" {
+		out.ToAddress = &h.ToAddress
+	}
+	if h.ResolvedAt != nil {
+		at := h.ResolvedAt.UTC()
+		out.ResolvedAt = &at
+	}
+	if h.ResolvedBy != "" {
+		out.ResolvedBy = &h.ResolvedBy
+	}
+	return out
 }
 
 // HoldEvent is what a withdrawal_hold event says, before or after the
