@@ -54,9 +54,9 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 			return err
 		}
 		if *jsonOut {
-			views := make([]recheckJSON, 0, len(history))
+			views := make([]postgres.RecheckView, 0, len(history))
 			for _, r := range history {
-				views = append(views, recheckView(r))
+				views = append(views, r.View())
 			}
 			return writeJSON(out, views)
 		}
@@ -68,7 +68,7 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *jsonOut {
-		if jsonErr := writeJSON(out, recheckView(r)); jsonErr != nil {
+		if jsonErr := writeJSON(out, r.View()); jsonErr != nil {
 			return jsonErr
 		}
 	} else {
@@ -103,25 +103,6 @@ func recheck(ctx context.Context, db *postgres.DB, eventID, who string) (postgre
 	}
 	defer closeChain()
 	return rechecker.Recheck(ctx, eventID, who)
-}
-
-// recheckJSON is POST /admin/events/{id}/recheck's shape (httpapi's
-// recheckJSON, without the request's trace id); a recorded recheck of the
-// history has no status (the event's now is not kept with it).
-type recheckJSON struct {
-	EventID     string    `json:"event_id"`
-	Result      string    `json:"result"`
-	Status      string    `json:"status,omitempty"`
-	ChainState  string    `json:"chain_state"`
-	Detail      string    `json:"detail"`
-	RecheckID   int64     `json:"recheck_id"`
-	RequestedBy string    `json:"requested_by"`
-	CheckedAt   time.Time `json:"checked_at"`
-}
-
-func recheckView(r postgres.Recheck) recheckJSON {
-	return recheckJSON{EventID: r.EventID, Result: string(r.Result), Status: string(r.Status), ChainState: r.ChainState, Detail: r.Detail,
-		RecheckID: r.ID, RequestedBy: r.RequestedBy, CheckedAt: r.CreatedAt.UTC()}
 }
 
 func printRechecks(out io.Writer, history []postgres.Recheck) {

@@ -42,15 +42,8 @@ type Chain interface {
 var errNoRPC = errors.New("the api has no ETH_RPC_URL, so it cannot ask the chain; set ETH_RPC_URL (and DEPOSIT_FINALITY as the worker has it) or run settlectl events recheck where it is set")
 
 type recheckJSON struct {
-	EventID     string    `json:"event_id"`
-	Result      string    `json:"result"`
-	Status      string    `json:"status"`
-	ChainState  string    `json:"chain_state"`
-	Detail      string    `json:"detail"`
-	RecheckID   int64     `json:"recheck_id"`
-	RequestedBy string    `json:"requested_by"`
-	CheckedAt   time.Time `json:"checked_at"`
-	TraceID     string    `json:"trace_id"`
+	postgres.RecheckView
+	TraceID string `json:"trace_id"`
 }
 
 // adminRecheck asks the chain again about a failed deposit; see
@@ -85,10 +78,9 @@ func (s *Server) adminRecheck(c echo.Context) error {
 	}
 	logging.From(c.Request().Context()).Info().Str(logging.FieldEventID, id).Str("result", string(r.Result)).
 		Str("chain_state", r.ChainState).Str("requested_by", who).Msg("deposit rechecked")
-	return c.JSON(http.StatusOK, recheckJSON{
-		EventID: id, Result: string(r.Result), Status: string(r.Status), ChainState: r.ChainState, Detail: r.Detail,
-		RecheckID: r.ID, RequestedBy: r.RequestedBy, CheckedAt: r.CreatedAt.UTC(), TraceID: TraceID(c.Request().Context()),
-	})
+	view := r.View()
+	view.EventID = id
+	return c.JSON(http.StatusOK, recheckJSON{RecheckView: view, TraceID: TraceID(c.Request().Context())})
 }
 
 // parseRecheckBody reads the optional body {"operator": "<name>"}: empty,

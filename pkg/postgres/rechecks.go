@@ -45,6 +45,27 @@ type Recheck struct {
 	Status payment.Status
 }
 
+// RecheckView is a recheck as POST /admin/events/{event_id}/recheck
+// answers it (with the request's trace id) and settlectl's --json prints
+// it. A recheck of the history has no status: the event's status then is
+// not kept with it.
+type RecheckView struct {
+	EventID     string    `json:"event_id"`
+	Result      string    `json:"result"`
+	Status      string    `json:"status,omitempty"`
+	ChainState  string    `json:"chain_state"`
+	Detail      string    `json:"detail"`
+	RecheckID   int64     `json:"recheck_id"`
+	RequestedBy string    `json:"requested_by"`
+	CheckedAt   time.Time `json:"checked_at"`
+}
+
+// View is r as RecheckView, its time in UTC.
+func (r Recheck) View() RecheckView {
+	return RecheckView{EventID: r.EventID, Result: string(r.Result), Status: string(r.Status), ChainState: r.ChainState,
+		Detail: r.Detail, RecheckID: r.ID, RequestedBy: r.RequestedBy, CheckedAt: r.CreatedAt.UTC()}
+}
+
 // RecheckTarget is a stored event as a recheck asks the chain about it.
 type RecheckTarget struct {
 	Event     payment.Event // with its TransferIndex and Generation
