@@ -73,8 +73,9 @@ const (
 	timeoutMax  = time.Hour
 	// staleAfterMin: sooner, recovery takes an event whose task the
 	// enqueuer (or the api) is enqueueing right after its commit for lost,
-	// spending its MAX_RECOVERY_ATTEMPTS.
-	staleAfterMin = time.Second
+	// spending its MAX_RECOVERY_ATTEMPTS. Test setups that want recovery
+	// fast go down to a fraction of a second, so the floor is only that.
+	staleAfterMin = 100 * time.Millisecond
 	// cleanupTimeout bounds a cleanup run, so a batch cannot take longer.
 	cleanupTimeout = time.Hour
 	// partitionLockTimeoutMax: every ledger write queues behind a

@@ -58,7 +58,7 @@ func TestDurationSettingsAreBounded(t *testing.T) {
 		"BACKLOG_TIMEOUT":         {"500ns", "5s", "2h"},
 		"SCAN_INTERVAL":           {"500ns", "50ms", "25h"},
 		"SCAN_PASS_TIMEOUT":       {"500ms", "3s", "2h"},
-		"STALE_ENQUEUED_AFTER":    {"500ms", "1s", "25h"},
+		"STALE_ENQUEUED_AFTER":    {"50ms", "100ms", "25h"},
 		"CLEANUP_BATCH_TIMEOUT":   {"500ns", "30s", "2h"},
 		"PARTITION_LOCK_TIMEOUT":  {"500ns", "100ms", "1m"},
 	} {
