@@ -306,9 +306,12 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 		d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
 		return nil
 	}
+	// A number that does not read is no block: block 0 would pass
+	// every finality policy at once.
 	var number uint64
+	numbered := false
 	if b.Number != nil {
-		number, _ = payment.ParseQuantity(*b.Number)
+		number, numbered = payment.ParseQuantity(*b.Number)
 	}
 	var hash string
 	if b.Hash != nil {
@@ -336,7 +339,7 @@ func (d *decoder) blockWithReceipts(item json.RawMessage) error {
 		if tx.Hash != nil {
 			status = statuses[strings.ToLower(*tx.Hash)]
 		}
-		if b.Number == nil {
+		if !numbered {
 			d.p.candidates = append(d.p.candidates, candidate{kind: kindBroken})
 			continue
 		}

@@ -207,3 +207,20 @@ func TestTransfersNameTheirBlock(t *testing.T) {
 		require.Empty(t, tr.BlockHash, tr.EventID())
 	}
 }
+
+// A block whose number does not read cannot be weighed against
+// blocks_reorged, so its value transfers are malformed, not transfers of
+// block 0.
+func TestNativeTransferOfAnUnreadableBlockNumber(t *testing.T) {
+	for _, number := range []string{`"0xZZ"`, `"16"`, `"0x"`, `"0x1ffffffffffffffff"`} {
+		body := fmt.Sprintf(`{"data":[{"block":{"number":%s,"hash":"0xab","transactions":[{"hash":%q,"to":%q,"value":"0x5"}]},
+		 "receipts":[{"transactionHash":%q,"status":"0x1","logs":[]}]}],
+		 "metadata":{"network":"ethereum-mainnet","dataset":"block_with_receipts","blocks_reorged":[0]}}`, number, txNative, to, txNative)
+		p, err := quicknode.Decode([]byte(body))
+		require.NoError(t, err, number)
+		transfers, ignored := quicknode.Transfers(p, registry())
+		require.Empty(t, transfers, number)
+		require.Len(t, ignored, 1, number)
+		require.Equal(t, payment.IgnoreMalformed, ignored[0].Reason, number)
+	}
+}
