@@ -180,6 +180,12 @@ type errorBody struct {
 	TraceID string `json:"trace_id"`
 }
 
+// unknownUserRead answers a read of a user that does not exist: 404, as
+// for any missing resource, with the contract's code for an unknown user.
+func unknownUserRead() *apiError {
+	return &apiError{status: http.StatusNotFound, kind: payment.ErrUnknownUser, message: "unknown user"}
+}
+
 // storeError turns a storage error into its answer by its kind.
 func storeError(err error) *apiError {
 	k := classify(err)

@@ -77,7 +77,10 @@ func TestErrorBodiesCarryCodes(t *testing.T) {
 
 	requireCode(t, h.do(http.MethodGet, "/nope", nil, nil), http.StatusNotFound, httpapi.CodeNotFound)
 	requireCode(t, h.do(http.MethodGet, "/v1/events/never", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeNotFound)
-	requireCode(t, h.do(http.MethodGet, "/v1/users/999/balances", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeNotFound)
+	// A read of an unknown user is a 404 with the contract's code for an
+	// unknown user, not the unknown route's.
+	requireCode(t, h.do(http.MethodGet, "/v1/users/999/balances", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeUnknownUser)
+	requireCode(t, h.do(http.MethodGet, "/v1/users/999/journal", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeUnknownUser)
 	requireCode(t, h.do(http.MethodGet, "/webhook/payments", nil, nil), http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
 
 	require.Equal(t, http.StatusOK, h.postPayment(body).status)

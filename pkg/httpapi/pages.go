@@ -245,7 +245,7 @@ func (s *Server) journalPage(c echo.Context) error {
 		return storeError(err)
 	}
 	if !exists {
-		return newError(http.StatusNotFound, "unknown user")
+		return unknownUserRead()
 	}
 	page, err := s.store.JournalPage(ctx, user, asset, after, limit)
 	if err != nil {

@@ -363,7 +363,7 @@ func TestJournalPaging(t *testing.T) {
 		require.Equal(t, "USDC", a)
 	}
 
-	requireCode(t, h.do(http.MethodGet, "/v1/users/99/journal", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeNotFound)
+	requireCode(t, h.do(http.MethodGet, "/v1/users/99/journal", nil, bearer(apiToken)), http.StatusNotFound, httpapi.CodeUnknownUser)
 	requireCode(t, h.do(http.MethodGet, "/v1/users/7/journal?asset=DOGE", nil, bearer(apiToken)), http.StatusBadRequest, httpapi.CodeUnknownAsset)
 	eventsCursor := httpapi.EncodeEventCursor(postgres.EventKey{XID: 1, EventID: "x"})
 	requireCode(t, h.do(http.MethodGet, "/v1/users/7/journal?after="+eventsCursor, nil, bearer(apiToken)), http.StatusBadRequest, httpapi.CodeInvalidRequest)

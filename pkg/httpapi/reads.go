@@ -42,7 +42,7 @@ func (s *Server) userBalances(c echo.Context) error {
 		return storeError(err)
 	}
 	if !exists {
-		return newError(http.StatusNotFound, "unknown user")
+		return unknownUserRead()
 	}
 	balances, err := s.store.Balances(ctx, user)
 	if err != nil {
