@@ -100,6 +100,7 @@ type settings struct {
 	// unverifiedClientBytesMax bound the bodies read before their
 	// signature is checked.
 	verifiedRateLimit        httpapi.RateLimit
+	providerBodyMax          int
 	unverifiedBytesMax       int
 	unverifiedClientBytesMax int
 	// rescanBlocksMax bounds one POST /admin/rescan.
@@ -154,8 +155,14 @@ func readServe(env *config.Env, s *settings) {
 	// The budget must hold one body of the largest route, whose
 	// reservation may be its whole limit, twice for a gzip body (the wire
 	// bytes and what they inflate to).
-	s.unverifiedBytesMax = env.Int("INGEST_UNVERIFIED_BYTES_MAX", httpapi.UnverifiedBytesMaxDefault, 2*httpapi.AlchemyBodyMax, unverifiedBytesCeiling)
-	s.unverifiedClientBytesMax = env.Int("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", min(httpapi.UnverifiedClientBytesMaxDefault, s.unverifiedBytesMax), httpapi.PaymentsBodyMax, unverifiedBytesCeiling)
+	s.providerBodyMax = env.Int("PROVIDER_BODY_MAX", httpapi.ProviderBodyMaxDefault, httpapi.ProviderBodyMaxFloor, httpapi.ProviderBodyMaxCeiling)
+	// Unset, the budget grows with a raised provider limit; set, it must
+	// hold two such bodies.
+	s.unverifiedBytesMax = env.Int("INGEST_UNVERIFIED_BYTES_MAX", max(httpapi.UnverifiedBytesMaxDefault, 2*s.providerBodyMax), 2*httpapi.ProviderBodyMaxFloor, unverifiedBytesCeiling)
+	if s.unverifiedBytesMax < 2*s.providerBodyMax {
+		env.Reject("INGEST_UNVERIFIED_BYTES_MAX", fmt.Errorf("%d is less than twice PROVIDER_BODY_MAX (%d)", s.unverifiedBytesMax, s.providerBodyMax))
+	}
+	s.unverifiedClientBytesMax = env.Int("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", int(httpapi.UnverifiedClientShareDefault(int64(s.providerBodyMax), int64(s.unverifiedBytesMax))), httpapi.PaymentsBodyMax, unverifiedBytesCeiling)
 	if s.unverifiedClientBytesMax > s.unverifiedBytesMax {
 		env.Reject("INGEST_UNVERIFIED_CLIENT_BYTES_MAX", fmt.Errorf("%d is more than INGEST_UNVERIFIED_BYTES_MAX (%d)", s.unverifiedClientBytesMax, s.unverifiedBytesMax))
 	}
@@ -316,6 +323,7 @@ func serve(log zerolog.Logger, s settings) (err error) {
 		AdminMounts:        []httpapi.Mount{adminapi.DashboardWith(rdb, adminapi.DashboardOptions{ReadOnly: s.dashboardReadOnly, PrometheusURL: s.dashboardPrometheus}), operatorConsole},
 
 		UnverifiedBytesMax:       int64(s.unverifiedBytesMax),
+		ProviderBodyMax:          int64(s.providerBodyMax),
 		UnverifiedClientBytesMax: int64(s.unverifiedClientBytesMax),
 		RescanBlocksMax:          int64(s.rescanBlocksMax),
 	})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/testenv"
 )
@@ -334,4 +336,48 @@ func (b *lockedBuffer) String() string {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// PROVIDER_BODY_MAX raises every provider route's limit; the unverified
+// budget, unset, grows to hold two such bodies, and set below that is
+// refused rather than leaving the route unable to take one.
+func TestProviderBodyMax(t *testing.T) {
+	read := func(change map[string]string) (settings, error) {
+		m := validSettings()
+		maps.Copy(m, change)
+		env := config.FromMap(m)
+		s := readCommon(env)
+		readServe(env, &s)
+		return s, env.Err()
+	}
+	s, err := read(nil)
+	require.NoError(t, err)
+	require.Equal(t, httpapi.ProviderBodyMaxDefault, s.providerBodyMax)
+	require.Equal(t, httpapi.UnverifiedBytesMaxDefault, s.unverifiedBytesMax)
+
+	s, err = read(map[string]string{"PROVIDER_BODY_MAX": "67108864"})
+	require.NoError(t, err)
+	require.Equal(t, 64<<20, s.providerBodyMax)
+	require.Equal(t, 128<<20, s.unverifiedBytesMax, "the unset budget holds two bodies")
+	require.Equal(t, 128<<20, s.unverifiedClientBytesMax, "so does the unset share of a client")
+
+	s, err = read(map[string]string{"PROVIDER_BODY_MAX": "1048576", "INGEST_UNVERIFIED_BYTES_MAX": "2097152", "INGEST_UNVERIFIED_CLIENT_BYTES_MAX": "1048576"})
+	require.NoError(t, err, "the floors")
+	require.Equal(t, 1<<20, s.providerBodyMax)
+
+	for name, change := range map[string]map[string]string{
+		"below the floor":      {"PROVIDER_BODY_MAX": "1048575"},
+		"above the ceiling":    {"PROVIDER_BODY_MAX": "268435457"},
+		"a unit":               {"PROVIDER_BODY_MAX": "16MiB"},
+		"budget under two":     {"PROVIDER_BODY_MAX": "33554432", "INGEST_UNVERIFIED_BYTES_MAX": "50331648"},
+		"default under budget": {"INGEST_UNVERIFIED_BYTES_MAX": "6291456"},
+	} {
+		_, err := read(change)
+		require.Error(t, err, name)
+		want := "PROVIDER_BODY_MAX"
+		if _, ok := change["INGEST_UNVERIFIED_BYTES_MAX"]; ok {
+			want = "INGEST_UNVERIFIED_BYTES_MAX"
+		}
+		require.Contains(t, err.Error(), want, name)
+	}
 }

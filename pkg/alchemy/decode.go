@@ -59,7 +59,11 @@ type event struct {
 
 // Decode reads the envelope of a webhook body. Unknown fields are
 // tolerated everywhere: Alchemy adds fields over time.
-func Decode(body []byte) (Payload, error) {
+func Decode(body []byte) (Payload, error) { return DecodeWithin(body, ActivitiesMax) }
+
+// DecodeWithin is Decode with at most activitiesMax activities, for a
+// route whose body limit is raised above the default.
+func DecodeWithin(body []byte, activitiesMax int) (Payload, error) {
 	var env envelope
 	if err := json.Unmarshal(body, &env); err != nil {
 		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
@@ -80,8 +84,8 @@ func Decode(body []byte) (Payload, error) {
 	if err := json.Unmarshal(ev.Activity, &p.Activities); err != nil {
 		return Payload{}, fmt.Errorf("%w: activity is not an array: %w", ErrPayload, err)
 	}
-	if len(p.Activities) > ActivitiesMax {
-		return Payload{}, fmt.Errorf("%w: %d activities, at most %d", ErrPayload, len(p.Activities), ActivitiesMax)
+	if len(p.Activities) > activitiesMax {
+		return Payload{}, fmt.Errorf("%w: %d activities, at most %d", ErrPayload, len(p.Activities), activitiesMax)
 	}
 	if p.Type == TypeAddressActivity && len(p.Activities) > 0 && !payment.ValidNetworkName(p.Network) {
 		return Payload{}, fmt.Errorf("%w: network %q", ErrPayload, truncate(p.Network))

@@ -22,8 +22,8 @@ import (
 // slow 4 MiB bodies grow the heap by ~30-35 MiB).
 func TestMoralisUnsignedBodiesHeap(t *testing.T) {
 	h := providerHarness(t)
-	body := []byte("[" + strings.TrimSuffix(strings.Repeat("{},", httpapi.AlchemyBodyMax/3), ",") + "]")
-	require.LessOrEqual(t, len(body), httpapi.AlchemyBodyMax)
+	body := []byte("[" + strings.TrimSuffix(strings.Repeat("{},", httpapi.ProviderBodyMaxDefault/3), ",") + "]")
+	require.LessOrEqual(t, len(body), httpapi.ProviderBodyMaxDefault)
 
 	statuses := make([]int, 2)
 	peak := testenv.PeakHeapGrowth(func() {

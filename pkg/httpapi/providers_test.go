@@ -110,7 +110,7 @@ func TestQuickNodeIntake(t *testing.T) {
 // size; an unknown Content-Encoding is a 400.
 func TestQuickNodeDecompressedLimit(t *testing.T) {
 	h := providerHarness(t)
-	big := []byte(`{"data":[],"metadata":{"network":"ethereum-mainnet","dataset":"logs","pad":"` + strings.Repeat("x", httpapi.AlchemyBodyMax) + `"}}`)
+	big := []byte(`{"data":[],"metadata":{"network":"ethereum-mainnet","dataset":"logs","pad":"` + strings.Repeat("x", httpapi.ProviderBodyMaxDefault) + `"}}`)
 	requireCode(t, h.postQuickNode(big, fixedNow, true), http.StatusRequestEntityTooLarge, httpapi.CodeBodyTooLarge)
 	small := quickNodeLogs("0x1", false)
 	ts := strconv.FormatInt(fixedNow.Unix(), 10)

@@ -127,6 +127,9 @@ type Options struct {
 	// part of it. Zero: the defaults.
 	UnverifiedBytesMax       int64
 	UnverifiedClientBytesMax int64
+	// ProviderBodyMax bounds a provider delivery's body, after
+	// decompression (PROVIDER_BODY_MAX); zero: ProviderBodyMaxDefault.
+	ProviderBodyMax int64
 	// RateLimitTimeout bounds a limiter call to Redis, past which the
 	// in-process fallback decides; zero: RateLimitTimeoutDefault.
 	RateLimitTimeout time.Duration
@@ -175,6 +178,7 @@ type Server struct {
 	quickNodeTokens [][]byte
 	moralisSecrets  [][]byte
 	webhookMaxAge   time.Duration
+	providerBodyMax int64
 	now             func() time.Time
 	readers         []tokenDigest
 	admins          []tokenDigest
@@ -259,12 +263,16 @@ func New(opts Options) (*Server, error) {
 	if len(opts.VerifiedRateLimit) > 0 {
 		s.verifiedLimit = &limiter{kind: limitVerified, windows: opts.VerifiedRateLimit, redis: opts.Redis, timeout: limitTimeout, now: now, log: opts.Log, metrics: s.metrics}
 	}
+	s.providerBodyMax = opts.ProviderBodyMax
+	if s.providerBodyMax <= 0 {
+		s.providerBodyMax = ProviderBodyMaxDefault
+	}
 	bytesMax, clientBytesMax := opts.UnverifiedBytesMax, opts.UnverifiedClientBytesMax
 	if bytesMax <= 0 {
-		bytesMax = UnverifiedBytesMaxDefault
+		bytesMax = max(UnverifiedBytesMaxDefault, 2*s.providerBodyMax)
 	}
 	if clientBytesMax <= 0 {
-		clientBytesMax = min(UnverifiedClientBytesMaxDefault, bytesMax)
+		clientBytesMax = UnverifiedClientShareDefault(s.providerBodyMax, bytesMax)
 	}
 	s.unverified = newUnverifiedBytes(bytesMax, clientBytesMax, registry)
 	// A timestamp passes the window from FutureSkewMax before it to

@@ -11,11 +11,26 @@ import (
 	"github.com/settle/settle/pkg/payment"
 )
 
-// AlchemyBodyMax bounds an Alchemy delivery. One payload carries every
-// activity of a block for the webhook's addresses, so it is allowed to be
-// much larger than a payments webhook; alchemy.ActivitiesMax bounds the
-// work inside it. Every provider route has this limit.
-const AlchemyBodyMax = 4 << 20
+// Every provider route's body limit (PROVIDER_BODY_MAX). One delivery
+// carries a block's activity (for QuickNode's block_with_receipts the
+// whole block), so it is allowed to be much larger than a payments
+// webhook; the decoders' item bounds (alchemy.ActivitiesMax and the
+// others) bound the work inside it, raised with the limit.
+const (
+	ProviderBodyMaxDefault = 4 << 20
+	// ProviderBodyMaxFloor and ProviderBodyMaxCeiling bound the setting:
+	// below 1 MiB a busy block's delivery never fits; above 256 MiB one
+	// stranger's body is more memory than an api should reserve.
+	ProviderBodyMaxFloor   = 1 << 20
+	ProviderBodyMaxCeiling = 256 << 20
+)
+
+// providerItems scales a decoder's item bound (set for the default body
+// limit) with the route's limit, so a raised limit is not refused by
+// the item count instead.
+func (s *Server) providerItems(base int) int {
+	return max(base, int(int64(base)*s.providerBodyMax/ProviderBodyMaxDefault))
+}
 
 // webhookAlchemy turns an Address Activity delivery into deposit events.
 // Unmatched activities are ignored and counted, and the answer is still
@@ -26,13 +41,13 @@ func (s *Server) webhookAlchemy(c echo.Context) error {
 	if len(s.alchemyKeys) == 0 {
 		return newError(http.StatusNotFound, "not found")
 	}
-	body, err := s.readSigned(c, sourceAlchemy, AlchemyBodyMax, func(r *http.Request, body []byte) bool {
+	body, err := s.readSigned(c, sourceAlchemy, s.providerBodyMax, func(r *http.Request, body []byte) bool {
 		return alchemy.Verify(body, r.Header.Get(HeaderAlchemySignature), s.alchemyKeys...)
 	})
 	if err != nil {
 		return err
 	}
-	payload, err := alchemy.Decode(body)
+	payload, err := alchemy.DecodeWithin(body, s.providerItems(alchemy.ActivitiesMax))
 	if err != nil {
 		s.metrics.webhook(sourceAlchemy, outcomeRejected, "malformed_json")
 		return &apiError{status: http.StatusBadRequest, message: "not an Alchemy webhook payload", cause: err}

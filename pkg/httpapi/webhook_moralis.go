@@ -24,13 +24,13 @@ func (s *Server) webhookMoralis(c echo.Context) error {
 	if len(s.moralisSecrets) == 0 {
 		return newError(http.StatusNotFound, "not found")
 	}
-	body, err := s.readSigned(c, sourceMoralis, AlchemyBodyMax, func(r *http.Request, body []byte) bool {
+	body, err := s.readSigned(c, sourceMoralis, s.providerBodyMax, func(r *http.Request, body []byte) bool {
 		return moralis.Verify(body, r.Header.Get(HeaderMoralisSignature), s.moralisSecrets...)
 	})
 	if err != nil {
 		return err
 	}
-	payload, err := moralis.Decode(body)
+	payload, err := moralis.DecodeWithin(body, s.providerItems(moralis.ItemsMax))
 	if err != nil {
 		s.metrics.webhook(sourceMoralis, outcomeRejected, "malformed_json")
 		return &apiError{status: http.StatusBadRequest, message: "not a Moralis Streams delivery", cause: err}

@@ -36,7 +36,7 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 		return newError(http.StatusNotFound, "not found")
 	}
 	stale := false
-	body, err := s.readSignedDecoded(c, sourceQuickNode, AlchemyBodyMax, gunzip, func(r *http.Request, body []byte) bool {
+	body, err := s.readSignedDecoded(c, sourceQuickNode, s.providerBodyMax, gunzip, func(r *http.Request, body []byte) bool {
 		timestamp := r.Header.Get(HeaderQuickNodeTimestamp)
 		if !quicknode.Verify(r.Header.Get(HeaderQuickNodeNonce), timestamp, body, r.Header.Get(HeaderQuickNodeSignature), s.quickNodeTokens...) {
 			return false
@@ -88,7 +88,7 @@ type replayAnswer struct {
 
 // handleQuickNode decodes a verified delivery and hands it to the intake.
 func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
-	payload, err := quicknode.Decode(body)
+	payload, err := quicknode.DecodeWithin(body, s.providerItems(quicknode.ItemsMax))
 	if err != nil {
 		s.metrics.webhook(sourceQuickNode, outcomeRejected, "malformed_json")
 		return &apiError{status: http.StatusBadRequest, message: "not a QuickNode Streams delivery", cause: err}

@@ -19,9 +19,10 @@ const (
 	UnverifiedBytesMaxDefault = 64 << 20
 	// UnverifiedClientBytesMaxDefault is the part of it one client (an
 	// IPv4 address or an IPv6 /64) may hold (INGEST_UNVERIFIED_CLIENT_BYTES_MAX):
-	// two Alchemy bodies, so one attacker cannot take the whole budget
-	// from the providers sharing it. A client holding nothing may always
-	// take one request's reservation, whatever this says.
+	// two provider bodies at the default limit, so one attacker cannot
+	// take the whole budget from the providers sharing it. A client
+	// holding nothing may always take one request's reservation, whatever
+	// this says.
 	UnverifiedClientBytesMaxDefault = 8 << 20
 	// bodyReservationMin is the least a request reserves, so empty bodies
 	// still count and the table of clients stays bounded (at most the
@@ -35,6 +36,14 @@ const (
 	// budget frees as soon as bodies in flight are verified or fail.
 	retryAfterBusy = 1
 )
+
+// UnverifiedClientShareDefault is a client's share when none is set: two
+// provider bodies (a gzip body's wire bytes and what they inflate to),
+// never less than UnverifiedClientBytesMaxDefault nor more than the
+// budget.
+func UnverifiedClientShareDefault(providerBodyMax, budget int64) int64 {
+	return min(max(UnverifiedClientBytesMaxDefault, 2*providerBodyMax), budget)
+}
 
 // unverifiedBytes is the shared budget of unverified body bytes: a
 // weighted semaphore that never queues (a request that does not fit is

@@ -142,7 +142,7 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 	require.Equal(t, http.StatusRequestEntityTooLarge, tooLargeAnswer.StatusCode)
 	requireCode(t, h.postUnsigned(deposit("forged", 7, "1"), "X-Forwarded-For", "198.51.100.8"), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
 
-	over := startSlowBody(t, h.url, "/webhook/alchemy", "198.51.100.8", httpapi.AlchemyBodyMax, []byte(`{`))
+	over := startSlowBody(t, h.url, "/webhook/alchemy", "198.51.100.8", httpapi.ProviderBodyMaxDefault, []byte(`{`))
 	resp := over.answer(t, 5*time.Second)
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)

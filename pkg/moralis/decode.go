@@ -74,14 +74,18 @@ type blockView struct {
 
 // Decode reads a delivery's envelope. Unknown fields are tolerated
 // everywhere: Moralis adds fields over time.
-func Decode(body []byte) (Payload, error) {
+func Decode(body []byte) (Payload, error) { return DecodeWithin(body, ItemsMax) }
+
+// DecodeWithin is Decode with at most itemsMax items, for a route whose
+// body limit is raised above the default.
+func DecodeWithin(body []byte, itemsMax int) (Payload, error) {
 	var env envelope
 	if err := json.Unmarshal(body, &env); err != nil {
 		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
 	}
 	p := Payload{Confirmed: env.Confirmed, StreamID: env.StreamID, erc20: env.ERC20Transfers, txs: env.Txs, internal: env.TxsInternal}
-	if n := p.Candidates(); n > ItemsMax {
-		return Payload{}, fmt.Errorf("%w: %d items, at most %d", ErrPayload, n, ItemsMax)
+	if n := p.Candidates(); n > itemsMax {
+		return Payload{}, fmt.Errorf("%w: %d items, at most %d", ErrPayload, n, itemsMax)
 	}
 	chain := ""
 	if env.ChainID != nil {

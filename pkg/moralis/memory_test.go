@@ -20,7 +20,7 @@ import (
 // for bodies of many small values and for one object of many members
 // (whose members are held until it closes, to be put in key order).
 func TestVerifyHoldsLittleOfAnUnsignedBody(t *testing.T) {
-	const bodyMax = 4 << 20 // every provider route's limit (httpapi.AlchemyBodyMax)
+	const bodyMax = 4 << 20 // every provider route's limit (httpapi.ProviderBodyMaxDefault)
 	var members strings.Builder
 	members.WriteString("{")
 	for i := 0; members.Len() < bodyMax-32; i++ {

@@ -115,7 +115,11 @@ type metadata struct {
 
 // Decode reads a delivery's metadata and the shape of its data. Unknown
 // fields are tolerated everywhere.
-func Decode(body []byte) (Payload, error) {
+func Decode(body []byte) (Payload, error) { return DecodeWithin(body, ItemsMax) }
+
+// DecodeWithin is Decode with at most itemsMax items, for a route whose
+// body limit is raised above the default.
+func DecodeWithin(body []byte, itemsMax int) (Payload, error) {
 	var env envelope
 	if err := json.Unmarshal(body, &env); err != nil {
 		return Payload{}, fmt.Errorf("%w: %w", ErrPayload, err)
@@ -146,7 +150,7 @@ func Decode(body []byte) (Payload, error) {
 	if err := json.Unmarshal(env.Data, &items); err != nil {
 		return Payload{}, fmt.Errorf("%w: data is not an array: %w", ErrPayload, err)
 	}
-	d := decoder{p: &p}
+	d := decoder{p: &p, itemsMax: itemsMax}
 	switch md.Dataset {
 	case DatasetBlockWithReceipts:
 		for _, item := range items {
@@ -171,15 +175,16 @@ func Decode(body []byte) (Payload, error) {
 }
 
 type decoder struct {
-	p     *Payload
-	items int
+	p        *Payload
+	items    int
+	itemsMax int
 }
 
-// count charges n items against ItemsMax.
+// count charges n items against the delivery's bound.
 func (d *decoder) count(n int) error {
 	d.items += n
-	if d.items > ItemsMax {
-		return fmt.Errorf("%w: more than %d items", ErrPayload, ItemsMax)
+	if d.items > d.itemsMax {
+		return fmt.Errorf("%w: more than %d items", ErrPayload, d.itemsMax)
 	}
 	return nil
 }
