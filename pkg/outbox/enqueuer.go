@@ -90,6 +90,7 @@ type Enqueuer struct {
 	claimed  prometheus.Counter
 	enqueued *prometheus.CounterVec
 	depth    prometheus.Gauge
+	depthMax prometheus.Gauge
 	held     prometheus.Counter
 }
 
@@ -122,12 +123,18 @@ func NewEnqueuer(o EnqueuerOptions) *Enqueuer {
 		depth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "settle_queue_depth", Help: "Payment tasks waiting in asynq, as the enqueuer last saw it.",
 		}),
+		// The alert on a deep queue is a share of this bound: a fixed
+		// depth above a lowered QUEUE_DEPTH_MAX could never be reached.
+		depthMax: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "settle_queue_depth_max", Help: "QUEUE_DEPTH_MAX: the payment tasks the enqueuer lets wait in asynq (settle_queue_depth stops there).",
+		}),
 		held: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "settle_outbox_backpressure_total", Help: "Claims skipped or shrunk because the queue was at its depth bound.",
 		}),
 	}
+	e.depthMax.Set(float64(o.DepthMax))
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(e.claimed, e.enqueued, e.depth, e.held)
+		o.Registerer.MustRegister(e.claimed, e.enqueued, e.depth, e.depthMax, e.held)
 	}
 	return e
 }

@@ -52,3 +52,22 @@ func TestAsynqQueueMetrics(t *testing.T) {
 	}
 	require.Equal(t, map[string]float64{"asynq_queue_size": 3, "asynq_tasks_enqueued_total/pending": 3}, byName)
 }
+
+// TestQueueDepthMaxExported: the enqueuer exports QUEUE_DEPTH_MAX, the
+// bound SettleQueueDepthHigh takes its threshold from (the default where
+// unset).
+func TestQueueDepthMaxExported(t *testing.T) {
+	for _, tc := range []struct{ set, want int }{{200, 200}, {0, outbox.QueueDepthMaxDefault}} {
+		reg := prometheus.NewRegistry()
+		outbox.NewEnqueuer(outbox.EnqueuerOptions{DepthMax: tc.set, Registerer: reg})
+		families, err := reg.Gather()
+		require.NoError(t, err)
+		var got float64
+		for _, f := range families {
+			if f.GetName() == "settle_queue_depth_max" {
+				got = f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		require.Equal(t, float64(tc.want), got, "DepthMax %d", tc.set)
+	}
+}
