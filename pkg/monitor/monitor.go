@@ -53,8 +53,11 @@ type Monitor struct {
 
 	runs       *prometheus.CounterVec
 	mismatches *prometheus.CounterVec
-	checked    *prometheus.CounterVec
-	zombies    *prometheus.GaugeVec
+	// lastFound lets SettleReconcileMismatch hold between runs longer
+	// apart than its counter's window (HOT_PATH_CHECK_INTERVAL).
+	lastFound *prometheus.GaugeVec
+	checked   *prometheus.CounterVec
+	zombies   *prometheus.GaugeVec
 }
 
 // New builds a monitor; reg may be nil.
@@ -67,6 +70,9 @@ func New(store Store, alerts Alerter, log zerolog.Logger, reg prometheus.Registe
 		mismatches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_reconcile_mismatches_total", Help: "Balances found differing from initial_balance + SUM(journal), by kind.",
 		}, []string{"kind"}),
+		lastFound: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_reconcile_mismatch_timestamp_seconds", Help: "When a run on this replica last counted balances differing from their journal, by kind.",
+		}, []string{"kind"}),
 		checked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_reconcile_balances_checked_total", Help: "Balances compared with their journal, by kind.",
 		}, []string{"kind"}),
@@ -75,7 +81,7 @@ func New(store Store, alerts Alerter, log zerolog.Logger, reg prometheus.Registe
 		}, []string{"status"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.runs, m.mismatches, m.checked, m.zombies)
+		reg.MustRegister(m.runs, m.mismatches, m.lastFound, m.checked, m.zombies)
 	}
 	// Each kind's series exists at 0 from the start: increase() in the
 	// alerts cannot see a series that first appears at its first count.
@@ -151,6 +157,9 @@ func (m *Monitor) reportFull(unreported []postgres.UnreportedMismatches) {
 			Msg("full reconciliation: balances do not match their journal (settlectl reconcile lists them)")
 	}
 	m.mismatches.WithLabelValues("full").Add(float64(total))
+	if total > 0 {
+		m.lastFound.WithLabelValues("full").SetToCurrentTime()
+	}
 	if len(sample) > mismatchesAlertSampleMax {
 		sample = sample[:mismatchesAlertSampleMax]
 	}
@@ -163,6 +172,7 @@ func (m *Monitor) reportMismatches(kind string, bad []postgres.Mismatch) {
 		return
 	}
 	m.mismatches.WithLabelValues(kind).Add(float64(len(bad)))
+	m.lastFound.WithLabelValues(kind).SetToCurrentTime()
 	sample := make([]string, 0, mismatchesAlertSampleMax)
 	for i, b := range bad {
 		if i < mismatchesAlertSampleMax {

@@ -67,10 +67,12 @@ func TestHotPathCatchesATamperedBalanceInOneRun(t *testing.T) {
 	credit(t, db, "a", 1, "5")
 	credit(t, db, "b", 2, "7")
 	a := &alerts{}
-	m := monitor.New(db, a, zerolog.New(io.Discard), nil)
+	reg := prometheus.NewRegistry()
+	m := monitor.New(db, a, zerolog.New(io.Discard), reg)
 	run := m.HotPath(postgres.HotPathWindowDefault)
 	require.NoError(t, run(ctx))
 	require.False(t, a.has("reconcile_mismatch:hot_path"), "clean books raise nothing")
+	require.Zero(t, lastMismatch(t, reg, "hot_path"), "clean books set no mismatch time")
 
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
@@ -82,8 +84,30 @@ func TestHotPathCatchesATamperedBalanceInOneRun(t *testing.T) {
 	require.Equal(t, 2, checked)
 	require.Len(t, bad, 1)
 	require.Equal(t, int64(2), bad[0].UserID)
+	before := time.Now()
 	require.NoError(t, run(ctx))
 	require.True(t, a.has("reconcile_mismatch:hot_path"))
+	// SettleReconcileMismatch holds a period and a run from this time.
+	require.GreaterOrEqual(t, lastMismatch(t, reg, "hot_path"), float64(before.Unix()))
+}
+
+// lastMismatch is settle_reconcile_mismatch_timestamp_seconds{kind}, 0
+// where it is not exported.
+func lastMismatch(t *testing.T, reg *prometheus.Registry, kind string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "settle_reconcile_mismatch_timestamp_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetLabel()[0].GetValue() == kind {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 func TestHotPathSeesATamperOnAnIdleBalance(t *testing.T) {
