@@ -108,6 +108,11 @@ type Gate struct {
 	o        Options
 	verdicts *prometheus.CounterVec
 	watched  *prometheus.CounterVec
+	// untracedAt and recheckMax let SettleInternalDepositsUntraced hold
+	// from one untraced count to the next when they are further apart
+	// than its counters' window (FINALITY_RECHECK_MAX, REORG_WATCH_INTERVAL).
+	untracedAt *prometheus.GaugeVec
+	recheckMax prometheus.Gauge
 }
 
 // New builds a gate.
@@ -138,9 +143,16 @@ func New(o Options) *Gate {
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error; untraced: an internal deposit mined again elsewhere, on a node without the debug API).",
 		}, []string{"network", "state"}),
+		untracedAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "settle_finality_untraced_timestamp_seconds", Help: "When this worker last counted an untraced internal deposit, by network and stage (check: settle_finality_checks_total; watch: settle_reorg_watch_total).",
+		}, []string{"network", "stage"}),
+		recheckMax: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "settle_finality_recheck_max_seconds", Help: "FINALITY_RECHECK_MAX: the longest wait between two finality checks of a waiting deposit.",
+		}),
 	}
+	g.recheckMax.Set(o.RecheckMax.Seconds())
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(g.verdicts, g.watched)
+		o.Registerer.MustRegister(g.verdicts, g.watched, g.untracedAt, g.recheckMax)
 	}
 	// The untraced series of every network asked exist at 0 from the
 	// start, so SettleInternalDepositsUntraced's increase() sees the
@@ -201,6 +213,7 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		// Never credited unchecked: it waits for a node with the debug
 		// API, or for the operator to accept status-only checking.
 		g.verdicts.WithLabelValues(networkOf(e), "untraced").Inc()
+		g.untracedAt.WithLabelValues(networkOf(e), "check").Set(float64(g.o.Now().UnixNano()) / 1e9)
 		note := fmt.Sprintf("%v; the deposit waits for an RPC with the debug API, or %s=status", err, InternalCheckSetting(networkOf(e)))
 		log.Warn().Err(err).Msg("internal deposit cannot be checked without the debug API; deposit waits")
 		g.o.Alerts.Raise("internal_deposit_untraced:"+networkOf(e), alert.Critical, "internal deposits wait: the network's RPC does not serve debug_traceTransaction", map[string]any{
@@ -587,6 +600,7 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 			// the debug API: not an outage (it answers so every time), so
 			// only this deposit waits, still credited and watched.
 			g.watched.WithLabelValues(network, "untraced").Inc()
+			g.untracedAt.WithLabelValues(network, "watch").Set(float64(g.o.Now().UnixNano()) / 1e9)
 			g.o.Log.Warn().Err(askErr).Str("network", network).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("tx_hash", w.TxHash).
 				Str("setting", InternalCheckSetting(network)).
 				Msgf("reorg watch: an internal deposit's transaction is in another block now, and without the debug API it cannot be told whether it still pays the deposit; "+

@@ -187,11 +187,37 @@ func TestInternalDepositWithoutDebugAPI(t *testing.T) {
 	require.Contains(t, note, "INTERNAL_TRANSFER_CHECK_ETH_MAINNET=status")
 	require.Contains(t, f.alerts.raised(), "internal_deposit_untraced:ETH_MAINNET")
 	require.Equal(t, map[string]float64{"credit": 1, "untraced": 1}, f.verdicts())
+	// SettleInternalDepositsUntraced holds from this time to the next check.
+	require.Positive(t, f.gauge("settle_finality_untraced_timestamp_seconds", "stage")["check"])
+	require.Equal(t, time.Millisecond.Seconds(), f.gauge("settle_finality_recheck_max_seconds", "")[""], "the fixture's RecheckMax")
 }
 
 // verdicts reads settle_finality_checks_total by verdict.
 func (f *internalFixture) verdicts() map[string]float64 {
 	return f.counter("settle_finality_checks_total", "verdict")
+}
+
+// gauge reads the gate's gauge name by its label ("" for none).
+func (f *internalFixture) gauge(name, label string) map[string]float64 {
+	f.t.Helper()
+	families, err := f.reg.Gather()
+	require.NoError(f.t, err)
+	out := map[string]float64{}
+	for _, family := range families {
+		if family.GetName() != name {
+			continue
+		}
+		for _, m := range family.GetMetric() {
+			key := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					key = l.GetValue()
+				}
+			}
+			out[key] = m.GetGauge().GetValue()
+		}
+	}
+	return out
 }
 
 // counter reads the gate's counter name summed by its label.
@@ -272,6 +298,7 @@ func TestWatchedInternalDepositWithoutDebugAPI(t *testing.T) {
 	require.NoError(t, f.conn.QueryRow(f.ctx, `SELECT block_number FROM payment_events WHERE event_id = 'internal'`).Scan(&block))
 	require.EqualValues(t, direct.BlockNumber, block, "no evidence moved on an unchecked transfer")
 	require.Equal(t, 1.0, f.counter("settle_reorg_watch_total", "state")["untraced"])
+	require.Positive(t, f.gauge("settle_finality_untraced_timestamp_seconds", "stage")["watch"])
 
 	// Every pass alike: it waits for a node with the debug API, still credited.
 	require.ErrorIs(t, f.gate.WatchReorgs(f.ctx), chain.ErrTxTraceUnsupported)
