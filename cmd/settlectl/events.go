@@ -33,11 +33,14 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: events recheck ID | rechecks ID", config.ErrUsage)
 	}
 	sub, args := args[0], args[1:]
-	fs := flag.NewFlagSet("events "+sub, flag.ContinueOnError)
-	who := fs.String("operator", "", "who asks (default: your login name)")
-	jsonOut := fs.Bool("json", false, "print JSON")
 	if sub != "recheck" && sub != "rechecks" {
 		return fmt.Errorf("%w: unknown events command %q", config.ErrUsage, sub)
+	}
+	fs := flag.NewFlagSet("events "+sub, flag.ContinueOnError)
+	jsonOut := fs.Bool("json", false, "print JSON")
+	who := new(string)
+	if sub == "recheck" { // rechecks only reads: it names no one
+		fs.StringVar(who, "operator", "", "who asks (default: your login name)")
 	}
 	rest, err := parseFlags(fs, args, "ID")
 	if err != nil {

@@ -89,10 +89,32 @@ func exitCode(stderr io.Writer, name string, err error) int {
 		return service.ExitFailure
 	}
 	fmt.Fprintf(stderr, "settlectl %s: %s\n", name, strings.Join(strings.Fields(err.Error()), " "))
+	var flagErr *flagError
+	if errors.As(err, &flagErr) {
+		// After the one line a script reads: the flags the operator can give.
+		fmt.Fprintln(stderr)
+		fmt.Fprint(stderr, flagErr.usage)
+	}
 	if errors.Is(err, config.ErrUsage) {
 		return service.ExitSettings
 	}
 	return service.ExitFailure
+}
+
+// flagError is a subcommand's flags or arguments refused (a usage
+// error), carrying that subcommand's usage for stderr.
+type flagError struct {
+	err   error
+	usage string
+}
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
+func newFlagError(fs *flag.FlagSet, positional []string, format string, args ...any) error {
+	var usage strings.Builder
+	printHelp(&usage, fs, positional)
+	return &flagError{err: fmt.Errorf("%w: "+format, append([]any{config.ErrUsage}, args...)...), usage: usage.String()}
 }
 
 func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
@@ -122,26 +144,31 @@ func openDB(ctx context.Context) (*postgres.DB, error) {
 
 // parseFlags parses a subcommand's flags, before or after its positional
 // arguments; extra positional args are refused unless positional names
-// them. -h or --help prints the command's flags and ends it (exit 0).
+// them, and so is a flag fs does not define (a sibling subcommand's
+// --reason given to `dlq list` would otherwise read as taken). -h or
+// --help prints the command's flags and ends it (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string, positional ...string) ([]string, error) {
 	fs.SetOutput(io.Discard)
-	ordered, dangling := reorderFlags(fs, args)
+	ordered, dangling, unknown := reorderFlags(fs, args)
+	if unknown != "" {
+		return nil, newFlagError(fs, positional, "unknown flag %s for %s", unknown, fs.Name())
+	}
 	if dangling != "" {
 		// Left to fs, it would take the "--" before the positional
 		// arguments as its value: `dlq discard 7 --reason` discarding
 		// with the reason "--".
-		return nil, fmt.Errorf("%w: flag needs an argument: %s", config.ErrUsage, dangling)
+		return nil, newFlagError(fs, positional, "flag needs an argument: %s", dangling)
 	}
 	if err := fs.Parse(ordered); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printHelp(os.Stdout, fs, positional)
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %w", config.ErrUsage, err)
+		return nil, newFlagError(fs, positional, "%w", err)
 	}
 	rest := fs.Args()
 	if len(rest) != len(positional) {
-		return nil, fmt.Errorf("%w: expected %s", config.ErrUsage, strings.Join(append([]string{"flags"}, positional...), " "))
+		return nil, newFlagError(fs, positional, "expected %s", strings.Join(append([]string{"flags"}, positional...), " "))
 	}
 	return rest, nil
 }
@@ -169,8 +196,9 @@ func printHelp(w io.Writer, fs *flag.FlagSet, positional []string) {
 // --initial ETH=1" parses like "--initial ETH=1 create 7"), so flags may
 // come anywhere. A flag takes the next argument as its value unless it is
 // a bool flag (fs says which) or carries "=value"; after "--" everything
-// is positional. dangling names a last flag that wants a value and has none.
-func reorderFlags(fs *flag.FlagSet, args []string) (ordered []string, dangling string) {
+// is positional. dangling names a last flag that wants a value and has
+// none; unknown the first flag fs does not define (-h and --help aside).
+func reorderFlags(fs *flag.FlagSet, args []string) (ordered []string, dangling, unknown string) {
 	var flags, positional []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -183,26 +211,31 @@ func reorderFlags(fs *flag.FlagSet, args []string) (ordered []string, dangling s
 			continue
 		}
 		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := fs.Lookup(name)
+		if f == nil && name != "h" && name != "help" && unknown == "" {
+			unknown, _, _ = strings.Cut(a, "=") // the flag, never its value
+		}
+		if hasValue {
 			continue
 		}
-		if f := fs.Lookup(name); f != nil {
-			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-				continue
-			}
+		if f == nil {
+			continue // -h, --help, or refused as unknown
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
 		}
 		if i+1 < len(args) {
 			flags = append(flags, args[i+1])
 			i++
-		} else if fs.Lookup(name) != nil {
+		} else {
 			dangling = a
 		}
 	}
 	if len(positional) == 0 {
-		return flags, dangling
+		return flags, dangling, unknown
 	}
-	return append(append(flags, "--"), positional...), dangling
+	return append(append(flags, "--"), positional...), dangling, unknown
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -25,18 +25,29 @@ func runNotifications(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: notifications list|redeliver|redeliver-failed", config.ErrUsage)
 	}
 	sub, args := args[0], args[1:]
+	// Each subcommand defines only the flags it reads: a sibling's flag
+	// (`redeliver 42 --state failed`) is refused, not taken and ignored.
 	fs := flag.NewFlagSet("notifications "+sub, flag.ContinueOnError)
-	state := fs.String("state", "all", "pending, delivered, failed or all (list)")
-	before := fs.Int64("before", 0, "list notifications with an id below this (paging)")
-	limit := fs.Int("limit", postgres.NotificationPageDefault, fmt.Sprintf("notifications per page, at most %d (list, redeliver-failed)", postgres.NotificationPageMax))
-	who := fs.String("operator", "", "who asks (default: your login name)")
-	jsonOut := fs.Bool("json", false, "print JSON, with every notification's delivery log (list)")
+	state, before, limit := new(string), new(int64), new(int)
+	*state, *limit = "all", postgres.NotificationPageDefault
+	who, jsonOut := new(string), new(bool)
+	limitFlag := func(usage string) {
+		fs.IntVar(limit, "limit", postgres.NotificationPageDefault, fmt.Sprintf("%s, at most %d", usage, postgres.NotificationPageMax))
+	}
+	operatorFlag := func() { fs.StringVar(who, "operator", "", "who asks (default: your login name)") }
 	var positional []string
 	switch sub {
 	case "list":
+		fs.StringVar(state, "state", "all", "pending, delivered, failed or all")
+		fs.Int64Var(before, "before", 0, "list notifications with an id below this (paging)")
+		limitFlag("notifications per page")
+		fs.BoolVar(jsonOut, "json", false, "print JSON, with every notification's delivery log")
 	case "redeliver":
 		positional = []string{"ID"}
+		operatorFlag()
 	case "redeliver-failed":
+		limitFlag("notifications scheduled per statement")
+		operatorFlag()
 	default:
 		return fmt.Errorf("%w: unknown notifications command %q", config.ErrUsage, sub)
 	}

@@ -39,18 +39,30 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: dlq list|show|replay|discard", config.ErrUsage)
 	}
 	sub, args := args[0], args[1:]
+	// Each subcommand defines only the flags it reads: a sibling's flag
+	// (`dlq list --reason x`) is refused, not taken and ignored.
 	fs := flag.NewFlagSet("dlq "+sub, flag.ContinueOnError)
-	state := fs.String("state", "open", "open, resolved or all (list)")
-	after := fs.Int64("after", 0, "list entries with an id above this (paging)")
-	limit := fs.Int("limit", postgres.DeadLetterPageDefault, fmt.Sprintf("entries per page, at most %d (list)", postgres.DeadLetterPageMax))
-	reason := fs.String("reason", "", "why (required to discard)")
-	who := fs.String("operator", "", "who acts (default: your login name)")
-	jsonOut := fs.Bool("json", false, "print JSON")
+	state, after, limit := new(string), new(int64), new(int)
+	*state, *limit = "open", postgres.DeadLetterPageDefault
+	reason, who, jsonOut := new(string), new(string), new(bool)
 	var positional []string
 	switch sub {
 	case "list":
-	case "show", "replay", "discard":
+		fs.StringVar(state, "state", "open", "open, resolved or all")
+		fs.Int64Var(after, "after", 0, "list entries with an id above this (paging)")
+		fs.IntVar(limit, "limit", postgres.DeadLetterPageDefault, fmt.Sprintf("entries per page, at most %d", postgres.DeadLetterPageMax))
+		fs.BoolVar(jsonOut, "json", false, "print JSON")
+	case "show":
 		positional = []string{"ID"}
+		fs.BoolVar(jsonOut, "json", false, "print JSON (show always does)")
+	case "replay", "discard":
+		positional = []string{"ID"}
+		why := "why, recorded with the entry"
+		if sub == "discard" {
+			why = "why (required), recorded with the entry"
+		}
+		fs.StringVar(reason, "reason", "", why)
+		fs.StringVar(who, "operator", "", "who acts (default: your login name)")
 	default:
 		return fmt.Errorf("%w: unknown dlq command %q", config.ErrUsage, sub)
 	}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/testenv"
+)
+
+// TestSiblingFlagsRefused: a flag of another subcommand (`dlq list
+// --reason x`, discard's --reason given to replay's sibling list) is a
+// usage error naming it, never taken and ignored while the operator
+// believes it took effect; every subcommand group is tried.
+func TestSiblingFlagsRefused(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	for _, args := range [][]string{
+		{"dlq", "list", "--reason", "x"},
+		{"dlq", "list", "--operator", "ops"},
+		{"dlq", "show", "7", "--reason", "x"},
+		{"dlq", "show", "7", "--state", "all"},
+		{"dlq", "replay", "7", "--state", "all"},
+		{"dlq", "replay", "7", "--limit", "5"},
+		{"dlq", "replay", "7", "--json"},
+		{"dlq", "discard", "7", "--reason", "x", "--after", "3"},
+		{"notifications", "list", "--operator", "ops"},
+		{"notifications", "redeliver", "7", "--state", "failed"},
+		{"notifications", "redeliver", "7", "--limit", "5"},
+		{"notifications", "redeliver-failed", "--state", "failed"},
+		{"notifications", "redeliver-failed", "--before", "9"},
+		{"events", "rechecks", "e-1", "--operator", "ops"},
+		{"holds", "show", "h-1", "--user", "7"},
+		{"holds", "list", "--operator", "ops"},
+		{"networks", "list", "--name", "X"},
+		{"assets", "list", "--asset", "ETH"},
+		{"assets", "add", "--network", "ETH_MAINNET", "--asset", "X", "--decimals", "6", "--json"},
+		{"users", "create", "7", "--reason", "x"},
+		{"addresses", "add", "--network", "ETH_MAINNET", "--address", "0xab12ab12ab12ab12ab12ab12ab12ab12ab12ab12", "--user", "7", "--json"},
+		{"rescan", "status", "rescan-x", "--reason", "x"},
+		{"rescan", "cancel", "rescan-x", "--reason", "x", "--network", "ETH_MAINNET"},
+		{"rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2", "--json"},
+		{"reconcile", "--json"},
+		{"check", "--chunk", "5"},
+		{"migrate", "--force"},
+		{"env", "--out", filepath.Join(t.TempDir(), ".env"), "--finality", "none", "--json"},
+	} {
+		name := strings.Join(args, " ")
+		_, err := runCtl(t, dsn, args...)
+		require.ErrorIs(t, err, config.ErrUsage, "settlectl %s", name)
+		require.ErrorContains(t, err, "unknown flag --", "settlectl %s", name)
+		var stderr bytes.Buffer
+		require.Equal(t, 2, exitCode(&stderr, args[0], err))
+		lines := strings.Split(stderr.String(), "\n")
+		require.Contains(t, lines[0], "unknown flag", "settlectl %s", name)
+		require.Contains(t, stderr.String(), "usage: settlectl "+args[0], "the subcommand's usage follows: settlectl %s", name)
+	}
+	// Each subcommand still takes its own flags.
+	for _, args := range [][]string{
+		{"dlq", "list", "--state", "all", "--after", "0", "--limit", "5", "--json"},
+		{"dlq", "show", "1", "--json"}, // not found, but parsed
+		{"notifications", "list", "--state", "failed", "--before", "9", "--limit", "5", "--json"},
+		{"notifications", "redeliver-failed", "--limit", "5", "--operator", "ops"},
+	} {
+		_, err := runCtl(t, dsn, args...)
+		require.NotErrorIs(t, err, config.ErrUsage, "settlectl %s", strings.Join(args, " "))
+	}
+}
