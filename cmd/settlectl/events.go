@@ -46,6 +46,9 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkOperatorReason(*who, ""); err != nil {
+		return err
+	}
 	db, err := openDB(ctx)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -68,4 +69,35 @@ func TestSiblingFlagsRefused(t *testing.T) {
 		_, err := runCtl(t, dsn, args...)
 		require.NotErrorIs(t, err, config.ErrUsage, "settlectl %s", strings.Join(args, " "))
 	}
+}
+
+// TestOperatorReasonBounded: --operator and --reason longer than the
+// admin API takes are usage errors before anything is written.
+func TestOperatorReasonBounded(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	longName := strings.Repeat("n", payment.OperatorLengthMax+1)
+	longReason := strings.Repeat("é", payment.ReasonLengthMax+1)
+	for _, args := range [][]string{
+		{"dlq", "replay", "1", "--operator", longName},
+		{"dlq", "replay", "1", "--reason", longReason},
+		{"dlq", "discard", "1", "--reason", longReason},
+		{"dlq", "discard", "1", "--reason", "x", "--operator", longName},
+		{"notifications", "redeliver", "1", "--operator", longName},
+		{"notifications", "redeliver-failed", "--operator", longName},
+		{"events", "recheck", "e-1", "--operator", longName},
+		{"rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2", "--operator", longName},
+		{"rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2", "--reason", longReason},
+		{"rescan", "cancel", "rescan-x", "--reason", longReason},
+		{"rescan", "cancel", "rescan-x", "--reason", "x", "--operator", longName},
+	} {
+		name := strings.Join(args[:3], " ")
+		t.Setenv("NETWORKS", "ETH_MAINNET")
+		_, err := runCtl(t, dsn, args...)
+		require.ErrorIs(t, err, config.ErrUsage, "settlectl %s", name)
+		require.Regexp(t, `--(operator|reason) is \d+ characters; at most \d+`, err.Error(), "settlectl %s", name)
+	}
+	// At the bound, taken.
+	_, err := runCtl(t, dsn, "rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2",
+		"--operator", strings.Repeat("n", payment.OperatorLengthMax), "--reason", strings.Repeat("é", payment.ReasonLengthMax))
+	require.NoError(t, err)
 }

@@ -10,8 +10,10 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -79,6 +81,9 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	}
 	if *state != "open" && *state != "resolved" && *state != "all" {
 		return fmt.Errorf("%w: --state must be open, resolved or all", config.ErrUsage)
+	}
+	if err := checkOperatorReason(*who, *reason); err != nil {
+		return err
 	}
 	db, err := openDB(ctx)
 	if err != nil {
@@ -180,6 +185,19 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-1] + "…"
+}
+
+// checkOperatorReason bounds --operator and --reason as the admin API
+// does, before anything is written: the columns take any length, so an
+// over-long value would be stored where the API refuses it.
+func checkOperatorReason(who, reason string) error {
+	if n := utf8.RuneCountInString(who); n > payment.OperatorLengthMax {
+		return fmt.Errorf("%w: --operator is %d characters; at most %d", config.ErrUsage, n, payment.OperatorLengthMax)
+	}
+	if n := utf8.RuneCountInString(reason); n > payment.ReasonLengthMax {
+		return fmt.Errorf("%w: --reason is %d characters; at most %d", config.ErrUsage, n, payment.ReasonLengthMax)
+	}
+	return nil
 }
 
 // optionalID reads the one positional id a subcommand may take (0 when

@@ -54,6 +54,9 @@ func runRescan(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if err := checkOperatorReason(*who, *reason); err != nil {
+		return err
+	}
 	env := config.FromOS()
 	blocksMax := env.Int("RESCAN_BLOCKS_MAX", rescanBlocksMaxDefault, 1, 10_000_000)
 	enabled := slices.Contains(finality.ReadNetworks(env), *network)
@@ -111,6 +114,9 @@ func cancelRescan(ctx context.Context, args []string, out io.Writer) error {
 	why := strings.TrimSpace(*reason)
 	if why == "" {
 		return fmt.Errorf("%w: cancel needs --reason", config.ErrUsage)
+	}
+	if err := checkOperatorReason(*who, why); err != nil {
+		return err
 	}
 	db, err := openDB(ctx)
 	if err != nil {

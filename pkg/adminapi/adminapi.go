@@ -26,8 +26,8 @@ import (
 // Bounds.
 const (
 	bodyMax        = 16 << 10
-	reasonMax      = 1000
-	operatorMax    = 200
+	reasonMax      = payment.ReasonLengthMax
+	operatorMax    = payment.OperatorLengthMax
 	dashboardRoot  = "/admin/queues"
 	requestTimeout = 10 * time.Second
 )

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -41,8 +42,8 @@ const (
 	// recheckTimeout bounds a recheck (a few RPC calls), as the API's.
 	recheckTimeout = 20 * time.Second
 	// reasonMax and operatorMax bound what an action records.
-	reasonMax   = 1000
-	operatorMax = 200
+	reasonMax   = payment.ReasonLengthMax
+	operatorMax = payment.OperatorLengthMax
 	// bulkMax bounds one bulk replay.
 	bulkMax = 100
 	// listMax bounds a page of events, dead letters or holds.

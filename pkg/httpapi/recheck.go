@@ -23,7 +23,7 @@ const (
 	// write timeout.
 	recheckTimeout = 20 * time.Second
 	// operatorLengthMax bounds the name a caller gives for the record.
-	operatorLengthMax = 200
+	operatorLengthMax = payment.OperatorLengthMax
 	// operatorDefault names a caller who gives no name.
 	operatorDefault = "admin-api"
 )

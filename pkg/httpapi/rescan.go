@@ -32,7 +32,7 @@ const (
 	rescanIDLengthMax = 64
 	// cancelReasonLengthMax bounds why a job was cancelled, as a dead
 	// letter's reason is bounded.
-	cancelReasonLengthMax = 1000
+	cancelReasonLengthMax = payment.ReasonLengthMax
 )
 
 // RescanStore is what the rescan routes need; *postgres.DB implements it.

@@ -48,3 +48,12 @@ type DeadLetter struct {
 func FailureKey(eventID string, generation int) string {
 	return "fail:" + eventID + ":g" + strconv.Itoa(generation)
 }
+
+// OperatorLengthMax and ReasonLengthMax bound the name and the reason an
+// operator's action records (a replay, discard, redelivery, recheck or
+// rescan), in characters: the admin API, the console and settlectl all
+// refuse longer ones, so each surface records the same.
+const (
+	OperatorLengthMax = 200
+	ReasonLengthMax   = 1000
+)

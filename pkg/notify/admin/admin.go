@@ -23,7 +23,7 @@ import (
 // Bounds of the admin endpoints.
 const (
 	adminBodyMax        = 16 << 10
-	operatorMax         = 200
+	operatorMax         = payment.OperatorLengthMax
 	adminRequestTimeout = 10 * time.Second
 )
 
@@ -98,7 +98,7 @@ func (h *adminHandlers) redeliver(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Operator string `json:"operator"`
 	}
-	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most 200 characters}`, func() bool { return len(req.Operator) <= operatorMax }) {
+	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most `+strconv.Itoa(operatorMax)+` characters}`, func() bool { return len(req.Operator) <= operatorMax }) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminRequestTimeout)
