@@ -4,9 +4,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -46,6 +48,18 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	cfg := loadgen.Config{
+		APIURL: strings.TrimRight(*api, "/"),
+		Events: *events, Rate: *rate, Concurrency: *concurrency, Users: *users, UserIDBase: *userBase,
+		Assets: strings.Split(*assets, ","), InitialBalance: *initial, WaitTimeout: *wait, Seed: *seed,
+		Mix: loadgen.Mix{Withdrawals: *withdrawals, Holds: *holds, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
+	}
+	// Every value is checked before anything is measured, seeded or sent:
+	// a bad one is a usage error (exit 2), as for every other command,
+	// not loadgen's refusal after the connections (exit 1).
+	if err := checkLoadFlags(cfg); err != nil {
+		return fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
 	procs, err := loadProcs(*pids, *procMatch)
 	if err != nil {
 		return fmt.Errorf("%w: %w", config.ErrUsage, err)
@@ -80,13 +94,7 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	cfg := loadgen.Config{
-		APIURL: strings.TrimRight(*api, "/"), WebhookSecret: secret, AdminToken: admin, DB: db,
-		Events: *events, Rate: *rate, Concurrency: *concurrency, Users: *users, UserIDBase: *userBase,
-		Assets: strings.Split(*assets, ","), InitialBalance: *initial, WaitTimeout: *wait, Seed: *seed,
-		Mix:   loadgen.Mix{Withdrawals: *withdrawals, Holds: *holds, Duplicates: *duplicates, ConcurrentDups: *concurrentDups, Conflicts: *conflicts, Invalid: *invalid},
-		Procs: procs,
-	}
+	cfg.WebhookSecret, cfg.AdminToken, cfg.DB, cfg.Procs = secret, admin, db, procs
 	if !*quiet {
 		cfg.Progress = os.Stderr
 	}
@@ -104,6 +112,23 @@ func runLoad(ctx context.Context, args []string, out io.Writer) error {
 		return errCheckFailed
 	}
 	return nil
+}
+
+// checkLoadFlags checks what load's flags gave, naming the flag; --events
+// 0 sends nothing (only --idle's measure), so the rest is not read then.
+func checkLoadFlags(cfg loadgen.Config) error {
+	if u, err := url.Parse(cfg.APIURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("--api must be an http:// or https:// URL")
+	}
+	switch {
+	case cfg.Events == 0:
+		return nil
+	case cfg.UserIDBase < 1:
+		return errors.New("--user-base must be a positive user id")
+	case cfg.WaitTimeout <= 0:
+		return errors.New("--wait must be above zero")
+	}
+	return cfg.CheckValues() // its words name the flag: "events must be 1..10000000"
 }
 
 // idleWindowMax bounds --idle.

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sort"
@@ -301,6 +302,28 @@ func (cfg *Config) validate() error {
 		return errors.New("api url, webhook secret and admin token are required")
 	case cfg.DB == nil:
 		return errors.New("a database connection is required (DATABASE_URL)")
+	}
+	if err := cfg.CheckValues(); err != nil {
+		return err
+	}
+	if cfg.UserIDBase <= 0 {
+		cfg.UserIDBase = 1
+	}
+	if cfg.WaitTimeout <= 0 {
+		cfg.WaitTimeout = 10 * time.Minute
+	}
+	if cfg.InitialBalance == "" {
+		cfg.InitialBalance = "0"
+	}
+	return nil
+}
+
+// CheckValues checks the run's numbers, shares and assets, which need no
+// connection: a caller (settlectl load) refuses a bad one before it
+// connects to anything. Zero UserIDBase, WaitTimeout and InitialBalance
+// take their defaults.
+func (cfg *Config) CheckValues() error {
+	switch {
 	case cfg.Events <= 0 || cfg.Events > EventsMax:
 		return fmt.Errorf("events must be 1..%d", EventsMax)
 	case cfg.Concurrency <= 0 || cfg.Concurrency > ConcurrencyMax:
@@ -321,17 +344,24 @@ func (cfg *Config) validate() error {
 	if m.Withdrawals+m.Holds > 100 {
 		return errors.New("withdrawals and holds together must be at most 100 percent")
 	}
-	if cfg.UserIDBase <= 0 {
-		cfg.UserIDBase = 1
+	switch {
+	case cfg.UserIDBase < 0:
+		return errors.New("user id base must be positive")
+	case cfg.WaitTimeout < 0:
+		return errors.New("wait timeout must not be negative")
+	case math.IsNaN(cfg.Rate) || math.IsInf(cfg.Rate, 0) || cfg.Rate < 0:
+		// A negative or NaN rate ran flat out, as if 0.
+		return errors.New("rate must be a number from 0 (0: as fast as possible)")
 	}
-	if cfg.WaitTimeout <= 0 {
-		cfg.WaitTimeout = 10 * time.Minute
+	for _, a := range cfg.Assets {
+		if a == "" {
+			return errors.New("assets must be codes separated by single commas")
+		}
 	}
-	if cfg.InitialBalance == "" {
-		cfg.InitialBalance = "0"
-	}
-	if _, err := decimal.NewFromString(cfg.InitialBalance); err != nil {
-		return fmt.Errorf("initial balance: %w", err)
+	if cfg.InitialBalance != "" {
+		if b, err := decimal.NewFromString(cfg.InitialBalance); err != nil || b.IsNegative() {
+			return errors.New("initial balance must be a decimal number from 0")
+		}
 	}
 	return nil
 }
