@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/config"
@@ -100,4 +104,34 @@ func TestOperatorReasonBounded(t *testing.T) {
 	_, err := runCtl(t, dsn, "rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2",
 		"--operator", strings.Repeat("n", payment.OperatorLengthMax), "--reason", strings.Repeat("é", payment.ReasonLengthMax))
 	require.NoError(t, err)
+}
+
+// TestUnreachableDatabaseIsQuick: a DATABASE_URL nobody answers ends
+// settlectl within seconds (the services' open waits a minute for a
+// PostgreSQL still starting), exit 1, saying so without the URL.
+func TestUnreachableDatabaseIsQuick(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "settlectl")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, url := range []string{
+		"postgres://settleuser:hunter2@127.0.0.1:1/settledb", // a port nobody listens on
+		"postgres://settleuser:hunter2@host.invalid:5432/settledb",
+	} {
+		cmd := exec.Command(bin, "check")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		start := time.Now()
+		_ = cmd.Run()
+		took := time.Since(start)
+		assert.Equal(t, 1, cmd.ProcessState.ExitCode(), "%s", stderr.String())
+		assert.Less(t, took, 20*time.Second, "settlectl waited %s for an unreachable database", took)
+		msg := stderr.String()
+		assert.Contains(t, msg, "no connection to PostgreSQL (DATABASE_URL) within")
+		assert.Equal(t, 1, strings.Count(msg, "\n"), "%q", msg)
+		for _, piece := range []string{"hunter2", "settleuser", "settledb", "127.0.0.1", "host.invalid", ":1"} {
+			assert.NotContains(t, msg, piece)
+		}
+		t.Logf("%s in %s", strings.TrimSpace(msg), took.Round(time.Millisecond))
+	}
 }
