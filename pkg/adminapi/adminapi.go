@@ -219,7 +219,7 @@ func readDecision(w http.ResponseWriter, r *http.Request) (decision, bool) {
 			return d, false
 		}
 	}
-	if len(d.Reason) > reasonMax || len(d.Operator) > operatorMax {
+	if !payment.NoteFits(d.Reason, reasonMax) || !payment.NoteFits(d.Operator, operatorMax) {
 		httpapi.WriteError(w, r, http.StatusBadRequest, "reason or operator too long")
 		return d, false
 	}

@@ -382,3 +382,18 @@ func TestDashboardSecurityHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A reason and an operator are bounded in characters, as the console and
+// settlectl count them: 1,000 two-byte characters fit, 1,001 do not.
+func TestDiscardReasonCountsCharacters(t *testing.T) {
+	e := newEnv(t)
+	id := e.deadLettered("d-chars")
+	path := "/admin/dlq/" + jsonInt(id) + "/discard"
+	status, body := e.do(http.MethodPost, path, adminToken, `{"reason":"`+strings.Repeat("é", 1001)+`"}`)
+	require.Equal(t, http.StatusBadRequest, status, "%v", body)
+	status, body = e.do(http.MethodPost, path, adminToken, `{"reason":"x","operator":"`+strings.Repeat("ж", 201)+`"}`)
+	require.Equal(t, http.StatusBadRequest, status, "%v", body)
+	status, body = e.do(http.MethodPost, path, adminToken, `{"reason":"`+strings.Repeat("é", 1000)+`","operator":"`+strings.Repeat("ж", 200)+`"}`)
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	require.Equal(t, "discarded", body["result"])
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // DeadLetterSource says which part of settle gave up on an event.
@@ -57,3 +58,10 @@ const (
 	OperatorLengthMax = 200
 	ReasonLengthMax   = 1000
 )
+
+// NoteFits says whether an operator's name or reason fits its bound:
+// valid UTF-8 of at most max characters, counted in characters on every
+// surface, so none takes what another refuses.
+func NoteFits(s string, max int) bool {
+	return utf8.ValidString(s) && utf8.RuneCountInString(s) <= max
+}

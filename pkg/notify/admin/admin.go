@@ -98,7 +98,7 @@ func (h *adminHandlers) redeliver(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Operator string `json:"operator"`
 	}
-	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most `+strconv.Itoa(operatorMax)+` characters}`, func() bool { return len(req.Operator) <= operatorMax }) {
+	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most `+strconv.Itoa(operatorMax)+` characters}`, func() bool { return payment.NoteFits(req.Operator, operatorMax) }) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminRequestTimeout)
@@ -120,7 +120,7 @@ func (h *adminHandlers) redeliverFailed(w http.ResponseWriter, r *http.Request) 
 	}
 	usage := fmt.Sprintf(`body must be empty or {"operator": string of at most 200 characters, "limit": 1..%d}`, postgres.RedeliverFailedMax)
 	valid := func() bool {
-		return len(req.Operator) <= operatorMax && (req.Limit == nil || (*req.Limit >= 1 && *req.Limit <= postgres.RedeliverFailedMax))
+		return payment.NoteFits(req.Operator, operatorMax) && (req.Limit == nil || (*req.Limit >= 1 && *req.Limit <= postgres.RedeliverFailedMax))
 	}
 	if !readBody(w, r, &req, usage, valid) {
 		return
