@@ -50,6 +50,7 @@ type Store interface {
 	TouchWatched(ctx context.Context, eventID string) error
 	KeepWatching(ctx context.Context, eventID string) error
 	MoveEvidence(ctx context.Context, eventID, fromHash string, blockNumber int64, blockHash string, final bool) (moved, givenBack bool, err error)
+	MarkPayoutReorged(ctx context.Context, eventID, fromHash, reason string) (bool, error)
 	RecordAbsence(ctx context.Context, eventID, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	RecordWaitAbsence(ctx context.Context, e payment.Event, blockHash string, head int64, delay time.Duration) (postgres.Absence, error)
 	ReverseDeposit(ctx context.Context, eventID, reason, traceID string) (postgres.Reversal, error)
@@ -108,6 +109,7 @@ type Gate struct {
 	o        Options
 	verdicts *prometheus.CounterVec
 	watched  *prometheus.CounterVec
+	payouts  *prometheus.CounterVec
 	// untracedAt and recheckMax let SettleInternalDepositsUntraced hold
 	// from one untraced count to the next when they are further apart
 	// than its counters' window (FINALITY_RECHECK_MAX, REORG_WATCH_INTERVAL).
@@ -141,7 +143,7 @@ func New(o Options) *Gate {
 			Name: "settle_finality_checks_total", Help: "Finality checks of deposits by network and verdict (credit, wait, reverted, mismatch, unavailable, untraced, reorged, not_found).",
 		}, []string{"network", "verdict"}),
 		watched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "settle_reorg_watch_total", Help: "Credited deposits examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error; untraced: an internal deposit mined again elsewhere, on a node without the debug API).",
+			Name: "settle_reorg_watch_total", Help: "Credited deposits and settled payouts examined by the reorg watcher, by network and what the chain showed (final, canonical, moved, absent, gone, error; untraced: an internal deposit mined again elsewhere, on a node without the debug API).",
 		}, []string{"network", "state"}),
 		untracedAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "settle_finality_untraced_timestamp_seconds", Help: "When this worker last counted an untraced internal deposit, by network and stage (check: settle_finality_checks_total; watch: settle_reorg_watch_total).",
@@ -149,10 +151,13 @@ func New(o Options) *Gate {
 		recheckMax: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "settle_finality_recheck_max_seconds", Help: "FINALITY_RECHECK_MAX: the longest wait between two finality checks of a waiting deposit.",
 		}),
+		payouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "settle_payout_reorged_total", Help: "Settled withdrawal_posts whose payout transaction left the canonical chain after they confirmed, by network: the user stays debited and the payout may never land (SettlePayoutReorged).",
+		}, []string{"network"}),
 	}
 	g.recheckMax.Set(o.RecheckMax.Seconds())
 	if o.Registerer != nil {
-		o.Registerer.MustRegister(g.verdicts, g.watched, g.untracedAt, g.recheckMax)
+		o.Registerer.MustRegister(g.verdicts, g.watched, g.untracedAt, g.recheckMax, g.payouts)
 	}
 	// The untraced series of every network asked exist at 0 from the
 	// start, so SettleInternalDepositsUntraced's increase() sees the
@@ -160,6 +165,7 @@ func New(o Options) *Gate {
 	for network := range o.Networks {
 		g.verdicts.WithLabelValues(network, "untraced")
 		g.watched.WithLabelValues(network, "untraced")
+		g.payouts.WithLabelValues(network)
 	}
 	return g
 }
@@ -572,6 +578,8 @@ func (g *Gate) decided(ctx context.Context, e payment.Event, outcome payment.Out
 // being watched, ones mined again in another block keep their credit and
 // their evidence moves there, and ones the chain shows gone (see
 // watchOne) get their compensation event, once however often it is seen.
+// Settled posts confirmed before finality are followed alike, but one
+// whose payout is gone is only reported (payoutReorged).
 // A deposit the chain could not be asked about goes to the back of the
 // list; an outage ends its network's pass, but not a node's lack of the
 // debug API, which only the internal deposit asking for it waits on.
@@ -640,7 +648,11 @@ func (g *Gate) WatchReorgs(ctx context.Context) error {
 // what the deposit claims: a transaction mined again elsewhere keeps the
 // credit only if it still pays it.
 func (g *Gate) stillCanonical(ctx context.Context, nc NetworkChain, network string, w postgres.WatchedDeposit) (chain.Canonicity, error) {
-	d, _, err := g.deposit(payment.Event{
+	describe := g.deposit
+	if w.Type == payment.WithdrawalPost {
+		describe = g.payout // it must still pay the hold's amount to its address
+	}
+	d, _, err := describe(payment.Event{
 		TxHash: w.TxHash, UserID: w.UserID, Asset: w.Asset, Amount: w.Amount, Network: network, TransferIndex: w.TransferIndex,
 	}, w.ToAddress)
 	if err != nil {
@@ -690,10 +702,10 @@ func (g *Gate) watchOne(ctx context.Context, w postgres.WatchedDeposit, seen cha
 			}
 			return err
 		}
-		return g.reverse(ctx, w, fmt.Sprintf("transaction %s: receipt absent on reads %s and %d blocks apart (block %d %s)",
+		return g.gone(ctx, w, fmt.Sprintf("transaction %s: receipt absent on reads %s and %d blocks apart (block %d %s)",
 			w.TxHash, a.Since.Round(time.Second), int64(seen.Head)-a.HeadThen, w.BlockNumber, w.BlockHash))
 	case chain.Gone:
-		return g.reverse(ctx, w, fmt.Sprintf("transaction %s left the canonical chain: %s", w.TxHash, seen.Reason))
+		return g.gone(ctx, w, fmt.Sprintf("transaction %s left the canonical chain: %s", w.TxHash, seen.Reason))
 	}
 	return fmt.Errorf("reorg watch of %s: chain returned unknown state %q", w.EventID, seen.State)
 }
@@ -707,6 +719,38 @@ func (g *Gate) givenBack(w postgres.WatchedDeposit) {
 	g.o.Alerts.Raise("deposit_given_back:"+w.EventID, alert.Warning, "a compensated deposit is final on the chain again; given back", map[string]any{
 		"event_id": w.EventID, "trace_id": w.TraceID, "tx_hash": w.TxHash,
 	})
+}
+
+// gone acts on evidence that a watched transaction left the chain: a
+// deposit is compensated, a post's payout only reported.
+func (g *Gate) gone(ctx context.Context, w postgres.WatchedDeposit, reason string) error {
+	if w.Type == payment.WithdrawalPost {
+		return g.payoutReorged(ctx, w, reason)
+	}
+	return g.reverse(ctx, w, reason)
+}
+
+// payoutReorged reports a settled post whose payout transaction left the
+// canonical chain: the user stays debited and the hold posted, while the
+// payout may never land. Whether to send it again or credit the user back
+// is an operator's decision (docs/runbooks/SettlePayoutReorged.md), so no
+// money moves here: the evidence is recorded on the post, counted, and
+// raised, once.
+func (g *Gate) payoutReorged(ctx context.Context, w postgres.WatchedDeposit, reason string) error {
+	marked, err := g.o.Store.MarkPayoutReorged(ctx, w.EventID, w.BlockHash, reason)
+	if err != nil || !marked {
+		return err
+	}
+	network := watchedNetwork(w)
+	g.payouts.WithLabelValues(network).Inc()
+	g.o.Log.Error().Str("network", network).Str("trace_id", w.TraceID).Str("event_id", w.EventID).Str("hold_id", w.HoldID).
+		Str("tx_hash", w.TxHash).Int64("block", w.BlockNumber).Str("block_hash", w.BlockHash).Str("reason", reason).
+		Msg("settled payout's transaction left the canonical chain; the user stays debited: an operator must re-send the payout or credit it back")
+	g.o.Alerts.Raise("payout_reorged:"+w.EventID, alert.Critical, "a settled payout's transaction left the canonical chain; the user stays debited", map[string]any{
+		"network": network, "event_id": w.EventID, "hold_id": w.HoldID, "trace_id": w.TraceID, "tx_hash": w.TxHash,
+		"user_id": w.UserID, "asset": w.Asset, "amount": w.Amount.String(), "to_address": w.ToAddress, "reason": reason,
+	})
+	return nil
 }
 
 // reverse compensates a credited deposit the chain shows gone.

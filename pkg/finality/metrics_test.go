@@ -10,8 +10,9 @@ import (
 )
 
 // TestUntracedSeriesStartAtZero: a new gate exports the untraced counts
-// of every network it asks at 0, so SettleInternalDepositsUntraced's
-// increase() sees a worker's first untraced deposit.
+// (and the reorged payouts) of every network it asks at 0, so
+// SettleInternalDepositsUntraced's (and SettlePayoutReorged's) increase()
+// sees a worker's first one.
 func TestUntracedSeriesStartAtZero(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	finality.New(finality.Options{
@@ -38,5 +39,7 @@ func TestUntracedSeriesStartAtZero(t *testing.T) {
 		"settle_finality_checks_total/ETH_MAINNET/untraced":  0,
 		"settle_reorg_watch_total/BASE_MAINNET/untraced":     0,
 		"settle_reorg_watch_total/ETH_MAINNET/untraced":      0,
+		"settle_payout_reorged_total/BASE_MAINNET":           0,
+		"settle_payout_reorged_total/ETH_MAINNET":            0,
 	}, got)
 }

@@ -140,9 +140,10 @@ func (p *planner) resolve(c Claimed, k Account, balance decimal.Decimal, chain *
 		kind = NotifyWithdrawalPosted
 	}
 	p.w.Outcomes[c.Key] = payment.OutcomeSuccess
-	// A post's transaction is the payment out: its block is recorded, but
-	// it is no deposit for the reorg watcher to follow.
-	p.w.Confirms = append(p.w.Confirms, Confirm{ID: e.ID, Chain: chain, Outcome: payment.OutcomeSuccess, Unwatched: true})
+	// A post's transaction confirmed before finality is watched like a
+	// deposit's: the watch only reports a payout that leaves the chain
+	// (finality.Gate.payoutReorged), it moves no money.
+	p.w.Confirms = append(p.w.Confirms, Confirm{ID: e.ID, Chain: chain, Outcome: payment.OutcomeSuccess})
 	p.notify(c, k, kind, after)
 	result.Status, result.Outcome = payment.StatusConfirmed, payment.OutcomeSuccess
 	return true

@@ -180,9 +180,6 @@ type Confirm struct {
 	ID      string
 	Chain   *ChainEvidence
 	Outcome payment.Outcome
-	// Unwatched: the chain evidence is recorded, but nobody watches it
-	// for reorgs (a post's payment out, not a deposit).
-	Unwatched bool
 }
 
 // Fail moves an event to failed.

@@ -1121,8 +1121,8 @@ func snapshotText(s ledger.Snapshot) string {
 }
 
 // TestConfirmsCarryTheChainEvidence: a credited deposit hands its block
-// to the reorg watcher; a post records the block of its payment out, for
-// nobody to watch; a debit has none.
+// to the reorg watcher; a post records the block of its payment out (the
+// watcher follows it too when it is not final); a debit has none.
 func TestConfirmsCarryTheChainEvidence(t *testing.T) {
 	events := claimed([]ev{
 		{id: "dep", typ: payment.Deposit, user: 1, amount: "1", tx: txA},
@@ -1142,7 +1142,7 @@ func TestConfirmsCarryTheChainEvidence(t *testing.T) {
 		got[c.ID] = c
 	}
 	require.Equal(t, ledger.Confirm{ID: "dep", Chain: deposit, Outcome: payment.OutcomeSuccess}, got["dep"])
-	require.Equal(t, ledger.Confirm{ID: "post", Chain: payout, Outcome: payment.OutcomeSuccess, Unwatched: true}, got["post"])
+	require.Equal(t, ledger.Confirm{ID: "post", Chain: payout, Outcome: payment.OutcomeSuccess}, got["post"])
 	require.Equal(t, ledger.Confirm{ID: "w", Outcome: payment.OutcomeSuccess}, got["w"])
 	require.Equal(t, "8", w.Balances[acct("1/ETH")].String(), "10 + 1 - 2 - 1")
 }

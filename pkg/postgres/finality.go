@@ -119,6 +119,10 @@ type WatchedDeposit struct {
 	// LogPosition is the position within its transaction of the log the
 	// deposit's claim holds (a token's), nil when none is known.
 	LogPosition *int64
+	// Type is payment.WithdrawalPost for a post's payout, watched only to
+	// report it gone (MarkPayoutReorged); HoldID is then its hold.
+	Type   payment.EventType
+	HoldID string
 }
 
 // WatchedDeposits lists deposits credited before finality on each of
@@ -136,11 +140,12 @@ func (db *DB) WatchedDeposits(ctx context.Context, networks []string, perNetwork
 	var out []WatchedDeposit
 	for rows.Next() {
 		var w WatchedDeposit
-		var amount string
+		var amount, eventType string
 		if err := rows.Scan(&w.EventID, &w.UserID, &w.Asset, &w.TxHash, &w.BlockNumber, &w.BlockHash, &w.TraceID, &w.Network,
-			&amount, &w.ToAddress, &w.TransferIndex, &w.LogPosition); err != nil {
+			&amount, &w.ToAddress, &w.TransferIndex, &w.LogPosition, &eventType, &w.HoldID); err != nil {
 			return nil, classify(stmt.name, err)
 		}
+		w.Type = payment.EventType(eventType)
 		w.Amount = decimal.RequireFromString(amount) // NUMERIC's text always parses
 		out = append(out, w)
 	}
@@ -166,6 +171,20 @@ func (db *DB) MarkFinal(ctx context.Context, eventID string) (givenBack bool, er
 		}
 	}
 	return givenBack, classify("mark final commit", tx.Commit(ctx))
+}
+
+// MarkPayoutReorged records that a watched post's payout transaction,
+// seen in block fromHash, left the canonical chain: chain_state
+// 'reorged', reason in its error, and it is no longer watched. It moves
+// no money and changes no outcome or hold. False: the post was no longer
+// watched in that block (another pass decided first).
+func (db *DB) MarkPayoutReorged(ctx context.Context, eventID, fromHash, reason string) (bool, error) {
+	stmt := q("mark_payout_reorged")
+	tag, err := db.pool.Exec(ctx, stmt.text, eventID, fromHash, reason)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // TouchWatched moves a still-canonical deposit to the back of the watch

@@ -784,12 +784,9 @@ func queueWrites(batch *pgx.Batch, w *ledger.Writes, notify bool) []writeKind {
 				if c.Chain != nil {
 					block := c.Chain.BlockNumber
 					blocks[i], hashes[i] = &block, c.Chain.BlockHash
-					switch {
-					case c.Unwatched:
-					case c.Chain.Watch:
+					states[i] = "final"
+					if c.Chain.Watch {
 						states[i] = "watching"
-					default:
-						states[i] = "final"
 					}
 				}
 			}

@@ -62,19 +62,25 @@ RETURNING prev.absent_since IS NULL,
           COALESCE(now() - prev.absent_since >= $5::interval AND $4::bigint > prev.absent_head, false);
 
 -- name: watched_deposits
--- Credited deposits whose block was not final when they were credited,
--- with what they claim (amount, recipient, transfer), which a transaction
--- mined again elsewhere must still pay: the $2 longest unwatched of each
--- network in $1, so that one network (down, or many rows) never takes
--- another's turn.
+-- Credited deposits (and settled posts: their payouts) whose block was
+-- not final when they were confirmed, with what they claim (amount,
+-- recipient, transfer), which a transaction mined again elsewhere must
+-- still pay: the $2 longest unwatched of each network in $1, so that one
+-- network (down, or many rows) never takes another's turn. A post's log
+-- position is its payout claim's 'log:<n>' (n counts within the
+-- transaction).
 SELECT w.event_id, w.user_id, w.asset, w.tx_hash, w.block_number, w.block_hash, w.trace_id, n.network,
        w.amount, w.to_address, w.transfer_index,
-       (SELECT c.log_position FROM chain_transfers c WHERE c.event_id = w.event_id)
+       CASE WHEN w.event_type = 'withdrawal_post'
+            THEN (SELECT substr(p.transfer, 5)::bigint FROM payout_transfers p WHERE p.event_id = w.event_id AND p.transfer LIKE 'log:%')
+            ELSE (SELECT c.log_position FROM chain_transfers c WHERE c.event_id = w.event_id) END,
+       w.event_type, w.hold_id
 FROM unnest($1::text[]) AS n(network)
 CROSS JOIN LATERAL (
     SELECT event_id, user_id, asset, COALESCE(tx_hash, '') AS tx_hash, COALESCE(block_number, 0) AS block_number,
            COALESCE(block_hash, '') AS block_hash, trace_id, amount::text AS amount,
-           COALESCE(to_address, '') AS to_address, COALESCE(transfer_index, '') AS transfer_index
+           COALESCE(to_address, '') AS to_address, COALESCE(transfer_index, '') AS transfer_index,
+           event_type, COALESCE(hold_id, '') AS hold_id
     FROM payment_events
     WHERE chain_state = 'watching'
       AND COALESCE(network, (SELECT a.network FROM assets a WHERE a.code = payment_events.asset)) = n.network
@@ -86,6 +92,18 @@ CROSS JOIN LATERAL (
 UPDATE payment_events
 SET chain_state = 'final', absent_since = NULL, absent_head = NULL, updated_at = now()
 WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C";
+
+-- name: mark_payout_reorged
+-- A watched post whose payout transaction left the chain (seen in block
+-- $2): it stops being watched, with chain_state 'reorged' and why ($3);
+-- absent_since/absent_head stay as the absence evidence, if any. Its
+-- status, outcome, debit and hold stay as they are: what the funds need
+-- is an operator's decision. Guarded like move_evidence.
+UPDATE payment_events
+SET chain_state = 'reorged', error = $3, updated_at = now()
+WHERE event_id = $1 AND chain_state = 'watching' COLLATE "C" AND block_hash = $2
+  AND event_type = 'withdrawal_post'
+RETURNING event_id;
 
 -- name: touch_watched
 -- To the back of the watch list, whatever the chain said (or could not).
