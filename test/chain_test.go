@@ -36,6 +36,7 @@ type chainStack struct {
 	token  string
 	client *harness.Client
 	api    *harness.Proc
+	worker *harness.Proc
 }
 
 func newChainStack(t *testing.T, finality string, extra map[string]string) *chainStack {
@@ -65,9 +66,9 @@ func newChainStack(t *testing.T, finality string, extra map[string]string) *chai
 		s.Env[k] = v
 	}
 	api := s.StartAPI(nil)
-	s.StartWorker(nil)
+	worker := s.StartWorker(nil)
 	s.StartScheduler(nil)
-	c := &chainStack{Stack: s, chain: ch, token: strings.ToLower(token), client: harness.NewClient(api.URL()), api: api}
+	c := &chainStack{Stack: s, chain: ch, token: strings.ToLower(token), client: harness.NewClient(api.URL()), api: api, worker: worker}
 	createUsers(t, c.client, 1, 2)
 	for user, addr := range map[int64]string{1: addrUser1, 2: addrUser2} {
 		status, body, err := c.client.Admin(http.MethodPost, "/admin/deposit-addresses", map[string]any{"address": addr, "network": "ETH_MAINNET", "user_id": user})

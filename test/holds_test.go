@@ -64,6 +64,47 @@ func holdState(t *testing.T, s *harness.Stack, id string) (status, resolvedBy st
 	return status, resolvedBy
 }
 
+// TestPostReorgedIsReported: under confirmations:1 a post settles before
+// its payout's block is final and is watched; a real reorg drops the
+// payout. The worker records it on the post, counts it and alerts; the
+// user stays debited and the hold posted (the funds are an operator's
+// call), and nothing else is written.
+func TestPostReorgedIsReported(t *testing.T) {
+	c := newChainStack(t, "confirmations:1", nil)
+	ctx := context.Background()
+	_, err := c.DB.Exec(ctx, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (1, 'ETH', 100, 100)`)
+	require.NoError(t, err)
+	holdWebhook(t, c.client, "h-1", 1, "ETH", "10", map[string]any{"to_address": payoutAddress})
+	c.waitStatus(t, "h-1", "confirmed")
+	paid, err := c.chain.SendETH(ctx, 0, payoutAddress, wei(10))
+	require.NoError(t, err)
+	resolveWebhook(t, c.client, "p-1", "withdrawal_post", 1, "h-1", map[string]any{"tx_hash": paid.Hash})
+	c.waitStatus(t, "p-1", "confirmed")
+	require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'p-1' AND chain_state = 'watching'`))
+	require.Equal(t, fundsRow{"90", "0"}, funds(t, c.Stack, 1, "ETH"))
+	worker := c.worker.URL()
+	require.Zero(t, metricValue(worker, `settle_payout_reorged_total{network="ETH_MAINNET"}`))
+
+	_, err = c.chain.Reorg(ctx, paid.Hash)
+	require.NoError(t, err)
+	c.WaitFor("payout reorged", time.Minute, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'p-1' AND chain_state = 'reorged'`) == 1
+	})
+	status, outcome, reason := c.event(t, "p-1")
+	require.Equal(t, []string{"confirmed", "success"}, []string{status, outcome})
+	require.Contains(t, reason, paid.Hash)
+	c.WaitFor("counted", 10*time.Second, func() bool {
+		return metricValue(worker, `settle_payout_reorged_total{network="ETH_MAINNET"}`) == 1
+	})
+	time.Sleep(time.Second) // a few more watcher passes: nothing more may happen
+	require.Equal(t, float64(1), metricValue(worker, `settle_payout_reorged_total{network="ETH_MAINNET"}`))
+	require.Equal(t, fundsRow{"90", "0"}, funds(t, c.Stack, 1, "ETH"))
+	hold, by := holdState(t, c.Stack, "h-1")
+	require.Equal(t, []string{"posted", "p-1"}, []string{hold, by})
+	require.Zero(t, c.Count(`SELECT count(*) FROM payment_events WHERE event_id NOT IN ('h-1', 'p-1')`))
+	requireInvariants(t, c.Stack)
+}
+
 // TestPostSettlesOnChain: a post whose transaction reverts, or pays
 // another amount, fails with that outcome and leaves the hold open; a
 // later post with a transaction that pays the hold's amount to its
@@ -111,8 +152,8 @@ func TestPostSettlesOnChain(t *testing.T) {
 	status, by := holdState(t, c.Stack, "h-1")
 	require.Equal(t, "posted", status)
 	require.Equal(t, "p-good", by)
-	require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'p-good' AND block_number = $1 AND chain_state IS NULL`, int64(good.BlockNumber)),
-		"the payment out is recorded, and not watched as a deposit")
+	require.Equal(t, 1, c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'p-good' AND block_number = $1 AND chain_state IN ('watching', 'final')`, int64(good.BlockNumber)),
+		"the payment out is recorded, and watched until final (confirmations:1)")
 
 	// The provider redelivers the post: a duplicate, no second debit.
 	require.Equal(t, "duplicate", resolveWebhook(t, c.client, "p-good", "withdrawal_post", 1, "h-1", map[string]any{"tx_hash": good.Hash, "amount": "10"}))
