@@ -47,7 +47,9 @@ const (
 	RequestTimeout = 5 * time.Second
 	// Lease is how long a claimed batch is this run's; a POST starts only
 	// if it and its record end within it (Deliver), so no other run can
-	// claim a notification while it is being sent.
+	// claim a notification while it is being sent. A run paused past it
+	// (GC, SIGSTOP) may lose its rows to another claim: its failure and
+	// release records then leave them alone (ClaimedUntil).
 	Lease = time.Minute
 	// TaskTimeout is the delivery task's bound (the scheduler's asynq
 	// timeout): the lease, which Deliver keeps to.
@@ -62,8 +64,8 @@ const (
 type Store interface {
 	ClaimNotifications(ctx context.Context, limit int, lease time.Duration) ([]postgres.Notification, error)
 	NotificationDelivered(ctx context.Context, id int64, attempt postgres.DeliveryAttempt) error
-	NotificationFailed(ctx context.Context, id int64, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) error
-	ReleaseNotifications(ctx context.Context, ids []int64) (int64, error)
+	NotificationFailed(ctx context.Context, n postgres.Notification, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) error
+	ReleaseNotifications(ctx context.Context, unstarted []postgres.Notification) (int64, error)
 }
 
 // Alerter tells a human.
@@ -157,16 +159,12 @@ func (d *Deliverer) Deliver(ctx context.Context) error {
 
 // release gives back claimed notifications never posted.
 func (d *Deliverer) release(ctx context.Context, unstarted []postgres.Notification) {
-	ids := make([]int64, len(unstarted))
-	for i, n := range unstarted {
-		ids[i] = n.ID
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	released, err := d.store.ReleaseNotifications(ctx, ids)
+	released, err := d.store.ReleaseNotifications(ctx, unstarted)
 	if err != nil {
 		// They wait out the lease, having spent an attempt.
-		d.log.Warn().Err(logging.RedactError(err)).Int("notifications", len(ids)).Msg("unsent notifications not released; due again after the lease")
+		d.log.Warn().Err(logging.RedactError(err)).Int("notifications", len(unstarted)).Msg("unsent notifications not released; due again after the lease")
 		return
 	}
 	d.log.Info().Int64("released", released).Msg("notifications left unsent for lack of time given back")
@@ -211,7 +209,7 @@ func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
 	}
 	log.Warn().Str("error", reason).Int("http_status", attempt.HTTPStatus).Str("error_class", attempt.ErrorClass).
 		Bool("final", final).Dur("retry_in", retryIn).Msg("notification not delivered")
-	if err := d.store.NotificationFailed(ctx, n.ID, attempt, reason, retryIn, final); err != nil {
+	if err := d.store.NotificationFailed(ctx, n, attempt, reason, retryIn, final); err != nil {
 		log.Warn().Err(logging.RedactError(err)).Msg("notification failure not recorded; the lease brings it back")
 	}
 }

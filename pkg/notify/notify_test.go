@@ -187,11 +187,11 @@ func (s *hookedStore) ClaimNotifications(ctx context.Context, limit int, lease t
 	return due, err
 }
 
-func (s *hookedStore) ReleaseNotifications(ctx context.Context, ids []int64) (int64, error) {
+func (s *hookedStore) ReleaseNotifications(ctx context.Context, unstarted []postgres.Notification) (int64, error) {
 	if s.releaseErr != nil {
 		return 0, s.releaseErr
 	}
-	return s.DB.ReleaseNotifications(ctx, ids)
+	return s.DB.ReleaseNotifications(ctx, unstarted)
 }
 
 // oneNotification writes one notification (a refused withdrawal's).

@@ -23,6 +23,9 @@ type Notification struct {
 	TraceID    string
 	EventID    string
 	UserID     int64
+	// ClaimedUntil is the claim's lease end, its token: release and
+	// failure records touch the row only while it still holds.
+	ClaimedUntil time.Time
 }
 
 // ClaimNotifications leases up to limit due notifications for lease.
@@ -36,7 +39,7 @@ func (db *DB) ClaimNotifications(ctx context.Context, limit int, lease time.Dura
 		var n Notification
 		var payload string
 		var attempts int32
-		err := row.Scan(&n.ID, &n.DeliveryID, &n.Kind, &payload, &attempts, &n.TraceID, &n.EventID, &n.UserID)
+		err := row.Scan(&n.ID, &n.DeliveryID, &n.Kind, &payload, &attempts, &n.TraceID, &n.EventID, &n.UserID, &n.ClaimedUntil)
 		n.Payload, n.Attempts = []byte(payload), int(attempts)
 		return n, err
 	})
@@ -44,10 +47,16 @@ func (db *DB) ClaimNotifications(ctx context.Context, limit int, lease time.Dura
 }
 
 // ReleaseNotifications gives back claimed notifications never posted:
-// due now, their claim's attempt unspent.
-func (db *DB) ReleaseNotifications(ctx context.Context, ids []int64) (int64, error) {
+// due now, their claim's attempt unspent; those another claim took since
+// are left alone.
+func (db *DB) ReleaseNotifications(ctx context.Context, unstarted []Notification) (int64, error) {
 	stmt := q("notifications_release")
-	tag, err := db.pool.Exec(ctx, stmt.text, ids)
+	ids := make([]int64, len(unstarted))
+	claims := make([]time.Time, len(unstarted))
+	for i, n := range unstarted {
+		ids[i], claims[i] = n.ID, n.ClaimedUntil
+	}
+	tag, err := db.pool.Exec(ctx, stmt.text, ids, claims)
 	return tag.RowsAffected(), classify(stmt.name, err)
 }
 
@@ -92,11 +101,12 @@ func (db *DB) NotificationDelivered(ctx context.Context, id int64, a DeliveryAtt
 
 // NotificationFailed records a failed attempt: retry after retryIn, or give
 // up for good when final. reason is stored as last_error: the caller keeps
-// URLs and response bodies out of it.
-func (db *DB) NotificationFailed(ctx context.Context, id int64, a DeliveryAttempt, reason string, retryIn time.Duration, final bool) error {
+// URLs and response bodies out of it. The attempt is logged always; the
+// row moves only while n's claim still holds it.
+func (db *DB) NotificationFailed(ctx context.Context, n Notification, a DeliveryAttempt, reason string, retryIn time.Duration, final bool) error {
 	stmt := q("notification_failed")
-	args := append([]any{id}, a.args()...)
-	_, err := db.pool.Exec(ctx, stmt.text, append(args, reason, interval(retryIn), final)...)
+	args := append([]any{n.ID}, a.args()...)
+	_, err := db.pool.Exec(ctx, stmt.text, append(args, reason, interval(retryIn), final, n.ClaimedUntil)...)
 	return classify(stmt.name, err)
 }
 

@@ -1,7 +1,10 @@
 -- name: notifications_claim
 -- Take due notifications and push their next attempt out by the lease, so
 -- another deliverer skips them while this one sends; a deliverer that dies
--- mid-send leaves them due again when the lease ends.
+-- mid-send leaves them due again when the lease ends. The lease's end
+-- (next_attempt_at, returned) is the claim's token: every later claim,
+-- record or redelivery moves it, so a run paused past its lease finds
+-- the row no longer its own.
 WITH due AS (
     SELECT id FROM notification_outbox
     WHERE status = 'pending' AND next_attempt_at <= now()
@@ -13,16 +16,18 @@ UPDATE notification_outbox n
 SET next_attempt_at = now() + $2::interval, attempts = n.attempts + 1
 FROM due
 WHERE n.id = due.id
-RETURNING n.id, n.delivery_id, n.kind, n.payload::text, n.attempts, n.trace_id, n.event_id, n.user_id;
+RETURNING n.id, n.delivery_id, n.kind, n.payload::text, n.attempts, n.trace_id, n.event_id, n.user_id, n.next_attempt_at;
 
 -- name: notifications_release
 -- Claimed notifications the deliverer never posted (its run was stopped,
 -- or too little of its deadline or lease was left): due again now, and
--- the attempt their claim counted given back. Released within the
--- claim's lease, so no other deliverer holds them.
-UPDATE notification_outbox
-SET next_attempt_at = now(), attempts = attempts - 1
-WHERE id = ANY($1::bigint[]) AND status = 'pending' AND attempts > 0;
+-- the attempt their claim counted given back. Only rows still under this
+-- run's claim ($2: each claim's lease end): a run paused past its lease
+-- must not make due, nor refund, a claim another run now holds.
+UPDATE notification_outbox n
+SET next_attempt_at = now(), attempts = n.attempts - 1
+FROM unnest($1::bigint[], $2::timestamptz[]) AS c(id, claimed_until)
+WHERE n.id = c.id AND n.next_attempt_at = c.claimed_until AND n.status = 'pending' AND n.attempts > 0;
 
 -- name: notifications_due
 -- Whether a delivery run would find anything: a read on the partial
@@ -31,7 +36,9 @@ SELECT EXISTS (SELECT 1 FROM notification_outbox WHERE status = 'pending' AND ne
 
 -- name: notification_delivered
 -- A 2xx from the receiver, and the attempt into the delivery log (logged
--- even when the lease ran out and the row moved on: it did happen).
+-- even when the lease ran out and the row moved on: it did happen). Not
+-- bound to the claim: the receiver has the delivery id, so marking it
+-- delivered over a newer claim only spares that run's result a retry.
 WITH attempt AS (
     INSERT INTO notification_deliveries (notification_id, attempted_at, duration_ms, http_status, error_class)
     VALUES ($1, $2::timestamptz, $3::integer, $4::integer, $5::text)
@@ -41,7 +48,11 @@ SET status = 'delivered', delivered_at = now(), last_error = NULL
 WHERE id = $1 AND status = 'pending';
 
 -- name: notification_failed
--- A failed attempt: retry after $8, or give up for good when $9.
+-- A failed attempt: retry after $7, or give up for good when $8; the
+-- attempt is logged always, the row moved only while still under this
+-- run's claim ($9, its lease end): a run paused past its lease must not
+-- reschedule (a second POST beside the new claim's) or fail (losing the
+-- new claim's delivered mark) a row another run holds.
 WITH attempt AS (
     INSERT INTO notification_deliveries (notification_id, attempted_at, duration_ms, http_status, error_class)
     VALUES ($1, $2::timestamptz, $3::integer, $4::integer, $5::text)
@@ -49,7 +60,7 @@ WITH attempt AS (
 UPDATE notification_outbox
 SET last_error = $6, next_attempt_at = now() + $7::interval,
     status = CASE WHEN $8 THEN 'failed' ELSE status END
-WHERE id = $1 AND status = 'pending';
+WHERE id = $1 AND status = 'pending' AND next_attempt_at = $9::timestamptz;
 
 -- name: notifications_list
 -- Newest first, optionally by status, before id $2 (0: from the newest);
