@@ -81,6 +81,19 @@ const (
 	// partitionLockTimeoutMax: every ledger write queues behind a
 	// partition DDL waiting for its lock.
 	partitionLockTimeoutMax = 10 * time.Second
+	// retentionMin: idempotency records kept shorter would let a
+	// provider's redelivery (they retry for up to days) past the dedup;
+	// a week covers every provider's retry schedule twice over.
+	// retentionMax: a year of daily partitions and rows.
+	retentionMin = 7 * 24 * time.Hour
+	retentionMax = 365 * 24 * time.Hour
+	// windowMin, windowMax bound HOT_PATH_CHECK_WINDOW and
+	// PROVIDER_MISS_GRACE: a millisecond (the test setups' grace) up to a
+	// day, past which the full reconciliation (daily) and the providers'
+	// retries make the window pointless while each run reads a day of
+	// rows.
+	windowMin = time.Millisecond
+	windowMax = 24 * time.Hour
 )
 
 func readSettings(env *config.Env) settings {
@@ -106,7 +119,7 @@ func readSettings(env *config.Env) settings {
 		s.ListenURL = s.DatabaseURL
 	}
 	s.Cleanup = cleanupSettings{
-		Retention:            env.Duration("PROCESSED_RETENTION", postgres.CleanupRetentionDefault),
+		Retention:            env.DurationWithin("PROCESSED_RETENTION", postgres.CleanupRetentionDefault, retentionMin, retentionMax),
 		PartitionLockTimeout: env.DurationWithin("PARTITION_LOCK_TIMEOUT", postgres.PartitionLockTimeoutDefault, time.Millisecond, partitionLockTimeoutMax),
 		Batch:                env.Int("CLEANUP_BATCH", postgres.CleanupBatchDefault, 1, postgres.CleanupBatchMax),
 		BatchTimeout:         env.DurationWithin("CLEANUP_BATCH_TIMEOUT", postgres.CleanupBatchTimeoutDefault, timeoutMin, cleanupTimeout),

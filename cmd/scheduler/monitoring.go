@@ -29,13 +29,13 @@ type monitorSettings struct {
 func readMonitorSettings(env *config.Env) monitorSettings {
 	return monitorSettings{
 		HotPathInterval: env.DurationWithin("HOT_PATH_CHECK_INTERVAL", monitor.HotPathIntervalDefault, intervalMin, intervalMax),
-		HotPathWindow:   env.Duration("HOT_PATH_CHECK_WINDOW", postgres.HotPathWindowDefault),
+		HotPathWindow:   env.DurationWithin("HOT_PATH_CHECK_WINDOW", postgres.HotPathWindowDefault, windowMin, windowMax),
 		HealthInterval:  env.DurationWithin("HEALTH_CHECK_INTERVAL", monitor.HealthIntervalDefault, intervalMin, intervalMax),
 		BacklogInterval: env.DurationWithin("BACKLOG_INTERVAL", monitor.BacklogIntervalDefault, intervalMin, intervalMax),
 		BacklogTimeout:  env.DurationWithin("BACKLOG_TIMEOUT", monitor.BacklogTimeoutDefault, timeoutMin, timeoutMax),
 
 		ProviderMissInterval: env.DurationWithin("PROVIDER_MISS_INTERVAL", monitor.ProviderMissIntervalDefault, intervalMin, intervalMax),
-		ProviderMissGrace:    env.Duration("PROVIDER_MISS_GRACE", monitor.ProviderMissGraceDefault),
+		ProviderMissGrace:    env.DurationWithin("PROVIDER_MISS_GRACE", monitor.ProviderMissGraceDefault, windowMin, windowMax),
 	}
 }
 
