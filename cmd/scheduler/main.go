@@ -81,11 +81,13 @@ const (
 	// partitionLockTimeoutMax: every ledger write queues behind a
 	// partition DDL waiting for its lock.
 	partitionLockTimeoutMax = 10 * time.Second
-	// retentionMin: idempotency records kept shorter would let a
-	// provider's redelivery (they retry for up to days) past the dedup;
-	// a week covers every provider's retry schedule twice over.
-	// retentionMax: a year of daily partitions and rows.
-	retentionMin = 7 * 24 * time.Hour
+	// retentionMin: a day. Redeliveries are refused by their event id
+	// whatever this says (events are never deleted), but the records are
+	// the outcome of each idempotency key an operator audits and the
+	// reorg watch reopens, and less than a day is a unit slip (24h for
+	// 240h is not, and stays allowed). retentionMax: a year of daily
+	// partitions and rows.
+	retentionMin = 24 * time.Hour
 	retentionMax = 365 * 24 * time.Hour
 	// windowMin, windowMax bound HOT_PATH_CHECK_WINDOW and
 	// PROVIDER_MISS_GRACE: a millisecond (the test setups' grace) up to a

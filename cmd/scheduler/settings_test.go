@@ -77,13 +77,12 @@ func TestDurationSettingsAreBounded(t *testing.T) {
 
 // TestWindowSettingsAreBounded: the windows and the retention are refused
 // at start outside their bounds and taken at both edges. Unbounded,
-// PROCESSED_RETENTION=24h (a slip for 240h) dropped idempotency records a
-// provider's redelivery days later still needs to dedup.
+// PROCESSED_RETENTION=1h dropped the outcome records of keys an hour old.
 func TestWindowSettingsAreBounded(t *testing.T) {
 	for name, c := range map[string]struct{ below, min, max, above string }{
 		"HOT_PATH_CHECK_WINDOW": {"999us", "1ms", "24h", "24h0m0.001s"},
 		"PROVIDER_MISS_GRACE":   {"999us", "1ms", "24h", "24h0m0.001s"},
-		"PROCESSED_RETENTION":   {"167h59m59s", "168h", "8760h", "8760h0m1s"},
+		"PROCESSED_RETENTION":   {"23h59m59s", "24h", "8760h", "8760h0m1s"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			read := func(v string) error {
