@@ -30,6 +30,8 @@ var updatePrometheusRule = flag.Bool("update-prometheusrule", false,
 const (
 	alertsFile         = "configs/prometheus/alerts.yml"
 	alertsTestFile     = "configs/prometheus/alerts_test.yml"
+	// alertsLongTestFile holds the cases over days, evaluated every 10m.
+	alertsLongTestFile = "configs/prometheus/alerts_long_test.yml"
 	runbooksDir        = "docs/runbooks"
 	monitoringDir      = "deploy/k8s/components/monitoring"
 	prometheusRuleFile = monitoringDir + "/prometheusrule.yaml"
@@ -99,8 +101,8 @@ func TestAlertRunbooks(t *testing.T) {
 }
 
 // TestAlertRulesPromtool runs promtool's own checks: the rules load, and
-// the unit tests in alerts_test.yml pass. Every alert has a case where it
-// fires and one where it stays quiet.
+// the unit tests in alerts_test.yml and alerts_long_test.yml pass. Every
+// alert has a case where it fires and one where it stays quiet.
 func TestAlertRulesPromtool(t *testing.T) {
 	root := repoRoot(t)
 	promtool, err := exec.LookPath("promtool")
@@ -112,7 +114,7 @@ func TestAlertRulesPromtool(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"check", "rules", filepath.FromSlash(alertsFile)},
-		{"test", "rules", filepath.FromSlash(alertsTestFile)},
+		{"test", "rules", filepath.FromSlash(alertsTestFile), filepath.FromSlash(alertsLongTestFile)},
 	} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = root
@@ -132,23 +134,26 @@ func TestAlertRulesPromtool(t *testing.T) {
 			} `yaml:"alert_rule_test"`
 		} `yaml:"tests"`
 	}
-	raw, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(alertsTestFile)))
-	require.NoError(t, err)
-	require.NoError(t, yaml.Unmarshal(raw, &tests))
-	require.Equal(t, []string{"alerts.yml"}, tests.RuleFiles)
 	fires, quiet := map[string]bool{}, map[string]bool{}
-	for _, tc := range tests.Tests {
-		for _, at := range tc.AlertTests {
-			if len(at.ExpAlerts) == 0 {
-				quiet[at.AlertName] = true
-			} else {
-				fires[at.AlertName] = true
+	for _, file := range []string{alertsTestFile, alertsLongTestFile} {
+		raw, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+		require.NoError(t, err)
+		tests.Tests = nil
+		require.NoError(t, yaml.Unmarshal(raw, &tests))
+		require.Equal(t, []string{"alerts.yml"}, tests.RuleFiles, file)
+		for _, tc := range tests.Tests {
+			for _, at := range tc.AlertTests {
+				if len(at.ExpAlerts) == 0 {
+					quiet[at.AlertName] = true
+				} else {
+					fires[at.AlertName] = true
+				}
 			}
 		}
 	}
 	for _, r := range alertRules(t) {
-		require.True(t, fires[r.Alert], "alerts_test.yml has no case where %s fires", r.Alert)
-		require.True(t, quiet[r.Alert], "alerts_test.yml has no case where %s stays quiet", r.Alert)
+		require.True(t, fires[r.Alert], "no promtool case where %s fires", r.Alert)
+		require.True(t, quiet[r.Alert], "no promtool case where %s stays quiet", r.Alert)
 	}
 }
 
