@@ -89,9 +89,9 @@ const (
 	// partitions and rows.
 	retentionMin = 24 * time.Hour
 	retentionMax = 365 * 24 * time.Hour
-	// windowMin, windowMax bound HOT_PATH_CHECK_WINDOW and
-	// PROVIDER_MISS_GRACE: a millisecond (the test setups' grace) up to a
-	// day, past which the full reconciliation (daily) and the providers'
+	// windowMin, windowMax bound PROVIDER_MISS_GRACE (and windowMax
+	// HOT_PATH_CHECK_WINDOW, whose floor is its interval's): a
+	// millisecond (the test setups' grace) up to a day, past which the full reconciliation (daily) and the providers'
 	// retries make the window pointless while each run reads a day of
 	// rows.
 	windowMin = time.Millisecond

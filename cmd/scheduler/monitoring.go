@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,9 +28,17 @@ type monitorSettings struct {
 }
 
 func readMonitorSettings(env *config.Env) monitorSettings {
+	hotPath := env.DurationWithin("HOT_PATH_CHECK_INTERVAL", monitor.HotPathIntervalDefault, intervalMin, intervalMax)
+	// A run checks the balances touched within the window, so a window
+	// shorter than the period leaves the gap between runs to the daily
+	// full pass: unset, it covers two periods; set shorter, it is refused.
+	window := env.DurationWithin("HOT_PATH_CHECK_WINDOW", min(max(postgres.HotPathWindowDefault, 2*hotPath), windowMax), intervalMin, windowMax)
+	if window < hotPath {
+		env.Reject("HOT_PATH_CHECK_WINDOW", fmt.Errorf("%s is shorter than HOT_PATH_CHECK_INTERVAL (%s): balances touched between two runs would go unchecked until the daily full pass", window, hotPath))
+	}
 	return monitorSettings{
-		HotPathInterval: env.DurationWithin("HOT_PATH_CHECK_INTERVAL", monitor.HotPathIntervalDefault, intervalMin, intervalMax),
-		HotPathWindow:   env.DurationWithin("HOT_PATH_CHECK_WINDOW", postgres.HotPathWindowDefault, windowMin, windowMax),
+		HotPathInterval: hotPath,
+		HotPathWindow:   window,
 		HealthInterval:  env.DurationWithin("HEALTH_CHECK_INTERVAL", monitor.HealthIntervalDefault, intervalMin, intervalMax),
 		BacklogInterval: env.DurationWithin("BACKLOG_INTERVAL", monitor.BacklogIntervalDefault, intervalMin, intervalMax),
 		BacklogTimeout:  env.DurationWithin("BACKLOG_TIMEOUT", monitor.BacklogTimeoutDefault, timeoutMin, timeoutMax),

@@ -2,6 +2,7 @@ package main
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -79,14 +80,20 @@ func TestDurationSettingsAreBounded(t *testing.T) {
 // at start outside their bounds and taken at both edges. Unbounded,
 // PROCESSED_RETENTION=1h dropped the outcome records of keys an hour old.
 func TestWindowSettingsAreBounded(t *testing.T) {
-	for name, c := range map[string]struct{ below, min, max, above string }{
-		"HOT_PATH_CHECK_WINDOW": {"999us", "1ms", "24h", "24h0m0.001s"},
-		"PROVIDER_MISS_GRACE":   {"999us", "1ms", "24h", "24h0m0.001s"},
-		"PROCESSED_RETENTION":   {"23h59m59s", "24h", "8760h", "8760h0m1s"},
+	for name, c := range map[string]struct{ below, min, max, above, interval string }{
+		// The window's floor is the interval's, and it may not be shorter
+		// than the interval (TestHotPathWindowCoversItsInterval).
+		"HOT_PATH_CHECK_WINDOW": {"9ms", "10ms", "24h", "24h0m0.001s", "10ms"},
+		"PROVIDER_MISS_GRACE":   {"999us", "1ms", "24h", "24h0m0.001s", ""},
+		"PROCESSED_RETENTION":   {"23h59m59s", "24h", "8760h", "8760h0m1s", ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			read := func(v string) error {
-				env := config.FromMap(map[string]string{"DATABASE_URL": "postgres://settle@db/settle", name: v})
+				m := map[string]string{"DATABASE_URL": "postgres://settle@db/settle", name: v}
+				if c.interval != "" {
+					m["HOT_PATH_CHECK_INTERVAL"] = c.interval
+				}
+				env := config.FromMap(m)
 				readSettings(env)
 				return env.Err()
 			}
@@ -98,4 +105,35 @@ func TestWindowSettingsAreBounded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHotPathWindowCoversItsInterval: a run checks the balances touched
+// within HOT_PATH_CHECK_WINDOW, so a window shorter than the interval
+// left the balances touched between two runs to the daily full pass.
+// Unset, the window covers two intervals (the 10m default while that is
+// more); set shorter than the interval, it is refused.
+func TestHotPathWindowCoversItsInterval(t *testing.T) {
+	read := func(m map[string]string) (monitorSettings, error) {
+		m["DATABASE_URL"] = "postgres://settle@db/settle"
+		env := config.FromMap(m)
+		s := readMonitorSettings(env)
+		return s, env.Err()
+	}
+	s, err := read(map[string]string{})
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, s.HotPathInterval)
+	require.Equal(t, 10*time.Minute, s.HotPathWindow, "the defaults as before")
+
+	s, err = read(map[string]string{"HOT_PATH_CHECK_INTERVAL": "1h"})
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Hour, s.HotPathWindow)
+	s, err = read(map[string]string{"HOT_PATH_CHECK_INTERVAL": "24h"})
+	require.NoError(t, err)
+	require.Equal(t, 24*time.Hour, s.HotPathWindow, "at most the window's ceiling")
+
+	_, err = read(map[string]string{"HOT_PATH_CHECK_INTERVAL": "1h", "HOT_PATH_CHECK_WINDOW": "10m"})
+	require.ErrorContains(t, err, "HOT_PATH_CHECK_WINDOW")
+	require.ErrorContains(t, err, "shorter than HOT_PATH_CHECK_INTERVAL")
+	_, err = read(map[string]string{"HOT_PATH_CHECK_INTERVAL": "1h", "HOT_PATH_CHECK_WINDOW": "1h"})
+	require.NoError(t, err)
 }
