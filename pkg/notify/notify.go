@@ -64,7 +64,7 @@ const (
 type Store interface {
 	ClaimNotifications(ctx context.Context, limit int, lease time.Duration) ([]postgres.Notification, error)
 	NotificationDelivered(ctx context.Context, id int64, attempt postgres.DeliveryAttempt) error
-	NotificationFailed(ctx context.Context, n postgres.Notification, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) error
+	NotificationFailed(ctx context.Context, n postgres.Notification, attempt postgres.DeliveryAttempt, reason string, retryIn time.Duration, final bool) (bool, error)
 	ReleaseNotifications(ctx context.Context, unstarted []postgres.Notification) (int64, error)
 }
 
@@ -199,6 +199,18 @@ func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
 	reason := failureReason(attempt)
 	final := n.Attempts >= AttemptsMax
 	retryIn := backoff(n.Attempts)
+	log.Warn().Str("error", reason).Int("http_status", attempt.HTTPStatus).Str("error_class", attempt.ErrorClass).
+		Bool("final", final).Dur("retry_in", retryIn).Msg("notification not delivered")
+	moved, err := d.store.NotificationFailed(ctx, n, attempt, reason, retryIn, final)
+	switch {
+	case err != nil:
+		log.Warn().Err(logging.RedactError(err)).Msg("notification failure not recorded; the lease brings it back")
+	case !moved:
+		// Another run holds it now (this one was paused past its lease):
+		// its fate is that run's, so nothing is given up here.
+		final = false
+		log.Info().Msg("notification claimed by another run meanwhile; its failure here is only logged")
+	}
 	if final {
 		d.results.WithLabelValues("failed").Inc()
 		d.alerts.Raise("notification_undeliverable", alert.Warning, "notification given up after every attempt", map[string]any{
@@ -206,11 +218,6 @@ func (d *Deliverer) deliverOne(ctx context.Context, n postgres.Notification) {
 		})
 	} else {
 		d.results.WithLabelValues("retry").Inc()
-	}
-	log.Warn().Str("error", reason).Int("http_status", attempt.HTTPStatus).Str("error_class", attempt.ErrorClass).
-		Bool("final", final).Dur("retry_in", retryIn).Msg("notification not delivered")
-	if err := d.store.NotificationFailed(ctx, n, attempt, reason, retryIn, final); err != nil {
-		log.Warn().Err(logging.RedactError(err)).Msg("notification failure not recorded; the lease brings it back")
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/notify"
 )
 
@@ -105,7 +106,8 @@ func TestStaleRunLeavesTheNewClaimAlone(t *testing.T) {
 					}
 				}
 			}()
-			a := notify.New(db, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil)
+			aAlerts := &countedAlerts{}
+			a := notify.New(db, srv.URL, testKey, zerolog.New(io.Discard), aAlerts, nil)
 			b := notify.New(db, srv.URL, testKey, zerolog.New(io.Discard), noAlerts{}, nil)
 			aDone := make(chan error, 1)
 			go func() { aDone <- a.Deliver(ctx) }()
@@ -120,6 +122,9 @@ func TestStaleRunLeavesTheNewClaimAlone(t *testing.T) {
 			rcv.gates[0] <- http.StatusServiceUnavailable // A resumes and fails
 			require.NoError(t, <-aDone)
 			assert.Equal(t, before, readOutbox(t, conn), "the stale run moved the claim another run holds")
+			// Nor does it page that the notification was given up: it was
+			// not, B holds it.
+			assert.EqualValues(t, 0, aAlerts.raised.Load(), "the stale run raised notification_undeliverable")
 
 			// A third run after A's backoff finds nothing due: B holds it.
 			time.Sleep(2500 * time.Millisecond)
@@ -180,3 +185,8 @@ func TestStaleRunLeavesTheNewClaimAlone(t *testing.T) {
 		assert.Equal(t, "delivered", readOutbox(t, conn).status, "B's delivered mark")
 	})
 }
+
+// countedAlerts counts what is raised.
+type countedAlerts struct{ raised atomic.Int32 }
+
+func (c *countedAlerts) Raise(string, alert.Severity, string, map[string]any) { c.raised.Add(1) }

@@ -103,11 +103,18 @@ func (db *DB) NotificationDelivered(ctx context.Context, id int64, a DeliveryAtt
 // up for good when final. reason is stored as last_error: the caller keeps
 // URLs and response bodies out of it. The attempt is logged always; the
 // row moves only while n's claim still holds it.
-func (db *DB) NotificationFailed(ctx context.Context, n Notification, a DeliveryAttempt, reason string, retryIn time.Duration, final bool) error {
+//
+// moved is false when the row was no longer this run's (another run
+// claimed it after this run's lease ran out): the attempt is logged, the
+// row left to its new claim.
+func (db *DB) NotificationFailed(ctx context.Context, n Notification, a DeliveryAttempt, reason string, retryIn time.Duration, final bool) (moved bool, err error) {
 	stmt := q("notification_failed")
 	args := append([]any{n.ID}, a.args()...)
-	_, err := db.pool.Exec(ctx, stmt.text, append(args, reason, interval(retryIn), final, n.ClaimedUntil)...)
-	return classify(stmt.name, err)
+	tag, err := db.pool.Exec(ctx, stmt.text, append(args, reason, interval(retryIn), final, n.ClaimedUntil)...)
+	if err != nil {
+		return false, classify(stmt.name, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // Notification listing bounds.

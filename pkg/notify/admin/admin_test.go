@@ -167,11 +167,15 @@ func TestRedeliverFailedInBulk(t *testing.T) {
 	require.Len(t, due, 6)
 	attempt := postgres.DeliveryAttempt{At: time.Now(), ErrorClass: "connection_refused"}
 	for _, n := range due[:4] {
-		require.NoError(t, db.NotificationFailed(ctx, n, attempt, "connection refused", time.Hour, true))
+		moved, err := db.NotificationFailed(ctx, n, attempt, "connection refused", time.Hour, true)
+		require.NoError(t, err)
+		require.True(t, moved)
 	}
 	require.NoError(t, db.NotificationDelivered(ctx, due[4].ID, postgres.DeliveryAttempt{At: time.Now(), HTTPStatus: 204}))
 	// due[5] stays pending, its next attempt an hour away.
-	require.NoError(t, db.NotificationFailed(ctx, due[5], attempt, "connection refused", time.Hour, false))
+	moved, err := db.NotificationFailed(ctx, due[5], attempt, "connection refused", time.Hour, false)
+	require.NoError(t, err)
+	require.True(t, moved)
 
 	status, body := call(t, http.MethodPost, base+"/admin/notifications/redeliver", "", "")
 	require.Equal(t, http.StatusUnauthorized, status, "behind the admin token")
