@@ -28,8 +28,8 @@ var updatePrometheusRule = flag.Bool("update-prometheusrule", false,
 	"rewrite deploy/k8s/components/monitoring/prometheusrule.yaml from configs/prometheus/alerts.yml")
 
 const (
-	alertsFile         = "configs/prometheus/alerts.yml"
-	alertsTestFile     = "configs/prometheus/alerts_test.yml"
+	alertsFile     = "configs/prometheus/alerts.yml"
+	alertsTestFile = "configs/prometheus/alerts_test.yml"
 	// alertsLongTestFile holds the cases over days, evaluated every 10m.
 	alertsLongTestFile = "configs/prometheus/alerts_long_test.yml"
 	runbooksDir        = "docs/runbooks"
