@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
@@ -199,6 +200,16 @@ func (f *internalFixture) verdicts() map[string]float64 {
 
 // gauge reads the gate's gauge name by its label ("" for none).
 func (f *internalFixture) gauge(name, label string) map[string]float64 {
+	return f.metric(name, label, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+}
+
+// counter reads the gate's counter name summed by its label.
+func (f *internalFixture) counter(name, label string) map[string]float64 {
+	return f.metric(name, label, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// metric sums value over the series of name by their label.
+func (f *internalFixture) metric(name, label string, value func(*dto.Metric) float64) map[string]float64 {
 	f.t.Helper()
 	families, err := f.reg.Gather()
 	require.NoError(f.t, err)
@@ -214,28 +225,7 @@ func (f *internalFixture) gauge(name, label string) map[string]float64 {
 					key = l.GetValue()
 				}
 			}
-			out[key] = m.GetGauge().GetValue()
-		}
-	}
-	return out
-}
-
-// counter reads the gate's counter name summed by its label.
-func (f *internalFixture) counter(name, label string) map[string]float64 {
-	f.t.Helper()
-	families, err := f.reg.Gather()
-	require.NoError(f.t, err)
-	out := map[string]float64{}
-	for _, family := range families {
-		if family.GetName() != name {
-			continue
-		}
-		for _, m := range family.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					out[l.GetValue()] += m.GetCounter().GetValue()
-				}
-			}
+			out[key] += value(m)
 		}
 	}
 	return out
