@@ -70,12 +70,8 @@ func holdState(t *testing.T, s *harness.Stack, id string) (status, resolvedBy st
 // user stays debited and the hold posted (the funds are an operator's
 // call), and nothing else is written.
 func TestPostReorgedIsReported(t *testing.T) {
-	c := newChainStack(t, "confirmations:1", nil)
+	c := stackWithOpenHold(t)
 	ctx := context.Background()
-	_, err := c.DB.Exec(ctx, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (1, 'ETH', 100, 100)`)
-	require.NoError(t, err)
-	holdWebhook(t, c.client, "h-1", 1, "ETH", "10", map[string]any{"to_address": payoutAddress})
-	c.waitStatus(t, "h-1", "confirmed")
 	paid, err := c.chain.SendETH(ctx, 0, payoutAddress, wei(10))
 	require.NoError(t, err)
 	resolveWebhook(t, c.client, "p-1", "withdrawal_post", 1, "h-1", map[string]any{"tx_hash": paid.Hash})
@@ -111,12 +107,8 @@ func TestPostReorgedIsReported(t *testing.T) {
 // to_address debits once; a redelivered post is a duplicate; another
 // hold posted with that payment is a duplicate_transfer.
 func TestPostSettlesOnChain(t *testing.T) {
-	c := newChainStack(t, "confirmations:1", nil)
+	c := stackWithOpenHold(t)
 	ctx := context.Background()
-	_, err := c.DB.Exec(ctx, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (1, 'ETH', 100, 100)`)
-	require.NoError(t, err)
-	holdWebhook(t, c.client, "h-1", 1, "ETH", "10", map[string]any{"to_address": payoutAddress})
-	c.waitStatus(t, "h-1", "confirmed")
 	require.Equal(t, fundsRow{"100", "10"}, funds(t, c.Stack, 1, "ETH"))
 
 	reverted, err := c.chain.SendReverting(ctx, 0, c.token)
@@ -316,4 +308,16 @@ func TestConcurrentHoldsThroughTwoWorkers(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, `"resolved_by": "p-1"`)
 	requireInvariants(t, s)
+}
+
+// stackWithOpenHold is a chain stack under confirmations:1 where user 1
+// holds 10 of its 100 ETH as hold "h-1", to be paid to payoutAddress.
+func stackWithOpenHold(t *testing.T) *chainStack {
+	t.Helper()
+	c := newChainStack(t, "confirmations:1", nil)
+	_, err := c.DB.Exec(context.Background(), `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (1, 'ETH', 100, 100)`)
+	require.NoError(t, err)
+	holdWebhook(t, c.client, "h-1", 1, "ETH", "10", map[string]any{"to_address": payoutAddress})
+	c.waitStatus(t, "h-1", "confirmed")
+	return c
 }
