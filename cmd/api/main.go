@@ -99,8 +99,10 @@ type settings struct {
 	// counts the unverified ones); unverifiedBytesMax and
 	// unverifiedClientBytesMax bound the bodies read before their
 	// signature is checked.
-	verifiedRateLimit        httpapi.RateLimit
-	providerBodyMax          int
+	verifiedRateLimit httpapi.RateLimit
+	providerBodyMax   int
+	// readyWithoutRedis is READY_WITHOUT_REDIS.
+	readyWithoutRedis        bool
 	unverifiedBytesMax       int
 	unverifiedClientBytesMax int
 	// rescanBlocksMax bounds one POST /admin/rescan.
@@ -170,6 +172,7 @@ func readServe(env *config.Env, s *settings) {
 	s.ingestInFlight = env.Int("INGEST_IN_FLIGHT", postgres.IngestInFlightMaxDefault, 1, 64)
 	s.handoff = readHandoff(env)
 	s.dashboardReadOnly = env.Bool("QUEUE_DASHBOARD_READ_ONLY", true)
+	s.readyWithoutRedis = env.Bool("READY_WITHOUT_REDIS", false)
 	s.dashboardPrometheus = readDashboardPrometheus(env)
 	s.rescanBlocksMax = env.Int("RESCAN_BLOCKS_MAX", httpapi.RescanBlocksMaxDefault, 1, 10_000_000)
 	s.console = readConsole(env, s.adminToken, s.apiToken)
@@ -324,6 +327,7 @@ func serve(log zerolog.Logger, s settings) (err error) {
 
 		UnverifiedBytesMax:       int64(s.unverifiedBytesMax),
 		ProviderBodyMax:          int64(s.providerBodyMax),
+		ReadyWithoutRedis:        s.readyWithoutRedis,
 		UnverifiedClientBytesMax: int64(s.unverifiedClientBytesMax),
 		RescanBlocksMax:          int64(s.rescanBlocksMax),
 	})

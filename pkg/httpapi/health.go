@@ -24,9 +24,8 @@ const (
 
 type healthJSON struct {
 	Status string `json:"status"`
-	// Redis is "ok" or "unreachable": the api works without it (ingest
-	// needs only PostgreSQL; the rate limit falls back to in-process), so
-	// it is reported here and in settle_redis_up, not in /readyz.
+	// Redis is "ok" or "unreachable", also in settle_redis_up (and in
+	// /readyz unless READY_WITHOUT_REDIS).
 	Redis   string `json:"redis"`
 	TraceID string `json:"trace_id"`
 }
@@ -48,17 +47,25 @@ type readyJSON struct {
 	TraceID string            `json:"trace_id"`
 }
 
-// readyz says whether this replica can do its job, taking webhooks:
-// PostgreSQL answers and the schema is current. Redis is not needed for
-// that, so a Redis outage does not take every api out of its Service. It
-// fails while shutting down, so new work goes elsewhere while requests in
-// flight finish.
+// readyz says whether this replica can do its job: PostgreSQL and Redis
+// answer and the schema is current, as the contract defines readiness.
+// With READY_WITHOUT_REDIS, Redis is left out: ingest needs only
+// PostgreSQL (the rate limit and the replay guard fall back to
+// in-process), so a Redis outage then takes no api out of its Service.
+// It fails while shutting down, so new work goes elsewhere while requests
+// in flight finish.
 func (s *Server) readyz(c echo.Context) error {
 	ctx := c.Request().Context()
 	checks := map[string]string{"postgres": "ok", "migrations": "current"}
 	ready := !s.stopping.Load()
 	if !ready {
 		checks["server"] = "shutting_down"
+	}
+	if !s.readyWithoutRedis {
+		checks["redis"] = "ok"
+		if !s.redisUp.up(ctx) {
+			checks["redis"], ready = "unreachable", false
+		}
 	}
 
 	pingCtx, cancel := context.WithTimeout(ctx, readyCheckTimeout)

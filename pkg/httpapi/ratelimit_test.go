@@ -115,10 +115,11 @@ func TestRateLimitFallsBackWhenRedisIsDown(t *testing.T) {
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	require.Greater(t, counter(t, h.metrics, "settle_api_rate_limit_fallback_total", nil), 3.0)
 
-	// Ingest needs only PostgreSQL: the api stays ready, and says where
-	// Redis stands in /healthz and settle_redis_up.
+	// Ingest went on; readiness, as the contract defines it, says Redis
+	// is down, and so do /healthz and settle_redis_up.
 	ready := h.do(http.MethodGet, "/readyz", nil, nil)
-	require.Equal(t, http.StatusOK, ready.status, "%s", ready.raw)
+	requireCode(t, ready, http.StatusServiceUnavailable, httpapi.CodeUnavailable)
+	require.Equal(t, map[string]any{"postgres": "ok", "migrations": "current", "redis": "unreachable"}, ready.body["checks"], "%s", ready.raw)
 	health := h.do(http.MethodGet, "/healthz", nil, nil)
 	require.Equal(t, http.StatusOK, health.status)
 	require.Equal(t, "unreachable", health.body["redis"])
@@ -189,4 +190,19 @@ func TestTrustedProxiesDecideTheClient(t *testing.T) {
 		_, err := httpapi.ParseTrustedProxies(bad)
 		require.Error(t, err, bad)
 	}
+}
+
+// READY_WITHOUT_REDIS leaves Redis out of /readyz: ingest needs only
+// PostgreSQL, so a Redis outage takes no api out of its Service.
+func TestReadyWithoutRedis(t *testing.T) {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	h := newHarness(t, harnessOptions{
+		redisURL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), // nothing listens there
+		change:   func(o *httpapi.Options) { o.ReadyWithoutRedis = true },
+	})
+	ready := h.do(http.MethodGet, "/readyz", nil, nil)
+	require.Equal(t, http.StatusOK, ready.status, "%s", ready.raw)
+	require.Equal(t, map[string]any{"postgres": "ok", "migrations": "current"}, ready.body["checks"], "%s", ready.raw)
+	require.Equal(t, "unreachable", h.do(http.MethodGet, "/healthz", nil, nil).body["redis"])
 }

@@ -127,6 +127,8 @@ type Options struct {
 	// part of it. Zero: the defaults.
 	UnverifiedBytesMax       int64
 	UnverifiedClientBytesMax int64
+	// ReadyWithoutRedis leaves Redis out of /readyz (READY_WITHOUT_REDIS).
+	ReadyWithoutRedis bool
 	// ProviderBodyMax bounds a provider delivery's body, after
 	// decompression (PROVIDER_BODY_MAX); zero: ProviderBodyMaxDefault.
 	ProviderBodyMax int64
@@ -196,8 +198,9 @@ type Server struct {
 	routes      map[string]bool
 	quietRoutes map[string]bool
 	stopping    atomic.Bool
-	// redisUp is Redis's state for /healthz and settle_redis_up.
-	redisUp *redisProbe
+	// redisUp is Redis's state for /healthz, /readyz and settle_redis_up.
+	redisUp           *redisProbe
+	readyWithoutRedis bool
 }
 
 // New checks the options and builds the routes.
@@ -252,6 +255,7 @@ func New(opts Options) (*Server, error) {
 	s.assets = &assetCache{load: opts.Store.Assets, now: now, refresh: refresh}
 	s.networks = enabledNetworks(opts.Networks)
 	s.redisUp = newRedisProbe(opts.Redis, registry)
+	s.readyWithoutRedis = opts.ReadyWithoutRedis
 	s.chain = opts.Chain
 	limitTimeout := opts.RateLimitTimeout
 	if limitTimeout <= 0 {

@@ -276,7 +276,7 @@ func TestHealthAndMetrics(t *testing.T) {
 
 	r = h.do(http.MethodGet, "/readyz", nil, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
-	require.Equal(t, map[string]any{"postgres": "ok", "migrations": "current"}, r.body["checks"], "Redis is not the api's readiness")
+	require.Equal(t, map[string]any{"postgres": "ok", "migrations": "current", "redis": "ok"}, r.body["checks"], "readiness is PostgreSQL, Redis and the schema")
 
 	// A database behind this binary's migrations is not ready.
 	execSQL(t, h.dsn, `DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)`)
