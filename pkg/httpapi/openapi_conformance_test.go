@@ -398,16 +398,29 @@ func TestOpenAPIResponsesMatchSchemas(t *testing.T) {
 	ok(h.do(http.MethodGet, "/admin/rescan/"+backfill, nil, admin), http.StatusOK)
 	ok(h.do(http.MethodPost, "/admin/rescan/"+rescan+"/cancel", []byte(`{"operator":"bob","reason":"typo"}`), admin), http.StatusOK)
 
+	// A deposit waiting for its transaction's finality shows finality.
+	h.settleAll()
+	waiting := paymentBody(map[string]string{"event_id": `"fin-1"`, "event_type": `"deposit"`, "user_id": "7", "amount": `"1"`,
+		"tx_hash": `"0x` + strings.Repeat("ab", 32) + `"`})
+	ok(h.postPayment(waiting), http.StatusOK)
+	claimed, err := h.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	parked, err := h.db.AwaitFinality(ctx, claimed[0].Event, postgres.Wait{RecheckIn: time.Hour, ReceiptSeen: true, BlockNumber: 16,
+		BlockHash: "0x" + strings.Repeat("cd", 32)})
+	require.NoError(t, err)
+	require.True(t, parked)
+	require.NotNil(t, ok(h.do(http.MethodGet, "/v1/events/fin-1", nil, reader), http.StatusOK).body["finality"])
+
 	// Two dead letters (one to replay, one to discard) and a notification
 	// (a withdrawal the balance cannot cover).
-	h.settleAll()
 	for _, id := range []string{"dead-1", "dead-2"} {
 		_, err := h.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: id, Type: payment.Deposit, UserID: 7, Asset: "ETH", Amount: decimal.RequireFromString("3"), TraceID: "tr"}})
 		require.NoError(t, err)
 	}
 	_, err = h.db.InsertEvent(ctx, postgres.NewEvent{Event: payment.Event{ID: "broke-1", Type: payment.Withdrawal, UserID: 7, Asset: "ETH", Amount: decimal.RequireFromString("1000"), TraceID: "tr"}})
 	require.NoError(t, err)
-	claimed, err := h.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
+	claimed, err = h.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
 	var dead []int64
 	for _, c := range claimed {
