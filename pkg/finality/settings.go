@@ -142,7 +142,13 @@ func ReadSettings(env *config.Env, rpcRequired bool) Settings {
 			n.RPCURL = env.URL(RPCSetting(name), "", "http", "https")
 		}
 		if rpcRequired && n.RPCURL == "" && n.Policy.Kind() != chain.None {
-			env.Reject(RPCSetting(name), fmt.Errorf("required when the finality policy of %s is %s (DEPOSIT_FINALITY_%s or DEPOSIT_FINALITY)", name, n.Policy, name))
+			// ETH_MAINNET's is named ETH_RPC_URL, as CONTRACT.md's
+			// settings table does: its alias is the later name.
+			setting, alias := RPCSetting(name), ""
+			if name == payment.DefaultNetwork {
+				setting, alias = "ETH_RPC_URL", " (or its alias "+RPCSetting(name)+")"
+			}
+			env.Reject(setting, fmt.Errorf("required%s when the finality policy of %s is %s (DEPOSIT_FINALITY_%s or DEPOSIT_FINALITY)", alias, name, n.Policy, name))
 		}
 		s.Networks = append(s.Networks, n)
 	}

@@ -111,3 +111,22 @@ func TestInternalTransferCheckSetting(t *testing.T) {
 		require.ErrorContains(t, env.Err(), name)
 	}
 }
+
+// TestWorkerNamesETHRPCURLWhenMissing: CONTRACT.md's settings table makes
+// ETH_RPC_URL the worker's required setting, and a binary missing one
+// exits naming it; RPC_URL_ETH_MAINNET is only its alias.
+func TestWorkerNamesETHRPCURLWhenMissing(t *testing.T) {
+	env := config.FromMap(map[string]string{})
+	finality.ReadSettings(env, true)
+	require.Len(t, env.Errs(), 1)
+	require.ErrorContains(t, env.Err(), "setting ETH_RPC_URL: required (or its alias RPC_URL_ETH_MAINNET)")
+
+	env = config.FromMap(map[string]string{"NETWORKS": "ETH_MAINNET,BASE_MAINNET", "RPC_URL_ETH_MAINNET": "http://127.0.0.1:1"})
+	finality.ReadSettings(env, true)
+	require.Len(t, env.Errs(), 1)
+	require.ErrorContains(t, env.Err(), "setting RPC_URL_BASE_MAINNET: required when")
+
+	env = config.FromMap(map[string]string{"DEPOSIT_FINALITY": "none"})
+	finality.ReadSettings(env, true)
+	require.NoError(t, env.Err())
+}
