@@ -10,13 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/postgres"
@@ -149,50 +146,13 @@ func openDB(ctx context.Context) (*postgres.DB, error) {
 	defer cancel()
 	db, err := postgres.Open(openCtx, url, postgres.Options{ConnsMax: 4, ApplicationName: "settlectl"})
 	if err != nil && ctx.Err() == nil {
-		return nil, fmt.Errorf("no connection to PostgreSQL (DATABASE_URL) within %s: %s", connectWait, connectCause(err))
+		return nil, fmt.Errorf("no connection to PostgreSQL (DATABASE_URL) within %s: %s", connectWait, postgres.ConnectCause(err))
 	}
 	return db, err
 }
 
 // connectWait bounds settlectl's wait for PostgreSQL (tries included).
 const connectWait = 5 * time.Second
-
-// connectCause says why a connect failed without the driver's text, which
-// names the host, port, user and database of DATABASE_URL.
-func connectCause(err error) string {
-	var pgErr *pgconn.PgError
-	var dnsErr *net.DNSError
-	var opErr *net.OpError
-	switch {
-	case errors.As(err, &pgErr): // the server's answer: wrong password, no such database
-		return pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"
-	case errors.As(err, &dnsErr):
-		return "host not found"
-	case errors.As(err, &opErr) && opErr.Err != nil:
-		return opErr.Err.Error() // "connect: connection refused", "i/o timeout"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "no answer"
-	}
-	// The innermost error (a TLS or protocol failure), below the driver's
-	// wrapping that names the connection.
-	for {
-		switch e := err.(type) {
-		case interface{ Unwrap() error }:
-			err = e.Unwrap()
-		case interface{ Unwrap() []error }: // Open's "connect: %w (last try: %w)"
-			if errs := e.Unwrap(); len(errs) > 0 {
-				err = errs[len(errs)-1]
-			} else {
-				err = nil
-			}
-		default:
-			return err.Error()
-		}
-		if err == nil {
-			return "connection failed"
-		}
-	}
-}
 
 // parseFlags parses a subcommand's flags, before or after its positional
 // arguments; extra positional args are refused unless positional names

@@ -330,8 +330,7 @@ func (c *specChecker) jsonOperations() []string {
 func TestOpenAPIResponsesMatchSchemas(t *testing.T) {
 	chain := &recordingChain{answer: postgres.Recheck{ID: 4, ChainState: "mismatch", Result: postgres.RecheckUnchanged,
 		Detail: "the transaction carries 2 base units", Status: payment.StatusFailed, CreatedAt: time.Now()}}
-	var h *harness
-	h = newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
 		o.Chain = chain
 		o.QuickNodeTokens = []string{quickNodeToken}
 		o.MoralisSecrets = []string{moralisSecret}
