@@ -116,20 +116,64 @@ func TestTransferIndexOnPayments(t *testing.T) {
 	}
 	require.Equal(t, 0, c.Count(`SELECT count(*) FROM payment_events`))
 
-	// Log 1 does not exist in that receipt: a mismatch that says so.
-	for id, index := range map[string]string{"named-wrong": "1", "named-right": "0"} {
-		body, _ := json.Marshal(map[string]any{"event_id": id, "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "3", "tx_hash": tx.Hash, "transfer_index": index})
+	// The named log first: log 0 is named-right's. Log 1 does not exist
+	// in that receipt, which a fork's shifted index looks like, so
+	// named-wrong is offered the transaction's paying log, which is held:
+	// one transfer, one credit.
+	post := func(id, index, amount string) {
+		body, _ := json.Marshal(map[string]any{"event_id": id, "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": amount, "tx_hash": tx.Hash, "transfer_index": index})
 		status, resp, err := c.client.Webhook(body)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, status, resp)
 	}
-	c.waitStatus(t, "named-wrong", "failed")
+	post("named-right", "0", "3")
 	c.waitStatus(t, "named-right", "confirmed")
-	_, outcome, reason := c.event(t, "named-wrong")
+	post("named-wrong", "1", "3")
+	c.waitStatus(t, "named-wrong", "failed")
+	_, outcome, _ := c.event(t, "named-wrong")
+	require.Equal(t, "duplicate_transfer", outcome)
+	// No log pays 4: a mismatch that says what the log carries.
+	post("named-more", "0", "4")
+	c.waitStatus(t, "named-more", "failed")
+	_, outcome, reason := c.event(t, "named-more")
 	require.Equal(t, "mismatch", outcome)
-	require.Contains(t, reason, "index 1")
+	require.Contains(t, reason, "carries 3000000 base units")
 	require.Equal(t, "3", c.balance(t, 2, "TUSD"))
+	require.Equal(t, map[string]string{"named-right": "0"}, c.claimsOf(t, tx.Hash))
+
+	// A label no log of the transaction has, alone: the paying log is
+	// its transfer, and that transfer's own report is the duplicate.
+	other, err := c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(2_000_000))
+	require.NoError(t, err)
+	body, _ := json.Marshal(map[string]any{"event_id": "shifted", "event_type": "deposit", "user_id": 2, "asset": "TUSD", "amount": "2", "tx_hash": other.Hash, "transfer_index": "5"})
+	status, resp, err := c.client.Webhook(body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, resp)
+	c.waitStatus(t, "shifted", "confirmed")
+	status, answer := c.alchemy(t, alchemyTokenPayload(c.token, addrUser2, other, "0x1e8480", false))
+	require.Equal(t, http.StatusOK, status, answer)
+	otherID := "chain:ETH_MAINNET:" + other.Hash + ":0"
+	c.waitStatus(t, otherID, "failed")
+	require.Equal(t, map[string]string{"shifted": "confirmed/success", otherID: "failed/duplicate_transfer"}, c.eventsOf(t, other.Hash))
+	require.Equal(t, map[string]string{"shifted": "0"}, c.claimsOf(t, other.Hash))
+	require.Equal(t, "5", c.balance(t, 2, "TUSD"))
 	requireInvariants(t, c.Stack)
+}
+
+// claimsOf lists a transaction's chain_transfers as event id=index.
+func (c *chainStack) claimsOf(t *testing.T, txHash string) map[string]string {
+	t.Helper()
+	rows, err := c.DB.Query(context.Background(), `SELECT event_id, transfer_index FROM chain_transfers WHERE tx_hash = $1`, txHash)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var id, index string
+		require.NoError(t, rows.Scan(&id, &index))
+		out[id] = index
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 // TestTransferRaceAcrossWorkers: ten events naming one real transfer,

@@ -561,10 +561,17 @@ func (c *Checker) stillPays(ctx context.Context, d Deposit, r *Receipt) (string,
 		return "", err
 	}
 	v, err := c.checkValue(ctx, d, r, decide(d, NonePolicy(), r, true, 0))
-	if err != nil || v.State == Credit {
+	switch {
+	case err != nil:
 		return "", err
+	case v.State != Credit:
+		return v.Reason, nil
+	case d.Token != "" && d.Index != "" && v.Transfers[0] != d.Index:
+		// Another log paying the same is another transfer, which some
+		// other event may hold: only the claimed position keeps it.
+		return fmt.Sprintf("its log at the claimed position (index %s) no longer pays the deposit", d.Index), nil
 	}
-	return v.Reason, nil
+	return "", nil
 }
 
 // missing decides a transaction without a receipt by the block at its
@@ -689,28 +696,25 @@ func policyHolds(p Policy, block uint64, isFinal bool, latest uint64) (bool, str
 }
 
 // matchTransfer finds the Transfer logs the deposit may claim: from the
-// token contract, to one of the recipients, for exactly the amount (and
-// at the index it names, if it names one). The reason names the first of
-// those that nothing satisfied.
+// token contract, to one of the recipients, for exactly the amount. A
+// named log index is the reporter's label in the block it saw the
+// transaction in, and a fork that mines the transaction again elsewhere
+// shifts it onto another log of the transaction, or past its last: so
+// the named log comes first when it pays, and every other log that pays
+// exactly the same follows. Such logs are interchangeable for the
+// deposit, and the ledger's claims (followed to the block the chain
+// shows) credit each of them at most once. The reason names the first
+// condition nothing satisfied.
 func matchTransfer(d Deposit, transfers []Transfer) ([]string, string) {
 	if len(transfers) == 0 {
 		return nil, "the receipt has no ERC-20 Transfer log"
 	}
-	if d.Index != "" {
-		want, ok := payment.LogIndex(d.Index)
-		if !ok {
+	named, naming := uint64(0), d.Index != ""
+	if naming {
+		var ok bool
+		if named, ok = payment.LogIndex(d.Index); !ok {
 			return nil, fmt.Sprintf("transfer %s is not a log index, which is what a token deposit claims", d.Index)
 		}
-		var at []Transfer
-		for _, t := range transfers {
-			if uint64(t.LogIndex) == want {
-				at = append(at, t)
-			}
-		}
-		if len(at) == 0 {
-			return nil, fmt.Sprintf("the receipt has no ERC-20 Transfer log at index %d", want)
-		}
-		transfers = at
 	}
 	var fromToken []Transfer
 	for _, t := range transfers {
@@ -734,9 +738,15 @@ func matchTransfer(d Deposit, transfers []Transfer) ([]string, string) {
 	}
 	var matches []string
 	for _, t := range toRecipient {
-		if t.Value.Cmp(d.Amount) == 0 {
-			matches = append(matches, payment.LogIndexTransfer(uint64(t.LogIndex)))
+		if t.Value.Cmp(d.Amount) != 0 {
+			continue
 		}
+		index := payment.LogIndexTransfer(uint64(t.LogIndex))
+		if naming && uint64(t.LogIndex) == named {
+			matches = append([]string{index}, matches...)
+			continue
+		}
+		matches = append(matches, index)
 	}
 	if len(matches) > 0 {
 		return matches, ""

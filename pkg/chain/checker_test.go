@@ -454,8 +454,13 @@ func TestTerminalVerdictNeedsTheReceiptBlock(t *testing.T) {
 func itoa(n uint64) string { return new(big.Int).SetUint64(n).String() }
 
 // TestTwoIdenticalTransferLogs: a transaction paying one address twice
-// the same amount offers both logs, in log order, to be claimed one each;
-// a deposit naming one gets only that one.
+// the same amount offers both logs, in log order, to be claimed one each.
+// A deposit naming one gets that one first and the other after it: a
+// named index is a label from the block its reporter saw, which a fork
+// may have shifted onto the twin or onto no log of the transaction at
+// all (the soak's seed 4701253035119547 lost a credit when only the named
+// log was offered and the twin's claim, followed to the new block, sat
+// on it).
 func TestTwoIdenticalTransferLogs(t *testing.T) {
 	token, to := "0x"+strings.Repeat("1", 40), "0x"+strings.Repeat("2", 40)
 	logs := []Transfer{
@@ -467,18 +472,22 @@ func TestTwoIdenticalTransferLogs(t *testing.T) {
 	d := Deposit{Token: token, Recipients: []string{to}, Amount: big.NewInt(10)}
 	matches, why := matchTransfer(d, logs)
 	require.Equal(t, []string{"3", "5"}, matches, why)
-	d.Index = "5"
-	matches, _ = matchTransfer(d, logs)
-	require.Equal(t, []string{"5"}, matches)
-	d.Index = "4"
+	for index, want := range map[string][]string{
+		"5": {"5", "3"}, // the named log first
+		"3": {"3", "5"},
+		"4": {"3", "5"}, // the named log pays another address
+		"6": {"3", "5"}, // the named log carries another amount
+		"9": {"3", "5"}, // no log of the transaction has the index
+	} {
+		d.Index = index
+		matches, why = matchTransfer(d, logs)
+		require.Equal(t, want, matches, "index %s: %s", index, why)
+	}
+	d.Index, d.Amount = "5", big.NewInt(12)
 	matches, why = matchTransfer(d, logs)
 	require.Empty(t, matches)
-	require.Contains(t, why, "no Transfer log of")
-	d.Index = "6"
-	matches, why = matchTransfer(d, logs)
-	require.Empty(t, matches)
-	require.Contains(t, why, "carries 11 base units")
-	d.Index = "native"
+	require.Contains(t, why, "carries 10, 10, 11 base units")
+	d.Index, d.Amount = "native", big.NewInt(10)
 	matches, why = matchTransfer(d, logs)
 	require.Empty(t, matches)
 	require.Contains(t, why, "not a log index")

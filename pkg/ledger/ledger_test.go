@@ -462,6 +462,40 @@ var rows = []row{
 			journal: []string{"moved-other:deposit:10"}, notifications: []string{"deposit_credited:moved-other:20"},
 			moved: []string{"moved-first@12/" + blockB + "+2"}, claims: []string{"moved-other@11/" + blockB + "+1"}},
 	},
+	// Seed 4701253035119547: one transaction with two identical logs,
+	// reported in block B at 2 and 3, mined again in block A at 3 and 4.
+	// The chain check offers a deposit both logs, its named one first:
+	// either twin, read on either branch, finds the other log free.
+	{
+		name:     "twin logs: the named log holds its twin's claim, followed to the block, so the other credits",
+		events:   []ev{{id: "twin-3", typ: payment.Deposit, user: 1, asset: "USDC", amount: "10", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"twin-3": chainOf(blockA, 3, "3", "4")},
+		claims:   map[ledger.Tx][]ledger.TransferClaim{{Network: network, TxHash: txA}: {logClaim("twin-2", "2", blockB, 0)}},
+		balances: map[string]string{"1/USDC": "10"},
+		want: want{outcomes: map[string]payment.Outcome{"twin-3": payment.OutcomeSuccess}, balances: map[string]string{"1/USDC": "20"},
+			journal: []string{"twin-3:deposit:10"}, notifications: []string{"deposit_credited:twin-3:20"},
+			moved: []string{"twin-2@3/" + blockA + "+0"}, claims: []string{"twin-3@4/" + blockA + "+1"}},
+	},
+	{
+		name:     "twin logs: the other order",
+		events:   []ev{{id: "twin-2", typ: payment.Deposit, user: 1, asset: "USDC", amount: "10", tx: txA}},
+		chain:    map[string]*ledger.ChainEvidence{"twin-2": chainOf(blockB, 2, "2", "3")},
+		claims:   map[ledger.Tx][]ledger.TransferClaim{{Network: network, TxHash: txA}: {logClaim("twin-3", "3", blockA, 0)}},
+		balances: map[string]string{"1/USDC": "10"},
+		want: want{outcomes: map[string]payment.Outcome{"twin-2": payment.OutcomeSuccess}, balances: map[string]string{"1/USDC": "20"},
+			journal: []string{"twin-2:deposit:10"}, notifications: []string{"deposit_credited:twin-2:20"},
+			moved: []string{"twin-3@2/" + blockB + "+0"}, claims: []string{"twin-2@3/" + blockB + "+1"}},
+	},
+	{
+		name:   "twin logs: both held, a third report is the duplicate",
+		events: []ev{{id: "twin-4", typ: payment.Deposit, user: 1, asset: "USDC", amount: "10", tx: txA}},
+		chain:  map[string]*ledger.ChainEvidence{"twin-4": chainOf(blockA, 3, "4", "3")},
+		claims: map[ledger.Tx][]ledger.TransferClaim{{Network: network, TxHash: txA}: {
+			logClaim("twin-2", "2", blockB, 0), logClaim("twin-3", "3", blockB, 1)}},
+		balances: map[string]string{"1/USDC": "20"},
+		want: want{outcomes: map[string]payment.Outcome{"twin-4": payment.OutcomeDuplicateTransfer}, balances: map[string]string{"1/USDC": "20"},
+			moved: []string{"twin-2@3/" + blockA + "+0", "twin-3@4/" + blockA + "+1"}},
+	},
 	{
 		name:     "a claim in the block the chain shows does not move",
 		events:   []ev{{id: "same", typ: payment.Deposit, user: 1, asset: "USDC", amount: "10", tx: txA}},
