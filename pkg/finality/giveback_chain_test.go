@@ -177,60 +177,8 @@ func TestTokenMinedAgainAtAnotherLogIndexIsGivenBack(t *testing.T) {
 // the transaction that pays it (the stored log index names another log
 // in the new block).
 func tokenMinedAgain(t *testing.T, recheck bool) {
-	f := newTimeoutFixture(t)
-	ctx := f.ctx
-	token, _, err := f.ch.DeployToken(ctx, 0)
-	require.NoError(t, err)
-	_, err = f.db.AddAsset(ctx, payment.Asset{Code: "TOK", Network: payment.DefaultNetwork, Contract: token, Decimals: 6})
-	require.NoError(t, err)
-	assets, err := f.db.Assets(ctx)
-	require.NoError(t, err)
-	policy, err := chain.ConfirmationsPolicy(1)
-	require.NoError(t, err)
-	checker := chain.NewChecker(f.client, chain.CheckerOptions{Registerer: prometheus.NewRegistry(), NotFinalTTL: -1, Network: payment.DefaultNetwork})
-	gate := finality.New(finality.Options{
-		Store: f.db, Chain: checker, Assets: assets, Policy: policy,
-		Timeout: time.Hour, RecheckFirst: time.Millisecond, RecheckMax: time.Millisecond,
-		ReorgRecheckDelay: 30 * time.Second, Alerts: noAlerts{}, Log: zerolog.Nop(),
-	})
-	other := f.ch.Accounts()[2].Address
-	_, err = f.ch.TransferToken(ctx, 0, token, other, big.NewInt(100_000_000))
-	require.NoError(t, err)
-	balance := func() decimal.Decimal {
-		var text string
-		require.NoError(t, f.conn.QueryRow(ctx, `SELECT COALESCE((SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'TOK'), '0')`).Scan(&text))
-		return decimal.RequireFromString(text)
-	}
-	// apply runs one stored event through the gate and the ledger.
-	apply := func(id string) postgres.LedgerResult {
-		var claimed []postgres.Claimed
-		for range 100 {
-			claimed, err = f.db.ClaimOutbox(ctx, 10, 10, postgres.TaskEventsMax)
-			require.NoError(t, err)
-			if len(claimed) > 0 {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		require.Len(t, claimed, 1)
-		require.Equal(t, id, claimed[0].Event.ID)
-		item, err := gate.Check(ctx, postgres.LedgerItem{Event: claimed[0].Event})
-		require.NoError(t, err)
-		require.NotNil(t, item, "one confirmation: decided")
-		results, err := f.db.ApplyBatch(ctx, []postgres.LedgerItem{*item}, postgres.LedgerOptions{})
-		require.NoError(t, err)
-		return results[0]
-	}
-	report := func(tx devchain.Tx, index string) string {
-		tr := payment.Transfer{Network: payment.DefaultNetwork, TxHash: tx.Hash, Index: index}
-		e := payment.Event{ID: tr.EventID(), Type: payment.Deposit, UserID: 1, Asset: "TOK", Amount: decimal.RequireFromString("5"),
-			TxHash: tx.Hash, TransferIndex: index, TraceID: "trace-" + index, Network: payment.DefaultNetwork}
-		inserted, err := f.db.InsertEvent(ctx, postgres.NewEvent{Event: e, Source: postgres.SourceAlchemy, ToAddress: f.to})
-		require.NoError(t, err)
-		require.True(t, inserted)
-		return e.ID
-	}
-
+	tc := newTokenChain(t)
+	f, ctx, gate, token, apply, report, balance := tc.timeoutFixture, tc.ctx, tc.gate, tc.token, tc.apply, tc.report, tc.balance
 	tx, err := f.ch.TransferToken(ctx, 0, token, f.to, big.NewInt(5_000_000))
 	require.NoError(t, err)
 	first := report(tx, "0")
@@ -278,4 +226,76 @@ func tokenMinedAgain(t *testing.T, recheck bool) {
 	testenv.SettleOutbox(t, f.db)
 	require.True(t, decimal.NewFromInt(5).Equal(balance()), "credited once: credit, compensation, give-back; balance %s", balance())
 	testenv.RequireInvariants(t, f.db)
+}
+
+// tokenChain is a dev chain with a token TOK (6 decimals) listed, a gate
+// under one confirmation, and another transfer already mined.
+type tokenChain struct {
+	*timeoutFixture
+	gate  *finality.Gate
+	token string
+}
+
+func newTokenChain(t *testing.T) *tokenChain {
+	f := newTimeoutFixture(t)
+	ctx := f.ctx
+	token, _, err := f.ch.DeployToken(ctx, 0)
+	require.NoError(t, err)
+	_, err = f.db.AddAsset(ctx, payment.Asset{Code: "TOK", Network: payment.DefaultNetwork, Contract: token, Decimals: 6})
+	require.NoError(t, err)
+	assets, err := f.db.Assets(ctx)
+	require.NoError(t, err)
+	policy, err := chain.ConfirmationsPolicy(1)
+	require.NoError(t, err)
+	checker := chain.NewChecker(f.client, chain.CheckerOptions{Registerer: prometheus.NewRegistry(), NotFinalTTL: -1, Network: payment.DefaultNetwork})
+	gate := finality.New(finality.Options{
+		Store: f.db, Chain: checker, Assets: assets, Policy: policy,
+		Timeout: time.Hour, RecheckFirst: time.Millisecond, RecheckMax: time.Millisecond,
+		ReorgRecheckDelay: 30 * time.Second, Alerts: noAlerts{}, Log: zerolog.Nop(),
+	})
+	other := f.ch.Accounts()[2].Address
+	_, err = f.ch.TransferToken(ctx, 0, token, other, big.NewInt(100_000_000))
+	require.NoError(t, err)
+	return &tokenChain{timeoutFixture: f, gate: gate, token: token}
+}
+
+// balance is user 1's TOK.
+func (tc *tokenChain) balance() decimal.Decimal {
+	var text string
+	require.NoError(tc.t, tc.conn.QueryRow(tc.ctx, `SELECT COALESCE((SELECT balance::text FROM balances WHERE user_id = 1 AND asset = 'TOK'), '0')`).Scan(&text))
+	return decimal.RequireFromString(text)
+}
+
+// apply runs one stored event through the gate and the ledger.
+func (tc *tokenChain) apply(id string) postgres.LedgerResult {
+	t := tc.t
+	var claimed []postgres.Claimed
+	var err error
+	for range 100 {
+		claimed, err = tc.db.ClaimOutbox(tc.ctx, 10, 10, postgres.TaskEventsMax)
+		require.NoError(t, err)
+		if len(claimed) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Len(t, claimed, 1)
+	require.Equal(t, id, claimed[0].Event.ID)
+	item, err := tc.gate.Check(tc.ctx, postgres.LedgerItem{Event: claimed[0].Event})
+	require.NoError(t, err)
+	require.NotNil(t, item, "one confirmation: decided")
+	results, err := tc.db.ApplyBatch(tc.ctx, []postgres.LedgerItem{*item}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	return results[0]
+}
+
+// report stores a provider's 5 TOK deposit of tx's log at index.
+func (tc *tokenChain) report(tx devchain.Tx, index string) string {
+	tr := payment.Transfer{Network: payment.DefaultNetwork, TxHash: tx.Hash, Index: index}
+	e := payment.Event{ID: tr.EventID(), Type: payment.Deposit, UserID: 1, Asset: "TOK", Amount: decimal.RequireFromString("5"),
+		TxHash: tx.Hash, TransferIndex: index, TraceID: "trace-" + index, Network: payment.DefaultNetwork}
+	inserted, err := tc.db.InsertEvent(tc.ctx, postgres.NewEvent{Event: e, Source: postgres.SourceAlchemy, ToAddress: tc.to})
+	require.NoError(tc.t, err)
+	require.True(tc.t, inserted)
+	return e.ID
 }

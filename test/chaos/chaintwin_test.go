@@ -14,60 +14,22 @@ import (
 	"github.com/ethereum/go-ethereum"
 	"github.com/ethereum/go-ethereum/common"
 	"github.com/ethereum/go-ethereum/core/types"
-	"github.com/ethereum/go-ethereum/core/vm"
 	"github.com/ethereum/go-ethereum/crypto"
 	"github.com/ethereum/go-ethereum/ethclient"
 
 	"github.com/settle/settle/pkg/chain/devchain"
 )
 
-// A transaction with two identical Transfer logs to one address: the
-// doubler contract forwards its calldata to the token twice, so one call
-// emits Transfer(doubler, to, value) two times. devchain sends only what
-// its helpers know, so the soak signs these transactions itself, from a
+// A transaction with two identical Transfer logs to one address, through
+// devchain's doubler. The soak signs these transactions itself, from a
 // dev account no helper uses (devchain's own sends would race its nonces).
 const (
-	gasDoublerDeploy = 200_000
-	gasDoublerCall   = 200_000
-	rawMinedWaitMax  = 30 * time.Second
-	rawMinedPoll     = 20 * time.Millisecond
-	rawTipWei        = 1_000_000_000
+	rawMinedWaitMax = 30 * time.Second
+	rawMinedPoll    = 20 * time.Millisecond
+	rawTipWei       = 1_000_000_000
 	// twinPct of the token transfers are made through the doubler.
 	twinPct = 15
 )
-
-// transferSelector is transfer(address,uint256)'s.
-var transferSelector = []byte{0xa9, 0x05, 0x9c, 0xbb}
-
-// doublerInitcode deploys: copy the calldata to memory, CALL the token
-// with it twice (ignoring the results: the token never fails a
-// well-formed transfer), stop.
-func doublerInitcode(token common.Address) []byte {
-	call := []byte{
-		byte(vm.PUSH1), 0, byte(vm.PUSH1), 0, // retSize, retOffset
-		byte(vm.CALLDATASIZE), byte(vm.PUSH1), 0, // argsSize, argsOffset
-		byte(vm.PUSH1), 0, // value
-		byte(vm.PUSH20),
-	}
-	call = append(call, token.Bytes()...)
-	call = append(call, byte(vm.GAS), byte(vm.CALL), byte(vm.POP))
-	runtime := []byte{byte(vm.CALLDATASIZE), byte(vm.PUSH1), 0, byte(vm.PUSH1), 0, byte(vm.CALLDATACOPY)}
-	runtime = append(runtime, call...)
-	runtime = append(runtime, call...)
-	runtime = append(runtime, byte(vm.STOP))
-	const prefixLength = 12
-	code := []byte{
-		byte(vm.PUSH1), byte(len(runtime)), byte(vm.PUSH1), prefixLength, byte(vm.PUSH1), 0, byte(vm.CODECOPY),
-		byte(vm.PUSH1), byte(len(runtime)), byte(vm.PUSH1), 0, byte(vm.RETURN),
-	}
-	return append(code, runtime...)
-}
-
-func transferCalldata(to common.Address, value *big.Int) []byte {
-	data := append([]byte(nil), transferSelector...)
-	data = append(data, common.LeftPadBytes(to.Bytes(), 32)...)
-	return append(data, common.LeftPadBytes(value.Bytes(), 32)...)
-}
 
 // rawSender signs and sends transactions from one dev account.
 type rawSender struct {
@@ -135,7 +97,7 @@ func (s *rawSender) submit(ctx context.Context, to *common.Address, data []byte,
 
 // deployDoubler puts the doubler on the chain for the rig's token.
 func (r *chainRig) deployDoubler(ctx context.Context) error {
-	receipt, err := r.raw.send(ctx, nil, doublerInitcode(common.HexToAddress(r.token)), gasDoublerDeploy)
+	receipt, err := r.raw.send(ctx, nil, devchain.DoublerInitcode(common.HexToAddress(r.token)), devchain.GasDoublerDeploy)
 	if err != nil {
 		return err
 	}
@@ -149,7 +111,7 @@ func (r *chainRig) deployDoubler(ctx context.Context) error {
 // sendTwin makes one transaction with two identical Transfer logs of
 // value to to; it answers the transaction and the two log indices.
 func (r *chainRig) sendTwin(ctx context.Context, to string, value *big.Int) (devchain.Tx, [2]uint, error) {
-	receipt, err := r.raw.send(ctx, &r.doubler, transferCalldata(common.HexToAddress(to), value), gasDoublerCall)
+	receipt, err := r.raw.send(ctx, &r.doubler, devchain.TransferCalldata(common.HexToAddress(to), value), devchain.GasDoublerCall)
 	if err != nil {
 		return devchain.Tx{}, [2]uint{}, err
 	}
