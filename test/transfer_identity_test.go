@@ -32,15 +32,25 @@ func alchemyETHPayload(to string, tx devchain.Tx, rawValue string) []byte {
 
 // eventsOf lists the events naming a transaction as id=status/outcome.
 func (c *chainStack) eventsOf(t *testing.T, txHash string) map[string]string {
+	return c.pairs(t, `SELECT event_id, status || '/' || COALESCE(outcome, '') FROM payment_events WHERE tx_hash = $1`, txHash)
+}
+
+// claimsOf lists a transaction's chain_transfers as event id=index.
+func (c *chainStack) claimsOf(t *testing.T, txHash string) map[string]string {
+	return c.pairs(t, `SELECT event_id, transfer_index FROM chain_transfers WHERE tx_hash = $1`, txHash)
+}
+
+// pairs maps the first column of a query's rows to the second.
+func (c *chainStack) pairs(t *testing.T, query string, args ...any) map[string]string {
 	t.Helper()
-	rows, err := c.DB.Query(context.Background(), `SELECT event_id, status || '/' || COALESCE(outcome, '') FROM payment_events WHERE tx_hash = $1`, txHash)
+	rows, err := c.DB.Query(context.Background(), query, args...)
 	require.NoError(t, err)
 	defer rows.Close()
 	out := map[string]string{}
 	for rows.Next() {
-		var id, state string
-		require.NoError(t, rows.Scan(&id, &state))
-		out[id] = state
+		var k, v string
+		require.NoError(t, rows.Scan(&k, &v))
+		out[k] = v
 	}
 	require.NoError(t, rows.Err())
 	return out
@@ -158,22 +168,6 @@ func TestTransferIndexOnPayments(t *testing.T) {
 	require.Equal(t, map[string]string{"shifted": "0"}, c.claimsOf(t, other.Hash))
 	require.Equal(t, "5", c.balance(t, 2, "TUSD"))
 	requireInvariants(t, c.Stack)
-}
-
-// claimsOf lists a transaction's chain_transfers as event id=index.
-func (c *chainStack) claimsOf(t *testing.T, txHash string) map[string]string {
-	t.Helper()
-	rows, err := c.DB.Query(context.Background(), `SELECT event_id, transfer_index FROM chain_transfers WHERE tx_hash = $1`, txHash)
-	require.NoError(t, err)
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var id, index string
-		require.NoError(t, rows.Scan(&id, &index))
-		out[id] = index
-	}
-	require.NoError(t, rows.Err())
-	return out
 }
 
 // TestTransferRaceAcrossWorkers: ten events naming one real transfer,

@@ -404,16 +404,22 @@ func (c *Chain) SendETH(ctx context.Context, from int, to string, wei *big.Int) 
 // DeployToken deploys the dev token from account index from and returns
 // its lowercase address.
 func (c *Chain) DeployToken(ctx context.Context, from int) (string, Tx, error) {
-	tx, err := c.send(ctx, from, nil, new(big.Int), gasDeploy, tokenInitcode())
+	return c.deploy(ctx, from, gasDeploy, tokenInitcode(), "token")
+}
+
+// deploy sends initcode from account index from and answers the new
+// contract's lowercase address.
+func (c *Chain) deploy(ctx context.Context, from int, gas uint64, initcode []byte, what string) (string, Tx, error) {
+	tx, err := c.send(ctx, from, nil, new(big.Int), gas, initcode)
 	if err != nil {
 		return "", Tx{}, err
+	}
+	if tx.Status != types.ReceiptStatusSuccessful {
+		return "", Tx{}, fmt.Errorf("devchain: %s deployment reverted", what)
 	}
 	receipt, err := c.client.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
 	if err != nil {
 		return "", Tx{}, fmt.Errorf("devchain: deploy receipt: %w", err)
-	}
-	if tx.Status != types.ReceiptStatusSuccessful {
-		return "", Tx{}, errors.New("devchain: token deployment reverted")
 	}
 	return strings.ToLower(receipt.ContractAddress.Hex()), tx, nil
 }

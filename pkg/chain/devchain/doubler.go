@@ -2,13 +2,9 @@ package devchain
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"math/big"
-	"strings"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/core/vm"
 )
 
@@ -59,18 +55,7 @@ func (c *Chain) DeployDoubler(ctx context.Context, from int, token string) (stri
 	if err != nil {
 		return "", Tx{}, err
 	}
-	tx, err := c.send(ctx, from, nil, new(big.Int), GasDoublerDeploy, DoublerInitcode(contract))
-	if err != nil {
-		return "", Tx{}, err
-	}
-	if tx.Status != types.ReceiptStatusSuccessful {
-		return "", Tx{}, errors.New("devchain: doubler deployment reverted")
-	}
-	receipt, err := c.client.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
-	if err != nil {
-		return "", Tx{}, fmt.Errorf("devchain: deploy receipt: %w", err)
-	}
-	return strings.ToLower(receipt.ContractAddress.Hex()), tx, nil
+	return c.deploy(ctx, from, GasDoublerDeploy, DoublerInitcode(contract), "doubler")
 }
 
 // SendTwin pays to value twice in one transaction through the doubler,

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"strings"
 
 	"github.com/ethereum/go-ethereum/common"
-	"github.com/ethereum/go-ethereum/core/types"
 	"github.com/ethereum/go-ethereum/core/vm"
 )
 
@@ -105,18 +103,7 @@ func forwarderInitcode() []byte {
 // DeployForwarder deploys the forwarder from account index from and
 // returns its lowercase address.
 func (c *Chain) DeployForwarder(ctx context.Context, from int) (string, Tx, error) {
-	tx, err := c.send(ctx, from, nil, new(big.Int), gasDeploy, forwarderInitcode())
-	if err != nil {
-		return "", Tx{}, err
-	}
-	if tx.Status != types.ReceiptStatusSuccessful {
-		return "", Tx{}, errors.New("devchain: forwarder deployment reverted")
-	}
-	receipt, err := c.client.TransactionReceipt(ctx, common.HexToHash(tx.Hash))
-	if err != nil {
-		return "", Tx{}, fmt.Errorf("devchain: deploy receipt: %w", err)
-	}
-	return strings.ToLower(receipt.ContractAddress.Hex()), tx, nil
+	return c.deploy(ctx, from, gasDeploy, forwarderInitcode(), "forwarder")
 }
 
 // SendForward sends wei to the forwarder, which passes it on to to the
