@@ -100,6 +100,17 @@ func TestOperatorReasonBounded(t *testing.T) {
 		require.ErrorIs(t, err, config.ErrUsage, "settlectl %s", name)
 		require.Regexp(t, `--(operator|reason) is \d+ characters; at most \d+`, err.Error(), "settlectl %s", name)
 	}
+	for _, args := range [][]string{
+		{"dlq", "replay", "1", "--operator", "ann\x1b[2J"},
+		{"dlq", "discard", "1", "--reason", "x", "--operator", "ann\nbob"},
+		{"dlq", "discard", "1", "--reason", "red \x1b[31m"},
+		{"events", "recheck", "e-1", "--operator", "ann\tbob"},
+	} {
+		name := strings.Join(args[:3], " ")
+		_, err := runCtl(t, dsn, args...)
+		require.ErrorIs(t, err, config.ErrUsage, "settlectl %s", name)
+		require.Contains(t, err.Error(), "without control characters", "settlectl %s", name)
+	}
 	// At the bound, taken.
 	_, err := runCtl(t, dsn, "rescan", "--network", "ETH_MAINNET", "--from", "1", "--to", "2",
 		"--operator", strings.Repeat("n", payment.OperatorLengthMax), "--reason", strings.Repeat("é", payment.ReasonLengthMax))

@@ -197,6 +197,12 @@ func checkOperatorReason(who, reason string) error {
 	if n := utf8.RuneCountInString(reason); n > payment.ReasonLengthMax {
 		return fmt.Errorf("%w: --reason is %d characters; at most %d", config.ErrUsage, n, payment.ReasonLengthMax)
 	}
+	switch {
+	case !payment.NameFits(who, payment.OperatorLengthMax):
+		return fmt.Errorf("%w: --operator must be valid UTF-8 without control characters", config.ErrUsage)
+	case !payment.NoteFits(reason, payment.ReasonLengthMax):
+		return fmt.Errorf("%w: --reason must be valid UTF-8 without control characters but line breaks and tabs", config.ErrUsage)
+	}
 	return nil
 }
 

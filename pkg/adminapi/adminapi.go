@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -219,8 +220,8 @@ func readDecision(w http.ResponseWriter, r *http.Request) (decision, bool) {
 			return d, false
 		}
 	}
-	if !payment.NoteFits(d.Reason, reasonMax) || !payment.NoteFits(d.Operator, operatorMax) {
-		httpapi.WriteError(w, r, http.StatusBadRequest, "reason or operator too long")
+	if !payment.NoteFits(d.Reason, reasonMax) || !payment.NameFits(d.Operator, operatorMax) {
+		httpapi.WriteError(w, r, http.StatusBadRequest, fmt.Sprintf("reason (at most %d characters, no control characters but line breaks and tabs) or operator (at most %d characters, no control characters) does not fit", reasonMax, operatorMax))
 		return d, false
 	}
 	return d, true

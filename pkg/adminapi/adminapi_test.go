@@ -397,3 +397,22 @@ func TestDiscardReasonCountsCharacters(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "%v", body)
 	require.Equal(t, "discarded", body["result"])
 }
+
+// A reason may span lines, a name may not, and neither takes an escape
+// sequence for the terminal of whoever lists them.
+func TestDiscardRefusesControlCharacters(t *testing.T) {
+	e := newEnv(t)
+	for name, body := range map[string]string{
+		"escape in reason":   `{"reason":"x\u001b[2J"}`,
+		"newline in name":    `{"reason":"x","operator":"ann\nbob"}`,
+		"escape in operator": `{"reason":"x","operator":"ann\u001b[31m"}`,
+	} {
+		id := e.deadLettered("d-ctl-" + strings.ReplaceAll(name, " ", "-"))
+		status, answer := e.do(http.MethodPost, "/admin/dlq/"+jsonInt(id)+"/discard", adminToken, body)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %v", name, answer)
+		require.Contains(t, answer["error"], "control characters", name)
+	}
+	id := e.deadLettered("d-ctl-lines")
+	status, answer := e.do(http.MethodPost, "/admin/dlq/"+jsonInt(id)+"/discard", adminToken, `{"reason":"duplicate of d-1\r\nchecked\twith the chain","operator":"ann"}`)
+	require.Equal(t, http.StatusOK, status, "%v", answer)
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/logging"
+	"github.com/settle/settle/pkg/payment"
 )
 
 // csrfTTL is how long a page's forms stay valid: a working day, so a page
@@ -170,8 +171,12 @@ func (c *Console) action(next func(http.ResponseWriter, *http.Request, actor)) h
 			c.fail(w, r, http.StatusBadRequest, "A reason is required: it is recorded with the action.")
 			return
 		}
-		if utf8.RuneCountInString(reason) > reasonMax || !utf8.ValidString(reason) {
+		if utf8.RuneCountInString(reason) > reasonMax {
 			c.fail(w, r, http.StatusBadRequest, "The reason is longer than "+strconv.Itoa(reasonMax)+" characters.")
+			return
+		}
+		if !payment.NoteFits(reason, reasonMax) {
+			c.fail(w, r, http.StatusBadRequest, "The reason may hold no control characters but line breaks and tabs.")
 			return
 		}
 		name := cleanName(r.PostForm.Get("operator"))

@@ -274,15 +274,20 @@ func TestReasonRequired(t *testing.T) {
 	admin := basic("alice", adminToken)
 	token := f.csrf(entryPath, admin)
 	for _, action := range []string{"replay", "discard"} {
-		for _, reason := range []string{"", "   ", strings.Repeat("x", 1001)} {
+		for _, reason := range []string{"", "   ", strings.Repeat("x", 1001), "clear \x1b[2J screen"} {
 			a := f.post(entryPath+"/"+action, admin, url.Values{"csrf": {token}, "reason": {reason}})
 			require.Equal(t, http.StatusBadRequest, a.status, "%s with reason %q", action, reason)
 			require.Empty(t, f.entry(id).Resolution)
 		}
 	}
-	a := f.post("/admin/console/dlq/bulk-replay", admin, url.Values{"csrf": {token}, "id": {itoa(id)}, "confirm": {"yes"}})
+	// A textarea's lines are taken.
+	a := f.post(entryPath+"/discard", admin, url.Values{"csrf": {token}, "reason": {"paid by hand\r\nticket 12"}})
+	require.Equal(t, http.StatusSeeOther, a.status, a.body)
+	require.Equal(t, "paid by hand\r\nticket 12", f.entry(id).Reason)
+	id = f.deadLetter("dep-reason-2")
+	a = f.post("/admin/console/dlq/bulk-replay", admin, url.Values{"csrf": {token}, "id": {itoa(id)}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusBadRequest, a.status, "a bulk replay needs one too")
-	a = f.post("/admin/console/event/recheck", admin, url.Values{"csrf": {token}, "id": {"dep-reason"}})
+	a = f.post("/admin/console/event/recheck", admin, url.Values{"csrf": {token}, "id": {"dep-reason-2"}})
 	require.Equal(t, http.StatusBadRequest, a.status, "so does a recheck")
 	require.Empty(t, f.entry(id).Resolution)
 }

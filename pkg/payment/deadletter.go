@@ -3,7 +3,9 @@ package payment
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -59,9 +61,19 @@ const (
 	ReasonLengthMax   = 1000
 )
 
-// NoteFits says whether an operator's name or reason fits its bound:
-// valid UTF-8 of at most max characters, counted in characters on every
-// surface, so none takes what another refuses.
+// NoteFits says whether an operator's reason fits its bound: valid UTF-8
+// of at most max characters, counted in characters on every surface, so
+// none takes what another refuses, and no control character but line
+// breaks and tabs (a reason may span lines; an escape sequence would
+// reach the terminal of whoever lists it).
 func NoteFits(s string, max int) bool {
-	return utf8.ValidString(s) && utf8.RuneCountInString(s) <= max
+	return utf8.ValidString(s) && utf8.RuneCountInString(s) <= max && !strings.ContainsFunc(s, func(r rune) bool {
+		return unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t'
+	})
+}
+
+// NameFits says whether an operator's name fits its bound: as NoteFits,
+// on one line with no control character at all.
+func NameFits(s string, max int) bool {
+	return NoteFits(s, max) && !strings.ContainsFunc(s, unicode.IsControl)
 }

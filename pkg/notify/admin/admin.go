@@ -98,7 +98,7 @@ func (h *adminHandlers) redeliver(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Operator string `json:"operator"`
 	}
-	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most `+strconv.Itoa(operatorMax)+` characters}`, func() bool { return payment.NoteFits(req.Operator, operatorMax) }) {
+	if !readBody(w, r, &req, `body must be empty or {"operator": string of at most `+strconv.Itoa(operatorMax)+` characters, no control characters}`, func() bool { return payment.NameFits(req.Operator, operatorMax) }) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminRequestTimeout)
@@ -118,9 +118,9 @@ func (h *adminHandlers) redeliverFailed(w http.ResponseWriter, r *http.Request) 
 		Operator string `json:"operator"`
 		Limit    *int   `json:"limit"`
 	}
-	usage := fmt.Sprintf(`body must be empty or {"operator": string of at most 200 characters, "limit": 1..%d}`, postgres.RedeliverFailedMax)
+	usage := fmt.Sprintf(`body must be empty or {"operator": string of at most 200 characters, no control characters, "limit": 1..%d}`, postgres.RedeliverFailedMax)
 	valid := func() bool {
-		return payment.NoteFits(req.Operator, operatorMax) && (req.Limit == nil || (*req.Limit >= 1 && *req.Limit <= postgres.RedeliverFailedMax))
+		return payment.NameFits(req.Operator, operatorMax) && (req.Limit == nil || (*req.Limit >= 1 && *req.Limit <= postgres.RedeliverFailedMax))
 	}
 	if !readBody(w, r, &req, usage, valid) {
 		return

@@ -146,6 +146,8 @@ func TestListAndRedeliver(t *testing.T) {
 		{http.MethodPost, "/admin/notifications/999999/redeliver", "", http.StatusNotFound},
 		{http.MethodPost, path, `{"who": "x"}`, http.StatusBadRequest},
 		{http.MethodPost, path, `{"operator": "` + strings.Repeat("x", 201) + `"}`, http.StatusBadRequest},
+		{http.MethodPost, path, `{"operator": "ann\u001b[2J"}`, http.StatusBadRequest},
+		{http.MethodPost, path, `{"operator": "ann\nbob"}`, http.StatusBadRequest},
 		{http.MethodPost, path, strings.Repeat(" ", 17<<10), http.StatusRequestEntityTooLarge},
 	} {
 		status, body := call(t, c.method, base+c.path, adminToken, c.body)
