@@ -148,6 +148,7 @@ func TestTransferIndexOnPayments(t *testing.T) {
 	_, outcome, reason := c.event(t, "named-more")
 	require.Equal(t, "mismatch", outcome)
 	require.Contains(t, reason, "carries 3000000 base units")
+	require.Contains(t, reason, "names log 0")
 	require.Equal(t, "3", c.balance(t, 2, "TUSD"))
 	require.Equal(t, map[string]string{"named-right": "0"}, c.claimsOf(t, tx.Hash))
 

@@ -709,13 +709,22 @@ func matchTransfer(d Deposit, transfers []Transfer) ([]string, string) {
 	if len(transfers) == 0 {
 		return nil, "the receipt has no ERC-20 Transfer log"
 	}
-	named, naming := uint64(0), d.Index != ""
-	if naming {
-		var ok bool
-		if named, ok = payment.LogIndex(d.Index); !ok {
-			return nil, fmt.Sprintf("transfer %s is not a log index, which is what a token deposit claims", d.Index)
-		}
+	if d.Index == "" {
+		return payingLogs(d, transfers, 0, false)
 	}
+	named, ok := payment.LogIndex(d.Index)
+	if !ok {
+		return nil, fmt.Sprintf("transfer %s is not a log index, which is what a token deposit claims", d.Index)
+	}
+	matches, reason := payingLogs(d, transfers, named, true)
+	if len(matches) == 0 {
+		reason += fmt.Sprintf(" (the deposit names log %d; any log of the transaction paying it would do)", named)
+	}
+	return matches, reason
+}
+
+// payingLogs is matchTransfer's search, the named log (when naming) first.
+func payingLogs(d Deposit, transfers []Transfer, named uint64, naming bool) ([]string, string) {
 	var fromToken []Transfer
 	for _, t := range transfers {
 		if t.Contract == d.Token {

@@ -487,6 +487,7 @@ func TestTwoIdenticalTransferLogs(t *testing.T) {
 	matches, why = matchTransfer(d, logs)
 	require.Empty(t, matches)
 	require.Contains(t, why, "carries 10, 10, 11 base units")
+	require.Contains(t, why, "names log 5")
 	d.Index, d.Amount = "native", big.NewInt(10)
 	matches, why = matchTransfer(d, logs)
 	require.Empty(t, matches)
