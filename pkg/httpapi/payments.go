@@ -32,6 +32,9 @@ const (
 var reservedEventIDPrefixes = []string{"reorg:", payment.ReturnEventIDPrefix, alchemy.LegacyEventIDPrefix, payment.TransferEventIDPrefix}
 
 // rejection is a 400 with the reason it is counted under.
+// reasonInvalidAmount labels a rejected amount that is no JSON string.
+const reasonInvalidAmount = "invalid_amount"
+
 type rejection struct {
 	reason  string
 	message string
@@ -76,6 +79,11 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	req, rejected := parsePayment(body)
 	if rejected != nil {
 		s.metrics.webhook(sourcePayments, outcomeRejected, rejected.reason)
+		if rejected.reason == reasonInvalidAmount {
+			// An amount that is no JSON string is an invalid amount, as
+			// the contract's codes say, not just malformed input.
+			return fail(payment.ErrBadAmount, rejected.message)
+		}
 		return newError(http.StatusBadRequest, rejected.message)
 	}
 
@@ -291,7 +299,7 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		if req.amount, ok = jsonString(raw); !ok {
 			// A JSON number would have to pass through a float somewhere;
 			// amounts travel as strings only.
-			return req, &rejection{"invalid_amount", "amount must be a JSON string holding a decimal, not a number"}
+			return req, &rejection{reasonInvalidAmount, "amount must be a JSON string holding a decimal, not a number"}
 		}
 		req.amountGiven = true
 	}

@@ -228,6 +228,11 @@ func TestPaymentsBadRequests(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := h.postPayment(body)
 			requireError(t, r, http.StatusBadRequest)
+			if strings.HasPrefix(name, "amount ") {
+				// Whatever is wrong with it, even its JSON type: the
+				// contract's code for an invalid amount.
+				requireCode(t, r, http.StatusBadRequest, "invalid_amount")
+			}
 		})
 	}
 	require.Equal(t, 0, h.countEvents())
