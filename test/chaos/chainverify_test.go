@@ -273,8 +273,12 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 			case canonical && truthfulContent && e.outcome == "mismatch" && moved &&
 				(strings.HasPrefix(e.ID, payment.TransferEventIDPrefix) || (payments[e.ID] != nil && payments[e.ID].withIndex)):
 				// A report naming the log index the transfer had before a
-				// fork re-mined it elsewhere: no such log there now.
+				// fork re-mined it elsewhere: the transaction's paying logs
+				// are offered whatever index it names (seed
+				// 4701253035119547 lost a credit when they were not).
 				staleIndex++
+				v.fail("chain: a true report naming a shifted log index ended mismatch", "%s (transfer %s, now at %s)", e.ID, hash, indices(group))
+				v.trace(e.ID, hash)
 			case canonical && truthfulContent && e.outcome != "duplicate_transfer":
 				v.fail("chain: a true report of a canonical transfer failed other than as a duplicate", "%s ended failed/%s (transfer %s)", e.ID, e.outcome, hash)
 			case canonical && !truthfulContent && e.outcome != "mismatch" && e.outcome != "duplicate_transfer":
@@ -303,9 +307,10 @@ func verifyChain(ctx context.Context, v *verdict, pool *pgxpool.Pool, l *chainLo
 		}
 		least := min(most, max(1, len(indexed)))
 		if moved {
-			// Every report naming an index may have named the one the
-			// transfer had before the fork (and ended mismatch); a report
-			// naming none still resolves to where it is now.
+			// Every report naming an index may have ended reorged while
+			// the fork had the transaction out, under an id the new
+			// block's reports no longer use; a report naming none still
+			// resolves to where it is now.
 			least = 0
 			if unindexed {
 				least = min(most, 1)
