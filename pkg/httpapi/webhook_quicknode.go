@@ -108,7 +108,9 @@ func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
 		case payment.IgnoreAmountOutOfRange:
 			logging.From(ctx).Error().Int("candidate", i.Index).Msg("quicknode transfer amount is out of range; not credited")
 		case payment.IgnoreUnknownNetwork:
-			logging.From(ctx).Warn().Str("stream_network", payload.StreamNetwork).Msg("quicknode stream on a network settle does not map; not credited")
+			name, _ := quicknode.Network(payload.StreamNetwork)
+			logging.From(ctx).Warn().Str("stream_network", payload.StreamNetwork).Str("network", name).
+				Msg("quicknode stream on a network settle does not list (settlectl networks add, under the name logged); not credited")
 		}
 	}
 	return storeTransfers(ctx, c, run, transfers)

@@ -52,10 +52,20 @@ var networks = map[string]string{
 	"matic-mainnet":    "MATIC_MAINNET",
 }
 
-// Network is settle's name for a QuickNode network name.
+// Network is settle's name for a QuickNode network name: the table's,
+// else the name itself upper-cased with '-' as '_' ("bsc-mainnet" is
+// BSC_MAINNET), so a network an operator adds under that name at run time
+// is fed without a release. Whether settle lists it is the registry's
+// answer (Transfers).
 func Network(streamNetwork string) (string, bool) {
-	n, ok := networks[streamNetwork]
-	return n, ok
+	if n, ok := networks[streamNetwork]; ok {
+		return n, true
+	}
+	n := strings.ToUpper(strings.ReplaceAll(streamNetwork, "-", "_"))
+	if !payment.ValidNetworkName(n) {
+		return "", false
+	}
+	return n, true
 }
 
 // ErrPayload marks a body that is not a Streams delivery settle can read
@@ -363,6 +373,7 @@ var Reasons = []payment.IgnoreReason{
 
 // Assets is what Transfers needs from the asset registry.
 type Assets interface {
+	Network(name string) (payment.Network, bool)
 	Native(network string) (payment.Asset, bool)
 	ByContract(network, contract string) (payment.Asset, bool)
 }
@@ -376,6 +387,11 @@ type Assets interface {
 func Transfers(p Payload, assets Assets) ([]payment.ReportedTransfer, []payment.Ignored) {
 	var transfers []payment.ReportedTransfer
 	var ignored []payment.Ignored
+	if p.Network != "" {
+		if _, listed := assets.Network(p.Network); !listed {
+			p.Network = "" // a name derived from QuickNode's that settle does not list
+		}
+	}
 	for i, c := range p.candidates {
 		var t payment.ReportedTransfer
 		var reason payment.IgnoreReason

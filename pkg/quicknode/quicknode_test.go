@@ -165,6 +165,40 @@ func TestNetworkNames(t *testing.T) {
 		require.True(t, ok, qn)
 		require.Equal(t, settle, got)
 	}
+	// Any other name is its own, upper-cased with '-' as '_': a network
+	// added at run time under it is fed without a release.
+	for qn, settle := range map[string]string{"bsc-mainnet": "BSC_MAINNET", "avalanche-fuji": "AVALANCHE_FUJI", "Zora-Mainnet": "ZORA_MAINNET"} {
+		got, ok := quicknode.Network(qn)
+		require.True(t, ok, qn)
+		require.Equal(t, settle, got)
+	}
+	for _, qn := range []string{"", "9-mainnet", "base mainnet", "base.mainnet", "ünicode-mainnet", "-mainnet"} {
+		_, ok := quicknode.Network(qn)
+		require.False(t, ok, "%q is no network name", qn)
+	}
+}
+
+// A stream on a network the table does not name is credited once settle
+// lists the network under the derived name, and ignored as an unknown
+// network until then.
+func TestDerivedNetworkNeedsListing(t *testing.T) {
+	body := fmt.Sprintf(`{"data":[{"block":{"number":"0x10","hash":"0xab","transactions":[{"hash":%q,"to":%q,"value":"0x1bc16d674ec80000"}]},
+	 "receipts":[{"transactionHash":%q,"status":"0x1","logs":[]}]}],
+	 "metadata":{"network":"bsc-mainnet","dataset":"block_with_receipts"}}`, txNative, to, txNative)
+	p, err := quicknode.Decode([]byte(body))
+	require.NoError(t, err)
+	require.Equal(t, "BSC_MAINNET", p.Network)
+	transfers, ignored := quicknode.Transfers(p, registry())
+	require.Empty(t, transfers)
+	require.Equal(t, []payment.Ignored{{Index: 0, Reason: payment.IgnoreUnknownNetwork}}, ignored)
+
+	listed := payment.NewRegistry([]payment.Asset{{Code: "BNB", Network: "BSC_MAINNET", Decimals: 18}},
+		payment.Network{Name: "BSC_MAINNET", ChainID: 56})
+	transfers, ignored = quicknode.Transfers(p, listed)
+	require.Empty(t, ignored)
+	require.Len(t, transfers, 1)
+	require.Equal(t, "chain:BSC_MAINNET:"+txNative+":native", transfers[0].EventID())
+	require.Equal(t, "2", transfers[0].Amount.String())
 }
 
 // timeOf is the instant a well-formed timestamp names (else the epoch),
