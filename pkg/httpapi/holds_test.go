@@ -85,14 +85,15 @@ func TestHoldWebhookBadRequests(t *testing.T) {
 		"hold_id not a string":  resolveBody("x10", "withdrawal_post", 7, "h-1", map[string]string{"hold_id": `7`}),
 		"empty hold_id":         resolveBody("x11", "withdrawal_post", 7, "", nil),
 		"void with tx_hash":     resolveBody("x13", "withdrawal_void", 7, "h-1", map[string]string{"tx_hash": `"` + txHash + `"`}),
-		"amount as a number":    resolveBody("x14", "withdrawal_post", 7, "h-1", map[string]string{"amount": `10`}),
 	} {
 		r := h.postPayment(body)
 		requireCode(t, r, http.StatusBadRequest, "invalid_request")
 		_ = name
 	}
-	// An amount given on a post must be the hold's.
+	// An amount given on a post must be the hold's, and a string.
 	r := h.postPayment(resolveBody("x15", "withdrawal_post", 7, "h-1", map[string]string{"amount": `"9"`}))
+	requireCode(t, r, http.StatusBadRequest, "invalid_amount")
+	r = h.postPayment(resolveBody("x14", "withdrawal_post", 7, "h-1", map[string]string{"amount": `10`}))
 	requireCode(t, r, http.StatusBadRequest, "invalid_amount")
 	require.Equal(t, 1, h.countEvents(), "nothing refused was stored")
 }
