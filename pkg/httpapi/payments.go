@@ -31,10 +31,10 @@ const (
 // credit giving one back, or an Alchemy deposit.
 var reservedEventIDPrefixes = []string{"reorg:", payment.ReturnEventIDPrefix, alchemy.LegacyEventIDPrefix, payment.TransferEventIDPrefix}
 
-// rejection is a 400 with the reason it is counted under.
 // reasonInvalidAmount labels a rejected amount that is no JSON string.
 const reasonInvalidAmount = "invalid_amount"
 
+// rejection is a 400 with the reason it is counted under.
 type rejection struct {
 	reason  string
 	message string
