@@ -121,10 +121,14 @@ func (p pageQuery) limit() (int, *apiError) {
 	return int(n), nil
 }
 
+// A page's next is null at the end of the list, so a client that loops
+// while next is set stops; resume keeps the end's place for a reader
+// that polls later for what came since.
 type eventsPageJSON struct {
 	Events  []eventJSON `json:"events"`
 	HasMore bool        `json:"has_more"`
 	Next    *string     `json:"next"`
+	Resume  *string     `json:"resume"`
 }
 
 // eventsPage is GET /v1/events.
@@ -179,8 +183,7 @@ func (s *Server) eventsPage(c echo.Context) error {
 		out.Events = append(out.Events, viewEvent(v))
 	}
 	if page.Next != nil {
-		next := EncodeEventCursor(*page.Next)
-		out.Next = &next
+		out.Next, out.Resume = cursors(EncodeEventCursor(*page.Next), page.HasMore)
 	}
 	return c.JSON(http.StatusOK, out)
 }
@@ -201,6 +204,7 @@ type journalPageJSON struct {
 	Entries []journalEntryJSON `json:"entries"`
 	HasMore bool               `json:"has_more"`
 	Next    *string            `json:"next"`
+	Resume  *string            `json:"resume"`
 }
 
 // journalPage is GET /v1/users/{id}/journal: the user's balance_events.
@@ -259,10 +263,18 @@ func (s *Server) journalPage(c echo.Context) error {
 		})
 	}
 	if page.Next != nil {
-		next := EncodeJournalCursor(*page.Next)
-		out.Next = &next
+		out.Next, out.Resume = cursors(EncodeJournalCursor(*page.Next), page.HasMore)
 	}
 	return c.JSON(http.StatusOK, out)
+}
+
+// cursors answers a page's next (only while more can be read now) and
+// resume (always).
+func cursors(cursor string, more bool) (next, resume *string) {
+	if more {
+		return &cursor, &cursor
+	}
+	return nil, &cursor
 }
 
 // optional is a JSON null for "".

@@ -40,6 +40,7 @@ type pageJSON struct {
 	Entries []map[string]any `json:"entries"`
 	HasMore bool             `json:"has_more"`
 	Next    *string          `json:"next"`
+	Resume  *string          `json:"resume"`
 }
 
 func (h *harness) page(path string, query url.Values) (response, pageJSON) {
@@ -53,7 +54,9 @@ func (h *harness) page(path string, query url.Values) (response, pageJSON) {
 }
 
 // pageAll follows a list to its current end from after ("": the start)
-// and returns the ids it showed, in order, and the last cursor.
+// and returns the ids it showed, in order, and the cursor to resume
+// from. It loops while next is set, as a plain client does, and checks
+// that next is set exactly while has_more is.
 func (h *harness) pageAll(path string, query url.Values, after string, idField string) ([]string, string) {
 	h.t.Helper()
 	var ids []string
@@ -70,12 +73,17 @@ func (h *harness) pageAll(path string, query url.Values, after string, idField s
 		for _, row := range append(p.Events, p.Entries...) {
 			ids = append(ids, fmt.Sprint(row[idField]))
 		}
+		require.Equal(h.t, p.HasMore, p.Next != nil, "next is set exactly while has_more is: %s", r.raw)
 		if p.Next != nil {
-			after = *p.Next
+			require.Equal(h.t, *p.Next, *p.Resume)
 		}
-		if !p.HasMore {
+		if p.Resume != nil {
+			after = *p.Resume
+		}
+		if p.Next == nil {
 			return ids, after
 		}
+		after = *p.Next
 	}
 	h.t.Fatal("the list never ended")
 	return nil, ""
@@ -204,24 +212,28 @@ func TestEventsPageFiltersAndBounds(t *testing.T) {
 	// decimal strings.
 	_, p := h.page("/v1/events", url.Values{"user_id": {"1"}, "limit": {"1000"}})
 	require.False(t, p.HasMore)
-	require.NotNil(t, p.Next)
+	require.Nil(t, p.Next, "the end of the list has no next")
+	require.NotNil(t, p.Resume)
 	for _, e := range p.Events {
 		one := h.do(http.MethodGet, "/v1/events/"+fmt.Sprint(e["event_id"]), nil, bearer(apiToken))
 		require.Equal(t, one.body, e)
 	}
 	require.Equal(t, "1.5", p.Events[0]["amount"])
 
-	// The end of the list keeps its cursor, and an empty page from it
-	// gives it back: a reader polls from there for what comes later.
-	r, tail := h.page("/v1/events", url.Values{"after": {*p.Next}, "user_id": {"1"}})
+	// The end of the list keeps its place in resume, and an empty page
+	// from it gives it back: a reader polls from there for what comes
+	// later.
+	r, tail := h.page("/v1/events", url.Values{"after": {*p.Resume}, "user_id": {"1"}})
 	require.Equal(t, http.StatusOK, r.status)
 	require.Empty(t, tail.Events)
-	require.Equal(t, *p.Next, *tail.Next)
+	require.Nil(t, tail.Next)
+	require.Equal(t, *p.Resume, *tail.Resume)
 	var raw map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(r.raw, &raw))
 	require.Equal(t, "[]", string(raw["events"]), "an empty list is [], not null")
 	_, empty := h.page("/v1/events", url.Values{"user_id": {"3"}})
 	require.Nil(t, empty.Next, "nothing read and no cursor given")
+	require.Nil(t, empty.Resume, "nothing read and no cursor given")
 
 	// The default limit is 100, the max 1000.
 	for i := range 100 {
@@ -278,6 +290,7 @@ func TestEventsPageScanIsBounded(t *testing.T) {
 	require.Len(t, second.Events, 1)
 	require.Equal(t, "bulk-010004", second.Events[0]["event_id"])
 	require.False(t, second.HasMore)
+	require.Nil(t, second.Next)
 }
 
 // The journal pages the same way, per user, with an asset filter, while
