@@ -34,7 +34,6 @@ import (
 
 const (
 	serviceName            = "api"
-	redisURLDefault        = "redis://localhost:6379/0"
 	httpAddrDefault        = ":8080"
 	shutdownTimeoutDefault = 30 * time.Second
 	// startTimeout bounds connecting to PostgreSQL at start.
@@ -124,7 +123,7 @@ func readCommon(env *config.Env) settings {
 
 // readServe adds what serving needs.
 func readServe(env *config.Env, s *settings) {
-	s.redisURL = config.Parse(env, "REDIS_URL", redisURLDefault, func(v string) (string, error) {
+	s.redisURL = config.Parse(env, "REDIS_URL", service.RedisURLDefault, func(v string) (string, error) {
 		_, err := redisconn.Parse(v)
 		return v, err
 	})

@@ -17,8 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/redisconn"
 	"github.com/settle/settle/pkg/testenv"
 )
 
@@ -243,4 +245,42 @@ func TestRedeliverFailed(t *testing.T) {
 	out, err = runCtl(t, dsn, "notifications", "redeliver-failed")
 	require.NoError(t, err)
 	require.Contains(t, out, "scheduled again: 0")
+}
+
+// TestDLQListShowsRedisFallback: dead letters parked in the Redis
+// fallback (PostgreSQL refused them) are not in the list until the
+// scheduler drains them; `dlq list` says how many wait there, says so
+// when Redis cannot be read, and refuses a malformed REDIS_URL.
+func TestDLQListShowsRedisFallback(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	url := testenv.RedisURL(t)
+	t.Setenv("REDIS_URL", url)
+	out, err := runCtl(t, dsn, "dlq", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "(none waiting in the Redis fallback)")
+
+	rdb, err := redisconn.Open(url)
+	require.NoError(t, err)
+	defer rdb.Close()
+	require.NoError(t, rdb.RPush(context.Background(), dlq.FallbackKey, `{"event_id":"a"}`, `{"event_id":"b"}`).Err())
+	out, err = runCtl(t, dsn, "dlq", "list")
+	require.NoError(t, err)
+	require.Contains(t, out, "(2 more waiting in the Redis fallback;")
+	out, err = runCtl(t, dsn, "dlq", "list", "--json")
+	require.NoError(t, err)
+	var entries []any
+	require.NoError(t, json.Unmarshal([]byte(out), &entries), "JSON stays only JSON: %s", out)
+	out, err = runCtl(t, dsn, "dlq", "list", "--state", "resolved")
+	require.NoError(t, err)
+	require.NotContains(t, out, "Redis fallback", "resolved entries are never in the fallback")
+
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+	out, err = runCtl(t, dsn, "dlq", "list")
+	require.NoError(t, err, "the list itself is PostgreSQL's")
+	require.Contains(t, out, "(the Redis fallback could not be read (REDIS_URL):")
+
+	t.Setenv("REDIS_URL", "localhost:6379")
+	_, err = runCtl(t, dsn, "dlq", "list")
+	require.ErrorIs(t, err, config.ErrUsage)
+	require.ErrorContains(t, err, "REDIS_URL")
 }

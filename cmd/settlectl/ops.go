@@ -13,8 +13,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/settle/settle/pkg/config"
+	"github.com/settle/settle/pkg/dlq"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/redisconn"
+	"github.com/settle/settle/pkg/service"
 )
 
 func init() {
@@ -85,6 +88,12 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 	if err := checkOperatorReason(*who, *reason); err != nil {
 		return err
 	}
+	var fallbackURL string
+	if sub == "list" && !*jsonOut && *state != "resolved" {
+		if fallbackURL, err = redisURL(); err != nil {
+			return err
+		}
+	}
 	db, err := openDB(ctx)
 	if err != nil {
 		return err
@@ -98,6 +107,9 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 		}
 		if *jsonOut {
 			return writeJSON(out, entries)
+		}
+		if fallbackURL != "" {
+			defer fmt.Fprintln(out, fallbackNote(ctx, fallbackURL))
 		}
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tEVENT\tTYPE\tUSER\tAMOUNT\tSOURCE\tATTEMPT\tEVENT STATUS\tRESOLUTION\tCREATED\tERROR")
@@ -136,6 +148,44 @@ func runDLQ(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return nil
 	}
+}
+
+// redisURL is REDIS_URL (the services' default when unset), checked as
+// the services check it.
+func redisURL() (string, error) {
+	env := config.FromOS()
+	raw := env.String("REDIS_URL", service.RedisURLDefault)
+	if _, err := redisconn.Parse(raw); err != nil {
+		env.Reject("REDIS_URL", err)
+	}
+	if err := env.Err(); err != nil {
+		return "", fmt.Errorf("%w: %w", config.ErrUsage, err)
+	}
+	return raw, nil
+}
+
+// fallbackReadWait bounds dlq list's look at the Redis fallback, which is
+// only a footnote to the list.
+const fallbackReadWait = 2 * time.Second
+
+// fallbackNote says how many dead letters wait in the Redis fallback (the
+// workers park one there while PostgreSQL refuses it), which the list
+// above does not show until the scheduler's drain_dlq moves them.
+func fallbackNote(ctx context.Context, url string) string {
+	rdb, err := redisconn.Open(url)
+	if err == nil {
+		defer rdb.Close()
+		ctx, cancel := context.WithTimeout(ctx, fallbackReadWait)
+		defer cancel()
+		var n int64
+		if n, err = dlq.Waiting(ctx, rdb); err == nil {
+			if n == 0 {
+				return "(none waiting in the Redis fallback)"
+			}
+			return fmt.Sprintf("(%d more waiting in the Redis fallback; the scheduler's drain_dlq moves them into this list every minute)", n)
+		}
+	}
+	return "(the Redis fallback could not be read (REDIS_URL): " + strings.Join(strings.Fields(err.Error()), " ") + ")"
 }
 
 func runReconcile(ctx context.Context, args []string, out io.Writer) error {

@@ -353,11 +353,15 @@ func (s *Sink) insert(ctx context.Context, letter payment.DeadLetter) error {
 }
 
 // Pending is how many entries wait in the fallback list.
-func (s *Sink) Pending(ctx context.Context) (int64, error) {
-	n, err := s.redis.LLen(ctx, FallbackKey).Result()
+func (s *Sink) Pending(ctx context.Context) (int64, error) { return Waiting(ctx, s.redis) }
+
+// Waiting is how many dead letters wait in rdb's fallback list (the one
+// being drained included), not yet in PostgreSQL's.
+func Waiting(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+	n, err := rdb.LLen(ctx, FallbackKey).Result()
 	if err != nil {
 		return 0, err
 	}
-	m, err := s.redis.LLen(ctx, drainingKey).Result()
+	m, err := rdb.LLen(ctx, drainingKey).Result()
 	return n + m, err
 }

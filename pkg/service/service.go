@@ -50,6 +50,9 @@ type Common struct {
 	RegistryRefresh time.Duration
 }
 
+// RedisURLDefault is REDIS_URL's default.
+const RedisURLDefault = "redis://localhost:6379/0"
+
 // RegistryRefreshDefault is REGISTRY_REFRESH's default.
 const RegistryRefreshDefault = 30 * time.Second
 
@@ -57,7 +60,7 @@ const RegistryRefreshDefault = 30 * time.Second
 func ReadCommon(env *config.Env) Common {
 	c := Common{
 		DatabaseURL:     env.Required("DATABASE_URL"),
-		RedisURL:        env.String("REDIS_URL", "redis://localhost:6379/0"),
+		RedisURL:        env.String("REDIS_URL", RedisURLDefault),
 		LogLevel:        config.Parse(env, "LOG_LEVEL", zerolog.InfoLevel, logging.ParseLevel),
 		ShutdownTimeout: env.Duration("SHUTDOWN_TIMEOUT", ShutdownTimeoutDefault),
 		RegistryRefresh: env.Duration("REGISTRY_REFRESH", RegistryRefreshDefault),
