@@ -284,3 +284,18 @@ func TestDLQListShowsRedisFallback(t *testing.T) {
 	require.ErrorIs(t, err, config.ErrUsage)
 	require.ErrorContains(t, err, "REDIS_URL")
 }
+
+// TestRecheckReadsLogLevel: a recheck logs what its chain client says to
+// stderr at LOG_LEVEL (warnings by default); a LOG_LEVEL the services
+// would refuse is a usage error naming it.
+func TestRecheckReadsLogLevel(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	t.Setenv("LOG_LEVEL", "loud")
+	_, err := runCtl(t, dsn, "events", "recheck", "e-1")
+	require.ErrorIs(t, err, config.ErrUsage)
+	require.ErrorContains(t, err, "LOG_LEVEL")
+	t.Setenv("LOG_LEVEL", "debug")
+	t.Setenv("ETH_RPC_URL", "")
+	_, err = runCtl(t, dsn, "events", "recheck", "e-1")
+	require.ErrorIs(t, err, errNoRPC, "a valid LOG_LEVEL passes on to the next check")
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/finality"
+	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/postgres"
 )
 
@@ -89,6 +90,8 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 func recheck(ctx context.Context, db *postgres.DB, eventID, who string) (postgres.Recheck, error) {
 	env := config.FromOS()
 	s := finality.ReadSettings(env, false)
+	// At a prompt only warnings and worse, unless LOG_LEVEL asks for more.
+	level := config.Parse(env, "LOG_LEVEL", zerolog.WarnLevel, logging.ParseLevel)
 	if err := env.Err(); err != nil {
 		return postgres.Recheck{}, fmt.Errorf("%w: %w", config.ErrUsage, err)
 	}
@@ -100,7 +103,7 @@ func recheck(ctx context.Context, db *postgres.DB, eventID, who string) (postgre
 		return postgres.Recheck{}, err
 	}
 	// What the breaker says goes to stderr; settlectl has no alert webhook.
-	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	log := zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
 	alerts := alert.New(log, alert.Options{Service: "settlectl"})
 	defer alerts.Close()
 	rechecker, closeChain, err := finality.OpenRechecker(ctx, s, finality.Deps{Store: db, Assets: assets, Alerts: alerts, Log: log}, db)
