@@ -1,10 +1,13 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,8 +33,9 @@ func signedQuickNode(nonce string, sent time.Time, body []byte) map[string]strin
 // changes nothing. The case that matters, on a network without an RPC: a
 // deposit is reported (delivery A), QuickNode then reports its block
 // reorged and the deposit is reversed; A replayed byte for byte must not
-// reopen it. The replay is answered 200 with every count zero and
-// "replay": true, and counted.
+// reopen it. The replay is answered 200 with "replay": true and the
+// transfer under duplicates (the contract's answer for a transfer that is
+// already an event), and counted.
 func TestQuickNodeReplayWithinWindow(t *testing.T) {
 	h := providerHarness(t)
 	h.createUser(7)
@@ -57,7 +61,8 @@ func TestQuickNodeReplayWithinWindow(t *testing.T) {
 	e, err = h.db.Event(context.Background(), id)
 	require.NoError(t, err)
 	require.Equal(t, payment.StatusFailed, e.Status, "an exact replay reopened a deposit the reorg report had reversed: %s", r.raw)
-	for _, count := range []string{"accepted", "duplicates", "reopened", "rechecked", "reversed", "ignored"} {
+	require.Equal(t, 1.0, r.body["duplicates"], "%s", r.raw)
+	for _, count := range []string{"accepted", "reopened", "rechecked", "reversed", "ignored"} {
 		require.Equal(t, 0.0, r.body[count], "%s in %s", count, r.raw)
 	}
 	require.Equal(t, true, r.body["replay"], "%s", r.raw)
@@ -84,6 +89,72 @@ func TestQuickNodeReplayWithinWindow(t *testing.T) {
 	r = h.do(http.MethodPost, "/webhook/quicknode", bodyA, signedQuickNode("nonce-B", fixedNow, bodyA))
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
 	require.Nil(t, r.body["replay"], "%s", r.raw)
+}
+
+// TestQuickNodeCopiesAnswerLikeDuplicates: a provider's answer counts a
+// transfer already an event under duplicates, and an exact copy of a
+// delivery is answered so too. Copies sent at once wait for the first
+// (no 503): one stores, the others are duplicates. A copy stores a
+// transfer the first could not (its address was registered since), but
+// a copy of a reorg report reverses nothing again.
+func TestQuickNodeCopiesAnswerLikeDuplicates(t *testing.T) {
+	h := providerHarness(t)
+	h.createUser(7)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", alchemyRecipient).status)
+	id := "chain:ETH_MAINNET:" + alchemyTx + ":1"
+
+	body := quickNodeLogs("0x1", false)
+	hdr := signedQuickNode("nonce-par", fixedNow, body)
+	const copies = 6
+	answers := make(chan response, copies)
+	var wg sync.WaitGroup
+	for range copies {
+		wg.Go(func() { answers <- h.do(http.MethodPost, "/webhook/quicknode", body, hdr) })
+	}
+	wg.Wait()
+	close(answers)
+	accepted, duplicates := 0.0, 0.0
+	for r := range answers {
+		require.Equal(t, http.StatusOK, r.status, "a copy sent at once: %s", r.raw)
+		accepted += r.body["accepted"].(float64)
+		duplicates += r.body["duplicates"].(float64)
+	}
+	require.Equal(t, 1.0, accepted)
+	require.Equal(t, float64(copies-1), duplicates)
+
+	// Reversed by a reorg report (no RPC: the report is the evidence),
+	// then reported again in a new delivery: credited again.
+	reorg := quickNodeLogs("0x1", true)
+	reorgHdr := signedQuickNode("nonce-reorg", fixedNow, reorg)
+	r := h.do(http.MethodPost, "/webhook/quicknode", reorg, reorgHdr)
+	require.Equal(t, 1.0, r.body["reversed"], "%s", r.raw)
+	r = h.do(http.MethodPost, "/webhook/quicknode", body, signedQuickNode("nonce-again", fixedNow, body))
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	before, err := h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.NotEqual(t, payment.StatusFailed, before.Status, "reported again after the reorg report: %s", r.raw)
+	// The reorg report's copy acts on nothing.
+	r = h.do(http.MethodPost, "/webhook/quicknode", reorg, reorgHdr)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+	require.Equal(t, true, r.body["replay"], "%s", r.raw)
+	require.Equal(t, 0.0, r.body["reversed"], "%s", r.raw)
+	require.Equal(t, 1.0, r.body["ignored"], "%s", r.raw)
+	after, err := h.db.Event(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, before.Status, after.Status, "a copy of the reorg report reversed the deposit again")
+
+	// A transfer to an address not yet registered is ignored; a copy sent
+	// after the address was registered stores it.
+	other := "0x" + strings.Repeat("ab", 20)
+	late := bytes.ReplaceAll(body, []byte(alchemyRecipient[2:]), []byte(other[2:]))
+	late = bytes.ReplaceAll(late, []byte(alchemyTx), []byte("0x"+strings.Repeat("cd", 32)))
+	lateHdr := signedQuickNode("nonce-late", fixedNow, late)
+	r = h.do(http.MethodPost, "/webhook/quicknode", late, lateHdr)
+	require.Equal(t, 1.0, r.body["ignored"], "%s", r.raw)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", other).status)
+	r = h.do(http.MethodPost, "/webhook/quicknode", late, lateHdr)
+	require.Equal(t, true, r.body["replay"], "%s", r.raw)
+	require.Equal(t, 1.0, r.body["accepted"], "%s", r.raw)
 }
 
 // A delivery that was not answered 2xx is not remembered: the provider
@@ -121,7 +192,7 @@ func TestQuickNodeReplayGuardWithoutRedis(t *testing.T) {
 	r = h.do(http.MethodPost, "/webhook/quicknode", body, hdr)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
 	require.Equal(t, true, r.body["replay"], "%s", r.raw)
-	require.Equal(t, 0.0, r.body["duplicates"], "%s", r.raw)
+	require.Equal(t, 1.0, r.body["duplicates"], "%s", r.raw)
 	require.GreaterOrEqual(t, counter(t, h.metrics, "settle_api_replay_guard_fallback_total", nil), 2.0)
 }
 

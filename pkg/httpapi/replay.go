@@ -35,6 +35,12 @@ const (
 	// replayFallbackKeysMax bounds the in-process table used while Redis
 	// is unreachable (verified deliveries only, over one window).
 	replayFallbackKeysMax = 100_000
+	// replayWaitMax bounds how long a copy of a delivery in flight waits
+	// for the first to end before it is answered 503 (the first's store
+	// is bounded by providerStoreTimeout; a provider times out sooner).
+	replayWaitMax = 10 * time.Second
+	// replayWaitPoll is how often a waiting copy asks again.
+	replayWaitPoll = 50 * time.Millisecond
 )
 
 // replayState is what a claim found.
@@ -177,6 +183,26 @@ func (g *replayGuard) claim(ctx context.Context, key string) (replayClaim, repla
 	}
 	g.local[key] = localClaim{value: c.id, expiresAt: now.Add(g.inFlight)}
 	return c, replayNew, nil
+}
+
+// claimWaiting claims key like claim, but waits for a copy of the same
+// delivery in flight (a provider's retry racing the first attempt, or a
+// concurrent duplicate) to end, up to replayWaitMax: it then answers
+// what that copy came to (seen, or claimed now if it failed), so a
+// duplicate is answered as one rather than refused.
+func (g *replayGuard) claimWaiting(ctx context.Context, key string) (replayClaim, replayState, error) {
+	deadline := time.Now().Add(replayWaitMax)
+	for {
+		c, state, err := g.claim(ctx, key)
+		if err != nil || state != replayInFlight || !time.Now().Before(deadline) {
+			return c, state, err
+		}
+		select {
+		case <-ctx.Done():
+			return c, state, ctx.Err()
+		case <-time.After(replayWaitPoll):
+		}
+	}
 }
 
 // settle ends a claim: done when its delivery was answered 2xx, else

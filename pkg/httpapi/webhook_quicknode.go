@@ -53,13 +53,13 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 		}
 		return err
 	}
-	// An exact replay of a delivery handled already changes nothing.
+	// An exact replay of a delivery handled already acts on nothing.
 	r := c.Request()
 	// Keyed by the bytes the signature covers, as it covers them (nonce
 	// and timestamp run together): however a delivery's headers split
 	// them, one signed message is one delivery.
-	claim, state, err := s.quickNodeReplays.claim(r.Context(), replayKey(sourceQuickNode,
-		[]byte(r.Header.Get(HeaderQuickNodeNonce)+r.Header.Get(HeaderQuickNodeTimestamp)), body))
+	key := replayKey(sourceQuickNode, []byte(r.Header.Get(HeaderQuickNodeNonce)+r.Header.Get(HeaderQuickNodeTimestamp)), body)
+	claim, state, err := s.quickNodeReplays.claimWaiting(r.Context(), key)
 	switch {
 	case err != nil:
 		answer := newError(http.StatusServiceUnavailable, "cannot check the delivery for a replay, retry later")
@@ -67,27 +67,28 @@ func (s *Server) webhookQuickNode(c echo.Context) error {
 		return answer
 	case state == replaySeen:
 		s.metrics.webhook(sourceQuickNode, outcomeDuplicate, "replay")
-		logging.From(r.Context()).Info().Msg("quicknode delivery replayed (same nonce, timestamp and body); nothing applied")
-		return c.JSON(http.StatusOK, replayAnswer{Answer: s.startIntake(c, providerQuickNode).Answer(), Replay: true})
+		logging.From(r.Context()).Info().Msg("quicknode delivery replayed (same nonce, timestamp and body); only its new transfers are stored")
+		return s.handleQuickNode(c, body, true)
 	case state == replayInFlight:
 		s.metrics.webhook(sourceQuickNode, outcomeRejected, "replay_in_flight")
 		answer := newError(http.StatusServiceUnavailable, "the same delivery is being handled, retry later")
 		answer.retryAfter = retryAfterBusy
 		return answer
 	}
-	err = s.handleQuickNode(c, body)
+	err = s.handleQuickNode(c, body, false)
 	s.quickNodeReplays.settle(r.Context(), claim, err == nil && c.Response().Status < http.StatusMultipleChoices)
 	return err
 }
 
-// replayAnswer is the answer to an exact replay: every count zero.
+// replayAnswer is the answer to an exact replay, marked as one.
 type replayAnswer struct {
 	intake.Answer
 	Replay bool `json:"replay,omitempty"`
 }
 
-// handleQuickNode decodes a verified delivery and hands it to the intake.
-func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
+// handleQuickNode decodes a verified delivery and hands it to the
+// intake; replay: an exact copy of one handled already (intake's Replay).
+func (s *Server) handleQuickNode(c echo.Context, body []byte, replay bool) error {
 	payload, err := quicknode.DecodeWithin(body, s.providerItems(quicknode.ItemsMax))
 	if err != nil {
 		s.metrics.webhook(sourceQuickNode, outcomeRejected, "malformed_json")
@@ -102,6 +103,9 @@ func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
 		return storeError(err)
 	}
 	run := s.startIntake(c, providerQuickNode)
+	if replay {
+		run.Replay()
+	}
 	for _, i := range ignored {
 		run.Ignore(i.Reason)
 		switch i.Reason {
@@ -113,7 +117,13 @@ func (s *Server) handleQuickNode(c echo.Context, body []byte) error {
 				Msg("quicknode stream on a network settle does not list (settlectl networks add, under the name logged); not credited")
 		}
 	}
-	return storeTransfers(ctx, c, run, transfers)
+	if !replay {
+		return storeTransfers(ctx, c, run, transfers)
+	}
+	if err := run.Store(ctx, transfers); err != nil {
+		return storeError(err)
+	}
+	return c.JSON(http.StatusOK, replayAnswer{Answer: run.Answer(), Replay: true})
 }
 
 // gunzip decodes a gzip body (QuickNode signs the uncompressed bytes).

@@ -75,6 +75,9 @@ const (
 	// ReasonRemovedSeenElsewhere: a transfer removed from one block that
 	// its providers report in another block not removed (no RPC).
 	ReasonRemovedSeenElsewhere payment.IgnoreReason = "removed_seen_elsewhere"
+	// ReasonReplayed: a removed transfer in an exact copy of a delivery
+	// handled already; the first copy was acted on.
+	ReasonReplayed payment.IgnoreReason = "replayed"
 )
 
 // chainStateWatching marks a deposit credited before finality.
@@ -144,7 +147,18 @@ type Run struct {
 	// reported are the events whose transfer this delivery named (new or
 	// not): who saw which transfer, for the console and the miss rate.
 	reported []string
+	// replay: the delivery is an exact copy of one handled already (see
+	// Replay).
+	replay bool
 }
+
+// Replay marks the run as an exact copy of a delivery handled already
+// (a captured request sent again). It stores the transfers that are not
+// events yet, as any delivery would, and counts those that are under
+// duplicates, but acts on none of them: it reopens, gives back, sights
+// and rechecks nothing, and ignores its removed transfers, so a replay
+// cannot undo what a later report decided.
+func (r *Run) Replay() { r.replay = true }
 
 // Start begins a delivery of p's in the trace traceID.
 func (in *Intake) Start(p Provider, traceID string) *Run {
@@ -193,6 +207,10 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 		owners[network] = found
 	}
 	for _, t := range kept {
+		if t.Removed && !r.storable(t) && r.replay {
+			r.Ignore(ReasonReplayed)
+			continue
+		}
 		if t.Removed && !r.storable(t) {
 			var err error
 			if _, known := owners[t.Network][t.ToAddress]; known && r.sights(t) {
@@ -220,7 +238,7 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 		}
 		inserted, err := store.InsertEvent(ctx, event)
 		switch {
-		case errors.Is(err, payment.ErrConflict) && !t.Removed:
+		case errors.Is(err, payment.ErrConflict) && !t.Removed && !r.replay:
 			if err := r.conflict(ctx, event, err); err != nil {
 				return err
 			}
@@ -250,6 +268,10 @@ func (r *Run) Store(ctx context.Context, transfers []payment.ReportedTransfer) e
 			if err := r.returned(ctx, "", t); err != nil {
 				return err
 			}
+		case r.replay:
+			r.reported = append(r.reported, t.EventID())
+			r.answer.Duplicates++
+			r.count(OutcomeDuplicate)
 		case t.Removed:
 			// A reorged transfer settle already holds: the chain decides.
 			if err := r.removed(ctx, t); err != nil {
