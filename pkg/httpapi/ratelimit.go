@@ -276,20 +276,52 @@ func (lc *localCounters) allow(keys []string, windows RateLimit, now time.Time, 
 
 // rateLimitMiddleware refuses, with 429 and Retry-After and before the
 // body is read, a client whose unverified requests (signature missing or
-// wrong) already fill WEBHOOK_RATE_LIMIT. It counts nothing: a request is
-// counted only once its signature failed (see readSigned).
-func (s *Server) rateLimitMiddleware(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if s.unverifiedLimit == nil {
-			return next(c)
-		}
-		ctx := c.Request().Context()
-		if verdict := s.unverifiedLimit.full(ctx, clientKey(ClientIP(ctx))); !verdict.allowed {
+// wrong) already fill WEBHOOK_RATE_LIMIT, when the request carries none
+// of the route's signature headers. One that carries a signature is
+// read and checked all the same (within the unverified byte budget): a
+// verified delivery is limited only by WEBHOOK_VERIFIED_RATE_LIMIT, so a
+// provider whose one misconfigured webhook spends its addresses' budget
+// still delivers through the others; a signature that fails is then the
+// 429 (see readSigned). It counts nothing: a request is counted only once
+// its signature failed.
+func (s *Server) rateLimitMiddleware(signatureHeaders ...string) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if s.unverifiedLimit == nil {
+				return next(c)
+			}
+			ctx := c.Request().Context()
+			verdict := s.unverifiedLimit.full(ctx, clientKey(ClientIP(ctx)))
+			if verdict.allowed {
+				return next(c)
+			}
+			for _, name := range signatureHeaders {
+				if c.Request().Header.Get(name) != "" {
+					c.Set(contextOverUnverifiedLimit, verdict)
+					return next(c)
+				}
+			}
 			dropConnection(c)
 			return s.rateLimited(c, verdict)
 		}
-		return next(c)
 	}
+}
+
+// contextOverUnverifiedLimit holds the refusal (a decision) of a signed
+// request from a client over WEBHOOK_RATE_LIMIT, answered if its
+// signature fails.
+const contextOverUnverifiedLimit = "settle.over_unverified_limit"
+
+// overUnverifiedLimit is the 429 of a request whose signature failed
+// from a client already over WEBHOOK_RATE_LIMIT, or nil.
+func (s *Server) overUnverifiedLimit(c echo.Context, source string) error {
+	verdict, ok := c.Get(contextOverUnverifiedLimit).(decision)
+	if !ok {
+		return nil
+	}
+	dropConnection(c)
+	s.metrics.webhook(source, outcomeRejected, "rate_limited")
+	return s.rateLimited(c, verdict)
 }
 
 // rateLimited is the 429 of a refused request.

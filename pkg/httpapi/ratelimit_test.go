@@ -35,8 +35,9 @@ func (h *harness) postUnsigned(body []byte, headers ...string) response {
 
 // WEBHOOK_RATE_LIMIT counts only requests whose signature fails or is
 // missing, shared across api instances: once a client has spent it, both
-// instances refuse it 429 with Retry-After before reading its body, signed
-// or not. Verified deliveries never spend it, and another client is not
+// instances refuse it 429 with Retry-After (before reading its body when
+// it carries no signature). Verified deliveries never spend it and are
+// not refused by it, from that client too; another client is not
 // affected.
 func TestUnverifiedRateLimitSharedAcrossInstances(t *testing.T) {
 	a := newHarness(t, harnessOptions{change: trustLoopback(t, "3/h", "off")})
@@ -51,20 +52,26 @@ func TestUnverifiedRateLimitSharedAcrossInstances(t *testing.T) {
 		requireCode(t, h.postUnsigned(deposit(fmt.Sprintf("forged-%d", i), 7, "1")), http.StatusUnauthorized, httpapi.CodeInvalidSignature)
 	}
 	missing := b.do(http.MethodPost, "/webhook/payments", deposit("unsigned", 7, "1"), nil)
-	r := b.postPayment(deposit("over-signed", 7, "1"))
-	for _, refused := range []response{missing, r, a.postUnsigned(deposit("over-forged", 7, "1"))} {
+	for _, refused := range []response{missing, a.postUnsigned(deposit("over-forged", 7, "1")), b.postUnsigned(deposit("over-forged-b", 7, "1"))} {
 		requireCode(t, refused, http.StatusTooManyRequests, httpapi.CodeRateLimited)
 		// The hour window ends at 04:00:00; the clock is pinned at 03:04:05.
 		require.Equal(t, "3355", refused.header.Get("Retry-After"))
 	}
 	require.Equal(t, 10, a.countEvents(), "refused requests stored nothing")
+	for i, h := range []*harness{a, b} {
+		r := h.postPayment(deposit(fmt.Sprintf("over-signed-%d", i), 7, "1"))
+		require.Equal(t, http.StatusOK, r.status, "a verified delivery from a client over WEBHOOK_RATE_LIMIT: %s", r.raw)
+	}
+	require.Equal(t, 12, a.countEvents())
 	require.Equal(t, 0.0, counter(t, a.metrics, "settle_api_rate_limit_fallback_total", nil))
 
 	// Another client behind the trusted proxy has its own budget; the
-	// Alchemy webhook shares the client's budget.
-	other := b.postPayment(deposit("other-client", 7, "1"), "X-Forwarded-For", "203.0.113.9")
-	require.Equal(t, http.StatusOK, other.status, "%s", other.raw)
-	requireCode(t, a.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey), http.StatusTooManyRequests, httpapi.CodeRateLimited)
+	// Alchemy webhook shares the client's budget: a forged delivery is
+	// refused, a signed one goes through.
+	other := b.postUnsigned(deposit("other-client", 7, "1"), "X-Forwarded-For", "203.0.113.9")
+	requireCode(t, other, http.StatusUnauthorized, httpapi.CodeInvalidSignature)
+	requireCode(t, a.postAlchemy(tokenPayload(t, "0x1", false), "whsec_not-the-key"), http.StatusTooManyRequests, httpapi.CodeRateLimited)
+	require.Equal(t, http.StatusOK, a.postAlchemy(tokenPayload(t, "0x1", false), alchemyKey).status)
 }
 
 // An IPv6 client is its /64: fresh addresses of one /64 share one budget,

@@ -303,10 +303,10 @@ func New(opts Options) (*Server, error) {
 
 	// Middleware is attached per route, not per group: echo gives a group
 	// with middleware a catch-all that would turn a 405 into a 404.
-	e.POST(routeWebhookPayments, s.webhookPayments, s.rateLimitMiddleware)
-	e.POST(routeWebhookAlchemy, s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware)
-	e.POST(routeWebhookQuickNode, s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware)
-	e.POST(routeWebhookMoralis, s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware)
+	e.POST(routeWebhookPayments, s.webhookPayments, s.rateLimitMiddleware(HeaderSignature, HeaderAlchemySignature))
+	e.POST(routeWebhookAlchemy, s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware(HeaderAlchemySignature))
+	e.POST(routeWebhookQuickNode, s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware(HeaderQuickNodeSignature))
+	e.POST(routeWebhookMoralis, s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware(HeaderMoralisSignature))
 
 	readAuth := s.requireToken(false, s.readers...)
 	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)

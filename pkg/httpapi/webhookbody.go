@@ -147,6 +147,9 @@ func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, d
 	if r.ContentLength > limit {
 		dropConnection(c)
 		s.chargeUnverified(c, client)
+		if over := s.overUnverifiedLimit(c, source); over != nil {
+			return nil, over
+		}
 		s.metrics.webhook(source, outcomeRejected, "body_too_large")
 		return nil, bodyError(errBodyTooLarge)
 	}
@@ -178,6 +181,9 @@ func (s *Server) readSignedDecoded(c echo.Context, source string, limit int64, d
 	}
 	if !verified {
 		s.chargeUnverified(c, client)
+		if over := s.overUnverifiedLimit(c, source); over != nil {
+			return nil, over
+		}
 		if err != nil {
 			answer := bodyError(err)
 			s.metrics.webhook(source, outcomeRejected, reasonOf(answer))

@@ -130,9 +130,12 @@ func TestUnverifiedBytesAreBounded(t *testing.T) {
 	require.Equal(t, 1, h.countEvents())
 }
 
-// A client over its unverified limit is refused before its body is read,
-// and a declared length over the route's limit is refused before a byte
-// of it is read; both count against the unverified limit.
+// A client over its unverified limit is refused before its body is read
+// when the request carries none of the route's signature headers (here
+// X-Signature on the Alchemy route), and a declared length over the
+// route's limit is refused before a byte of it is read; both count
+// against the unverified limit. One carrying a wrong signature is read,
+// then refused 429 all the same.
 func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 	h := newHarness(t, harnessOptions{change: trustLoopback(t, "2/h", "off")})
 	h.createUser(7)
@@ -147,6 +150,9 @@ func TestRefusedBeforeTheBodyIsRead(t *testing.T) {
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	require.Equal(t, "3355", resp.Header.Get("Retry-After"))
+	forged := h.postUnsigned(deposit("forged-over", 7, "1"), "X-Forwarded-For", "198.51.100.8")
+	requireCode(t, forged, http.StatusTooManyRequests, httpapi.CodeRateLimited)
+	require.Equal(t, 0, h.countEvents())
 }
 
 // A body sent without a declared length (chunked) is cut at the route's
