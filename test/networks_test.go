@@ -172,6 +172,10 @@ func tokens(units int64, decimals int) *big.Int {
 func TestDepositsOnTwoNetworksCreditOneBalance(t *testing.T) {
 	n := newTwoNetworks(t, devchain.Options{Manual: true}, map[string]string{"FINALITY_TIMEOUT": "6s", "REORG_RECHECK_DELAY": "1s"})
 	ctx := context.Background()
+	// The worker reports the networks it has an RPC on, for the api.
+	require.Eventually(t, func() bool {
+		return n.Count(`SELECT count(*) FROM network_rpc_reports WHERE network IN ('ETH_MAINNET', 'BASE_MAINNET') AND reported_at > now() - interval '1 minute'`) == 2
+	}, 10*time.Second, 50*time.Millisecond)
 
 	ethOnETH, err := n.eth.SendETH(ctx, 0, addrUser1, wei(1))
 	require.NoError(t, err)

@@ -150,6 +150,12 @@ func run(s settings, log zerolog.Logger) error {
 	go db.KeepRegistry(ctx, registry, s.RegistryRefresh, func(err error) {
 		log.Warn().Err(err).Msg("registry reload failed; keeping the networks and assets read before")
 	})
+	// The api reads these to tell whether a provider's reorg report is
+	// evidence or a reason to ask this chain, even without RPC settings
+	// of its own.
+	go db.KeepReportingRPCs(ctx, s.Chain.RPCNetworks(), func(err error) {
+		log.Warn().Err(err).Msg("could not report this worker's RPC networks; retried in a few minutes")
+	})
 	wrongChain := make(chan error, 1)
 	gate, closeGate, err := newGate(ctx, s.Chain, db, registry, rdb, alerts, log, reg, func(err error) {
 		select {

@@ -165,6 +165,17 @@ func (s Settings) HasRPC() bool {
 	return s.RPCURL != "" && len(s.Networks) == 0
 }
 
+// RPCNetworks are the enabled networks whose chain can be asked.
+func (s Settings) RPCNetworks() []string {
+	var names []string
+	for _, n := range s.networks() {
+		if n.RPCURL != "" {
+			names = append(names, n.Name)
+		}
+	}
+	return names
+}
+
 // NetworkNames are the enabled networks' names.
 func (s Settings) NetworkNames() []string {
 	names := make([]string, 0, len(s.Networks))

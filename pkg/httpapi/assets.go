@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/settle/settle/pkg/payment"
@@ -76,6 +77,7 @@ func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*paym
 // Misses reload at most every assetsMissInterval, so a stream of unlisted
 // (spam) tokens or unmapped networks costs little.
 func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored)) ([]payment.ReportedTransfer, []payment.Ignored, error) {
+	s.rpcReports.update(ctx)
 	registry, err := s.assets.get(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -92,4 +94,37 @@ func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Reg
 		transfers, ignored = decode(fresh)
 	}
 	return transfers, ignored, nil
+}
+
+// rpcReportCache holds the networks a worker reported an RPC on
+// (network_rpc_reports), read at most once per refresh interval, like the
+// registry, when a provider delivery needs it.
+type rpcReportCache struct {
+	load    func(context.Context) (map[string]bool, error)
+	now     func() time.Time
+	refresh time.Duration
+
+	mu       sync.Mutex
+	loadedAt time.Time
+	current  atomic.Pointer[map[string]bool]
+}
+
+// update reloads the reports when stale; a failed reload keeps the copy
+// held (none: no network reported) and waits a full interval.
+func (r *rpcReportCache) update(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.loadedAt.IsZero() && r.now().Sub(r.loadedAt) < r.refresh {
+		return
+	}
+	r.loadedAt = r.now()
+	if reported, err := r.load(ctx); err == nil {
+		r.current.Store(&reported)
+	}
+}
+
+// has tells whether a worker reported an RPC on network.
+func (r *rpcReportCache) has(network string) bool {
+	reported := r.current.Load()
+	return reported != nil && (*reported)[network]
 }

@@ -92,9 +92,12 @@ func (s *Server) providerOptions(opts Options, now func() time.Time) error {
 	s.intake = intake.New(intake.Options{
 		Store:          s.store,
 		NetworkEnabled: s.networkEnabled,
-		// Each network has its own RPC, or none (RPC_URL_<NETWORK>);
-		// s.chain is set after this.
-		HasRPC: func(network string) bool { return s.chain != nil && s.chain.HasRPC(network) },
+		// Each network has its own RPC, or none (RPC_URL_<NETWORK>): the
+		// api's own, or one a worker reported (it is the workers' chain
+		// that decides); s.chain is set after this.
+		HasRPC: func(network string) bool {
+			return s.chain != nil && s.chain.HasRPC(network) || s.rpcReports.has(network)
+		},
 		Count: func(provider, outcome string, reason payment.IgnoreReason) {
 			s.metrics.webhook(provider, outcome, string(reason))
 		},

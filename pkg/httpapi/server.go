@@ -57,6 +57,8 @@ type Store interface {
 	UserExists(ctx context.Context, id int64) (bool, error)
 	CreateUser(ctx context.Context, id int64) (bool, error)
 	Assets(ctx context.Context) (*payment.Registry, error)
+	// ReportedRPCs are the networks a worker can ask the chain of.
+	ReportedRPCs(ctx context.Context) (map[string]bool, error)
 	AddNetwork(ctx context.Context, n postgres.NewNetwork) (bool, error)
 	AddAsset(ctx context.Context, a payment.Asset) (bool, error)
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
@@ -163,16 +165,18 @@ type Options struct {
 type Server struct {
 	rescanMax int64 // Options.RescanBlocksMax
 
-	echo     *echo.Echo
-	store    Store
-	redis    redis.UniversalClient
-	log      zerolog.Logger
-	metrics  *metrics
-	assets   *assetCache
-	networks map[string]bool
-	proxies  TrustedProxies
-	chain    Chain
-	intake   *intake.Intake
+	echo    *echo.Echo
+	store   Store
+	redis   redis.UniversalClient
+	log     zerolog.Logger
+	metrics *metrics
+	assets  *assetCache
+	// rpcReports: the networks a worker reported an RPC on.
+	rpcReports *rpcReportCache
+	networks   map[string]bool
+	proxies    TrustedProxies
+	chain      Chain
+	intake     *intake.Intake
 
 	webhookSecret []byte
 	alchemyKeys   [][]byte
@@ -253,6 +257,7 @@ func New(opts Options) (*Server, error) {
 		refresh = RegistryRefreshDefault
 	}
 	s.assets = &assetCache{load: opts.Store.Assets, now: now, refresh: refresh}
+	s.rpcReports = &rpcReportCache{load: opts.Store.ReportedRPCs, now: now, refresh: refresh}
 	s.networks = enabledNetworks(opts.Networks)
 	s.redisUp = newRedisProbe(opts.Redis, registry)
 	s.readyWithoutRedis = opts.ReadyWithoutRedis

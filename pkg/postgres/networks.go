@@ -208,3 +208,65 @@ func (db *DB) KeepRegistry(ctx context.Context, reg *payment.Registry, every tim
 		reg.Replace(fresh)
 	}
 }
+
+// Reports of the networks a worker has an RPC on.
+const (
+	// RPCReportEvery is how often a worker reports its RPCs.
+	RPCReportEvery = 5 * time.Minute
+	// RPCReportMaxAge is how long a report counts: a network stays one
+	// whose chain decides while no worker runs (an outage, a deploy),
+	// and stops being one a day after the last worker with its RPC.
+	RPCReportMaxAge = 24 * time.Hour
+)
+
+// ReportRPCs records that this worker can ask the chain of networks.
+func (db *DB) ReportRPCs(ctx context.Context, networks []string) error {
+	if len(networks) == 0 {
+		return nil
+	}
+	stmt := q("report_rpcs")
+	_, err := db.pool.Exec(ctx, stmt.text, networks)
+	return classify(stmt.name, err)
+}
+
+// ReportedRPCs are the networks a worker reported an RPC on within
+// RPCReportMaxAge.
+func (db *DB) ReportedRPCs(ctx context.Context) (map[string]bool, error) {
+	stmt := q("reported_rpcs")
+	rows, err := db.pool.Query(ctx, stmt.text, interval(RPCReportMaxAge))
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, classify(stmt.name, err)
+	}
+	out := make(map[string]bool, len(names))
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}
+
+// KeepReportingRPCs reports networks now and every RPCReportEvery until
+// ctx ends; a failed report is retried at the next tick.
+func (db *DB) KeepReportingRPCs(ctx context.Context, networks []string, failed func(error)) {
+	if len(networks) == 0 {
+		return
+	}
+	t := time.NewTicker(RPCReportEvery)
+	defer t.Stop()
+	for {
+		reportCtx, cancel := context.WithTimeout(ctx, registryLoadTimeout)
+		err := db.ReportRPCs(reportCtx, networks)
+		cancel()
+		if err != nil && ctx.Err() == nil && failed != nil {
+			failed(err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
@@ -238,4 +239,47 @@ func TestSeededRegistryIsTheContracts(t *testing.T) {
 		token("OPT_MAINNET", "USDC", "0x0b2c639c533813f4aa9d7837caf62653d097ff85"),
 		token("OPT_MAINNET", "USDT", "0x94b008aa00579c1307b0ef2c499ad98a8ce58e58"),
 	}, registry.All())
+}
+
+// TestReportRPCs: a worker's report lists its RPC networks for the api;
+// a report younger than a minute is not written again (replicas starting
+// together), an older one is refreshed, and one older than
+// RPCReportMaxAge no longer counts.
+func TestReportRPCs(t *testing.T) {
+	dsn := testenv.DatabaseURL(t)
+	db := testenv.OpenDB(t, dsn)
+	ctx := context.Background()
+	reported, err := db.ReportedRPCs(ctx)
+	require.NoError(t, err)
+	require.Empty(t, reported)
+	require.NoError(t, db.ReportRPCs(ctx, nil))
+
+	require.NoError(t, db.ReportRPCs(ctx, []string{"ETH_MAINNET", "BASE_MAINNET"}))
+	reported, err = db.ReportedRPCs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"ETH_MAINNET": true, "BASE_MAINNET": true}, reported)
+
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	at := func(network string) time.Time {
+		var ts time.Time
+		require.NoError(t, conn.QueryRow(ctx, `SELECT reported_at FROM network_rpc_reports WHERE network = $1`, network).Scan(&ts))
+		return ts
+	}
+	first := at("ETH_MAINNET")
+	require.NoError(t, db.ReportRPCs(ctx, []string{"ETH_MAINNET"}))
+	require.Equal(t, first, at("ETH_MAINNET"), "a report younger than a minute is left alone")
+
+	_, err = conn.Exec(ctx, `UPDATE network_rpc_reports SET reported_at = now() - $1::bigint * interval '1 millisecond'`,
+		(postgres.RPCReportMaxAge + time.Minute).Milliseconds())
+	require.NoError(t, err)
+	reported, err = db.ReportedRPCs(ctx)
+	require.NoError(t, err)
+	require.Empty(t, reported, "a report older than RPCReportMaxAge does not count")
+	require.NoError(t, db.ReportRPCs(ctx, []string{"ETH_MAINNET"}))
+	reported, err = db.ReportedRPCs(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"ETH_MAINNET": true}, reported)
+	require.Error(t, db.ReportRPCs(ctx, []string{"not a network"}))
 }

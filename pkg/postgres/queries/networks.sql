@@ -43,3 +43,15 @@ UPDATE networks SET native_asset = $2 WHERE name = $1;
 
 -- name: code_exists
 SELECT EXISTS (SELECT 1 FROM assets WHERE code = $1);
+
+-- name: report_rpcs
+-- A worker has an RPC on these networks. A report younger than a minute
+-- is left as it is, so replicas starting together write once.
+INSERT INTO network_rpc_reports (network, reported_at)
+SELECT unnest($1::text[]), now()
+ON CONFLICT (network) DO UPDATE SET reported_at = now()
+WHERE network_rpc_reports.reported_at < now() - interval '1 minute';
+
+-- name: reported_rpcs
+-- The networks a worker reported an RPC on within $1.
+SELECT network FROM network_rpc_reports WHERE reported_at > now() - $1::interval;
