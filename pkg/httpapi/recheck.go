@@ -50,9 +50,6 @@ type recheckJSON struct {
 // finality.Rechecker.Recheck. Every recheck is recorded, and a second one
 // of a reopened deposit answers not_applicable.
 func (s *Server) adminRecheck(c echo.Context) error {
-	if s.chain == nil {
-		return fail(payment.ErrConflict, errNoRPC.Error())
-	}
 	id := unescapeParam(c, c.Param("event_id"))
 	if id == "" || !utf8.ValidString(id) || !printable(id) || utf8.RuneCountInString(id) > storedEventIDLengthMax {
 		return newError(http.StatusNotFound, "not found")
@@ -68,6 +65,14 @@ func (s *Server) adminRecheck(c echo.Context) error {
 	who := name + " @" + ClientIP(c.Request().Context()).String()
 	ctx, cancel := context.WithTimeout(c.Request().Context(), recheckTimeout)
 	defer cancel()
+	if s.chain == nil {
+		// An unknown event is a 404 here too; a known one cannot be
+		// rechecked by this api.
+		if _, err := s.store.Event(ctx, id); err != nil {
+			return storeError(err)
+		}
+		return fail(payment.ErrConflict, errNoRPC.Error())
+	}
 	r, err := s.chain.Recheck(ctx, id, who)
 	if errors.Is(err, payment.ErrUnavailable) && r.ID != 0 {
 		return &apiError{status: http.StatusServiceUnavailable, kind: err,

@@ -44,12 +44,18 @@ func (c *recordingChain) Recheck(_ context.Context, eventID, who string) (postgr
 
 func recheckPath(id string) string { return "/admin/events/" + id + "/recheck" }
 
+// Without an RPC the api cannot recheck: an unknown event is a 404 all
+// the same, a known one a 409 saying what is missing.
 func TestRecheckWithoutRPCSaysSo(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	r := h.do(http.MethodPost, recheckPath("dep-1"), nil, nil)
 	requireCode(t, r, http.StatusUnauthorized, httpapi.CodeUnauthorized)
 	r = h.do(http.MethodPost, recheckPath("dep-1"), nil, bearer(apiToken))
 	requireCode(t, r, http.StatusUnauthorized, httpapi.CodeUnauthorized)
+	r = h.do(http.MethodPost, recheckPath("dep-1"), nil, bearer(adminToken))
+	requireCode(t, r, http.StatusNotFound, httpapi.CodeNotFound)
+	h.createUser(7)
+	require.Equal(t, http.StatusOK, h.postPayment(deposit("dep-1", 7, "1")).status)
 	r = h.do(http.MethodPost, recheckPath("dep-1"), nil, bearer(adminToken))
 	requireCode(t, r, http.StatusConflict, httpapi.CodeConflict)
 	require.Contains(t, r.body["error"], "ETH_RPC_URL")
