@@ -82,6 +82,10 @@ func TestAdminDepositAddresses(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "already registered to that user")
 	require.Equal(t, "exists", r.body["status"])
 	requireError(t, h.addAddress(8, "ETH_MAINNET", mixed), http.StatusConflict)
+	// One key on every EVM network: another user cannot take it on
+	// another network either; its own user can.
+	requireCode(t, h.addAddress(8, "BASE_MAINNET", mixed), http.StatusConflict, httpapi.CodeConflict)
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "BASE_MAINNET", mixed).status)
 
 	for name, body := range map[string]string{
 		"short address":    `{"address":"0x1234","network":"ETH_MAINNET","user_id":7}`,

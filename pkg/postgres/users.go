@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/settle/settle/pkg/payment"
@@ -100,17 +102,43 @@ func (db *DB) Balances(ctx context.Context, user int64) ([]Balance, error) {
 // It reports true when newly registered, false when it already belonged
 // to that user; payment.ErrConflict when it belongs to another.
 func (db *DB) AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error) {
-	stmt := q("insert_deposit_address")
 	var inserted, existing *int64
 	var userExists bool
-	if err := db.pool.QueryRow(ctx, stmt.text, network, address, user).Scan(&inserted, &existing, &userExists); err != nil {
-		// The only foreign key a new row can break is its network's.
-		if isCode(err, codeForeignKeyViolation) {
-			return false, fmt.Errorf("%w %q", payment.ErrUnknownNetwork, network)
+	var otherUser *int64
+	var otherNetwork string
+	err := pgx.BeginTxFunc(ctx, db.pool, bounded(pgx.TxOptions{}), func(tx pgx.Tx) error {
+		stmt := q("lock_deposit_address")
+		if _, err := tx.Exec(ctx, stmt.text, address); err != nil {
+			return classify(stmt.name, err)
 		}
-		return false, classify(stmt.name, err)
+		stmt = q("other_owner_of_address")
+		err := tx.QueryRow(ctx, stmt.text, address, user).Scan(&otherUser, &otherNetwork)
+		switch {
+		case err == nil:
+			return nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return classify(stmt.name, err)
+		}
+		stmt = q("insert_deposit_address")
+		if err := tx.QueryRow(ctx, stmt.text, network, address, user).Scan(&inserted, &existing, &userExists); err != nil {
+			// The only foreign key a new row can break is its network's.
+			if isCode(err, codeForeignKeyViolation) {
+				return fmt.Errorf("%w %q", payment.ErrUnknownNetwork, network)
+			}
+			return classify(stmt.name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return false, err
 	}
 	switch {
+	case otherUser != nil && otherNetwork != network:
+		// One key on every EVM network: another user's address elsewhere
+		// is another user's here too.
+		return false, fmt.Errorf("address %s: %w: registered to another user on %s", address, payment.ErrConflict, otherNetwork)
+	case otherUser != nil:
+		return false, fmt.Errorf("address %s on %s: %w: registered to another user", address, network, payment.ErrConflict)
 	case inserted != nil:
 		return true, nil
 	case existing != nil && *existing == user:
@@ -120,7 +148,7 @@ func (db *DB) AddDepositAddress(ctx context.Context, network, address string, us
 	case !userExists:
 		return false, fmt.Errorf("%w %d", payment.ErrUnknownUser, user)
 	}
-	return false, payment.Retryable(stmt.name, fmt.Errorf("address %s registered concurrently", address))
+	return false, payment.Retryable("insert_deposit_address", fmt.Errorf("address %s registered concurrently", address))
 }
 
 // DepositAddressOwners maps addresses (lowercase) on network to users.

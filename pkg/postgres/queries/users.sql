@@ -30,6 +30,15 @@ FROM balances
 WHERE user_id = $1
 ORDER BY asset;
 
+-- name: lock_deposit_address
+-- Registrations of one address take turns (their own key space), so two
+-- users cannot take it on two networks at once.
+SELECT pg_advisory_xact_lock(1399, hashtext($1));
+
+-- name: other_owner_of_address
+-- Another user holding the address on any network.
+SELECT user_id, network FROM deposit_addresses WHERE address = $1 AND user_id <> $2 LIMIT 1;
+
 -- name: insert_deposit_address
 -- Returns the owner, whether just inserted or registered before.
 WITH ins AS (
