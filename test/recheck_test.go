@@ -275,3 +275,78 @@ func TestWithoutRPCTheFlagIsEvidence(t *testing.T) {
 	require.Equal(t, 1, s.Count(`SELECT count(*) FROM payment_events WHERE event_id LIKE 'return:%'`), "given back once")
 	requireInvariants(t, s)
 }
+
+// TestRecheckHandedToTheWorkers: an api given no RPC settings (the
+// contract lists RPC_URL_<NETWORK> and ETH_RPC_URL for worker and
+// scheduler) hands a recheck to the workers, which reported an RPC on
+// the event's network, and answers with what they recorded: a mismatch
+// that is still one stays as it is, a not_found deposit the chain now
+// shows final is reopened and credited once.
+func TestRecheckHandedToTheWorkers(t *testing.T) {
+	c := newChainStack(t, "finalized", map[string]string{"FINALITY_TIMEOUT": "3s", "REORG_RECHECK_DELAY": "1s"})
+	proxy := c.lyingWorkers(t)
+	ctx := context.Background()
+	bare := c.StartAPI(map[string]string{"ETH_RPC_URL": ""})
+	client := harness.NewClient(bare.URL())
+	recheck := func(id, operator string) map[string]any {
+		t.Helper()
+		status, body, err := client.Admin(http.MethodPost, "/admin/events/"+id+"/recheck", map[string]any{"operator": operator})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status, body)
+		return body
+	}
+
+	tokenTx, err := c.chain.TransferToken(ctx, 0, c.token, addrUser2, big.NewInt(5_000_000))
+	require.NoError(t, err)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tokenTx.BlockNumber))
+	c.deposit(t, "mm-w", 2, "TUSD", "50", tokenTx.Hash)
+	c.waitStatus(t, "mm-w", "failed")
+	still := recheck("mm-w", "alice")
+	require.Equal(t, "unchanged", still["result"], still)
+	require.Equal(t, "mismatch", still["chain_state"])
+	require.Equal(t, "failed", still["status"])
+	require.Equal(t, "alice @127.0.0.1", still["requested_by"])
+	require.Contains(t, still["detail"], "5000000", "the answer says what the chain shows")
+
+	tx, err := c.chain.SendETH(ctx, 0, addrUser2, wei(2))
+	require.NoError(t, err)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
+	proxy.NullReceipt(tx.Hash, devchain.Forever)
+	c.deposit(t, "nf-w", 2, "ETH", "2", tx.Hash)
+	c.WaitFor("the first absence", 30*time.Second, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'nf-w' AND absent_since IS NOT NULL`) == 1
+	})
+	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
+	c.waitStatus(t, "nf-w", "failed")
+	_, outcome, _ := c.event(t, "nf-w")
+	require.Equal(t, "not_found", outcome)
+
+	// The gate looks once more right after failing a deposit (and would
+	// reopen it itself): wait until the workers' node is asked no more,
+	// then let it show the transaction again, so that only the recheck
+	// finds it final and unclaimed.
+	quiet := proxy.Told("eth_getTransactionReceipt")
+	c.WaitFor("the gate's last look", 30*time.Second, func() bool {
+		time.Sleep(time.Second)
+		now := proxy.Told("eth_getTransactionReceipt")
+		stable := now == quiet
+		quiet = now
+		return stable
+	})
+	proxy.Clear()
+	first := recheck("nf-w", "bob")
+	require.Equal(t, "reopened", first["result"], first)
+	require.Equal(t, "credit", first["chain_state"])
+	c.waitStatus(t, "nf-w", "confirmed")
+	credited(t, c.Stack, func() string { return c.balance(t, 2, "ETH") }, "nf-w", "2")
+	second := recheck("nf-w", "bob")
+	require.Equal(t, "not_applicable", second["result"], second)
+	time.Sleep(time.Second) // a credit in flight would land by now
+	credited(t, c.Stack, func() string { return c.balance(t, 2, "ETH") }, "nf-w", "2")
+	require.Equal(t, 2, c.Count(`SELECT count(*) FROM event_rechecks WHERE event_id = 'nf-w' AND requested_by = 'bob @127.0.0.1'`))
+
+	status, body, err := client.Admin(http.MethodPost, "/admin/events/no-such-event/recheck", nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, status, body)
+	requireInvariants(t, c.Stack)
+}

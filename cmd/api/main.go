@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/adminapi"
@@ -303,8 +304,10 @@ func serve(log zerolog.Logger, s settings) (err error) {
 	if err != nil {
 		return err
 	}
+	recheckClient := asynq.NewClientFromRedisClient(rdb)
 	server, err := httpapi.New(httpapi.Options{
 		Chain:              chain,
+		Rechecks:           recheckQueue{client: recheckClient, redis: rdb},
 		Networks:           s.chain.NetworkNames(),
 		RegistryRefresh:    s.registryRefresh,
 		Registry:           registry,

@@ -168,9 +168,14 @@ func run(s settings, log zerolog.Logger) error {
 	}
 	defer closeGate()
 	notify := newNotifier(s.NotifyURL, s.NotifyKey, db, alerts, log, reg)
+	// Rechecks an api without an RPC hands over run on this gate.
+	var rechecker worker.Rechecker
+	if g, ok := gate.(*finality.Gate); ok && s.Chain.HasRPC() {
+		rechecker = finality.NewRechecker(g, db)
+	}
 	handler := worker.NewWorker(worker.WorkerOptions{
 		Log: log, Batcher: batcher, DeadLetters: sink, Alerts: alerts, Gate: gate, Notify: notify, Registerer: reg,
-		Redis: rdb, ContentionWindow: s.ContentionWindow,
+		Redis: rdb, ContentionWindow: s.ContentionWindow, Rechecker: rechecker,
 	})
 
 	batchCtx, stopBatches := context.WithCancel(context.Background())

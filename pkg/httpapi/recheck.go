@@ -4,17 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 
 	"github.com/settle/settle/pkg/logging"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/task"
 )
 
 const (
@@ -38,8 +41,8 @@ type Chain interface {
 	HasRPC(network string) bool
 }
 
-// errNoRPC answers a recheck the api cannot make.
-var errNoRPC = errors.New("the api has no ETH_RPC_URL, so it cannot ask the chain; set ETH_RPC_URL (and DEPOSIT_FINALITY as the worker has it) or run settlectl events recheck where it is set")
+// errNoRPC answers a recheck neither the api nor a worker can make.
+var errNoRPC = errors.New("the api has no ETH_RPC_URL and no worker reported an RPC for the event's network, so no one can ask the chain; set ETH_RPC_URL (or RPC_URL_<NETWORK>) on the workers or the api, or run settlectl events recheck where it is set")
 
 type recheckJSON struct {
 	postgres.RecheckView
@@ -65,15 +68,30 @@ func (s *Server) adminRecheck(c echo.Context) error {
 	who := name + " @" + ClientIP(c.Request().Context()).String()
 	ctx, cancel := context.WithTimeout(c.Request().Context(), recheckTimeout)
 	defer cancel()
-	if s.chain == nil {
-		// An unknown event is a 404 here too; a known one cannot be
-		// rechecked by this api.
-		if _, err := s.store.Event(ctx, id); err != nil {
-			return storeError(err)
+	var r postgres.Recheck
+	if s.chain != nil {
+		r, err = s.chain.Recheck(ctx, id, who)
+	} else {
+		// No RPC here: an unknown event is a 404 all the same, and a
+		// known one goes to the workers if one of them reported an RPC
+		// on its network.
+		target, targetErr := s.store.RecheckTarget(ctx, id)
+		if targetErr != nil {
+			return storeError(targetErr)
 		}
-		return fail(payment.ErrConflict, errNoRPC.Error())
+		network := target.Event.Network
+		if network == "" {
+			network = payment.DefaultNetwork
+		}
+		if s.rechecks == nil || !s.reportedRPC(ctx, network) {
+			return fail(payment.ErrConflict, errNoRPC.Error())
+		}
+		r, err = s.delegateRecheck(ctx, id, who)
+		var answer *apiError
+		if errors.As(err, &answer) {
+			return answer
+		}
 	}
-	r, err := s.chain.Recheck(ctx, id, who)
 	if errors.Is(err, payment.ErrUnavailable) && r.ID != 0 {
 		return &apiError{status: http.StatusServiceUnavailable, kind: err,
 			message: "the chain cannot be asked now; the recheck is recorded, nothing changed; retry later", cause: err}
@@ -87,6 +105,64 @@ func (s *Server) adminRecheck(c echo.Context) error {
 	view.EventID = id
 	return c.JSON(http.StatusOK, recheckJSON{RecheckView: view, TraceID: TraceID(c.Request().Context())})
 }
+
+// reportedRPC tells whether a worker reported an RPC on network.
+func (s *Server) reportedRPC(ctx context.Context, network string) bool {
+	s.rpcReports.update(ctx)
+	return s.rpcReports.has(network)
+}
+
+// RecheckQueue hands a recheck to the workers (cmd/api: a task on the
+// maintenance queue, and a wake-up); id names the request.
+type RecheckQueue interface {
+	Enqueue(ctx context.Context, id string, r task.RecheckTask) error
+}
+
+// recheckPoll is how often the api looks for the record of a recheck it
+// handed to the workers.
+const recheckPoll = 50 * time.Millisecond
+
+// delegateRecheck hands the recheck to the workers and waits, within
+// ctx, for its record, which is the answer. A worker that could not ask
+// the chain records that too: ErrUnavailable with the record, as the
+// api's own recheck answers it.
+func (s *Server) delegateRecheck(ctx context.Context, id, who string) (postgres.Recheck, error) {
+	before, err := s.store.LastRecheckID(ctx, id)
+	if err != nil {
+		return postgres.Recheck{}, storeError(err)
+	}
+	if err := s.rechecks.Enqueue(ctx, uuid.NewString(), task.RecheckTask{EventID: id, RequestedBy: who}); err != nil {
+		answer := newError(http.StatusServiceUnavailable, "cannot hand the recheck to the workers now; nothing changed; retry later")
+		answer.cause = err
+		return postgres.Recheck{}, answer
+	}
+	t := time.NewTicker(recheckPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			answer := newError(http.StatusServiceUnavailable, "no worker answered the recheck within "+recheckTimeout.String()+
+				"; it may still run and be recorded (settlectl events rechecks ID); retry later")
+			answer.cause = ctx.Err()
+			return postgres.Recheck{}, answer
+		case <-t.C:
+		}
+		r, found, err := s.store.RecheckAfter(ctx, id, before, who)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			return postgres.Recheck{}, storeError(err)
+		case !found:
+			continue
+		case r.ChainState == chainUnavailable:
+			return r, fmt.Errorf("%w: the workers could not ask the chain: %s", payment.ErrUnavailable, r.Detail)
+		}
+		return r, nil
+	}
+}
+
+// chainUnavailable is finality.ChainUnavailable: a recheck's record when
+// the chain could not be asked.
+const chainUnavailable = "unavailable"
 
 // parseRecheckBody reads the optional body {"operator": "<name>"}: empty,
 // {} or a printable name of at most operatorLengthMax characters, which

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
+	"github.com/settle/settle/pkg/task"
 )
 
 // recordingChain answers every recheck with one result and remembers who
@@ -254,4 +256,36 @@ func FuzzRecheckBody(f *testing.F) {
 			t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body.Bytes())
 		}
 	})
+}
+
+// refusingQueue cannot hand anything to the workers (Redis down).
+type refusingQueue struct{}
+
+func (refusingQueue) Enqueue(context.Context, string, task.RecheckTask) error {
+	return errors.New("redis: connection refused")
+}
+
+// An api without an RPC hands a recheck to the workers only on a network
+// one of them reported an RPC on (else 409, as before); when it cannot
+// hand it over, 503 and nothing recorded. The hand-over itself runs with
+// a real worker in test/recheck_test.go.
+func TestRecheckHandOverWithoutRPC(t *testing.T) {
+	for _, c := range []struct {
+		reported string
+		status   int
+		code     string
+		says     string
+	}{
+		{"BASE_MAINNET", http.StatusConflict, httpapi.CodeConflict, "no worker reported an RPC"},
+		{"ETH_MAINNET", http.StatusServiceUnavailable, httpapi.CodeUnavailable, "cannot hand the recheck to the workers"},
+	} {
+		h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Rechecks = refusingQueue{} }})
+		execSQL(t, h.dsn, `INSERT INTO network_rpc_reports (network, reported_at) VALUES ($1, now())`, c.reported)
+		h.createUser(7)
+		require.Equal(t, http.StatusOK, h.postPayment(deposit("dep-1", 7, "1")).status)
+		r := h.do(http.MethodPost, recheckPath("dep-1"), nil, bearer(adminToken))
+		requireCode(t, r, c.status, c.code)
+		require.Contains(t, r.body["error"], c.says)
+		require.Equal(t, 0, countRows(t, h.dsn, "SELECT count(*) FROM event_rechecks"))
+	}
 }

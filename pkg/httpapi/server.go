@@ -59,6 +59,11 @@ type Store interface {
 	Assets(ctx context.Context) (*payment.Registry, error)
 	// ReportedRPCs are the networks a worker can ask the chain of.
 	ReportedRPCs(ctx context.Context) (map[string]bool, error)
+	// A recheck handed to the workers: the event asked about, and the
+	// record its answer is read from.
+	RecheckTarget(ctx context.Context, eventID string) (postgres.RecheckTarget, error)
+	LastRecheckID(ctx context.Context, eventID string) (int64, error)
+	RecheckAfter(ctx context.Context, eventID string, after int64, who string) (postgres.Recheck, bool, error)
 	AddNetwork(ctx context.Context, n postgres.NewNetwork) (bool, error)
 	AddAsset(ctx context.Context, a payment.Asset) (bool, error)
 	AddDepositAddress(ctx context.Context, network, address string, user int64) (bool, error)
@@ -152,6 +157,10 @@ type Options struct {
 	// is then a reason to ask, not evidence, on the networks it has an RPC
 	// for); nil: no RPC on any network.
 	Chain Chain
+	// Rechecks hands a recheck on a network the api has no RPC for to the
+	// workers, when one of them reported an RPC there; nil: it answers
+	// 409 as before.
+	Rechecks RecheckQueue
 
 	// RescanBlocksMax bounds one POST /admin/rescan (RESCAN_BLOCKS_MAX);
 	// zero: RescanBlocksMaxDefault.
@@ -176,6 +185,7 @@ type Server struct {
 	networks   map[string]bool
 	proxies    TrustedProxies
 	chain      Chain
+	rechecks   RecheckQueue
 	intake     *intake.Intake
 
 	webhookSecret []byte
@@ -262,6 +272,7 @@ func New(opts Options) (*Server, error) {
 	s.redisUp = newRedisProbe(opts.Redis, registry)
 	s.readyWithoutRedis = opts.ReadyWithoutRedis
 	s.chain = opts.Chain
+	s.rechecks = opts.Rechecks
 	limitTimeout := opts.RateLimitTimeout
 	if limitTimeout <= 0 {
 		limitTimeout = RateLimitTimeoutDefault

@@ -189,3 +189,28 @@ func (db *DB) Rechecks(ctx context.Context, eventID string) ([]Recheck, error) {
 	})
 	return out, classify(stmt.name, err)
 }
+
+// LastRecheckID is the id of the event's newest recheck (0: none).
+func (db *DB) LastRecheckID(ctx context.Context, eventID string) (int64, error) {
+	stmt := q("last_recheck_id")
+	var id int64
+	err := db.pool.QueryRow(ctx, stmt.text, eventID).Scan(&id)
+	return id, classify(stmt.name, err)
+}
+
+// RecheckAfter is the event's first recheck by who recorded after id
+// after, with the event's status now; false while there is none.
+func (db *DB) RecheckAfter(ctx context.Context, eventID string, after int64, who string) (Recheck, bool, error) {
+	stmt := q("recheck_after")
+	var r Recheck
+	var result, status string
+	err := db.pool.QueryRow(ctx, stmt.text, eventID, after, who).Scan(&r.ID, &r.EventID, &r.RequestedBy, &r.ChainState, &result, &r.Detail, &r.CreatedAt, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Recheck{}, false, nil
+	}
+	if err != nil {
+		return Recheck{}, false, classify(stmt.name, err)
+	}
+	r.Result, r.Status = RecheckResult(result), payment.Status(status)
+	return r, true, nil
+}

@@ -31,7 +31,35 @@ const (
 	TypePayment     = "payment:apply"
 	TypeWatchReorgs = "maintenance:watch_reorgs"
 	TypeNotify      = "notifications:deliver"
+	// TypeRecheck is an operator's recheck handed by an api without an
+	// RPC of its own to the workers, which have one.
+	TypeRecheck = "maintenance:recheck"
 )
+
+// RecheckTask is the payload of a recheck task: what the api's admin
+// route was asked, answered through the recheck's record.
+type RecheckTask struct {
+	EventID     string `json:"event_id"`
+	RequestedBy string `json:"requested_by"`
+}
+
+// RecheckTimeout bounds a recheck task's run (a few RPC calls and two
+// short transactions).
+const RecheckTimeout = 30 * time.Second
+
+// NewRecheckTask builds the task of one recheck; id names it (each
+// request is its own task), and it is neither retried nor kept: the
+// operator asks again.
+func NewRecheckTask(id string, r RecheckTask) (*asynq.Task, []asynq.Option, error) {
+	payload, err := json.Marshal(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	return asynq.NewTask(TypeRecheck, payload), []asynq.Option{
+		asynq.Queue(QueueMaintenance), asynq.TaskID(TypeRecheck + ":" + id),
+		asynq.MaxRetry(0), asynq.Timeout(RecheckTimeout), asynq.Retention(0),
+	}, nil
+}
 
 // RetryMax is the seed's retry budget of a payment task (asynq's
 // MaxRetry); the worker's backoff is worker.FullJitter.

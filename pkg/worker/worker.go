@@ -51,6 +51,12 @@ type Gate interface {
 	WatchReorgs(ctx context.Context) error
 }
 
+// Rechecker asks the chain again about a deposit and records the
+// answer (finality.Rechecker).
+type Rechecker interface {
+	Recheck(ctx context.Context, eventID, who string) (postgres.Recheck, error)
+}
+
 // Worker handles every task type of the worker process.
 type Worker struct {
 	log     zerolog.Logger
@@ -59,7 +65,9 @@ type Worker struct {
 	alerts  Alerter
 	gate    Gate
 	notify  func(ctx context.Context) error
-	metrics *workerMetrics
+	// rechecker: nil without an RPC.
+	rechecker Rechecker
+	metrics   *workerMetrics
 
 	contention       redis.UniversalClient
 	contentionWindow time.Duration
@@ -73,7 +81,10 @@ type WorkerOptions struct {
 	Alerts      Alerter
 	Gate        Gate                            // optional
 	Notify      func(ctx context.Context) error // optional: delivers due notifications
-	Registerer  prometheus.Registerer
+	// Rechecker runs the rechecks an api without an RPC hands over
+	// (finality.Rechecker); nil without an RPC here either.
+	Rechecker  Rechecker
+	Registerer prometheus.Registerer
 	// Redis keeps each task's first contention failure; with
 	// ContentionWindow, contention spends no budget for that long from it
 	// (forgiveContention). Nil or 0: it spends the budget at once.
@@ -84,7 +95,7 @@ type WorkerOptions struct {
 // NewWorker builds the task handler.
 func NewWorker(o WorkerOptions) *Worker {
 	return &Worker{
-		log: o.Log, batcher: o.Batcher, dlq: o.DeadLetters, alerts: o.Alerts, gate: o.Gate, notify: o.Notify,
+		log: o.Log, batcher: o.Batcher, dlq: o.DeadLetters, alerts: o.Alerts, gate: o.Gate, notify: o.Notify, rechecker: o.Rechecker,
 		metrics:    newWorkerMetrics(o.Registerer),
 		contention: o.Redis, contentionWindow: o.ContentionWindow,
 	}
@@ -106,6 +117,8 @@ func (w *Worker) ProcessTask(ctx context.Context, t *asynq.Task) error {
 			return nil
 		}
 		return w.maintenance(ctx, t.Type(), w.notify)
+	case task.TypeRecheck:
+		return w.maintenance(ctx, t.Type(), func(ctx context.Context) error { return w.recheck(ctx, t.Payload()) })
 	}
 	// A type this worker does not know can never succeed: record it and
 	// do not retry.
@@ -561,4 +574,30 @@ func newWorkerMetrics(reg prometheus.Registerer) *workerMetrics {
 		m.latency.WithLabelValues(path)
 	}
 	return m
+}
+
+// recheck runs a recheck an api handed over. The record is the answer:
+// the api waits for it. Without an RPC here (the api hands a recheck
+// only to networks a worker reported one on, but this one may be older
+// or configured otherwise) nothing is recorded and the api times out.
+func (w *Worker) recheck(ctx context.Context, payload []byte) error {
+	var r task.RecheckTask
+	if err := json.Unmarshal(payload, &r); err != nil || r.EventID == "" {
+		w.log.Error().Err(err).Msg("malformed recheck task; dropped")
+		return nil
+	}
+	if w.rechecker == nil {
+		w.log.Warn().Str(logging.FieldEventID, r.EventID).Msg("recheck task on a worker without an RPC; dropped")
+		return nil
+	}
+	rec, err := w.rechecker.Recheck(ctx, r.EventID, r.RequestedBy)
+	if errors.Is(err, payment.ErrUnavailable) && rec.ID != 0 {
+		return nil // recorded as unavailable: the answer
+	}
+	if err != nil {
+		return err
+	}
+	w.log.Info().Str(logging.FieldEventID, r.EventID).Str("result", string(rec.Result)).Str("chain_state", rec.ChainState).
+		Str("requested_by", r.RequestedBy).Msg("deposit rechecked for the api")
+	return nil
 }

@@ -24,3 +24,15 @@ FROM event_rechecks
 WHERE event_id = $1
 ORDER BY id
 LIMIT $2;
+
+-- name: last_recheck_id
+SELECT COALESCE(max(id), 0) FROM event_rechecks WHERE event_id = $1;
+
+-- name: recheck_after
+-- The first recheck of the event by $3 recorded after id $2, with the
+-- event's status now.
+SELECT r.id, r.event_id, r.requested_by, r.chain_state, r.result, r.detail, r.created_at, e.status
+FROM event_rechecks r JOIN payment_events e ON e.event_id = r.event_id
+WHERE r.event_id = $1 AND r.id > $2 AND r.requested_by = $3
+ORDER BY r.id
+LIMIT 1;
