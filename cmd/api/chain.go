@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 
-	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -11,9 +10,7 @@ import (
 	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/finality"
 	"github.com/settle/settle/pkg/httpapi"
-	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/task"
 )
 
 // openChain builds the api's view of the chain (the recheck, and with it
@@ -41,24 +38,4 @@ func openChain(runCtx, ctx context.Context, settings settings, db *postgres.DB, 
 		return nil, nil, err
 	}
 	return rechecker, func() { closeChain(); alerts.Close() }, nil
-}
-
-// recheckQueue hands rechecks to the workers: a task on the maintenance
-// queue, then a wake-up for idle workers (a lost one costs the task a
-// few seconds of their poll, never the task).
-type recheckQueue struct {
-	client *asynq.Client
-	redis  redis.UniversalClient
-}
-
-func (q recheckQueue) Enqueue(ctx context.Context, id string, r task.RecheckTask) error {
-	t, opts, err := task.NewRecheckTask(id, r)
-	if err != nil {
-		return err
-	}
-	if _, err := q.client.EnqueueContext(ctx, t, opts...); err != nil {
-		return err
-	}
-	_ = outbox.PublishQueueWake(ctx, q.redis, task.QueueMaintenance)
-	return nil
 }

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/rs/zerolog"
 
 	"github.com/settle/settle/pkg/adminapi"
@@ -26,6 +25,7 @@ import (
 	"github.com/settle/settle/pkg/httpapi"
 	"github.com/settle/settle/pkg/logging"
 	notifyadmin "github.com/settle/settle/pkg/notify/admin"
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/postgres"
 	"github.com/settle/settle/pkg/quicknode"
 	"github.com/settle/settle/pkg/redisconn"
@@ -304,10 +304,9 @@ func serve(log zerolog.Logger, s settings) (err error) {
 	if err != nil {
 		return err
 	}
-	recheckClient := asynq.NewClientFromRedisClient(rdb)
 	server, err := httpapi.New(httpapi.Options{
 		Chain:              chain,
-		Rechecks:           recheckQueue{client: recheckClient, redis: rdb},
+		Rechecks:           outbox.NewRecheckQueue(rdb),
 		Networks:           s.chain.NetworkNames(),
 		RegistryRefresh:    s.registryRefresh,
 		Registry:           registry,
