@@ -52,6 +52,7 @@ func TestAdminListener(t *testing.T) {
 		{http.MethodGet, "/admin/dlq", bearer(adminToken)},
 		{http.MethodGet, "/admin/queues/", basic},
 		{http.MethodGet, "/admin/queues/", nil},
+		{http.MethodGet, "/admin/queues", nil},
 		{http.MethodGet, "/metrics", nil},
 		{http.MethodGet, "/openapi.yaml", nil},
 	} {
@@ -86,6 +87,17 @@ func TestOneListenerServesAll(t *testing.T) {
 	}})
 	require.Equal(t, http.StatusOK, h.do(http.MethodGet, "/metrics", nil, nil).status)
 	r := h.do(http.MethodGet, "/admin/queues/", nil, nil)
+	requireCode(t, r, http.StatusUnauthorized, httpapi.CodeUnauthorized)
+	require.Equal(t, []string{`Basic realm="settle"`, `Bearer realm="settle"`}, r.header.Values("WWW-Authenticate"))
+	// Typed without its slash, the dashboard's name sends a browser there
+	// (the query kept); the login is asked for there.
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noFollow.Get(h.url + "/admin/queues?tab=1")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusMovedPermanently, resp.StatusCode)
+	require.Equal(t, "/admin/queues/?tab=1", resp.Header.Get("Location"))
+	r = h.do(http.MethodGet, "/admin/queues", nil, nil)
 	requireCode(t, r, http.StatusUnauthorized, httpapi.CodeUnauthorized)
 	require.Equal(t, []string{`Basic realm="settle"`, `Bearer realm="settle"`}, r.header.Values("WWW-Authenticate"))
 	// A bearer-only route offers only Bearer: a browser must not pop a

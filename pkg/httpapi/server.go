@@ -387,6 +387,16 @@ func (s *Server) addPlugins(routes []Route, mounts []Mount) error {
 		if !strings.HasPrefix(m.Prefix, "/admin/") || !strings.HasSuffix(m.Prefix, "/") || m.Handler == nil {
 			return fmt.Errorf("httpapi: mount %q must be under /admin/, end with / and have a handler", m.Prefix)
 		}
+		// The mount's bare name (/admin/console) is where a person types;
+		// it sends them to the mount, which asks for credentials itself.
+		bare := strings.TrimSuffix(m.Prefix, "/")
+		s.echo.GET(bare, func(c echo.Context) error {
+			target := m.Prefix
+			if q := c.Request().URL.RawQuery; q != "" {
+				target += "?" + q
+			}
+			return c.Redirect(http.StatusMovedPermanently, target)
+		})
 		path := m.Prefix + "*"
 		for _, method := range mountMethods {
 			if !spec.plugin(method, path) {
