@@ -33,6 +33,26 @@ func (c *chainStack) lyingWorkers(t *testing.T) *devchain.Proxy {
 	return proxy
 }
 
+// notFoundDeposit sends user 2 a final 2 ETH whose receipt the workers'
+// node hides, and waits for its deposit id to end failed/not_found.
+func (c *chainStack) notFoundDeposit(t *testing.T, proxy *devchain.Proxy, id string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := c.chain.SendETH(ctx, 0, addrUser2, wei(2))
+	require.NoError(t, err)
+	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
+	proxy.NullReceipt(tx.Hash, devchain.Forever)
+	c.deposit(t, id, 2, "ETH", "2", tx.Hash)
+	// not_found needs two null reads the delay and a new block apart.
+	c.WaitFor("the first absence", 30*time.Second, func() bool {
+		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = $1 AND absent_since IS NOT NULL`, id) == 1
+	})
+	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
+	c.waitStatus(t, id, "failed")
+	_, outcome, _ := c.event(t, id)
+	require.Equal(t, "not_found", outcome)
+}
+
 func (c *chainStack) recheck(t *testing.T, id, operator string) map[string]any {
 	t.Helper()
 	status, body, err := c.client.Admin(http.MethodPost, "/admin/events/"+id+"/recheck", map[string]any{"operator": operator})
@@ -60,19 +80,7 @@ func TestRecheckAgainstTheChain(t *testing.T) {
 	proxy := c.lyingWorkers(t)
 	ctx := context.Background()
 
-	tx, err := c.chain.SendETH(ctx, 0, addrUser2, wei(2))
-	require.NoError(t, err)
-	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
-	proxy.NullReceipt(tx.Hash, devchain.Forever)
-	c.deposit(t, "nf-1", 2, "ETH", "2", tx.Hash)
-	// not_found needs two null reads the delay and a new block apart.
-	c.WaitFor("the first absence", 30*time.Second, func() bool {
-		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'nf-1' AND absent_since IS NOT NULL`) == 1
-	})
-	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
-	c.waitStatus(t, "nf-1", "failed")
-	_, outcome, _ := c.event(t, "nf-1")
-	require.Equal(t, "not_found", outcome)
+	c.notFoundDeposit(t, proxy, "nf-1")
 	require.Equal(t, "0", c.balance(t, 2, "ETH"))
 
 	// The api asks the chain itself. The worker's node still hides the
@@ -106,7 +114,7 @@ func TestRecheckAgainstTheChain(t *testing.T) {
 	require.NoError(t, c.chain.FinalizeThrough(ctx, tokenTx.BlockNumber))
 	c.deposit(t, "mm-1", 2, "TUSD", "50", tokenTx.Hash)
 	c.waitStatus(t, "mm-1", "failed")
-	_, outcome, _ = c.event(t, "mm-1")
+	_, outcome, _ := c.event(t, "mm-1")
 	require.Equal(t, "mismatch", outcome)
 	still := c.recheck(t, "mm-1", "alice")
 	require.Equal(t, "unchanged", still["result"], still)
@@ -308,18 +316,7 @@ func TestRecheckHandedToTheWorkers(t *testing.T) {
 	require.Equal(t, "alice @127.0.0.1", still["requested_by"])
 	require.Contains(t, still["detail"], "5000000", "the answer says what the chain shows")
 
-	tx, err := c.chain.SendETH(ctx, 0, addrUser2, wei(2))
-	require.NoError(t, err)
-	require.NoError(t, c.chain.FinalizeThrough(ctx, tx.BlockNumber))
-	proxy.NullReceipt(tx.Hash, devchain.Forever)
-	c.deposit(t, "nf-w", 2, "ETH", "2", tx.Hash)
-	c.WaitFor("the first absence", 30*time.Second, func() bool {
-		return c.Count(`SELECT count(*) FROM payment_events WHERE event_id = 'nf-w' AND absent_since IS NOT NULL`) == 1
-	})
-	require.NoError(t, c.chain.CommitBlocks(ctx, 1))
-	c.waitStatus(t, "nf-w", "failed")
-	_, outcome, _ := c.event(t, "nf-w")
-	require.Equal(t, "not_found", outcome)
+	c.notFoundDeposit(t, proxy, "nf-w")
 
 	// The gate looks once more right after failing a deposit (and would
 	// reopen it itself): wait until the workers' node is asked no more,
