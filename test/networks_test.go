@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/chain/devchain"
+	"github.com/settle/settle/pkg/devenv"
+	"github.com/settle/settle/pkg/testenv"
 	"github.com/settle/settle/test/harness"
 )
 
@@ -429,4 +431,33 @@ func weiText(wei int64) string {
 		return whole
 	}
 	return whole + "." + frac
+}
+
+// TestUnlistedNetworkStopsEachBinary: NETWORKS naming a network the
+// networks table does not list (a typo of ETH_MAINNET, say) would refuse
+// every event on the network meant; api, worker and scheduler stop at
+// start instead, non-zero, naming the setting and the name.
+func TestUnlistedNetworkStopsEachBinary(t *testing.T) {
+	s := harness.NewStack(t)
+	for bin, portVar := range map[string]string{"api": "HTTP_ADDR", "worker": "METRICS_ADDR", "scheduler": "METRICS_ADDR"} {
+		t.Run(bin, func(t *testing.T) {
+			port, err := devenv.FreePort()
+			require.NoError(t, err)
+			env := map[string]string{"NETWORKS": "ETH_MAINET", "DEPOSIT_FINALITY": "none", portVar: fmt.Sprintf("127.0.0.1:%d", port)}
+			for k, v := range s.Env {
+				if _, set := env[k]; !set {
+					env[k] = v
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, filepath.Join(harness.Binaries(t), bin))
+			cmd.Env = testenv.Env(env)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "%s started with NETWORKS=ETH_MAINET:\n%s", bin, out)
+			require.NotZero(t, exit.ExitCode())
+			require.Contains(t, string(out), "setting NETWORKS: ETH_MAINET not in the networks table")
+		})
+	}
 }

@@ -280,6 +280,13 @@ func serve(log zerolog.Logger, s settings) (err error) {
 		return err
 	}
 	defer db.Close()
+	// Before migrations there is no registry to check NETWORKS against;
+	// worker and scheduler, which wait for the schema, check it then.
+	if registry, err := db.Assets(openCtx); err == nil {
+		if err := s.chain.CheckListed(registry); err != nil {
+			return err
+		}
+	}
 	rdb, err := redisconn.Open(s.redisURL)
 	if err != nil {
 		return fmt.Errorf("REDIS_URL: %w", err)

@@ -217,6 +217,11 @@ func run(s settings, log zerolog.Logger) error {
 	if err := service.WaitForSchema(ctx, db, log); err != nil {
 		return err
 	}
+	if registry, err := db.Assets(ctx); err != nil {
+		return err
+	} else if err := s.Scan.Chain.CheckListed(registry); err != nil {
+		return err
+	}
 
 	stopScanner, err := startScanner(ctx, s.Scan, db, rdb, alerts, runner.Owner, log, reg)
 	if err != nil {

@@ -147,6 +147,9 @@ func run(s settings, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if err := s.Chain.CheckListed(registry); err != nil {
+		return err
+	}
 	go db.KeepRegistry(ctx, registry, s.RegistryRefresh, func(err error) {
 		log.Warn().Err(err).Msg("registry reload failed; keeping the networks and assets read before")
 	})

@@ -165,6 +165,22 @@ func (s Settings) HasRPC() bool {
 	return s.RPCURL != "" && len(s.Networks) == 0
 }
 
+// CheckListed refuses enabled networks (NETWORKS) the networks table does
+// not list: a typo there would refuse every event on the network meant,
+// so a binary stops at start instead, naming the setting.
+func (s Settings) CheckListed(registry *payment.Registry) error {
+	var unlisted []string
+	for _, n := range s.networks() {
+		if _, ok := registry.Network(n.Name); !ok {
+			unlisted = append(unlisted, n.Name)
+		}
+	}
+	if len(unlisted) == 0 {
+		return nil
+	}
+	return fmt.Errorf("setting NETWORKS: %s not in the networks table; fix the name, or add the network first (settlectl networks add)", strings.Join(unlisted, ", "))
+}
+
 // RPCNetworks are the enabled networks whose chain can be asked.
 func (s Settings) RPCNetworks() []string {
 	var names []string
