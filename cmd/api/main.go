@@ -128,12 +128,12 @@ func readServe(env *config.Env, s *settings) {
 		_, err := redisconn.Parse(v)
 		return v, err
 	})
-	s.httpAddr = config.Parse(env, "HTTP_ADDR", httpAddrDefault, parseListenAddress)
+	s.httpAddr = config.Parse(env, "HTTP_ADDR", httpAddrDefault, config.ListenAddress)
 	s.adminAddr = config.Parse(env, "ADMIN_ADDR", "", func(v string) (string, error) {
 		if v == s.httpAddr {
 			return "", errors.New("must differ from HTTP_ADDR")
 		}
-		return parseListenAddress(v)
+		return config.ListenAddress(v)
 	})
 	s.webhookSecret = env.Secret("WEBHOOK_SECRET", httpapi.SecretLengthMin)
 	s.alchemyKeys = config.Parse(env, "ALCHEMY_SIGNING_KEY", nil, parseSigningKeys)
@@ -180,13 +180,6 @@ func readServe(env *config.Env, s *settings) {
 	s.chain = finality.ReadSettings(env, false)
 	s.registryRefresh = env.Duration("REGISTRY_REFRESH", service.RegistryRefreshDefault)
 	s.procsAdapt = service.ReadProcsAdapt(env)
-}
-
-func parseListenAddress(v string) (string, error) {
-	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
-		return "", fmt.Errorf("%q is not host:port or :port", v)
-	}
-	return v, nil
 }
 
 // parseSigningKeys reads a comma-separated list; each key is used as its

@@ -101,7 +101,7 @@ const (
 func readSettings(env *config.Env) settings {
 	s := settings{
 		Common:             service.ReadCommon(env),
-		MetricsAddr:        env.String("METRICS_ADDR", ":9092"),
+		MetricsAddr:        config.Parse(env, "METRICS_ADDR", ":9092", config.ListenAddress),
 		PollInterval:       env.DurationWithin("POLL_INTERVAL", 5*time.Second, intervalMin, intervalMax),
 		EnqueueBatch:       env.Int("ENQUEUE_BATCH", outbox.EnqueueBatchDefault, 1, postgres.OutboxClaimMax/2),
 		TaskEvents:         env.Int("TASK_EVENTS_MAX", outbox.TaskEventsDefault, 1, postgres.TaskEventsMax),

@@ -49,7 +49,7 @@ type settings struct {
 func readSettings(env *config.Env) settings {
 	s := settings{
 		Common:           service.ReadCommon(env),
-		MetricsAddr:      env.String("METRICS_ADDR", ":9091"),
+		MetricsAddr:      config.Parse(env, "METRICS_ADDR", ":9091", config.ListenAddress),
 		Concurrency:      env.Int("WORKER_CONCURRENCY", 10, 1, 1000),
 		PollInterval:     env.Duration("WORKER_POLL_INTERVAL", 20*time.Millisecond),
 		WakeWait:         env.Duration("WORKER_WAKE_WAIT", worker.WakeWaitDefault),

@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -251,3 +252,17 @@ func (e *Env) Reject(name string, err error) {
 
 // ErrUsage marks a command-line mistake (exit code 2).
 var ErrUsage = errors.New("usage")
+
+// ListenAddress accepts host:port or :port with a port from 0 to 65535,
+// so a listen address that could never be bound stops the binary at
+// start rather than after it connected to everything else.
+func ListenAddress(v string) (string, error) {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil || port == "" {
+		return "", fmt.Errorf("%q is not host:port or :port", v)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("%q: the port must be a number from 0 to 65535", v)
+	}
+	return v, nil
+}

@@ -57,3 +57,19 @@ func TestAnyPlaceholderSettingIsRefused(t *testing.T) {
 	require.Equal(t, "https://hooks.example.com/x", env.URL("ALERT_WEBHOOK_URL", "", "https"))
 	require.NoError(t, env.Err())
 }
+
+// A listen address that could never be bound is refused with the
+// settings, naming the setting.
+func TestListenAddress(t *testing.T) {
+	for _, ok := range []string{":8080", "127.0.0.1:9091", "[::1]:0", "localhost:65535"} {
+		_, err := config.ListenAddress(ok)
+		require.NoError(t, err, ok)
+	}
+	for _, bad := range []string{"garbage", "8080", ":", ":99999", ":-1", ":http", "host:port"} {
+		_, err := config.ListenAddress(bad)
+		require.Error(t, err, bad)
+	}
+	env := config.FromMap(map[string]string{"METRICS_ADDR": ":99999"})
+	require.Equal(t, ":9091", config.Parse(env, "METRICS_ADDR", ":9091", config.ListenAddress))
+	require.ErrorContains(t, env.Err(), "METRICS_ADDR")
+}
