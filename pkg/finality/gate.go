@@ -259,12 +259,15 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 	return nil, fmt.Errorf("chain returned unknown verdict %q", verdict.State)
 }
 
-// wait parks a deposit the chain cannot decide yet, or fails it once
-// FINALITY_TIMEOUT has passed without its transaction and the chain shows
-// it: never seen and absent on two reads (unseenEvidence), or seen and
-// then gone (reorgEvidence).
+// wait parks a deposit the chain cannot decide yet, or fails it when the
+// chain shows its transaction is not there: seen and then gone
+// (reorgEvidence) as soon as the chain shows it, a reversal before
+// credit; never seen and absent on two reads (unseenEvidence) once
+// FINALITY_TIMEOUT has passed. A reversed deposit's transaction mined
+// again later reopens it when it is reported again (a provider, the
+// scanner, a recheck).
 func (g *Gate) wait(ctx context.Context, e payment.Event, state postgres.ChainWaitState, verdict chain.Verdict) error {
-	if state.Age >= g.o.Timeout {
+	if state.Age >= g.o.Timeout || (!verdict.ReceiptSeen && state.ReceiptSeen) {
 		switch {
 		case !verdict.ReceiptSeen && state.ReceiptSeen:
 			ev, err := g.reorgEvidence(ctx, e, state)
@@ -388,7 +391,7 @@ type evidence struct {
 }
 
 // reorgEvidence decides whether a deposit whose receipt was seen, and is
-// missing now past FINALITY_TIMEOUT, left the chain. A single null is no
+// missing now, left the chain. A single null is no
 // evidence (the contract): the chain must show it, as it does for the
 // reorg watcher. The block where it was seen replaced without it (Gone);
 // or its receipt absent on two reads REORG_RECHECK_DELAY and a new block
