@@ -277,8 +277,8 @@ func TestDepositsOnTwoNetworksCreditOneBalance(t *testing.T) {
 }
 
 // TestWorkerRefusesAnRPCOfAnotherChain: RPC_URL_BASE_MAINNET pointing at
-// a node of chain 1 stops the worker at start, with one line naming the
-// setting.
+// a node of chain 1 stops the worker, and the scheduler (its scanner on
+// or off), at start, with one line naming the setting.
 func TestWorkerRefusesAnRPCOfAnotherChain(t *testing.T) {
 	ctx := context.Background()
 	eth, err := devchain.Serve(ctx, devchain.Options{Manual: true})
@@ -290,31 +290,40 @@ func TestWorkerRefusesAnRPCOfAnotherChain(t *testing.T) {
 	s.Env["RPC_URL_BASE_MAINNET"] = eth.URL() // chain 1, not 8453
 	s.Env["METRICS_ADDR"] = "127.0.0.1:0"
 
-	cmd := exec.Command(filepath.Join(harness.Binaries(t), "worker"))
-	for k, v := range s.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	// The scheduler checks with its scanner off too.
+	for bin, extra := range map[string]string{"worker": "", "scheduler": "SCAN_INTERVAL=off"} {
+		t.Run(bin, func(t *testing.T) {
+			cmd := exec.Command(filepath.Join(harness.Binaries(t), bin))
+			for k, v := range s.Env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			if extra != "" {
+				cmd.Env = append(cmd.Env, extra)
+			}
+			done := make(chan struct{})
+			var out []byte
+			var err error
+			go func() { out, err = cmd.CombinedOutput(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(60 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("the %s did not stop on a wrong chain id", bin)
+			}
+			require.Error(t, err, "exits non-zero")
+			require.NotEqual(t, 0, cmd.ProcessState.ExitCode())
+			var named []string
+			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if strings.Contains(line, "RPC_URL_BASE_MAINNET") {
+					named = append(named, line)
+				}
+			}
+			require.Len(t, named, 1, "one line names the setting:\n%s", out)
+			require.Contains(t, named[0], "answers eth_chainId 1")
+			require.Contains(t, named[0], "8453")
+			require.NotContains(t, string(out), "ETH_RPC_URL or RPC_URL_ETH_MAINNET answers", "ETH_MAINNET's endpoint is right")
+		})
 	}
-	done := make(chan struct{})
-	var out []byte
-	go func() { out, err = cmd.CombinedOutput(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(60 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatal("the worker did not stop on a wrong chain id")
-	}
-	require.Error(t, err, "exits non-zero")
-	require.NotEqual(t, 0, cmd.ProcessState.ExitCode())
-	var named []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if strings.Contains(line, "RPC_URL_BASE_MAINNET") {
-			named = append(named, line)
-		}
-	}
-	require.Len(t, named, 1, "one line names the setting:\n%s", out)
-	require.Contains(t, named[0], "answers eth_chainId 1")
-	require.Contains(t, named[0], "8453")
-	require.NotContains(t, string(out), "ETH_RPC_URL or RPC_URL_ETH_MAINNET answers", "ETH_MAINNET's endpoint is right")
 }
 
 // TestOneNetworkDownOthersSettle: under load on both networks, with

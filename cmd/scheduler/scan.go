@@ -100,14 +100,16 @@ func readScanSettings(env *config.Env) scanSettings {
 // and releases its client.
 func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redis.UniversalClient, alerts *alert.Alerter,
 	owner string, log zerolog.Logger, reg prometheus.Registerer) (func(), error) {
-	if s.Interval == 0 || !s.Chain.HasRPC() {
-		log.Info().Bool("rpc", s.Chain.HasRPC()).Dur("interval", s.Interval).Msg("chain scanner off")
+	if !s.Chain.HasRPC() {
+		log.Info().Bool("rpc", false).Dur("interval", s.Interval).Msg("chain scanner off")
 		return func() {}, nil
 	}
 	// A scanner on another chain than its network's would store events
 	// for transfers that never happened there (the worker, checking the
 	// same ids, refuses to start the same way); with the registry, each
 	// client also refuses calls until its node has said which chain it is.
+	// Checked with the scanner off too: a setting naming the wrong chain
+	// stops the scheduler at start, as the contract has it.
 	registry, err := db.Assets(ctx)
 	if err != nil {
 		return nil, err
@@ -122,6 +124,11 @@ func startScanner(ctx context.Context, s scanSettings, db *postgres.DB, rdb redi
 	if err != nil {
 		clients.Close()
 		return nil, err
+	}
+	if s.Interval == 0 {
+		clients.Close()
+		log.Info().Bool("rpc", true).Dur("interval", s.Interval).Msg("chain scanner off")
+		return func() {}, nil
 	}
 	if len(unreachable) > 0 {
 		log.Warn().Strs("networks", unreachable).Msg("scanner rpc endpoints unreachable at start; each is asked its chain id before anything else once it answers")
