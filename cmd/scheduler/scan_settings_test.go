@@ -10,8 +10,10 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/alert"
 	"github.com/settle/settle/pkg/config"
 	"github.com/settle/settle/pkg/scan"
+	"github.com/settle/settle/pkg/testenv"
 )
 
 // TestScanBatchesInFlight: SCAN_BATCHES_IN_FLIGHT defaults to two, takes
@@ -36,8 +38,9 @@ func TestScanBatchesInFlight(t *testing.T) {
 
 // TestScanIntervalOff: SCAN_INTERVAL defaults to scan.IntervalDefault,
 // takes a positive duration or off (CONTRACT.md, Chain scanner), and off
-// starts no scanner even for a network with an RPC: startScanner returns
-// before it reads the database, which is nil here.
+// starts no scanner even for a network with an RPC, after asking its
+// endpoint for the chain id (unreachable here, which stops nothing; a
+// wrong one is test/networks_test.go's).
 func TestScanIntervalOff(t *testing.T) {
 	env := config.FromMap(map[string]string{})
 	require.Equal(t, scan.IntervalDefault, readScanSettings(env).Interval)
@@ -58,7 +61,9 @@ func TestScanIntervalOff(t *testing.T) {
 	require.NoError(t, env.Err())
 	require.Zero(t, s.Interval)
 	require.True(t, s.Chain.HasRPC(), "the network has an RPC, so only off keeps the scanner from starting")
-	stop, err := startScanner(context.Background(), s, nil, nil, nil, "test", zerolog.Nop(), prometheus.NewRegistry())
+	alerts := alert.New(zerolog.Nop(), alert.Options{Service: "test"})
+	defer alerts.Close()
+	stop, err := startScanner(context.Background(), s, testenv.DB(t), nil, alerts, "test", zerolog.Nop(), prometheus.NewRegistry())
 	require.NoError(t, err)
 	stop()
 }
