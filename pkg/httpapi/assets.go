@@ -19,54 +19,76 @@ const (
 	assetsMissInterval     = 5 * time.Second
 )
 
-type assetCache struct {
-	load    func(context.Context) (*payment.Registry, error)
+// assetCache holds the registry; rpcReportCache the networks a worker
+// reported an RPC on (network_rpc_reports). Both are read from their
+// tables at most once per refresh interval.
+type (
+	assetCache     = tableCache[*payment.Registry]
+	rpcReportCache = tableCache[map[string]bool]
+)
+
+// tableCache holds a copy of what load reads, read again when older than
+// refresh. The copy sits behind an atomic pointer so that held can read
+// it without a context or the lock.
+type tableCache[T any] struct {
+	load    func(context.Context) (T, error)
 	now     func() time.Time
 	refresh time.Duration
 
 	mu       sync.Mutex
-	registry *payment.Registry
 	loadedAt time.Time
+	current  atomic.Pointer[T]
 }
 
-// get returns the registry, reloading it when stale. A failed reload
-// keeps serving the previous copy; with none, the error is returned.
-func (a *assetCache) get(ctx context.Context) (*payment.Registry, error) {
-	return a.getOlderThan(ctx, a.refresh)
+// get returns the copy, reloading it when stale. A failed reload keeps
+// serving the previous copy; with none, the error is returned.
+func (c *tableCache[T]) get(ctx context.Context) (T, error) {
+	return c.getOlderThan(ctx, c.refresh)
 }
 
 // refreshForMiss reloads after a lookup missed, unless that was just done.
-func (a *assetCache) refreshForMiss(ctx context.Context) (*payment.Registry, error) {
-	return a.getOlderThan(ctx, min(assetsMissInterval, a.refresh))
+func (c *tableCache[T]) refreshForMiss(ctx context.Context) (T, error) {
+	return c.getOlderThan(ctx, min(assetsMissInterval, c.refresh))
 }
 
 // invalidate makes the next lookup read the tables: this process's own
 // additions (POST /admin/networks, /admin/assets) are seen at once. The
 // copy held is kept, to serve if that reading fails.
-func (a *assetCache) invalidate() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.loadedAt = time.Time{}
+func (c *tableCache[T]) invalidate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.loadedAt = time.Time{}
 }
 
-func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*payment.Registry, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.registry != nil && a.now().Sub(a.loadedAt) < age {
-		return a.registry, nil
+// held returns the copy as it is, without reading the table.
+func (c *tableCache[T]) held() (T, bool) {
+	if v := c.current.Load(); v != nil {
+		return *v, true
 	}
-	registry, err := a.load(ctx)
+	var zero T
+	return zero, false
+}
+
+func (c *tableCache[T]) getOlderThan(ctx context.Context, age time.Duration) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	held, ok := c.held()
+	if ok && c.now().Sub(c.loadedAt) < age {
+		return held, nil
+	}
+	loaded, err := c.load(ctx)
 	if err != nil {
-		if a.registry != nil {
+		if ok {
 			// Serve the old copy and wait a full interval before trying
 			// again, so an outage does not cost every request a reload.
-			a.loadedAt = a.now()
-			return a.registry, nil
+			c.loadedAt = c.now()
+			return held, nil
 		}
-		return nil, err
+		return loaded, err
 	}
-	a.registry, a.loadedAt = registry, a.now()
-	return registry, nil
+	c.current.Store(&loaded)
+	c.loadedAt = c.now()
+	return loaded, nil
 }
 
 // providerTransfers decodes a provider's delivery against the registry,
@@ -77,7 +99,9 @@ func (a *assetCache) getOlderThan(ctx context.Context, age time.Duration) (*paym
 // Misses reload at most every assetsMissInterval, so a stream of unlisted
 // (spam) tokens or unmapped networks costs little.
 func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Registry) ([]payment.ReportedTransfer, []payment.Ignored)) ([]payment.ReportedTransfer, []payment.Ignored, error) {
-	s.rpcReports.update(ctx)
+	// Refresh the reports the intake reads (hasReportedRPC) without a
+	// context; unread, no network counts as reported.
+	_, _ = s.rpcReports.get(ctx)
 	registry, err := s.assets.get(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -96,35 +120,9 @@ func (s *Server) providerTransfers(ctx context.Context, decode func(*payment.Reg
 	return transfers, ignored, nil
 }
 
-// rpcReportCache holds the networks a worker reported an RPC on
-// (network_rpc_reports), read at most once per refresh interval, like the
-// registry, when a provider delivery needs it.
-type rpcReportCache struct {
-	load    func(context.Context) (map[string]bool, error)
-	now     func() time.Time
-	refresh time.Duration
-
-	mu       sync.Mutex
-	loadedAt time.Time
-	current  atomic.Pointer[map[string]bool]
-}
-
-// update reloads the reports when stale; a failed reload keeps the copy
-// held (none: no network reported) and waits a full interval.
-func (r *rpcReportCache) update(ctx context.Context) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.loadedAt.IsZero() && r.now().Sub(r.loadedAt) < r.refresh {
-		return
-	}
-	r.loadedAt = r.now()
-	if reported, err := r.load(ctx); err == nil {
-		r.current.Store(&reported)
-	}
-}
-
-// has tells whether a worker reported an RPC on network.
-func (r *rpcReportCache) has(network string) bool {
-	reported := r.current.Load()
-	return reported != nil && (*reported)[network]
+// hasReportedRPC tells whether a worker reported an RPC on network, as
+// last read; a failed read counts as no report.
+func (s *Server) hasReportedRPC(network string) bool {
+	reported, _ := s.rpcReports.held()
+	return reported[network]
 }

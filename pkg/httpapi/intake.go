@@ -96,7 +96,7 @@ func (s *Server) providerOptions(opts Options, now func() time.Time) error {
 		// api's own, or one a worker reported (it is the workers' chain
 		// that decides); s.chain is set after this.
 		HasRPC: func(network string) bool {
-			return s.chain != nil && s.chain.HasRPC(network) || s.rpcReports.has(network)
+			return s.chain != nil && s.chain.HasRPC(network) || s.hasReportedRPC(network)
 		},
 		Count: func(provider, outcome string, reason payment.IgnoreReason) {
 			s.metrics.webhook(provider, outcome, string(reason))

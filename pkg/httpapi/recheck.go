@@ -108,8 +108,8 @@ func (s *Server) adminRecheck(c echo.Context) error {
 
 // reportedRPC tells whether a worker reported an RPC on network.
 func (s *Server) reportedRPC(ctx context.Context, network string) bool {
-	s.rpcReports.update(ctx)
-	return s.rpcReports.has(network)
+	reported, _ := s.rpcReports.get(ctx) // unread: no report
+	return reported[network]
 }
 
 // RecheckQueue hands a recheck to the workers (cmd/api: a task on the
