@@ -110,7 +110,8 @@ func TestRateLimitedCode(t *testing.T) {
 }
 
 // 503: with PostgreSQL stopped, writes and reads answer unavailable with
-// Retry-After, and so does /readyz.
+// Retry-After, and so does /readyz. The admin writes too: their own
+// transactions' BEGIN fails, not a statement inside.
 func TestUnavailableCode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts its own PostgreSQL server")
@@ -128,8 +129,13 @@ func TestUnavailableCode(t *testing.T) {
 
 	h := newHarness(t, harnessOptions{dsn: dsn})
 	h.createUser(7)
+	// The registry cached, so the admin writes reach their transactions.
+	require.Equal(t, http.StatusCreated, h.addAddress(7, "ETH_MAINNET", "0x2222222222222222222222222222222222222222").status)
 	pg.Stop()
 	for _, r := range []response{
+		h.addAddress(7, "ETH_MAINNET", "0x3333333333333333333333333333333333333333"),
+		h.postAdmin("/admin/networks", map[string]any{"name": "DEVNET", "chain_id": 31337, "native": "DEV", "decimals": 18}),
+		h.postAdmin("/admin/assets", map[string]any{"network": "ETH_MAINNET", "asset": "DUSD", "contract": "0x1111111111111111111111111111111111111111", "decimals": 6}),
 		h.postPayment(deposit("down-1", 7, "1")),
 		h.do(http.MethodGet, "/v1/events/down-1", nil, bearer(apiToken)),
 		h.do(http.MethodGet, "/v1/users/7/balances", nil, bearer(apiToken)),

@@ -205,6 +205,16 @@ const (
 	codeProtocolViolation    = "08P01"
 )
 
+// classifyTx classifies what a transaction function returned when BEGIN
+// or COMMIT failed for an outage or a retryable reason; anything else
+// came classified from inside the transaction and passes as it is.
+func classifyTx(op string, err error) error {
+	if c := classify(op, err); errors.Is(c, payment.ErrRetryable) || errors.Is(c, payment.ErrUnavailable) {
+		return c
+	}
+	return err
+}
+
 // classify maps a driver error to the domain's kinds. Lock and statement
 // timeouts, deadlocks and serialisation failures are retryable. An error
 // the server did not send (no *pgconn.PgError: a refused, reset or closed

@@ -104,7 +104,7 @@ func (db *DB) AddNetwork(ctx context.Context, n NewNetwork) (added bool, err err
 		}
 		return nil
 	})
-	return added, err
+	return added, classifyTx("add network", err)
 }
 
 // AddAsset lists code on a network: a token by its contract, or the
@@ -132,7 +132,7 @@ func (db *DB) AddAsset(ctx context.Context, a payment.Asset) (added bool, err er
 		}
 		return db.addListing(ctx, tx, a, &added)
 	})
-	return added, err
+	return added, classifyTx("add asset", err)
 }
 
 // addListing inserts a listing unless it exists as given. The code is

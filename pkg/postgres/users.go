@@ -130,7 +130,7 @@ func (db *DB) AddDepositAddress(ctx context.Context, network, address string, us
 		return nil
 	})
 	if err != nil {
-		return false, err
+		return false, classifyTx("add deposit address", err)
 	}
 	switch {
 	case otherUser != nil && otherNetwork != network:
