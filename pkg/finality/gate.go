@@ -45,6 +45,7 @@ type Store interface {
 	AwaitFinality(ctx context.Context, e payment.Event, w postgres.Wait) (bool, error)
 	DecideChainOutcome(ctx context.Context, e payment.Event, outcome payment.Outcome, reason string) (bool, error)
 	DepositAddressOwners(ctx context.Context, network string, addresses []string) (map[string]int64, error)
+	UserHasDepositAddress(ctx context.Context, network string, user int64) (bool, error)
 	WatchedDeposits(ctx context.Context, networks []string, perNetwork int) ([]postgres.WatchedDeposit, error)
 	MarkFinal(ctx context.Context, eventID string) (givenBack bool, err error)
 	TouchWatched(ctx context.Context, eventID string) error
@@ -497,7 +498,7 @@ func (g *Gate) deposit(e payment.Event, toAddress string) (chain.Deposit, string
 	// A deposit named by user only: the Transfer (or the transaction's
 	// value) must go to one of the user's registered addresses on the
 	// asset's network, whichever of them the chain shows.
-	d.Owner = owner{store: g.o.Store, network: asset.Network, user: e.UserID}
+	d.Owner = owner{store: g.o.Store, network: asset.Network, user: e.UserID, native: asset.Native()}
 	return d, asset.Network, nil
 }
 
@@ -515,11 +516,15 @@ func (g *Gate) baseUnits(e payment.Event) (payment.Asset, *big.Int, error) {
 	return asset, units, nil
 }
 
-// owner answers chain.AddressOwner from deposit_addresses.
+// owner answers chain.AddressOwner from deposit_addresses. A native
+// deposit of a user who registered no address on the network owns every
+// address no other user registered: only its value is checked, as before
+// addresses existed. A token deposit needs a registered address.
 type owner struct {
 	store   Store
 	network string
 	user    int64
+	native  bool
 }
 
 func (o owner) Owned(ctx context.Context, addresses []string) ([]string, error) {
@@ -533,7 +538,21 @@ func (o owner) Owned(ctx context.Context, addresses []string) ([]string, error) 
 			owned = append(owned, a)
 		}
 	}
-	return owned, nil
+	if len(owned) > 0 || !o.native {
+		return owned, nil
+	}
+	registered, err := o.store.UserHasDepositAddress(ctx, o.network, o.user)
+	if err != nil || registered {
+		return nil, err
+	}
+	// Another user's address stays theirs.
+	var unowned []string
+	for _, a := range addresses {
+		if _, ok := owners[a]; !ok {
+			unowned = append(unowned, a)
+		}
+	}
+	return unowned, nil
 }
 
 // recheckAfter grows from RecheckFirst to RecheckMax with each check.

@@ -171,6 +171,15 @@ func (db *DB) DepositAddressOwners(ctx context.Context, network string, addresse
 	return out, classify(stmt.name, rows.Err())
 }
 
+// UserHasDepositAddress tells whether user registered any address on
+// network.
+func (db *DB) UserHasDepositAddress(ctx context.Context, network string, user int64) (bool, error) {
+	stmt := q("user_has_deposit_address")
+	var has bool
+	err := db.pool.QueryRow(ctx, stmt.text, network, user).Scan(&has)
+	return has, classify(stmt.name, err)
+}
+
 // UserDepositAddresses lists a user's addresses on network.
 func (db *DB) UserDepositAddresses(ctx context.Context, network string, user int64) ([]string, error) {
 	stmt := q("user_deposit_addresses")

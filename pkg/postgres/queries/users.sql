@@ -63,3 +63,6 @@ WHERE network = $1 AND address = ANY($2::text[]);
 SELECT address
 FROM deposit_addresses
 WHERE network = $1 AND user_id = $2;
+
+-- name: user_has_deposit_address
+SELECT EXISTS (SELECT 1 FROM deposit_addresses WHERE network = $1 AND user_id = $2);
