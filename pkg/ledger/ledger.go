@@ -128,10 +128,8 @@ type Claimed struct {
 	// Item is the index of the item that asked for the event; results,
 	// chain evidence and retries are keyed by it.
 	Item int
-	// Network and Native describe the event's asset: where its transfer
-	// lives, and whether it is the network's own coin.
+	// Network is where the event's transfer lives.
 	Network string
-	Native  bool
 	// HoldID is the hold a post or void resolves; HoldNetwork and
 	// ToAddress say where a hold pays out.
 	HoldID      string
@@ -469,11 +467,12 @@ func (p *planner) move(c Claimed, k Account, balance decimal.Decimal, chain *Cha
 
 // claimTransfer picks the transfer a crediting deposit claims: the first
 // of its candidates that no event holds. Candidates come from the chain
-// check; without one (no RPC) a deposit is what it names, the
-// transaction's own value for the native coin, or else an unresolved
-// claim on its transaction. Unresolved claims count against the
-// transaction's transfers of the same asset, so that no guess can credit
-// one transfer twice.
+// check; without one (no RPC) a deposit is what it names, or else an
+// unresolved claim on its transaction. Unresolved claims count against
+// the transaction's transfers of the same asset, so that no guess can
+// credit one transfer twice: a native deposit naming none may be the
+// transaction's own value or ETH a contract call inside it paid
+// (trace:<address>), which a provider reports under that index.
 func (p *planner) claimTransfer(c Claimed, chain *ChainEvidence) bool {
 	e := c.Event
 	k := Tx{c.Network, e.TxHash}
@@ -484,13 +483,12 @@ func (p *planner) claimTransfer(c Claimed, chain *ChainEvidence) bool {
 		candidates = chain.Transfers
 	case e.TransferIndex != "":
 		candidates = []string{e.TransferIndex}
-	case c.Native:
-		candidates = []string{payment.TransferNative}
 	default:
-		for _, h := range held {
-			if h.Asset == e.Asset {
-				return false
-			}
+		if slices.ContainsFunc(held, func(h TransferClaim) bool { return h.EventID == e.ID }) {
+			return true // its own claim (a credit replayed after a crash)
+		}
+		if slices.ContainsFunc(held, func(h TransferClaim) bool { return h.Asset == e.Asset }) {
+			return false
 		}
 		p.addClaim(k, payment.UnresolvedTransfer(e.ID), e, nil)
 		return true

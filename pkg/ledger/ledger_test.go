@@ -79,7 +79,7 @@ func claimed(events []ev) []ledger.Claimed {
 			Event: payment.Event{ID: e.id, Type: e.typ, UserID: e.user, Asset: asset, Amount: d(e.amount),
 				TxHash: e.tx, TransferIndex: e.index, HoldID: e.hold, TraceID: "trace-" + e.id},
 			CreatedAt: time.Unix(int64(at), 0), Key: payment.IdempotencyKey(e.id, e.typ), Item: i,
-			Network: on, Native: asset == "ETH", HoldID: e.hold,
+			Network: on, HoldID: e.hold,
 		}
 		if e.typ == payment.WithdrawalHold {
 			c.HoldNetwork, c.ToAddress = on, "0xto"
@@ -400,7 +400,7 @@ var rows = []row{
 			journal: []string{"any:deposit:10"}, notifications: []string{"deposit_credited:any:20"}, claims: []string{"any@3/" + blockA + "+0"}},
 	},
 	{
-		name: "without a chain check a deposit is what it names, the native value, or an unresolved claim",
+		name: "without a chain check a deposit is what it names, or an unresolved claim",
 		events: []ev{
 			{id: "eth-1", typ: payment.Deposit, user: 1, amount: "1", tx: txA},
 			{id: "eth-2", typ: payment.Deposit, user: 1, amount: "1", tx: txA},
@@ -415,8 +415,42 @@ var rows = []row{
 			balances:      map[string]string{"1/ETH": "1", "1/USDC": "10"},
 			journal:       []string{"eth-1:deposit:1", "usdc-1:deposit:5", "usdc-other:deposit:5"},
 			notifications: []string{"deposit_credited:eth-1:1", "deposit_credited:usdc-1:5", "deposit_credited:usdc-other:10"},
-			claims:        []string{"eth-1@native", "usdc-1@" + payment.UnresolvedTransfer("usdc-1"), "usdc-other@9"},
+			claims:        []string{"eth-1@" + payment.UnresolvedTransfer("eth-1"), "usdc-1@" + payment.UnresolvedTransfer("usdc-1"), "usdc-other@9"},
 		},
+	},
+	{
+		// The payments deposit may be ETH a contract call paid (a smart
+		// wallet's send), which a provider reports as trace:<address>.
+		name: "without a chain check an ETH deposit naming no transfer counts against the internal transfers too",
+		events: []ev{
+			{id: "pay-1", typ: payment.Deposit, user: 1, amount: "1", tx: txA},
+			{id: "internal", typ: payment.Deposit, user: 1, amount: "1", tx: txA, index: "trace:call_0"},
+			{id: "own-value", typ: payment.Deposit, user: 1, amount: "1", tx: txA, index: payment.TransferNative},
+		},
+		balances: map[string]string{"1/ETH": "0"},
+		want: want{
+			outcomes: map[string]payment.Outcome{"pay-1": payment.OutcomeSuccess, "internal": payment.OutcomeDuplicateTransfer,
+				"own-value": payment.OutcomeDuplicateTransfer},
+			balances:      map[string]string{"1/ETH": "1"},
+			journal:       []string{"pay-1:deposit:1"},
+			notifications: []string{"deposit_credited:pay-1:1"},
+			claims:        []string{"pay-1@" + payment.UnresolvedTransfer("pay-1")},
+		},
+	},
+	{
+		name:     "without a chain check an ETH deposit naming no transfer is a duplicate of a claimed internal one",
+		events:   []ev{{id: "pay-2", typ: payment.Deposit, user: 1, amount: "1", tx: txA}},
+		claims:   map[ledger.Tx][]ledger.TransferClaim{{Network: network, TxHash: txA}: {{Index: "trace:call_0", Asset: "ETH", EventID: "internal", Position: -1}}},
+		balances: map[string]string{"1/ETH": "1"},
+		want:     want{outcomes: map[string]payment.Outcome{"pay-2": payment.OutcomeDuplicateTransfer}, balances: map[string]string{"1/ETH": "1"}},
+	},
+	{
+		name:     "an unresolved claim replayed is its own",
+		events:   []ev{{id: "usdc-1", typ: payment.Deposit, user: 1, asset: "USDC", amount: "5", tx: txA}},
+		claims:   map[ledger.Tx][]ledger.TransferClaim{{Network: network, TxHash: txA}: {{Index: payment.UnresolvedTransfer("usdc-1"), Asset: "USDC", EventID: "usdc-1", Position: -1}}},
+		balances: map[string]string{"1/USDC": "0"},
+		want: want{outcomes: map[string]payment.Outcome{"usdc-1": payment.OutcomeSuccess}, balances: map[string]string{"1/USDC": "5"},
+			journal: []string{"usdc-1:deposit:5"}, notifications: []string{"deposit_credited:usdc-1:5"}},
 	},
 	{
 		name:     "an unresolved claim of the asset refuses a guess without a chain check",

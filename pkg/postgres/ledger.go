@@ -506,7 +506,7 @@ func readClaimed(br pgx.BatchResults) ([]ledger.Claimed, error) {
 		var eventType, amount string
 		var generation int32
 		if err := rows.Scan(&e.Event.ID, &generation, &eventType, &e.Event.UserID, &e.Event.Asset, &amount,
-			&e.Event.TraceID, &e.Related, &e.CreatedAt, &e.Event.TxHash, &e.Event.TransferIndex, &e.Network, &e.Native,
+			&e.Event.TraceID, &e.Related, &e.CreatedAt, &e.Event.TxHash, &e.Event.TransferIndex, &e.Network,
 			&e.HoldID, &e.HoldNetwork, &e.ToAddress); err != nil {
 			return nil, err
 		}

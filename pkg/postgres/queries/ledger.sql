@@ -39,16 +39,14 @@ FOR UPDATE OF b;
 SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
        COALESCE(p.related_event_id, ''), p.created_at,
        COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), COALESCE(p.network, a.network),
-       COALESCE(na.contract_address IS NULL, a.contract_address IS NULL),
        COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
 FROM payment_events p
 JOIN unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::text[], $6::text[]::numeric[], $7::text[])
      AS t(event_id, generation, event_type, user_id, asset, amount, tx_hash)
   ON p.event_id = t.event_id
-JOIN assets a ON a.code = p.asset
 -- An event's network is its own; rows from before networks existed name
 -- none, and theirs is their asset's (the legacy columns of assets).
-LEFT JOIN network_assets na ON na.network = COALESCE(p.network, a.network) AND na.asset = p.asset
+JOIN assets a ON a.code = p.asset
 WHERE p.event_id = ANY($1::text[]) AND p.status = 'enqueued' COLLATE "C" AND p.generation = t.generation
   AND p.event_type = t.event_type AND p.user_id = t.user_id AND p.asset = t.asset AND p.amount = t.amount
   -- The transfer locks are taken for the tasks' transactions.
@@ -70,11 +68,9 @@ FOR UPDATE OF p;
 SELECT p.event_id, p.generation, p.event_type, p.user_id, p.asset, p.amount::text, p.trace_id,
        COALESCE(p.related_event_id, ''), p.created_at,
        COALESCE(p.tx_hash, ''), COALESCE(p.transfer_index, ''), COALESCE(p.network, a.network),
-       COALESCE(na.contract_address IS NULL, a.contract_address IS NULL),
        COALESCE(p.hold_id, ''), COALESCE(p.network, a.network), COALESCE(p.to_address, '')
 FROM payment_events p
 JOIN assets a ON a.code = p.asset
-LEFT JOIN network_assets na ON na.network = COALESCE(p.network, a.network) AND na.asset = p.asset
 WHERE p.event_id = ANY (ARRAY(SELECT r.hold_id FROM payment_events r
                               WHERE r.event_id = ANY($1::text[]) AND r.hold_id IS NOT NULL))
   AND p.event_type = 'withdrawal_hold' AND p.status = 'enqueued' COLLATE "C" AND p.generation = 0
