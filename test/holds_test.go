@@ -154,6 +154,12 @@ func TestPostSettlesOnChain(t *testing.T) {
 	c.waitStatus(t, "v-late", "failed")
 	_, outcome, _ = c.event(t, "v-late")
 	require.Equal(t, "hold_closed", outcome)
+	// A post naming no hold ends unknown_hold, with a transaction too:
+	// it has no payout for the chain to check.
+	require.Equal(t, "accepted", resolveWebhook(t, c.client, "p-no-hold", "withdrawal_post", 1, "no-such-hold", map[string]any{"tx_hash": short.Hash}))
+	c.waitStatus(t, "p-no-hold", "failed")
+	_, outcome, _ = c.event(t, "p-no-hold")
+	require.Equal(t, "unknown_hold", outcome)
 	c.WaitFor("quiet", 30*time.Second, c.AllTerminal)
 	require.Equal(t, fundsRow{"90", "0"}, funds(t, c.Stack, 1, "ETH"))
 	require.Equal(t, 1, c.Count(`SELECT count(*) FROM balance_events`))

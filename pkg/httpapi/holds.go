@@ -21,10 +21,12 @@ var (
 	networkPattern = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
 )
 
-// parseHoldFields reads the network of every event but posts and voids
-// (whose hold says it; default ETH_MAINNET), a hold's optional to_address,
-// and a post's or void's hold_id. A field that only another type takes is refused, so a
-// sender's mistake is not silently dropped.
+// parseHoldFields reads the network (default ETH_MAINNET but for a post
+// or void, whose hold says it), the optional to_address of a hold, post
+// or void, and a post's or void's hold_id, which only they take. A post
+// or void may repeat its hold's asset, network and to_address, and holdOf
+// refuses one that says otherwise, so a sender's mistake is not silently
+// dropped.
 func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *rejection {
 	raw, present := fields["hold_id"]
 	present = present && !isJSONNull(raw)
@@ -43,11 +45,9 @@ func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *re
 	if req.txHash != "" && (req.eventType == payment.WithdrawalHold || req.eventType == payment.WithdrawalVoid) {
 		return &rejection{"invalid_tx_hash", "tx_hash is taken by withdrawal_post, not by " + string(req.eventType)}
 	}
-	if req.eventType.ResolvesHold() {
-		// A post or void pays out where its hold said (holdOf).
-		return nil
+	if !req.eventType.ResolvesHold() {
+		req.network = payment.DefaultNetwork
 	}
-	req.network = payment.DefaultNetwork
 	if raw, ok := fields["network"]; ok && !isJSONNull(raw) {
 		network, ok := jsonString(raw)
 		if !ok || !networkPattern.MatchString(network) {
@@ -55,7 +55,7 @@ func parseHoldFields(fields map[string]json.RawMessage, req *paymentRequest) *re
 		}
 		req.network = network
 	}
-	if req.eventType != payment.WithdrawalHold {
+	if req.eventType != payment.WithdrawalHold && !req.eventType.ResolvesHold() {
 		return nil
 	}
 	if raw, ok := fields["to_address"]; ok && !isJSONNull(raw) {
@@ -85,13 +85,33 @@ func (s *Server) holdOf(ctx context.Context, req *paymentRequest) (_ postgres.Ho
 		return postgres.HoldEvent{}, false, storeError(err)
 	}
 	if !found {
+		// Its network is a placeholder, and it pays out nowhere.
+		req.network, req.toAddress = "", ""
 		return postgres.HoldEvent{}, false, nil
+	}
+	if field := unlikeHold(*req, h); field != "" && h.UserID == req.userID {
+		// Only the owner is told, as for the amount.
+		return postgres.HoldEvent{}, false, newError(http.StatusBadRequest, field+" must be the hold's (or be left out)")
 	}
 	req.asset, req.network, req.toAddress = h.Asset, h.Network, h.ToAddress
 	if !req.amountGiven {
 		req.amount = h.Amount.String()
 	}
 	return h, true, nil
+}
+
+// unlikeHold names the first field a post or void gave that differs
+// from its hold's, or "".
+func unlikeHold(req paymentRequest, h postgres.HoldEvent) string {
+	switch {
+	case req.assetGiven && req.asset != h.Asset:
+		return "asset"
+	case req.network != "" && req.network != h.Network:
+		return "network"
+	case req.toAddress != "" && req.toAddress != h.ToAddress:
+		return "to_address"
+	}
+	return ""
 }
 
 // checkHoldAmount: an amount given on a post or void must equal its

@@ -293,3 +293,54 @@ func TestHoldOnANetworkTakenOutOfNetworks(t *testing.T) {
 	require.Equal(t, 1, countRows(t, after.dsn, `SELECT count(*) FROM holds WHERE hold_id = 'h-post' AND status = 'posted'`))
 	require.Equal(t, 1, countRows(t, after.dsn, `SELECT count(*) FROM balances WHERE user_id = 7 AND asset = 'USDC' AND balance = 75 AND held = 0`))
 }
+
+// TestPostOfNoHoldWithoutTheDefaultNetwork: a post or void whose hold id
+// names no hold is accepted where ETH_MAINNET (its placeholder network)
+// is not in NETWORKS, with or without a transaction: it asks no chain and
+// ends unknown_hold. It was a 400 naming a network its sender never did.
+func TestPostOfNoHoldWithoutTheDefaultNetwork(t *testing.T) {
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Networks = []string{"BASE_MAINNET"} }})
+	h.createUser(7)
+	for _, body := range [][]byte{
+		resolveBody("p-none", "withdrawal_post", 7, "no-such-hold", nil),
+		resolveBody("p-none-tx", "withdrawal_post", 7, "no-such-hold", map[string]string{"tx_hash": `"0x` + strings.Repeat("cd", 32) + `"`}),
+		resolveBody("v-none", "withdrawal_void", 7, "no-such-hold", nil),
+	} {
+		r := h.postPayment(body)
+		require.Equal(t, http.StatusOK, r.status, "%s", r.raw)
+		require.Equal(t, "accepted", r.body["status"], "%s", r.raw)
+	}
+	h.settleAll()
+	require.Equal(t, 3, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE hold_id = 'no-such-hold' AND status = 'failed' AND outcome = 'unknown_hold'`))
+}
+
+// TestResolveRepeatingItsHoldsFields: a post or void may repeat its
+// hold's asset, network and to_address; one that says otherwise is a 400
+// naming the field (they were silently replaced by the hold's), told only
+// to the hold's owner: another user's ends unknown_hold as before.
+func TestResolveRepeatingItsHoldsFields(t *testing.T) {
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Networks = []string{"ETH_MAINNET", "BASE_MAINNET"} }})
+	h.createUser(7)
+	h.createUser(8)
+	execSQL(t, h.dsn, `INSERT INTO balances (user_id, asset, balance, initial_balance) VALUES (7, 'ETH', 100, 100)`)
+	require.Equal(t, "accepted", h.postPayment(holdBody("h-1", 7, "10", map[string]string{"to_address": `"` + holdRecipient + `"`})).body["status"])
+	h.settleAll()
+
+	for field, extra := range map[string]map[string]string{
+		"asset":      {"asset": `"USDC"`},
+		"network":    {"network": `"BASE_MAINNET"`},
+		"to_address": {"to_address": `"0x00000000000000000000000000000000000000cd"`},
+	} {
+		r := h.postPayment(resolveBody("p-"+field, "withdrawal_post", 7, "h-1", extra))
+		requireCode(t, r, http.StatusBadRequest, httpapi.CodeInvalidRequest)
+		require.Contains(t, string(r.raw), field+" must be the hold's", field)
+		r = h.postPayment(resolveBody("o-"+field, "withdrawal_post", 8, "h-1", extra))
+		require.Equal(t, "accepted", r.body["status"], "another user's post learns nothing: %s", r.raw)
+	}
+	same := map[string]string{"asset": `"ETH"`, "network": `"ETH_MAINNET"`, "to_address": `"` + strings.ToLower(holdRecipient) + `"`}
+	require.Equal(t, "accepted", h.postPayment(resolveBody("p-same", "withdrawal_post", 7, "h-1", same)).body["status"])
+	h.settleAll()
+	require.Equal(t, 1, countRows(t, h.dsn, `SELECT count(*) FROM holds WHERE hold_id = 'h-1' AND status = 'posted' AND resolved_by = 'p-same'`))
+	require.Equal(t, 3, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id LIKE 'o-%' AND outcome = 'unknown_hold'`))
+	require.Zero(t, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE event_id LIKE 'p-%' AND event_id <> 'p-same'`))
+}

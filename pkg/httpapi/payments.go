@@ -57,6 +57,7 @@ type paymentRequest struct {
 	network     string
 	toAddress   string
 	amountGiven bool
+	assetGiven  bool
 }
 
 type webhookAnswer struct {
@@ -112,8 +113,9 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	}
 	// A void of a stored hold, or its post naming no transaction, asks no
 	// chain: the hold's network may have left NETWORKS since, and the
-	// funds it reserves must still be released or paid.
-	asksNoChain := hold != nil && (req.eventType == payment.WithdrawalVoid || req.txHash == "")
+	// funds it reserves must still be released or paid. Nor does a post
+	// or void naming no hold, whose network is only a placeholder.
+	asksNoChain := unknownHold || hold != nil && (req.eventType == payment.WithdrawalVoid || req.txHash == "")
 	if !s.networkEnabled(req.network) && !asksNoChain {
 		s.metrics.webhook(sourcePayments, outcomeRejected, CodeInvalidRequest)
 		return newError(http.StatusBadRequest, "network "+req.network+" is not enabled here (NETWORKS)")
@@ -309,6 +311,7 @@ func parsePayment(body []byte) (paymentRequest, *rejection) {
 		if req.asset, ok = jsonString(raw); !ok {
 			return req, &rejection{"invalid_asset", "asset must be a string"}
 		}
+		req.assetGiven = true
 	}
 
 	if raw, ok = fields["tx_hash"]; ok && !isJSONNull(raw) {

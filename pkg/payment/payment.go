@@ -268,6 +268,14 @@ func (e Event) Content() Content {
 // Key is the event's idempotency key.
 func (e Event) Key() string { return IdempotencyKey(e.ID, e.Type) }
 
+// ChainGated reports whether the event waits for the chain before the
+// ledger applies it: a credit or a post naming a transaction. A post
+// accepted while its hold id named no hold (stored with amount 0) pays
+// nothing out to check: the ledger ends it unknown_hold.
+func (e Event) ChainGated() bool {
+	return e.TxHash != "" && e.Type.ChainGated() && (e.Type != WithdrawalPost || !e.Amount.IsZero())
+}
+
 // String names the event in logs and errors, never with its amount.
 func (e Event) String() string {
 	return fmt.Sprintf("%s/%s", e.ID, e.Type)

@@ -343,7 +343,7 @@ func (w *Worker) checkChain(runs []eventRun) {
 	for i := range runs {
 		r := &runs[i]
 		r.item = &postgres.LedgerItem{Event: r.event}
-		if w.gate == nil || r.event.TxHash == "" || !r.event.Type.ChainGated() {
+		if w.gate == nil || !r.event.ChainGated() {
 			continue
 		}
 		slots <- struct{}{}
