@@ -201,7 +201,28 @@ func (c *Console) routes() {
 	m.HandleFunc("POST "+Prefix+"rescans", c.action(c.startRescan))
 	m.HandleFunc("POST "+Prefix+"rescans/{id}/cancel", c.action(c.cancelRescan))
 	m.Handle("GET "+Prefix+"static/", c.static)
+	m.HandleFunc(Prefix, c.noPage)
 	c.mux = m
+}
+
+// noPage answers a path or method no page serves in the API's error
+// shape, not the mux's plain text: 405 with Allow where the path takes
+// another method, else 404.
+func (c *Console) noPage(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		probe := r.Clone(r.Context())
+		probe.Method = method
+		if _, pattern := c.mux.Handler(probe); pattern != Prefix {
+			allow = append(allow, method)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		httpapi.WriteError(w, r, http.StatusMethodNotAllowed, "method not allowed")
+		return
+	}
+	httpapi.WriteError(w, r, http.StatusNotFound, "not found")
 }
 
 // ServeHTTP authenticates, sets the security headers and routes.

@@ -225,6 +225,31 @@ func TestAuthentication(t *testing.T) {
 	require.Contains(t, a.header.Get("Location"), "already_replayed")
 }
 
+// TestNoPageAnswersJSON: a path or method no page serves answers in the
+// API's error shape (the mux's plain text before), with Allow on a 405.
+func TestNoPageAnswersJSON(t *testing.T) {
+	f := newFixture(t)
+	for _, c := range []struct {
+		method, path, code, allow string
+		status                    int
+	}{
+		{http.MethodGet, "/admin/console/nope", "not_found", "", http.StatusNotFound},
+		{http.MethodGet, "/admin/console/dlq/1/replay/more", "not_found", "", http.StatusNotFound},
+		{http.MethodDelete, "/admin/console/", "method_not_allowed", "GET", http.StatusMethodNotAllowed},
+		{http.MethodPost, "/admin/console/events", "method_not_allowed", "GET", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/admin/console/dlq/1/replay", "method_not_allowed", "POST", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/admin/console/rescans", "method_not_allowed", "GET, POST", http.StatusMethodNotAllowed},
+	} {
+		a := f.do(c.method, c.path, basic("alice", adminToken), nil, nil)
+		require.Equal(t, c.status, a.status, "%s %s", c.method, c.path)
+		var body map[string]any
+		require.NoError(t, json.Unmarshal([]byte(a.body), &body), "%s %s: %s", c.method, c.path, a.body)
+		require.Equal(t, c.code, body["code"], "%s %s", c.method, c.path)
+		require.NotEmpty(t, body["trace_id"])
+		require.Equal(t, c.allow, a.header.Get("Allow"), "%s %s", c.method, c.path)
+	}
+}
+
 func TestCSRFRefusals(t *testing.T) {
 	f := newFixture(t)
 	id := f.deadLetter("dep-csrf")
