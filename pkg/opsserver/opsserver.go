@@ -30,8 +30,12 @@ type Server struct {
 	log  zerolog.Logger
 }
 
-// CodeUnavailable is the error code of a 503 /readyz, as the api's.
-const CodeUnavailable = "unavailable"
+// The error codes this server answers with, as the api's.
+const (
+	CodeUnavailable      = "unavailable"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+)
 
 // Ready says whether the process can do its work: the state of each
 // dependency by name ("postgres": "unreachable", say) and, when one is not
@@ -69,7 +73,16 @@ func New(addr string, gatherer prometheus.Gatherer, ready Ready, log zerolog.Log
 		writeJSON(w, http.StatusOK, readyJSON{Status: "ready", Checks: checks, TraceID: traceID})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found", "trace_id": w.Header().Get("X-Request-ID")})
+		traceID := w.Header().Get("X-Request-ID")
+		// Every route takes GET (and HEAD): another method on one is a 405.
+		probe := r.Clone(r.Context())
+		probe.Method = http.MethodGet
+		if _, pattern := mux.Handler(probe); pattern != "/" {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "method not allowed", "code": CodeMethodNotAllowed, "trace_id": traceID})
+			return
+		}
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found", "code": CodeNotFound, "trace_id": traceID})
 	})
 	return &Server{log: log, http: &http.Server{Addr: addr, Handler: withRequestID(mux), ReadHeaderTimeout: readHeaderTimeout}}
 }

@@ -143,3 +143,37 @@ func TestReadyzReady(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	require.JSONEq(t, `{"status":"ready","checks":{"postgres":"ok","redis":"ok","migrations":"current"},"trace_id":"`+resp.Header.Get("X-Request-ID")+`"}`, string(body))
 }
+
+// TestUnknownRoutesAnswerJSON: what the ops server does not serve answers
+// in the api's error shape with a code: 404, or 405 with Allow for a
+// route another method takes.
+func TestUnknownRoutesAnswerJSON(t *testing.T) {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	s := opsserver.New(addr, prometheus.NewRegistry(), func(context.Context) (map[string]string, error) { return nil, nil }, zerolog.Nop())
+	require.NoError(t, s.Start())
+	defer func() { _ = s.Shutdown(context.Background()) }()
+	for _, c := range []struct {
+		method, path, code, allow string
+		status                    int
+	}{
+		{http.MethodGet, "/nope", "not_found", "", http.StatusNotFound},
+		{http.MethodPost, "/metrics", "method_not_allowed", "GET, HEAD", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/readyz", "method_not_allowed", "GET, HEAD", http.StatusMethodNotAllowed},
+	} {
+		req, err := http.NewRequest(c.method, "http://"+addr+c.path, nil)
+		require.NoError(t, err)
+		req.Header.Set("X-Request-ID", "probe-1")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, c.status, resp.StatusCode, "%s %s", c.method, c.path)
+		require.Equal(t, c.allow, resp.Header.Get("Allow"), "%s %s", c.method, c.path)
+		var got map[string]string
+		require.NoError(t, json.Unmarshal(body, &got), string(body))
+		require.Equal(t, c.code, got["code"], "%s %s", c.method, c.path)
+		require.Equal(t, "probe-1", got["trace_id"])
+	}
+}
