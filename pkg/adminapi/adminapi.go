@@ -306,7 +306,7 @@ func DashboardWith(client redis.UniversalClient, o DashboardOptions) httpapi.Mou
 		ReadOnly:          o.ReadOnly,
 		PrometheusAddress: o.PrometheusURL,
 	})
-	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: dashboardHeaders(dashboardPolicy(handler), refuseCrossSite(jsonErrors(handler)))}
+	return httpapi.Mount{Prefix: dashboardRoot + "/", Handler: dashboardHeaders(dashboardPolicy(handler), refuseCrossSite(jsonErrors(handler, logging.NewRedactor(o.PrometheusURL))))}
 }
 
 // refuseCrossSite answers 403 to a dashboard action another site's page

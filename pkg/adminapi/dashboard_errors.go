@@ -22,15 +22,16 @@ const asynqNotFound = "NOT_FOUND"
 // jsonErrors answers asynqmon's errors, plain text from http.Error, in
 // the API's JSON error shape, so that every error of the api is one
 // shape. Its successes (HTML, scripts, JSON) and JSON errors pass as
-// they are.
-func jsonErrors(next http.Handler) http.Handler {
+// they are. Their text goes through redact: asynqmon's Metrics tab quotes
+// the whole Prometheus URL it failed to query.
+func jsonErrors(next http.Handler, redact *logging.Redactor) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ew := &errorWriter{ResponseWriter: w}
 		next.ServeHTTP(ew, r)
 		if !ew.replacing {
 			return
 		}
-		status, text := ew.status, strings.TrimSpace(ew.text.String())
+		status, text := ew.status, redact.String(strings.TrimSpace(ew.text.String()))
 		message := text
 		switch {
 		case status == http.StatusInternalServerError && strings.Contains(text, asynqNotFound):

@@ -1,15 +1,18 @@
 package adminapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/logging"
 )
 
 // TestJSONErrors: what asynqmon answers, through jsonErrors. Successes and
@@ -53,7 +56,7 @@ func TestJSONErrors(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			jsonErrors(c.handler).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/queues/api/x", nil))
+			jsonErrors(c.handler, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/queues/api/x", nil))
 			require.Equal(t, c.status, rec.Code)
 			if c.code == "" {
 				require.Equal(t, c.body, rec.Body.String())
@@ -67,4 +70,24 @@ func TestJSONErrors(t *testing.T) {
 			require.Contains(t, body, "trace_id")
 		})
 	}
+}
+
+// TestJSONErrorsLogNoPrometheusURL: asynqmon's Metrics tab answers a
+// failed query with the whole Prometheus URL in its text; the log line
+// names its scheme and host only.
+func TestJSONErrorsLogNoPrometheusURL(t *testing.T) {
+	const prometheus = "http://127.0.0.1:9/prom-path-key-0123456789abcdef"
+	var logged bytes.Buffer
+	failing := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, `failed to fetch "rate(x[5m])": Get "`+prometheus+`/api/v1/query_range?end=1": dial tcp 127.0.0.1:9: connection refused`, http.StatusInternalServerError)
+	})
+	req := httptest.NewRequest(http.MethodGet, "/admin/queues/api/metrics", nil)
+	req = req.WithContext(zerolog.New(&logged).WithContext(req.Context()))
+	rec := httptest.NewRecorder()
+	jsonErrors(failing, logging.NewRedactor(prometheus)).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	require.Contains(t, logged.String(), "http://127.0.0.1:9")
+	require.Contains(t, logged.String(), "connection refused")
+	require.NotContains(t, logged.String(), "prom-path-key")
+	require.NotContains(t, rec.Body.String(), "127.0.0.1")
 }
