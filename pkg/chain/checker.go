@@ -352,6 +352,7 @@ func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdi
 		}
 		r.TxTo, r.TxValue = tx.To, tx.Value
 	}
+	credit := v
 	recipients := d.Recipients
 	if len(recipients) == 0 && d.Owner != nil && r.TxTo != "" {
 		owned, err := d.Owner.Owned(ctx, []string{r.TxTo})
@@ -359,12 +360,12 @@ func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdi
 			return Verdict{}, err
 		}
 		if len(owned) == 0 {
-			v.State, v.Reason, v.Transfers = Mismatch, fmt.Sprintf("the transaction pays %s, which is not a deposit address of the user", r.TxTo), nil
-			return v, nil
+			v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction pays %s, which is not a deposit address of the user", r.TxTo)
 		}
 		recipients = owned
 	}
 	switch {
+	case v.State != Credit:
 	case r.TxTo == "":
 		v.State, v.Reason = Mismatch, "the transaction creates a contract; it pays no deposit address"
 	case len(recipients) > 0 && !slices.Contains(recipients, r.TxTo):
@@ -372,10 +373,63 @@ func (c *Checker) checkValue(ctx context.Context, d Deposit, r *Receipt, v Verdi
 	case r.TxValue.Cmp(d.Amount) != 0:
 		v.State, v.Reason = Mismatch, fmt.Sprintf("the transaction carries %s base units, the deposit says %s", r.TxValue, d.Amount)
 	}
-	if v.State != Credit {
-		v.Transfers = nil
+	if v.State == Credit {
+		return v, nil
+	}
+	v.Transfers = nil
+	if d.Index == "" && !c.internalStatusOnly {
+		return c.paidByACall(ctx, d, credit, v)
 	}
 	return v, nil
+}
+
+// paidByACall looks, for a native deposit (or payout) that names no
+// transfer and that the transaction's own value does not pay, for ETH a
+// call inside the transaction paid it: how a smart wallet (a Safe, an
+// account contract) sends. Each such frame paying exactly the amount to a
+// recipient (else an address of the owner) is a candidate, named as a
+// provider names it (trace:<address>), for the ledger to claim the first
+// no other event holds. Without the debug API the mismatch stands and
+// says so.
+func (c *Checker) paidByACall(ctx context.Context, d Deposit, credit, mismatch Verdict) (Verdict, error) {
+	found, err := c.client.TxInternalTransfers(ctx, d.TxHash)
+	if errors.Is(err, ErrTxTraceUnsupported) {
+		mismatch.Reason += "; ETH paid by a call inside it was not looked for: the endpoint does not serve debug_traceTransaction"
+		return mismatch, nil
+	}
+	if err != nil {
+		return Verdict{}, err
+	}
+	var paying []InternalTransfer
+	var to []string
+	for _, t := range found {
+		if t.Value.Cmp(d.Amount) == 0 {
+			paying = append(paying, t)
+			if !slices.Contains(to, t.To) {
+				to = append(to, t.To)
+			}
+		}
+	}
+	recipients := d.Recipients
+	if len(recipients) == 0 && len(to) > 0 {
+		recipients = to // no recipient named, and no owner: the value only
+		if d.Owner != nil {
+			if recipients, err = d.Owner.Owned(ctx, to); err != nil {
+				return Verdict{}, err
+			}
+		}
+	}
+	credit.Transfers = nil
+	for _, t := range paying {
+		if slices.Contains(recipients, t.To) {
+			credit.Transfers = append(credit.Transfers, t.Index())
+		}
+	}
+	if len(credit.Transfers) == 0 {
+		return mismatch, nil
+	}
+	credit.Reason += fmt.Sprintf("; paid by a call inside the transaction (%s)", strings.Join(credit.Transfers, ", "))
+	return credit, nil
 }
 
 // checkTrace holds an internal deposit about to be credited against the

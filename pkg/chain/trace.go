@@ -182,18 +182,10 @@ func ParseBlockTraces(raw json.RawMessage, number uint64) ([]InternalTransfer, e
 		out  []InternalTransfer
 		hash string
 	)
-	w := traceWalk{where: fmt.Sprintf("block %d", number), visit: func(f *callFrame, typ string, path []int, failed string) error {
-		if path == nil || failed != "" || typ != "CALL" {
-			return nil
-		}
-		t, ok, err := internalTransfer(f, typ, path)
-		if err != nil || !ok {
-			return err
-		}
+	w := traceWalk{where: fmt.Sprintf("block %d", number), visit: transfersOf(func(t InternalTransfer) {
 		t.TxHash, t.BlockNumber = hash, number
 		out = append(out, t)
-		return nil
-	}}
+	})}
 	for i, tx := range txs {
 		if tx.TxHash == nil {
 			return nil, fmt.Errorf("trace %d lacks txHash", i)
@@ -211,6 +203,22 @@ func ParseBlockTraces(raw json.RawMessage, number uint64) ([]InternalTransfer, e
 		}
 	}
 	return out, nil
+}
+
+// transfersOf is a traceWalk's visit that hands add each internal
+// transfer: a CALL below the transaction's own frame that carries value
+// and lies under no frame that failed.
+func transfersOf(add func(InternalTransfer)) func(f *callFrame, typ string, path []int, failed string) error {
+	return func(f *callFrame, typ string, path []int, failed string) error {
+		if path == nil || failed != "" || typ != "CALL" {
+			return nil
+		}
+		t, ok, err := internalTransfer(f, typ, path)
+		if ok {
+			add(t)
+		}
+		return err
+	}
 }
 
 // traceWalk numbers a trace's frames the one way every reporter does and
@@ -345,15 +353,9 @@ func parseTraceAddress(address string) (typ string, path []int, ok bool) {
 // block's (calls to precompiles take no place); found is false when the
 // trace has no frame there.
 func ParseTransactionTrace(raw json.RawMessage, path []int) (call TracedCall, found bool, err error) {
-	if len(raw) > traceBlockBytesMax {
-		return TracedCall{}, false, fmt.Errorf("trace answer of %d bytes, at most %d", len(raw), traceBlockBytesMax)
-	}
-	if len(raw) == 0 || string(raw) == "null" {
-		return TracedCall{}, false, errors.New("no trace")
-	}
-	var top callFrame
-	if err := json.Unmarshal(raw, &top); err != nil {
-		return TracedCall{}, false, fmt.Errorf("decode trace: %w", err)
+	top, err := decodeTransactionTrace(raw)
+	if err != nil {
+		return TracedCall{}, false, err
 	}
 	var at *callFrame
 	w := traceWalk{where: "the transaction", visit: func(f *callFrame, typ string, p []int, failed string) error {
@@ -362,7 +364,7 @@ func ParseTransactionTrace(raw json.RawMessage, path []int) (call TracedCall, fo
 		}
 		return nil
 	}}
-	if err := w.frame(&top, nil, 0, ""); err != nil {
+	if err := w.frame(top, nil, 0, ""); err != nil {
 		return TracedCall{}, false, err
 	}
 	if at == nil {
@@ -377,6 +379,37 @@ func ParseTransactionTrace(raw json.RawMessage, path []int) (call TracedCall, fo
 		}
 	}
 	return call, true, nil
+}
+
+// ParseTransactionTransfers reads a callTracer answer of
+// debug_traceTransaction: the internal transfers in it, numbered and
+// chosen as ParseBlockTraces numbers and chooses a block's.
+func ParseTransactionTransfers(raw json.RawMessage) ([]InternalTransfer, error) {
+	top, err := decodeTransactionTrace(raw)
+	if err != nil {
+		return nil, err
+	}
+	var out []InternalTransfer
+	w := traceWalk{where: "the transaction", visit: transfersOf(func(t InternalTransfer) { out = append(out, t) })}
+	if err := w.frame(top, nil, 0, ""); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decodeTransactionTrace decodes one transaction's callTracer answer.
+func decodeTransactionTrace(raw json.RawMessage) (*callFrame, error) {
+	if len(raw) > traceBlockBytesMax {
+		return nil, fmt.Errorf("trace answer of %d bytes, at most %d", len(raw), traceBlockBytesMax)
+	}
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errors.New("no trace")
+	}
+	var top callFrame
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return nil, fmt.Errorf("decode trace: %w", err)
+	}
+	return &top, nil
 }
 
 // ProbeTxTraces asks debug_traceTransaction with the call tracer about a
@@ -407,6 +440,38 @@ func (c *Client) ProbeTxTraces(ctx context.Context) error {
 // ParseTransactionTrace). A node without the debug API answers
 // ErrTxTraceUnsupported.
 func (c *Client) TracedCallAt(ctx context.Context, txHash string, path []int) (TracedCall, bool, error) {
+	raw, err := c.traceTransaction(ctx, txHash)
+	if err != nil {
+		return TracedCall{}, false, err
+	}
+	call, found, err := ParseTransactionTrace(raw, path)
+	if err != nil {
+		return TracedCall{}, false, payment.Unavailable("chain "+MethodTraceTx, fmt.Errorf("transaction %s: %w", txHash, err))
+	}
+	return call, found, nil
+}
+
+// TxInternalTransfers traces one transaction with the call tracer and
+// returns its internal transfers (see ParseTransactionTransfers). A node
+// without the debug API answers ErrTxTraceUnsupported.
+func (c *Client) TxInternalTransfers(ctx context.Context, txHash string) ([]InternalTransfer, error) {
+	raw, err := c.traceTransaction(ctx, txHash)
+	if err != nil {
+		return nil, err
+	}
+	out, err := ParseTransactionTransfers(raw)
+	if err != nil {
+		return nil, payment.Unavailable("chain "+MethodTraceTx, fmt.Errorf("transaction %s: %w", txHash, err))
+	}
+	for i := range out {
+		out[i].TxHash = txHash
+	}
+	return out, nil
+}
+
+// traceTransaction is debug_traceTransaction's callTracer answer for one
+// transaction; ErrTxTraceUnsupported from a node without the debug API.
+func (c *Client) traceTransaction(ctx context.Context, txHash string) (json.RawMessage, error) {
 	var raw json.RawMessage
 	err := c.call(ctx, MethodTraceTx, func(ctx context.Context) error {
 		err := c.rpc.CallContext(ctx, &raw, MethodTraceTx, txHash, map[string]any{"tracer": "callTracer"})
@@ -417,14 +482,7 @@ func (c *Client) TracedCallAt(ctx context.Context, txHash string, path []int) (T
 		return err
 	})
 	if errors.Is(err, ErrTxTraceUnsupported) {
-		return TracedCall{}, false, ErrTxTraceUnsupported
+		return nil, ErrTxTraceUnsupported
 	}
-	if err != nil {
-		return TracedCall{}, false, err
-	}
-	call, found, err := ParseTransactionTrace(raw, path)
-	if err != nil {
-		return TracedCall{}, false, payment.Unavailable("chain "+MethodTraceTx, fmt.Errorf("transaction %s: %w", txHash, err))
-	}
-	return call, found, nil
+	return raw, err
 }

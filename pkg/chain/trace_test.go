@@ -345,6 +345,95 @@ func TestInternalDepositWithoutDebugAPI(t *testing.T) {
 	require.NoError(t, w.latest(ctx), "the breaker is shut: the node answered")
 }
 
+// TestNativeDepositPaidByACall: a native deposit naming no transfer that
+// the transaction's own value does not pay (a smart wallet's send: the
+// value goes to the wallet, a call inside pays the user) is credited from
+// the trace when a frame pays one of its recipients exactly the amount:
+// its candidates are those frames, named as providers name them. Anything
+// else stays the own value's mismatch; a deposit naming "native" is not
+// looked for elsewhere, nor is one under status-only checking.
+func TestNativeDepositPaidByACall(t *testing.T) {
+	ctx := testContext(t)
+	ch := startChain(t)
+	w := newWorker(t, ch.URL(), workerOptions{})
+	forwarder, _, err := ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	const (
+		to    = "0x3333333333333333333333333333333333333333"
+		other = "0x4444444444444444444444444444444444444444"
+	)
+	direct, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(5), devchain.ForwardDirect)
+	require.NoError(t, err)
+	nested, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(7), devchain.ForwardNested)
+	require.NoError(t, err)
+	reverted, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(11), devchain.ForwardReverted)
+	require.NoError(t, err)
+	native := func(tx devchain.Tx, amount int64, owner ...string) Deposit {
+		return Deposit{TxHash: tx.Hash, Amount: big.NewInt(amount), Owner: ownerOf(owner)}
+	}
+	policy := NonePolicy()
+
+	for name, tc := range map[string]struct {
+		d    Deposit
+		want []string
+	}{
+		"a call pays the user":         {native(direct, 5, other, to), []string{"trace:call_0"}},
+		"a nested call pays the user":  {native(nested, 7, to), []string{"trace:call_0_0"}},
+		"a named recipient":            {Deposit{TxHash: direct.Hash, Amount: big.NewInt(5), Recipients: []string{to}}, []string{"trace:call_0"}},
+		"the value only: its own":      {Deposit{TxHash: direct.Hash, Amount: big.NewInt(5)}, []string{payment.TransferNative}},
+		"the owner's own value stands": {native(direct, 5, forwarder), []string{payment.TransferNative}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := check(t, w, tc.d, policy)
+			require.Equal(t, Credit, v.State, v.Reason)
+			require.Equal(t, tc.want, v.Transfers)
+		})
+	}
+	notTheUsers := "the transaction pays " + forwarder + ", which is not a deposit address of the user"
+	namedNative := native(direct, 5, to)
+	namedNative.Index = payment.TransferNative
+	for name, tc := range map[string]struct {
+		d      Deposit
+		reason string
+	}{
+		"another amount":         {native(direct, 6, to), notTheUsers},
+		"another user's address": {native(direct, 5, other), notTheUsers},
+		"a rolled-back call":     {native(reverted, 11, to), notTheUsers},
+		"named native":           {namedNative, notTheUsers},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := check(t, w, tc.d, policy)
+			require.Equal(t, Mismatch, v.State)
+			require.Equal(t, tc.reason, v.Reason)
+			require.Empty(t, v.Transfers)
+		})
+	}
+
+	// Mined again elsewhere, it keeps its credit while a call still pays.
+	moved, err := w.checker.StillCanonical(ctx, native(direct, 5, to), direct.BlockNumber, nested.BlockHash)
+	require.NoError(t, err)
+	require.Equal(t, Moved, moved.State, moved.Reason)
+
+	statusOnly := NewChecker(w.client, CheckerOptions{InternalStatusOnly: true, NotFinalTTL: -1, Registerer: prometheus.NewRegistry()})
+	v, err := statusOnly.CheckDeposit(ctx, native(direct, 5, to), policy)
+	require.NoError(t, err)
+	require.Equal(t, Mismatch, v.State, "status-only checking credits only what a trace index names")
+
+	// A node without the debug API: the mismatch stands, and says why.
+	bare, err := devchain.Serve(ctx, devchain.Options{Manual: true, NoTraces: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, bare.Close()) })
+	wb := newWorker(t, bare.URL(), workerOptions{})
+	fw, _, err := bare.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	sent, err := bare.SendForward(ctx, 0, fw, to, big.NewInt(5), devchain.ForwardDirect)
+	require.NoError(t, err)
+	v = check(t, wb, native(sent, 5, to), policy)
+	require.Equal(t, Mismatch, v.State)
+	require.Contains(t, v.Reason, "not looked for: the endpoint does not serve debug_traceTransaction")
+	require.NoError(t, wb.latest(ctx), "the breaker is shut: the node answered")
+}
+
 // FuzzTransactionTrace: a node's trace of a transaction never panics the
 // parser, and a frame it finds carries a value and, if any, a recipient
 // in their one spelling.
@@ -357,6 +446,13 @@ func FuzzTransactionTrace(f *testing.F) {
 		_, path, ok := parseTraceAddress(address)
 		if !ok {
 			return
+		}
+		if transfers, err := ParseTransactionTransfers(raw); err == nil {
+			for _, tr := range transfers {
+				if tr.Value.Sign() <= 0 || len(tr.To) != addressHexLength || tr.To != strings.ToLower(tr.To) || !payment.ValidTraceAddress(tr.TraceAddress) {
+					t.Fatalf("not a transfer as the chain shows it: %+v", tr)
+				}
+			}
 		}
 		call, found, err := ParseTransactionTrace(raw, path)
 		if err != nil || !found {

@@ -303,3 +303,29 @@ func (f *internalFixture) chainState(id string) string {
 	require.NoError(f.t, f.conn.QueryRow(f.ctx, `SELECT COALESCE(chain_state, '') FROM payment_events WHERE event_id = $1`, id).Scan(&s))
 	return s
 }
+
+// TestPaymentsDepositPaidByACall: a /webhook/payments ETH deposit naming
+// no transfer, sent from a contract wallet (the value goes to the wallet,
+// a call inside pays the user), is credited claiming that call's frame;
+// a provider's report of the same frame is then a duplicate_transfer.
+func TestPaymentsDepositPaidByACall(t *testing.T) {
+	f := newInternalFixture(t, false)
+	sent := f.forward(f.to, "0.5", devchain.ForwardDirect)
+	f.report("payments", sent, "", "0.5", "")
+	credits := f.checkAll(1)
+	require.Contains(t, credits, "payments")
+	require.Equal(t, []string{"trace:call_0"}, credits["payments"].Chain.Transfers)
+	_, err := f.db.ApplyBatch(f.ctx, []postgres.LedgerItem{*credits["payments"]}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+
+	f.report("provider", sent, "trace:call_0", "0.5", f.to)
+	credits = f.checkAll(1)
+	require.Contains(t, credits, "provider")
+	_, err = f.db.ApplyBatch(f.ctx, []postgres.LedgerItem{*credits["provider"]}, postgres.LedgerOptions{})
+	require.NoError(t, err)
+	for id, want := range map[string]string{"payments": "confirmed/success", "provider": "failed/duplicate_transfer"} {
+		status, _ := f.state(id)
+		require.Equal(t, want, status, id)
+	}
+	testenv.RequireInvariants(t, f.db)
+}
