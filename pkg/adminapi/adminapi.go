@@ -257,6 +257,8 @@ func writeStoreError(w http.ResponseWriter, r *http.Request, err error) {
 		httpapi.WriteError(w, r, http.StatusConflict, "the entry was discarded and cannot be replayed")
 	case errors.Is(err, postgres.ErrReplayed):
 		httpapi.WriteError(w, r, http.StatusConflict, "the entry was replayed and cannot be discarded")
+	case errors.Is(err, postgres.ErrFailureReplayed):
+		httpapi.WriteError(w, r, http.StatusConflict, "the failure this entry records was replayed since through another entry, so the event runs again; replay this entry to close it")
 	case errors.Is(err, postgres.ErrNoEvent):
 		httpapi.WriteError(w, r, http.StatusConflict, "the entry names no stored event; discard it instead")
 	case errors.Is(err, payment.ErrInvalid):

@@ -210,6 +210,8 @@ func conflictText(err error) string {
 		return "Refused: the entry was discarded and cannot be replayed."
 	case errors.Is(err, postgres.ErrReplayed):
 		return "Refused: the entry was replayed and cannot be discarded."
+	case errors.Is(err, postgres.ErrFailureReplayed):
+		return "Refused: the failure this entry records was replayed since through another entry, so the event runs again; replay this entry to close it."
 	case errors.Is(err, postgres.ErrNoEvent):
 		return "Refused: the entry names no stored event; discard it instead."
 	case errors.Is(err, postgres.ErrRescanEnded):

@@ -35,6 +35,10 @@ var (
 	ErrDiscarded = fmt.Errorf("%w: the entry was discarded and cannot be replayed", payment.ErrConflict)
 	ErrReplayed  = fmt.Errorf("%w: the entry was replayed and cannot be discarded", payment.ErrConflict)
 	ErrNoEvent   = fmt.Errorf("%w: the entry names no stored event; only discarding it is possible", payment.ErrConflict)
+	// ErrFailureReplayed: the entry is still open, but the failure it
+	// records was replayed through another entry since (a copy drained
+	// late): the event runs again, so discarding it would decide nothing.
+	ErrFailureReplayed = fmt.Errorf("%w: the failure this entry records was replayed since through another entry; replay it to close it", payment.ErrConflict)
 )
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetterView, error) {
@@ -164,6 +168,15 @@ func (db *DB) ReplayDeadLetter(ctx context.Context, id int64, who, why string) (
 	if _, err := tx.Exec(ctx, stmt.text, id, "replayed", who, why); err != nil {
 		return "", classify(stmt.name, err)
 	}
+	if result == Reopened {
+		// The decision is about the failure, as a discard's is: its other
+		// open entries close with it, so a discard of one cannot answer
+		// "discarded" for an event that runs again.
+		stmt = q("dlq_replay_siblings")
+		if _, err := tx.Exec(ctx, stmt.text, eventID, generation, who, fmt.Sprintf("replayed through entry %d", id)); err != nil {
+			return "", classify(stmt.name, err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return "", classify("replay dead letter commit", err)
 	}
@@ -183,7 +196,7 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 		return false, classify("discard dead letter", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	eventID, resolution, _, err := lockDeadLetter(ctx, tx, id)
+	eventID, resolution, generation, err := lockDeadLetter(ctx, tx, id)
 	if err != nil {
 		return false, err
 	}
@@ -192,6 +205,13 @@ func (db *DB) DiscardDeadLetter(ctx context.Context, id int64, who, why string) 
 		return false, nil
 	case "replayed":
 		return false, ErrReplayed
+	}
+	states, err := eventStates(ctx, tx, []string{eventID})
+	if err != nil {
+		return false, err
+	}
+	if state := states[eventID]; state.Found && state.Generation > generation {
+		return false, ErrFailureReplayed
 	}
 	stmt := q("dlq_resolve")
 	if _, err := tx.Exec(ctx, stmt.text, id, "discarded", who, why); err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 
 	"github.com/settle/settle/pkg/payment"
@@ -67,11 +68,11 @@ func TestReplayOfASettledEventIsSuperseded(t *testing.T) {
 	ctx := context.Background()
 	task := f.enqueue("dl-2", payment.Deposit, 1, "ETH", "1")
 	first := f.deadLetter(task, "attempt one")
-	// A second row for the same event (another failed attempt, drained
-	// late from the Redis fallback).
-	ids, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: "dl-2", EventType: "deposit", Error: "attempt two", Source: payment.SourceDrain}})
+	_, err := f.db.ReplayDeadLetter(ctx, first, "alice", "")
 	require.NoError(t, err)
-	_, err = f.db.ReplayDeadLetter(ctx, first, "alice", "")
+	// A second row for the same failure (another failed attempt, drained
+	// late from the Redis fallback, after the replay closed the others).
+	ids, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: "dl-2", EventType: "deposit", Error: "attempt two", Source: payment.SourceDrain}})
 	require.NoError(t, err)
 	claimed, err := f.db.ClaimOutbox(ctx, 10, 0, postgres.TaskEventsMax)
 	require.NoError(t, err)
@@ -147,6 +148,7 @@ func TestDiscardIsAboutTheEvent(t *testing.T) {
 	require.Equal(t, payment.StatusFailed, status)
 	require.True(t, f.balance(1, "ETH").Equal(dec("10")), "nothing debited")
 
+	reopened := 0
 	for i := range 20 {
 		id := fmt.Sprintf("wd-race-%d", i)
 		task := f.enqueue(id, payment.Withdrawal, 1, "ETH", "0.1")
@@ -156,20 +158,60 @@ func TestDiscardIsAboutTheEvent(t *testing.T) {
 		var wg sync.WaitGroup
 		var replayErr, discardErr error
 		var replayed postgres.ReplayResult
+		var discarded bool
 		wg.Add(2)
 		go func() { defer wg.Done(); replayed, replayErr = f.db.ReplayDeadLetter(ctx, other[0], "bob", "") }()
-		go func() { defer wg.Done(); _, discardErr = f.db.DiscardDeadLetter(ctx, one, "alice", "never") }()
+		go func() { defer wg.Done(); discarded, discardErr = f.db.DiscardDeadLetter(ctx, one, "alice", "never") }()
 		wg.Wait()
-		require.NoError(t, discardErr)
 		status, _ := f.status(id)
 		if replayErr == nil {
 			require.Equal(t, postgres.Reopened, replayed, "the replay came first")
+			require.ErrorIs(t, discardErr, postgres.ErrReplayed, "so the discard is refused, not told it discarded")
+			require.False(t, discarded)
 			require.NotEqual(t, payment.StatusFailed, status)
+			entry, err := f.db.DeadLetter(ctx, one)
+			require.NoError(t, err)
+			require.Equal(t, "replayed", entry.Resolution, "closed with its sibling")
+			f.apply(f.enqueueClaimed(id))
+			reopened++
 			continue
 		}
+		require.NoError(t, discardErr)
+		require.True(t, discarded)
 		require.ErrorIs(t, replayErr, postgres.ErrDiscarded, "the discard came first")
 		require.Equal(t, payment.StatusFailed, status)
 	}
+	// The replayed withdrawals are debited once each; the discarded none.
+	t.Logf("replay won %d of 20 races", reopened)
+	require.True(t, f.balance(1, "ETH").Equal(dec("10").Sub(dec("0.1").Mul(decimal.NewFromInt(int64(reopened))))))
+	require.Equal(t, reopened, f.count(`SELECT count(*) FROM balance_events WHERE source_event_id LIKE 'wd-race-%'`))
+	require.Zero(t, f.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id LIKE 'wd-race-%' AND resolution IS NULL`))
+}
+
+// TestDiscardOfAReplayedFailuresLateCopy: a copy of a failure drained
+// after that failure was replayed is still open, but the event runs
+// again: discarding it is refused (it would answer "discarded" for an
+// event that is debited), and replaying it closes it as superseded.
+func TestDiscardOfAReplayedFailuresLateCopy(t *testing.T) {
+	f := newFixture(t)
+	f.user(1, map[string]string{"ETH": "10"})
+	ctx := context.Background()
+	task := f.enqueue("wd-late", payment.Withdrawal, 1, "ETH", "4")
+	first := f.deadLetter(task, "retries exhausted")
+	result, err := f.db.ReplayDeadLetter(ctx, first, "bob", "node was down")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Reopened, result)
+	late, err := f.db.InsertDeadLetters(ctx, []payment.DeadLetter{{EventID: task.ID, EventType: string(task.Type), Error: "drained late",
+		Generation: task.Generation, Source: payment.SourceDrain}})
+	require.NoError(t, err)
+	changed, err := f.db.DiscardDeadLetter(ctx, late[0], "alice", "never")
+	require.ErrorIs(t, err, postgres.ErrFailureReplayed)
+	require.False(t, changed)
+	status, _ := f.status("wd-late")
+	require.Equal(t, payment.StatusPending, status, "the replay stands")
+	result, err = f.db.ReplayDeadLetter(ctx, late[0], "alice", "")
+	require.NoError(t, err)
+	require.Equal(t, postgres.Superseded, result)
 }
 
 func TestReplayedEntryCannotBeDiscardedAndOrphansCannotBeReplayed(t *testing.T) {
@@ -247,9 +289,10 @@ func TestUncoveredCompensationSeenAgainAlerts(t *testing.T) {
 
 // TestReplayOfAnOlderEntryLeavesANewerFailure: an event with two entries
 // for its failure in one generation (written before letters carried
-// their key) is replayed through one, fails again in the next generation,
-// and then the other old entry is replayed. It answers superseded and
-// leaves the new failure alone; only the new failure's entry reopens it.
+// their key) is replayed through one, which closes the other, and fails
+// again in the next generation. Replaying the other old entry answers
+// already replayed, a copy of the old failure drained late superseded,
+// and both leave the new failure alone; only its own entry reopens it.
 func TestReplayOfAnOlderEntryLeavesANewerFailure(t *testing.T) {
 	f := newFixture(t)
 	f.user(1, nil)
@@ -269,17 +312,17 @@ func TestReplayOfAnOlderEntryLeavesANewerFailure(t *testing.T) {
 	newer := f.deadLetter(claimed[0].Event, "attempt two")
 	generation := f.count(`SELECT generation FROM payment_events WHERE event_id = 'dl-gen'`)
 
+	old, err := f.db.DeadLetter(ctx, copies[0])
+	require.NoError(t, err)
+	require.Equal(t, "replayed", old.Resolution, "closed with the failure it records")
+	require.Equal(t, fmt.Sprintf("replayed through entry %d", first), old.Reason)
 	result, err = f.db.ReplayDeadLetter(ctx, copies[0], "bob", "")
 	require.NoError(t, err)
-	require.Equal(t, postgres.Superseded, result, "the old entry's failure was replayed already")
+	require.Equal(t, postgres.AlreadyReplayed, result, "the old entry's failure was replayed already")
 	status, outcome := f.status("dl-gen")
 	require.Equal(t, payment.StatusFailed, status, "the newer failure stays for its own entry")
 	require.Equal(t, "dead_lettered", outcome)
 	require.Equal(t, generation, f.count(`SELECT generation FROM payment_events WHERE event_id = 'dl-gen'`))
-	old, err := f.db.DeadLetter(ctx, copies[0])
-	require.NoError(t, err)
-	require.Equal(t, "replayed", old.Resolution, "closed")
-	require.Contains(t, old.Reason, "the entry is of generation")
 	open, err := f.db.DeadLetter(ctx, newer)
 	require.NoError(t, err)
 	require.Empty(t, open.Resolution)

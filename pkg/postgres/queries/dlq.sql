@@ -79,6 +79,13 @@ UPDATE dead_letter_queue
 SET resolution = 'discarded', resolved_by = $2, resolved_at = now(), resolution_reason = NULLIF($3, '')
 WHERE event_id = $1 AND resolution IS NULL;
 
+-- name: dlq_replay_siblings
+-- The other open entries of a failure just replayed (the event's, of
+-- that generation), closed with it.
+UPDATE dead_letter_queue
+SET resolution = 'replayed', resolved_by = $3, resolved_at = now(), resolution_reason = $4
+WHERE event_id = $1 AND generation = $2 AND resolution IS NULL;
+
 -- name: reopen_for_replay
 -- transition: failed -> pending
 -- A human replays a dead-lettered event: back to the outbox under a new
