@@ -213,9 +213,7 @@ func readDecision(w http.ResponseWriter, r *http.Request) (decision, bool) {
 		return d, false
 	}
 	if len(strings.TrimSpace(string(body))) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&d); err != nil {
+		if err := httpapi.DecodeStrict(body, &d); err != nil {
 			httpapi.WriteError(w, r, http.StatusBadRequest, "body must be {\"reason\": string, \"operator\": string}")
 			return d, false
 		}

@@ -416,3 +416,27 @@ func TestDiscardRefusesControlCharacters(t *testing.T) {
 	status, answer := e.do(http.MethodPost, "/admin/dlq/"+jsonInt(id)+"/discard", adminToken, `{"reason":"duplicate of d-1\r\nchecked\twith the chain","operator":"ann"}`)
 	require.Equal(t, http.StatusOK, status, "%v", answer)
 }
+
+// TestDecisionBodyIsReadStrictly: a decision body is read as strictly as
+// the API's own: a member twice (which copy wins depends on the reader),
+// data after the object, an unknown member or bytes that are not UTF-8
+// are a 400, and nothing is decided.
+func TestDecisionBodyIsReadStrictly(t *testing.T) {
+	e := newEnv(t)
+	id := e.deadLettered("d-strict")
+	path := "/admin/dlq/" + jsonInt(id) + "/discard"
+	for name, body := range map[string]string{
+		"a member twice":    `{"reason":"refunded","reason":"x"}`,
+		"twice by case":     `{"reason":"refunded","REASON":"x"}`,
+		"data after":        `{"reason":"refunded"} {"reason":"x"}`,
+		"an unknown member": `{"reason":"refunded","why":"x"}`,
+		"not UTF-8":         "{\"reason\":\"refunded \xff\"}",
+		"not an object":     `["reason"]`,
+	} {
+		status, answer := e.do(http.MethodPost, path, adminToken, body)
+		require.Equal(t, http.StatusBadRequest, status, "%s: %v", name, answer)
+	}
+	status, answer := e.do(http.MethodPost, path, adminToken, `{"reason":"refunded"}`)
+	require.Equal(t, http.StatusOK, status, "%v", answer)
+	require.Equal(t, "discarded", answer["result"])
+}

@@ -158,3 +158,42 @@ func storedRoundTrip(t *testing.T, h *harness, conn *pgx.Conn, eventID string) {
 		t.Fatalf("stored event %q re-encoded as %s: status %d %s, want a duplicate", eventID, body, rec.Code, rec.Body.Bytes())
 	}
 }
+
+// FuzzDecodeStrict: what the plugins' admin bodies accept is one JSON
+// object of known members, each once, and reads back the same when
+// written again; anything else is refused without a panic.
+func FuzzDecodeStrict(f *testing.F) {
+	for _, seed := range []string{
+		`{"reason":"refunded","operator":"ann"}`, `{"reason":"a","reason":"b"}`, `{"reason":"a"} {}`,
+		`{"why":"x"}`, "{\"reason\":\"\xff\"}", `[]`, `{"reason":null}`, ``,
+	} {
+		f.Add([]byte(seed))
+	}
+	type decision struct {
+		Reason   string `json:"reason"`
+		Operator string `json:"operator"`
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var d decision
+		if httpapi.DecodeStrict(body, &d) != nil {
+			return
+		}
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(body, &members); err != nil {
+			t.Fatalf("accepted %q, which is no JSON object: %v", body, err)
+		}
+		for name := range members {
+			if name != "reason" && name != "operator" {
+				t.Fatalf("accepted %q with an unknown member %q", body, name)
+			}
+		}
+		again, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back decision
+		if err := httpapi.DecodeStrict(again, &back); err != nil || back != d {
+			t.Fatalf("%q read back as %+v (%v), not %+v", again, back, err, d)
+		}
+	})
+}

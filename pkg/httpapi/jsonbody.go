@@ -2,12 +2,15 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -85,6 +88,48 @@ func decodeObject(body []byte) (map[string]json.RawMessage, error) {
 		return nil, errors.New("unexpected data after the JSON object")
 	}
 	return fields, nil
+}
+
+// DecodeStrict decodes a JSON object body into the struct v points to as
+// strictly as the API's own bodies are read (decodeObject): valid UTF-8,
+// no member twice, nothing after the object, and no member the struct
+// does not name, spelled exactly (encoding/json alone would take
+// "REASON" for "reason", a second copy by another case). For the admin
+// routes that plugins contribute.
+func DecodeStrict(body []byte, v any) error {
+	fields, err := decodeObject(body)
+	if err != nil {
+		return err
+	}
+	names := memberNames(v)
+	for name := range fields {
+		if !names[name] {
+			return fmt.Errorf("unknown field %q", truncate(name))
+		}
+	}
+	return json.Unmarshal(body, v)
+}
+
+// memberNames are the JSON member names of the struct v points to: each
+// exported field's tag name, else its own name.
+func memberNames(v any) map[string]bool {
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	names := map[string]bool{}
+	if t == nil || t.Kind() != reflect.Struct {
+		return names
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || name == "-" {
+			continue
+		}
+		names[cmp.Or(name, f.Name)] = true
+	}
+	return names
 }
 
 func isJSONNull(raw json.RawMessage) bool { return string(raw) == "null" }

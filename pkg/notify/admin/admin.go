@@ -153,9 +153,7 @@ func readBody(w http.ResponseWriter, r *http.Request, req any, usage string, val
 		return false
 	}
 	if len(strings.TrimSpace(string(body))) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(body)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(req); err != nil || !valid() {
+		if err := httpapi.DecodeStrict(body, req); err != nil || !valid() {
 			httpapi.WriteError(w, r, http.StatusBadRequest, usage)
 			return false
 		}
