@@ -13,10 +13,10 @@ import (
 	"github.com/settle/settle/pkg/testenv"
 )
 
-// TestLoadBadValuesAreUsageErrors: a bad value of a load flag is a usage
+// TestDevLoadBadValuesAreUsageErrors: a bad value of a load flag is a usage
 // error (exit 2) as for every other command, found before anything is
 // seeded or sent (the api named here is never asked).
-func TestLoadBadValuesAreUsageErrors(t *testing.T) {
+func TestDevLoadBadValuesAreUsageErrors(t *testing.T) {
 	t.Setenv("DATABASE_URL", testenv.DatabaseURL(t))
 	t.Setenv("WEBHOOK_SECRET", "s")
 	t.Setenv("ADMIN_TOKEN", "a")
