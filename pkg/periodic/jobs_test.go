@@ -93,10 +93,23 @@ func TestDailyJobWaitsForItsTimeOfDay(t *testing.T) {
 	ran := make(chan struct{}, 2)
 	later := periodic.Job{Name: "later", Every: 24 * time.Hour, At: sinceMidnight + time.Hour, Run: func(context.Context) error { ran <- struct{}{}; return nil }}
 	earlier := periodic.Job{Name: "earlier", Every: 24 * time.Hour, At: max(sinceMidnight-time.Minute, time.Nanosecond), Run: func(context.Context) error { ran <- struct{}{}; return nil }}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	(&periodic.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []periodic.Job{later, earlier})
-	require.Len(t, ran, 1, "only the job whose time has come ran")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		(&periodic.Runner{Periods: db, Owner: "x", Log: zerolog.Nop()}).Run(ctx, []periodic.Job{later, earlier})
+	}()
+	select {
+	case <-ran:
+	case <-time.After(runUntilMax):
+		t.Fatal("the job whose time has come did not run")
+	}
+	// The other's turn, were it due, comes within the same scheduling
+	// pass: a while longer shows it does not.
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	<-done
+	require.Empty(t, ran, "only the job whose time has come ran")
 }
 
 // TestDueJobPassesOverIdlePeriods: a job whose Due finds nothing runs
@@ -148,19 +161,25 @@ func TestDueJobPassesOverIdlePeriods(t *testing.T) {
 	}
 }
 
-// runFor runs one job on a fresh runner (a scheduler replica) for d and
-// reports how many times it ran.
-func runFor(t *testing.T, r *periodic.Runner, every, d time.Duration) int64 {
+// runUntil runs one job on a fresh runner (a scheduler replica) until it
+// has run want times, or for runUntilMax, and reports how many times it
+// ran: a slow machine takes longer, it does not fail the test.
+func runUntil(t *testing.T, r *periodic.Runner, every time.Duration, want int64) int64 {
 	t.Helper()
 	var ran atomic.Int64
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), runUntilMax)
 	defer cancel()
 	r.Run(ctx, []periodic.Job{{Name: "recover_stale", Every: every, Run: func(context.Context) error {
-		ran.Add(1)
+		if ran.Add(1) >= want {
+			cancel()
+		}
 		return nil
 	}}})
 	return ran.Load()
 }
+
+// runUntilMax bounds runUntil: minutes' worth of the tests' periods.
+const runUntilMax = 20 * time.Second
 
 // TestLongerIntervalStillRuns: an operator raises a job's interval
 // (RECOVER_INTERVAL 2m -> 5m, say) and restarts the scheduler. The job
@@ -169,10 +188,10 @@ func runFor(t *testing.T, r *periodic.Runner, every, d time.Duration) int64 {
 func TestLongerIntervalStillRuns(t *testing.T) {
 	db := testenv.DB(t)
 	before := &periodic.Runner{Periods: db, Owner: "old-config", Log: zerolog.Nop()}
-	require.Positive(t, runFor(t, before, 100*time.Millisecond, 50*time.Millisecond), "the job runs under the old interval")
+	require.Positive(t, runUntil(t, before, 100*time.Millisecond, 1), "the job runs under the old interval")
 
 	after := &periodic.Runner{Periods: db, Owner: "new-config", Log: zerolog.Nop()}
-	require.Positive(t, runFor(t, after, 250*time.Millisecond, 1200*time.Millisecond),
+	require.Positive(t, runUntil(t, after, 250*time.Millisecond, 1),
 		"after the interval was raised the job never ran again (its periods are refused as already claimed)")
 }
 
@@ -184,10 +203,10 @@ func TestClockAheadDoesNotStopJobs(t *testing.T) {
 	const every = 200 * time.Millisecond
 	fast := &periodic.Runner{Periods: db, Owner: "fast-clock", Log: zerolog.Nop()}
 	periodic.SetClock(fast, func() time.Time { return time.Now().Add(time.Hour) })
-	require.Positive(t, runFor(t, fast, every, 500*time.Millisecond), "the fast replica runs the database's periods")
+	require.Positive(t, runUntil(t, fast, every, 1), "the fast replica runs the database's periods")
 
 	right := &periodic.Runner{Periods: db, Owner: "right-clock", Log: zerolog.Nop()}
-	require.Positive(t, runFor(t, right, every, time.Second), "no period ran for the hour after a replica's clock ran fast")
+	require.Positive(t, runUntil(t, right, every, 1), "no period ran for the hour after a replica's clock ran fast")
 }
 
 // TestClockBehindStillRunsEachPeriod: a replica whose clock lags the
@@ -197,7 +216,7 @@ func TestClockBehindStillRunsEachPeriod(t *testing.T) {
 	db := testenv.DB(t)
 	slow := &periodic.Runner{Periods: db, Owner: "slow-clock", Log: zerolog.Nop()}
 	periodic.SetClock(slow, func() time.Time { return time.Now().Add(-time.Hour) })
-	require.GreaterOrEqual(t, runFor(t, slow, 200*time.Millisecond, 1100*time.Millisecond), int64(3))
+	require.GreaterOrEqual(t, runUntil(t, slow, 200*time.Millisecond, 3), int64(3))
 }
 
 // claimFailures counts the runner's "could not claim" warnings.
