@@ -151,6 +151,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// starts: keep trying with backoff until the caller's deadline rather
 	// than leave it to the orchestrator's restart loop.
 	backoff := openBackoffFirst
+	var last error
 	for {
 		pingCtx, cancel := context.WithTimeout(ctx, openPingTimeout)
 		err := pool.Ping(pingCtx)
@@ -158,12 +159,17 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 		if err == nil {
 			return db, nil
 		}
+		if last == nil || ctx.Err() == nil {
+			// A try cut short by the end itself says nothing of the
+			// server: the one before it does.
+			last = err
+		}
 		select {
 		case <-ctx.Done():
 			pool.Close()
 			// Both: callers tell a stop (canceled) from an outage by the
 			// first, operators need the second.
-			return nil, fmt.Errorf("connect: %w (last try: %w)", ctx.Err(), err)
+			return nil, fmt.Errorf("connect: %w (last try: %w)", ctx.Err(), last)
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, openBackoffMax)
