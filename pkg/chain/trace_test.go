@@ -222,7 +222,7 @@ func FuzzBlockTraces(f *testing.F) {
 		}
 		for _, tr := range got {
 			if tr.Value == nil || tr.Value.Sign() <= 0 || len(tr.To) != addressHexLength || len(tr.TxHash) != hashHexLength ||
-				!strings.HasPrefix(tr.TraceAddress, "CALL_") {
+				!canonicalHex(tr.To) || !canonicalHex(tr.TxHash) || !strings.HasPrefix(tr.TraceAddress, "CALL_") {
 				t.Fatalf("not a creditable internal transfer: %+v", tr)
 			}
 		}
@@ -449,7 +449,7 @@ func FuzzTransactionTrace(f *testing.F) {
 		}
 		if transfers, err := ParseTransactionTransfers(raw); err == nil {
 			for _, tr := range transfers {
-				if tr.Value.Sign() <= 0 || len(tr.To) != addressHexLength || tr.To != strings.ToLower(tr.To) || !payment.ValidTraceAddress(tr.TraceAddress) {
+				if tr.Value.Sign() <= 0 || len(tr.To) != addressHexLength || !canonicalHex(tr.To) || !payment.ValidTraceAddress(tr.TraceAddress) {
 					t.Fatalf("not a transfer as the chain shows it: %+v", tr)
 				}
 			}
