@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,12 +13,14 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/settle/settle/pkg/devenv"
 	"github.com/settle/settle/pkg/httpapi"
+	"github.com/settle/settle/pkg/outbox"
 	"github.com/settle/settle/pkg/payment"
 	"github.com/settle/settle/pkg/postgres"
-	"github.com/settle/settle/pkg/task"
 )
 
 // recordingChain answers every recheck with one result and remembers who
@@ -258,11 +260,14 @@ func FuzzRecheckBody(f *testing.F) {
 	})
 }
 
-// refusingQueue cannot hand anything to the workers (Redis down).
-type refusingQueue struct{}
-
-func (refusingQueue) Enqueue(context.Context, string, task.RecheckTask) error {
-	return errors.New("redis: connection refused")
+// downQueue is the api's real recheck queue on a Redis that is down:
+// nothing listens on its port.
+func downQueue(t *testing.T) *outbox.RecheckQueue {
+	port, err := devenv.FreePort()
+	require.NoError(t, err)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DialTimeout: time.Second, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return outbox.NewRecheckQueue(rdb)
 }
 
 // An api without an RPC hands a recheck to the workers only on a network
@@ -279,7 +284,8 @@ func TestRecheckHandOverWithoutRPC(t *testing.T) {
 		{"BASE_MAINNET", http.StatusConflict, httpapi.CodeConflict, "no worker reported an RPC"},
 		{"ETH_MAINNET", http.StatusServiceUnavailable, httpapi.CodeUnavailable, "cannot hand the recheck to the workers"},
 	} {
-		h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Rechecks = refusingQueue{} }})
+		queue := downQueue(t)
+		h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.Rechecks = queue }})
 		execSQL(t, h.dsn, `INSERT INTO network_rpc_reports (network, reported_at) VALUES ($1, now())`, c.reported)
 		h.createUser(7)
 		require.Equal(t, http.StatusOK, h.postPayment(deposit("dep-1", 7, "1")).status)
