@@ -242,6 +242,39 @@ func (o ownerOf) Owned(_ context.Context, addresses []string) ([]string, error) 
 	return out, nil
 }
 
+// The forwarder's three sends to forwardTo: 5 wei by its call_0
+// (direct), 7 by call_0_0 (nested), 11 by a call that is rolled back.
+const (
+	forwardTo    = "0x3333333333333333333333333333333333333333"
+	forwardOther = "0x4444444444444444444444444444444444444444"
+)
+
+type forwards struct {
+	forwarder                string
+	direct, nested, reverted devchain.Tx
+}
+
+// newForwards starts a chain with a worker on it and makes the
+// forwarder's three sends.
+func newForwards(t *testing.T) (*worker, forwards) {
+	ctx := testContext(t)
+	ch := startChain(t)
+	w := newWorker(t, ch.URL(), workerOptions{})
+	var f forwards
+	var err error
+	f.forwarder, _, err = ch.DeployForwarder(ctx, 0)
+	require.NoError(t, err)
+	for _, send := range []struct {
+		tx     *devchain.Tx
+		amount int64
+		how    devchain.Forward
+	}{{&f.direct, 5, devchain.ForwardDirect}, {&f.nested, 7, devchain.ForwardNested}, {&f.reverted, 11, devchain.ForwardReverted}} {
+		*send.tx, err = ch.SendForward(ctx, 0, f.forwarder, forwardTo, big.NewInt(send.amount), send.how)
+		require.NoError(t, err)
+	}
+	return w, f
+}
+
 // TestInternalDeposits: an internal deposit is held against the
 // transaction's call trace, numbered as the scan numbers it. The frame it
 // names must be a CALL, not rolled back (nor under a frame that was),
@@ -249,20 +282,9 @@ func (o ownerOf) Owned(_ context.Context, addresses []string) ([]string, error) 
 // anything else is a Mismatch saying what the trace shows.
 func TestInternalDeposits(t *testing.T) {
 	ctx := testContext(t)
-	ch := startChain(t)
-	w := newWorker(t, ch.URL(), workerOptions{})
-	forwarder, _, err := ch.DeployForwarder(ctx, 0)
-	require.NoError(t, err)
-	const (
-		to    = "0x3333333333333333333333333333333333333333"
-		other = "0x4444444444444444444444444444444444444444"
-	)
-	direct, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(5), devchain.ForwardDirect)
-	require.NoError(t, err)
-	nested, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(7), devchain.ForwardNested)
-	require.NoError(t, err)
-	reverted, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(11), devchain.ForwardReverted)
-	require.NoError(t, err)
+	w, f := newForwards(t)
+	forwarder, direct, nested, reverted := f.forwarder, f.direct, f.nested, f.reverted
+	const to, other = forwardTo, forwardOther
 	internal := func(tx devchain.Tx, index string, amount int64, recipients ...string) Deposit {
 		return Deposit{TxHash: tx.Hash, Internal: true, Index: index, Amount: big.NewInt(amount), Recipients: recipients}
 	}
@@ -354,20 +376,9 @@ func TestInternalDepositWithoutDebugAPI(t *testing.T) {
 // looked for elsewhere, nor is one under status-only checking.
 func TestNativeDepositPaidByACall(t *testing.T) {
 	ctx := testContext(t)
-	ch := startChain(t)
-	w := newWorker(t, ch.URL(), workerOptions{})
-	forwarder, _, err := ch.DeployForwarder(ctx, 0)
-	require.NoError(t, err)
-	const (
-		to    = "0x3333333333333333333333333333333333333333"
-		other = "0x4444444444444444444444444444444444444444"
-	)
-	direct, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(5), devchain.ForwardDirect)
-	require.NoError(t, err)
-	nested, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(7), devchain.ForwardNested)
-	require.NoError(t, err)
-	reverted, err := ch.SendForward(ctx, 0, forwarder, to, big.NewInt(11), devchain.ForwardReverted)
-	require.NoError(t, err)
+	w, f := newForwards(t)
+	forwarder, direct, nested, reverted := f.forwarder, f.direct, f.nested, f.reverted
+	const to, other = forwardTo, forwardOther
 	native := func(tx devchain.Tx, amount int64, owner ...string) Deposit {
 		return Deposit{TxHash: tx.Hash, Amount: big.NewInt(amount), Owner: ownerOf(owner)}
 	}
