@@ -233,6 +233,13 @@ func (g *Gate) Check(ctx context.Context, item postgres.LedgerItem) (*postgres.L
 		// the finality timeout's outcome (it is decided on an answer).
 		g.verdicts.WithLabelValues(networkOf(e), "unavailable").Inc()
 		log.Warn().Err(err).Msg("chain unavailable; deposit waits")
+		if errors.Is(err, errNoRPCHere) {
+			// A misconfiguration, not an outage: no breaker opens and no
+			// timeout ends the wait, so only an operator can.
+			g.o.Alerts.Raise("network_not_enabled:"+networkOf(e), alert.Critical, "events wait: their network is not enabled in this worker", map[string]any{
+				"network": networkOf(e), "event_id": e.ID, "trace_id": e.TraceID, "settings": "NETWORKS, RPC_URL_" + networkOf(e),
+			})
+		}
 		// The usual schedule: while the breaker is open a check fails fast
 		// without touching the node, so asking again costs nothing.
 		return nil, g.park(ctx, e, state, postgres.Wait{RecheckIn: g.recheckAfter(state.Checks), Note: "chain unavailable: " + err.Error()})
@@ -463,10 +470,14 @@ func (g *Gate) claim(e payment.Event, toAddress string) (chain.Deposit, NetworkC
 	if !ok {
 		// Not enabled in this worker, or enabled without an RPC under a
 		// policy that needs one (refused at start): wait for an operator.
-		return chain.Deposit{}, NetworkChain{}, network, payment.Unavailable("finality", fmt.Errorf("network %s has no RPC in this worker (NETWORKS, RPC_URL_%s)", network, network))
+		return chain.Deposit{}, NetworkChain{}, network, payment.Unavailable("finality", fmt.Errorf("network %s %w (NETWORKS, RPC_URL_%s)", network, errNoRPCHere, network))
 	}
 	return deposit, nc, network, nil
 }
+
+// errNoRPCHere: the event's network is not enabled in this worker, or
+// is enabled without the RPC its policy needs.
+var errNoRPCHere = errors.New("has no RPC in this worker")
 
 // networkOf is an event's network; events stored before networks existed
 // name none and were ETH_MAINNET's.

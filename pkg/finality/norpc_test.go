@@ -19,7 +19,8 @@ import (
 // TestGateWithoutAnyRPC: a worker with no RPC at all (ETH_MAINNET enabled
 // under none) still gates: a deposit with a transaction on ETH_MAINNET
 // passes unchecked, and one on a network taken out of NETWORKS while it
-// waited (BASE_MAINNET) waits for an operator, never credited unasked.
+// waited (BASE_MAINNET) waits for an operator, never credited unasked,
+// and an alert calls one.
 func TestGateWithoutAnyRPC(t *testing.T) {
 	env := config.FromMap(map[string]string{"NETWORKS": "ETH_MAINNET", "DEPOSIT_FINALITY": "finalized", "DEPOSIT_FINALITY_ETH_MAINNET": "none"})
 	s := finality.ReadSettings(env, true)
@@ -32,7 +33,8 @@ func TestGateWithoutAnyRPC(t *testing.T) {
 	require.NoError(t, err)
 	assets, err := db.Assets(ctx)
 	require.NoError(t, err)
-	gate := finality.NewOnClients(s, finality.Deps{Store: db, Assets: assets, Alerts: noAlerts{}, Log: zerolog.Nop()}, nil)
+	raised := &alerts{}
+	gate := finality.NewOnClients(s, finality.Deps{Store: db, Assets: assets, Alerts: raised, Log: zerolog.Nop()}, nil)
 
 	for i, network := range []string{"ETH_MAINNET", "BASE_MAINNET"} {
 		e := payment.Event{ID: "dep-" + network, Type: payment.Deposit, UserID: 1, Asset: "USDC", Amount: decimal.RequireFromString("1000"),
@@ -47,6 +49,7 @@ func TestGateWithoutAnyRPC(t *testing.T) {
 		require.NoError(t, err)
 		if network == "ETH_MAINNET" {
 			require.NotNil(t, credit, "policy none without an RPC: credited unchecked")
+			require.Empty(t, raised.raised())
 			continue
 		}
 		require.Nil(t, credit, "not enabled here: it waits")
@@ -54,5 +57,6 @@ func TestGateWithoutAnyRPC(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, payment.StatusAwaitingFinality, v.Status, "it waits")
 		require.Contains(t, v.Error, "has no RPC in this worker")
+		require.Equal(t, []string{"network_not_enabled:BASE_MAINNET"}, raised.raised(), "nothing ends this wait but an operator")
 	}
 }
