@@ -179,22 +179,3 @@ func (db *DB) UserHasDepositAddress(ctx context.Context, network string, user in
 	err := db.pool.QueryRow(ctx, stmt.text, network, user).Scan(&has)
 	return has, classify(stmt.name, err)
 }
-
-// UserDepositAddresses lists a user's addresses on network.
-func (db *DB) UserDepositAddresses(ctx context.Context, network string, user int64) ([]string, error) {
-	stmt := q("user_deposit_addresses")
-	rows, err := db.pool.Query(ctx, stmt.text, network, user)
-	if err != nil {
-		return nil, classify(stmt.name, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var addr string
-		if err := rows.Scan(&addr); err != nil {
-			return nil, classify(stmt.name, err)
-		}
-		out = append(out, addr)
-	}
-	return out, classify(stmt.name, rows.Err())
-}

@@ -59,10 +59,5 @@ SELECT address, user_id
 FROM deposit_addresses
 WHERE network = $1 AND address = ANY($2::text[]);
 
--- name: user_deposit_addresses
-SELECT address
-FROM deposit_addresses
-WHERE network = $1 AND user_id = $2;
-
 -- name: user_has_deposit_address
 SELECT EXISTS (SELECT 1 FROM deposit_addresses WHERE network = $1 AND user_id = $2);
