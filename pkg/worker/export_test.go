@@ -1,6 +1,10 @@
 package worker
 
-import "time"
+import (
+	"time"
+
+	"github.com/settle/settle/pkg/task"
+)
 
 // Exported for the external tests.
 const DoneHold = doneHold
@@ -26,3 +30,12 @@ func (w *Waker) HoldDonesFor(d time.Duration) {
 // BoundBatches sets the bound of one ledger transaction; call it before
 // the first submit.
 func (b *Batcher) BoundBatches(d time.Duration) { b.timeout = d }
+
+// Quiet reports whether the waker takes queue as empty without asking
+// Redis (its quiet mark has not run out).
+func (w *Waker) Quiet(queue string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.quiet[task.PendingListKey(queue)]
+	return ok && time.Since(at) < w.quietFor()
+}

@@ -86,6 +86,9 @@ type pipelineOptions struct {
 	workerConns int32
 	// batchTimeout bounds a ledger transaction (0: the batcher's 30 s).
 	batchTimeout time.Duration
+	// log gets the pipeline's log lines too (nil: none but the test's,
+	// when verbose).
+	log io.Writer
 }
 
 func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
@@ -105,10 +108,14 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	p.redisURL = o.redisURL
 	p.rdb, err = redisconn.Open(o.redisURL)
 	require.NoError(t, err)
-	log := zerolog.New(io.Discard)
+	var out io.Writer = io.Discard
 	if testing.Verbose() {
-		log = zerolog.New(zerolog.NewTestWriter(t))
+		out = zerolog.NewTestWriter(t)
 	}
+	if o.log != nil {
+		out = io.MultiWriter(out, o.log)
+	}
+	log := zerolog.New(out)
 	p.sink = dlq.NewSink(p.db, p.rdb, log, nil)
 	p.enqueuer = outbox.NewEnqueuer(outbox.EnqueuerOptions{
 		Outbox: p.db, Client: asynq.NewClientFromRedisClient(p.rdb), Redis: p.rdb, Log: log,

@@ -113,8 +113,14 @@ type Waker struct {
 	round     uint64
 	announced int
 	drained   uint64
-	// waits counts dequeues that waited (for tests and metrics).
-	waits int64
+	// waits counts dequeues that waited (for tests and metrics);
+	// unannounced, tasks a look took that no wake-up announced (one
+	// that came without its wake-up, or before it).
+	waits       int64
+	unannounced int64
+	// How waits ended (popped): see WakeCounts. Atomics, since popped
+	// holds no lock.
+	ranOut, woken, wokenOwn atomic.Int64
 	// quiet holds, per pending list of the other queues, when a look
 	// found it empty; skipped counts the looks answered from it. due
 	// holds those the forwarder has moved tasks into since their last
@@ -122,6 +128,9 @@ type Waker struct {
 	quiet   map[string]time.Time
 	due     map[string]bool
 	skipped int64
+	// quietRanOut counts looks at another queue whose quiet mark had
+	// run out.
+	quietRanOut int64
 	// forwards counts forwards into the other queues and wake-ups naming
 	// them: a look that began before one is stale (Redis may have run it
 	// first, the hook booked it after) and never marks the queue quiet.
@@ -251,6 +260,7 @@ func (w *Waker) looked(round uint64, err error) {
 		// A task nobody announced (its wake-up fell short or was lost):
 		// there may be more, so look again at once.
 		w.drained = 0
+		w.unannounced++
 	case errors.Is(err, redis.Nil):
 		w.announced, w.drained = 0, round
 	}
@@ -313,9 +323,17 @@ func blockSeconds(d time.Duration) string {
 // from task.WakeList.
 func (w *Waker) popped(pop *redis.StringSliceCmd) {
 	got, err := pop.Result()
-	if err != nil || len(got) != 2 || got[0] == w.own {
+	switch {
+	case errors.Is(err, redis.Nil):
+		w.ranOut.Add(1)
+		return
+	case err != nil || len(got) != 2:
+		return
+	case got[0] == w.own:
+		w.wokenOwn.Add(1)
 		return
 	}
+	w.woken.Add(1)
 	if key, ok := wokenQueue(got[1]); ok {
 		w.markForwarded(key)
 		return
@@ -341,6 +359,33 @@ func (w *Waker) Waits() int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.waits
+}
+
+// WakeCounts says how a waker's waits and looks ended (for tests and
+// metrics): what proves a task was taken because of its wake-up, not
+// because a wait ran out.
+type WakeCounts struct {
+	// RanOut: waits that no wake-up ended.
+	RanOut int64
+	// Woken: waits a wake-up from task.WakeList ended.
+	Woken int64
+	// WokenOwn: waits the waker's own wake-up ended (a forward, Stop).
+	WokenOwn int64
+	// Unannounced: tasks a look took that no wake-up had announced.
+	Unannounced int64
+	// QuietRanOut: looks at the other queues made because their quiet
+	// mark had run out.
+	QuietRanOut int64
+}
+
+// Counts is how the waker's waits and looks have ended so far.
+func (w *Waker) Counts() WakeCounts {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return WakeCounts{
+		RanOut: w.ranOut.Load(), Woken: w.woken.Load(), WokenOwn: w.wokenOwn.Load(),
+		Unannounced: w.unannounced, QuietRanOut: w.quietRanOut,
+	}
 }
 
 // Hook is the go-redis hook that makes an empty dequeue of the payments
@@ -443,7 +488,11 @@ func (w *Waker) knownQuiet(key string) (forwards uint64, quiet bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	at, ok := w.quiet[key]
-	if !ok || time.Since(at) >= w.quietFor() {
+	if !ok {
+		return w.forwards, false
+	}
+	if time.Since(at) >= w.quietFor() {
+		w.quietRanOut++
 		return w.forwards, false
 	}
 	if w.stopping {

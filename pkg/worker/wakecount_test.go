@@ -60,7 +60,7 @@ func (l *lookCounter) count(cmd redis.Cmder) {
 func TestAnnouncedWakeUpsCostOneLookPerTask(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 16)
-	rdb := unboundedRedis(t, p) // trickle's bound needs whole waits
+	rdb := unboundedRedis(t, p) // whole waits: fewer run out during trickle
 	waker, _ := wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
@@ -69,38 +69,82 @@ func TestAnnouncedWakeUpsCostOneLookPerTask(t *testing.T) {
 	rdb.AddHook(looks)
 	waitingAll(t, p, waker)
 	const tasks = 10
-	started := time.Now()
+	counts := waker.Counts()
 	before := looks.n.Load()
-	trickle(t, p, "one", tasks, ran)
-	// One look per task, and an idle look per wait at most.
-	idle := int64(time.Since(started)/wakeWait) + 1
-	require.LessOrEqual(t, looks.n.Load()-before, int64(tasks)+idle, "looks per task")
+	sent := trickle(t, p, "one", tasks, ran, waker)
+	looked := looks.n.Load() - before
+	require.LessOrEqual(t, looked, lookAllowance(sent, []worker.WakeCounts{counts}, waker), "looks for %d tasks", sent)
 }
 
-// trickle enqueues that many payments tasks one at a time, each with its
-// wake-up, 100 ms apart, and requires each to run (ran) within 2 s. The
-// workers' client must be unboundedRedis: there a missed wake-up costs
-// the rest of the wait begun as the task before ran, at least 2.5 s less
-// the 100 ms gap (tasks after the first); on a redisconn client, whose
-// waits are cut to 1.5 s, it cost ~1.4 s, hardly above a slow run.
-func trickle(t *testing.T, p *pipeline, prefix string, tasks int, ran <-chan time.Time) {
+// lookAllowance is the most looks at the payments queue that tasks
+// announced one at a time may cost the wakers' workers since their
+// counts were from: one per task and per wait that ran out; two more
+// per task a look took before its wake-up came (a run-out's look found
+// it between its enqueue and its wake-up: the look after it, which does
+// not wait, and the wake-up's own, which finds nothing); and each
+// worker's look still under way. Looks are counted as they are sent,
+// waits as they end: take from before the looks' first count, and call
+// this after their last.
+func lookAllowance(tasks int, from []worker.WakeCounts, wakers ...*worker.Waker) int64 {
+	allowed := int64(tasks)
+	for i, w := range wakers {
+		to := w.Counts()
+		allowed += (to.RanOut - from[i].RanOut) + 2*(to.Unannounced-from[i].Unannounced) + 1
+	}
+	return allowed
+}
+
+// trickle enqueues payments tasks one at a time, each with its wake-up,
+// 100 ms apart, until tasks of them have shown that a wake-up, not the
+// poll, took them to the wakers' workers, and returns how many it sent.
+// A task is proof when no wait ran out between its enqueue and its run:
+// an idle worker looks only after a wait, so a wait a wake-up ended took
+// it. One a wait ran out in (a wait runs out every 5 s, a task takes
+// tens of ms) may have been found by the poll and proves nothing;
+// broken, the wake-up leaves every task to the poll. With no wakers it
+// only requires each task to run.
+func trickle(t *testing.T, p *pipeline, prefix string, tasks int, ran <-chan time.Time, wakers ...*worker.Waker) (sent int) {
 	t.Helper()
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	ctx := context.Background()
-	for i := range tasks {
-		sent := time.Now()
-		_, err := client.Enqueue(asynq.NewTask("test:"+prefix, nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("%s-%d", prefix, i)))
+	const unprovenMax = 3
+	unproven := 0
+	for ; sent-unproven < tasks; sent++ {
+		before := sumCounts(wakers)
+		_, err := client.Enqueue(asynq.NewTask("test:"+prefix, nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("%s-%d", prefix, sent)))
 		require.NoError(t, err)
 		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
 		select {
-		case at := <-ran:
-			// A run takes tens of ms, more under load.
-			require.Less(t, at.Sub(sent), 2*time.Second, "task %d waited for a worker's poll", i)
-		case <-time.After(wakeWait):
-			t.Fatalf("task %d not run", i)
+		case <-ran:
+		case <-time.After(hangGuard):
+			t.Fatalf("task %d not run", sent)
+		}
+		after := sumCounts(wakers)
+		switch {
+		case len(wakers) == 0:
+		case after.RanOut > before.RanOut:
+			unproven++
+			require.Less(t, unproven, unprovenMax, "%d tasks were taken only after a wait ran out (their wake-ups ended none): %+v then %+v", unproven, before, after)
+		default:
+			require.Greater(t, after.Woken, before.Woken, "task %d ran with no wait run out and none woken: a worker looked without waiting", sent)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return sent
+}
+
+// sumCounts is the wakers' counts summed.
+func sumCounts(wakers []*worker.Waker) worker.WakeCounts {
+	var sum worker.WakeCounts
+	for _, w := range wakers {
+		c := w.Counts()
+		sum.RanOut += c.RanOut
+		sum.Woken += c.Woken
+		sum.WokenOwn += c.WokenOwn
+		sum.Unannounced += c.Unannounced
+		sum.QuietRanOut += c.QuietRanOut
+	}
+	return sum
 }
 
 // TestShortAnnouncementLosesNoTask: three tasks announced as one, and
@@ -150,8 +194,9 @@ func TestShortAnnouncementLosesNoTask(t *testing.T) {
 
 // TestQuietQueuesAreAskedOncePerWait: at a trickle of payment tasks the
 // notifications and maintenance queues, found empty, are asked about
-// once per wait each, not on every dequeue (asynq draws the queues'
-// order by weight, so before, 0.4 empty looks per task).
+// again only when their quiet mark runs out (QuietWaits waits), not on
+// every dequeue (asynq draws the queues' order by weight, so before,
+// 0.4 empty looks per task).
 func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan struct{}, 64)
@@ -161,11 +206,13 @@ func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 	}))
 	looks := countLooks(task.QueueNotifications, task.QueueMaintenance)
 	p.rdb.AddHook(looks)
-	time.Sleep(300 * time.Millisecond)
+	p.waitFor("both quiet queues found empty", hangGuard, func() bool {
+		return waker.Quiet(task.QueueNotifications) && waker.Quiet(task.QueueMaintenance)
+	})
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	ctx := context.Background()
 	const tasks = 40
-	started := time.Now()
+	counts := waker.Counts()
 	before := looks.n.Load()
 	for i := range tasks {
 		_, err := client.Enqueue(asynq.NewTask("test:quiet", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("quiet-%d", i)))
@@ -178,8 +225,12 @@ func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	waits := int64(time.Since(started)/wakeWait) + 1
-	require.LessOrEqual(t, looks.n.Load()-before, 2*waits, "looks at the quiet queues for %d tasks", tasks)
+	looked := looks.n.Load() - before
+	// A look at a quiet queue is one whose mark ran out, booked as it
+	// is decided, before it is sent: one decided as the count began may
+	// be counted in looked alone.
+	ranOut := waker.Counts().QuietRanOut - counts.QuietRanOut
+	require.LessOrEqual(t, looked, ranOut+1, "looks at the quiet queues for %d tasks", tasks)
 	require.Positive(t, waker.Skipped())
 }
 
@@ -348,34 +399,46 @@ func TestForwarderAsksOncePerRound(t *testing.T) {
 func TestQueueWakeUpEndsTheQuietMark(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan string, 16)
-	wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		ran <- id
 		return nil
 	}))
 	looks := countLooks(task.QueueNotifications, task.QueueMaintenance)
 	p.rdb.AddHook(looks)
-	time.Sleep(300 * time.Millisecond) // both queues found empty
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	ctx := context.Background()
 	require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, "no-such-queue"))
+	// A task is proof when no quiet mark ran out between its wake-up
+	// and its run: its queue's mark (10 s here) was in force when it was
+	// sent, so the wake-up ended it. A mark runs out every 10 s per
+	// queue, the other queue's too; a task during which one did proves
+	// nothing and another is sent. Broken, every task waits for its
+	// queue's mark to run out.
+	const unprovenMax = 3
+	unproven := 0
 	for i, q := range []string{task.QueueNotifications, task.QueueMaintenance, task.QueueNotifications} {
-		time.Sleep(200 * time.Millisecond)
-		id := fmt.Sprintf("woken-%d", i)
-		before := looks.n.Load()
-		_, err := client.Enqueue(asynq.NewTask("test:"+q, nil), asynq.Queue(q), asynq.TaskID(id))
-		require.NoError(t, err)
-		sent := time.Now()
-		require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, q))
-		select {
-		case got := <-ran:
-			require.Equal(t, id, got)
-			// The quiet mark is 10 s here (set under 2 s ago), the wait
-			// 5 s cut to 1.5 s: 3 s leaves a loaded machine room.
-			require.Less(t, time.Since(sent), 3*time.Second, "the %s task waited for the quiet mark", q)
-		case <-time.After(3 * wakeWait):
-			t.Fatalf("%s task not run", q)
+		for try := 0; ; try++ {
+			p.waitFor(q+" found empty", hangGuard, func() bool { return waker.Quiet(q) })
+			id := fmt.Sprintf("woken-%d-%d", i, try)
+			before, looked := waker.Counts(), looks.n.Load()
+			_, err := client.Enqueue(asynq.NewTask("test:"+q, nil), asynq.Queue(q), asynq.TaskID(id))
+			require.NoError(t, err)
+			require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, q))
+			select {
+			case got := <-ran:
+				require.Equal(t, id, got)
+			case <-time.After(hangGuard):
+				t.Fatalf("%s task not run", q)
+			}
+			require.Positive(t, looks.n.Load()-looked, "ran without a look at its queue?")
+			after := waker.Counts()
+			if after.QuietRanOut == before.QuietRanOut {
+				require.Greater(t, after.Woken, before.Woken, "the %s task ran with no wake-up popped", q)
+				break
+			}
+			unproven++
+			require.Less(t, unproven, unprovenMax, "%d tasks ran only after a quiet mark ran out (the wake-up naming %s ended none): %+v then %+v", unproven, q, before, after)
 		}
-		require.Positive(t, looks.n.Load()-before, "ran without a look at its queue?")
 	}
 }
