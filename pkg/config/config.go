@@ -254,8 +254,9 @@ func (e *Env) Reject(name string, err error) {
 var ErrUsage = errors.New("usage")
 
 // ListenAddress accepts host:port or :port with a port from 0 to 65535,
-// so a listen address that could never be bound stops the binary at
-// start rather than after it connected to everything else.
+// so a listen address of a form that could never be bound stops the
+// binary at start rather than after it connected to everything else (a
+// host is only resolved when the listener binds).
 func ListenAddress(v string) (string, error) {
 	_, port, err := net.SplitHostPort(v)
 	if err != nil || port == "" {
