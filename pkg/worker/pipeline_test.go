@@ -108,7 +108,7 @@ func newPipeline(t *testing.T, o pipelineOptions) *pipeline {
 	p.redisURL = o.redisURL
 	p.rdb, err = redisconn.Open(o.redisURL)
 	require.NoError(t, err)
-	var out io.Writer = io.Discard
+	out := io.Discard
 	if testing.Verbose() {
 		out = zerolog.NewTestWriter(t)
 	}
