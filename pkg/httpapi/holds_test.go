@@ -258,6 +258,52 @@ func TestPostBeforeItsHoldIsUnknownForGood(t *testing.T) {
 	require.Equal(t, []any{map[string]any{"asset": "ETH", "balance": "100", "held": "30", "available": "70"}}, r.body["balances"], "the hold stays open")
 }
 
+// TestPostOfNoHoldKeepsItsAmount: a post or void accepted while its hold
+// id named no hold is stored with amount 0, but the amount it gave is
+// part of its content: the same id with another amount is a 409, before
+// and after the hold arrives, and the same amount spelt otherwise is a
+// duplicate. One stored without an amount takes a redelivery that gives
+// one (it could not have conflicted with anything), and one stored before
+// the amount counted (its hash made with 0) is still a duplicate.
+func TestPostOfNoHoldKeepsItsAmount(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.createUser(7)
+	withAmount := func(id, typ, amount string) []byte {
+		return resolveBody(id, typ, 7, "h-1", map[string]string{"amount": `"` + amount + `"`})
+	}
+	for _, typ := range []string{"withdrawal_post", "withdrawal_void"} {
+		id := "early-" + typ
+		require.Equal(t, "accepted", h.postPayment(withAmount(id, typ, "30")).body["status"])
+		require.Equal(t, "duplicate", h.postPayment(withAmount(id, typ, "30.0")).body["status"], "the same amount")
+		requireCode(t, h.postPayment(withAmount(id, typ, "31")), http.StatusConflict, httpapi.CodeConflict)
+		requireCode(t, h.postPayment(resolveBody(id, typ, 7, "h-1", nil)), http.StatusConflict, httpapi.CodeConflict)
+
+		bare := "bare-" + typ
+		require.Equal(t, "accepted", h.postPayment(resolveBody(bare, typ, 7, "h-1", nil)).body["status"])
+		require.Equal(t, "duplicate", h.postPayment(withAmount(bare, typ, "30")).body["status"], "stored without an amount")
+	}
+	// Stored as before the amount counted: amount 0 in its hash.
+	ctx := context.Background()
+	legacy := payment.Event{ID: "legacy-post", Type: payment.WithdrawalPost, UserID: 7, Asset: "ETH", HoldID: "h-1",
+		Network: payment.DefaultNetwork, TraceID: "t-legacy"}
+	inserted, err := h.db.InsertEvent(ctx, postgres.NewEvent{Event: legacy, Source: postgres.SourcePayments})
+	require.NoError(t, err)
+	require.True(t, inserted)
+	require.Equal(t, "duplicate", h.postPayment(withAmount("legacy-post", "withdrawal_post", "30")).body["status"], "stored before the amount counted")
+	require.Equal(t, 0, countRows(t, h.dsn, `SELECT count(*) FROM payment_events WHERE hold_id = 'h-1' AND amount <> 0`), "stored with amount 0, the ledger's mark")
+
+	// Once the hold exists: the same answers.
+	require.Equal(t, "accepted", h.postPayment(holdBody("h-1", 7, "30", nil)).body["status"])
+	for _, typ := range []string{"withdrawal_post", "withdrawal_void"} {
+		id := "early-" + typ
+		require.Equal(t, "duplicate", h.postPayment(withAmount(id, typ, "30")).body["status"])
+		// Now no amount means the hold's, the one it gave.
+		require.Equal(t, "duplicate", h.postPayment(resolveBody(id, typ, 7, "h-1", nil)).body["status"])
+		require.Equal(t, "duplicate", h.postPayment(withAmount("bare-"+typ, typ, "30")).body["status"])
+	}
+	require.Equal(t, "duplicate", h.postPayment(withAmount("legacy-post", "withdrawal_post", "30")).body["status"])
+}
+
 func holdFirst(c postgres.Claimed) int {
 	if c.Event.Type == payment.WithdrawalHold {
 		return 0

@@ -132,14 +132,14 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		return answer
 	}
 	var asset payment.Asset
-	var amount decimal.Decimal
+	var amount, given decimal.Decimal
 	if unknownHold {
 		switch {
 		case !registry.Known(req.asset):
 			err = fmt.Errorf("%w %q", payment.ErrUnknownAsset, req.asset)
 		case req.amountGiven:
 			// Still an amount the asset could carry, or a 400 as ever.
-			_, _, err = registry.ParseAmount(req.network, req.asset, req.amount)
+			_, given, err = registry.ParseAmount(req.network, req.asset, req.amount)
 		}
 		asset = payment.Asset{Code: req.asset, Network: req.network}
 	} else {
@@ -171,9 +171,17 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		Asset: asset.Code, Amount: amount, TxHash: req.txHash, TransferIndex: req.transferIndex, TraceID: traceID,
 		HoldID: req.holdID, Network: req.network, ToAddress: req.toAddress,
 	}
-	inserted, err := s.store.InsertEvent(ctx, postgres.NewEvent{
-		Event: event, Source: postgres.SourcePayments, SentAs: contentAsSent(sent, event, hold != nil, registry),
-	})
+	stored := postgres.NewEvent{Event: event, Source: postgres.SourcePayments, SentAs: contentAsSent(sent, event, hold != nil, registry)}
+	if unknownHold && req.amountGiven {
+		// Its content keeps the amount it gave, so the same id with
+		// another amount is a conflict; one stored before it did is
+		// still this delivery.
+		c := event.Content()
+		c.Amount = given
+		stored.Hash = c.Hash()
+		stored.SentAs = append(stored.SentAs, event.Content().Hash())
+	}
+	inserted, err := s.store.InsertEvent(ctx, stored)
 	if err != nil {
 		answer := storeError(err)
 		switch answer.status {
@@ -198,29 +206,35 @@ func (s *Server) webhookPayments(c echo.Context) error {
 	return c.JSON(http.StatusOK, webhookAnswer{Status: status, EventID: req.eventID, TraceID: traceID})
 }
 
-// contentAsSent is the content hash of an event as its sender wrote it,
-// where settle stores it otherwise; nil where it does not. A post or void
+// contentAsSent are the content hashes of an event as its sender wrote
+// it, where settle stores it otherwise; nil where it does not. A post or void
 // that arrived before its hold was stored as sent (asset as given or
 // ETH, the default network, amount 0, no recipient) and its
 // redelivery, once the hold exists, is filled in from the hold. A
 // transfer index stored before its spelling was canonical was stored as
 // sent too. Both are the same delivery, so both hashes answer it.
-func contentAsSent(sent paymentRequest, stored payment.Event, filled bool, registry *payment.Registry) []byte {
+func contentAsSent(sent paymentRequest, stored payment.Event, filled bool, registry *payment.Registry) [][]byte {
 	if !filled && sent.transferIndexSent == stored.TransferIndex {
 		return nil
 	}
 	c := stored.Content()
 	c.TransferIndex = sent.transferIndexSent
-	if filled {
-		// Stored before its hold: amount 0, whatever it gave.
-		c.Asset, c.Network, c.ToAddress, c.Amount = sent.asset, payment.DefaultNetwork, "", decimal.Zero
-		if sent.amountGiven {
-			if _, _, err := registry.ParseAmount(payment.DefaultNetwork, sent.asset, sent.amount); err != nil {
-				return nil // refused as sent: nothing was stored so
-			}
-		}
+	if !filled {
+		return [][]byte{c.Hash()}
 	}
-	return c.Hash()
+	// Stored before its hold: amount 0, with the amount it gave in its
+	// content (or, stored before that counted, without).
+	c.Asset, c.Network, c.ToAddress, c.Amount = sent.asset, payment.DefaultNetwork, "", decimal.Zero
+	if !sent.amountGiven {
+		return [][]byte{c.Hash()}
+	}
+	_, given, err := registry.ParseAmount(payment.DefaultNetwork, sent.asset, sent.amount)
+	if err != nil {
+		return nil // refused as sent: nothing was stored so
+	}
+	without := c.Hash()
+	c.Amount = given
+	return [][]byte{c.Hash(), without}
 }
 
 // verifyPayments checks X-Signature (or X-Alchemy-Signature).

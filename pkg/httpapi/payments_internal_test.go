@@ -9,9 +9,10 @@ import (
 	"github.com/settle/settle/pkg/payment"
 )
 
-// TestContentAsSent: the hash of a post's or void's content as its sender
-// wrote it, which a row stored before its hold was stored under; none
-// when nothing is stored otherwise, or when the content as sent was
+// TestContentAsSent: the hashes of a post's or void's content as its
+// sender wrote it, which a row stored before its hold was stored under
+// (with the amount it gave, or 0 by a version that did not keep it);
+// none when nothing is stored otherwise, or when the content as sent was
 // refused (so no row can hold it).
 func TestContentAsSent(t *testing.T) {
 	registry := payment.NewRegistry([]payment.Asset{
@@ -24,9 +25,11 @@ func TestContentAsSent(t *testing.T) {
 	sent := paymentRequest{eventID: "v-1", eventType: payment.WithdrawalVoid, userID: 7, asset: "ETH", holdID: "h-1"}
 
 	want := payment.Content{Type: payment.WithdrawalVoid, UserID: 7, Asset: "ETH", HoldID: "h-1", Network: payment.DefaultNetwork}
-	require.Equal(t, want.Hash(), contentAsSent(sent, filled, true, registry), "no amount: stored with 0")
+	require.Equal(t, [][]byte{want.Hash()}, contentAsSent(sent, filled, true, registry), "no amount: stored with 0")
 	sent.amount, sent.amountGiven = "1.50", true
-	require.Equal(t, want.Hash(), contentAsSent(sent, filled, true, registry), "an amount given: stored with 0 all the same")
+	given := want
+	given.Amount = decimal.RequireFromString("1.5")
+	require.Equal(t, [][]byte{given.Hash(), want.Hash()}, contentAsSent(sent, filled, true, registry), "an amount given: in its content, or 0")
 
 	sent.asset, sent.amount = "WBTC", "1.123456789"
 	require.Nil(t, contentAsSent(sent, filled, true, registry), "too precise for WBTC: refused as sent, never stored so")
@@ -36,5 +39,5 @@ func TestContentAsSent(t *testing.T) {
 		TxHash: "0x" + "ab", TransferIndex: "trace:call_0", Network: payment.DefaultNetwork}
 	index := deposit
 	index.TransferIndex = "trace:CALL_0"
-	require.Equal(t, index.Content().Hash(), contentAsSent(paymentRequest{transferIndexSent: "trace:CALL_0"}, deposit, false, registry))
+	require.Equal(t, [][]byte{index.Content().Hash()}, contentAsSent(paymentRequest{transferIndexSent: "trace:CALL_0"}, deposit, false, registry))
 }

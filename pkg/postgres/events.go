@@ -34,20 +34,41 @@ type NewEvent struct {
 	Source    Source
 	ToAddress string // lowercase; set for chain deposits whose recipient is known
 	Related   string // the original of a compensation
-	// SentAs is the content hash of the event as its sender wrote it,
+	// SentAs are content hashes of the event as its sender wrote it,
 	// when settle stores it otherwise (a post or void filled in from its
-	// hold, a transfer index respelt): a row stored under it earlier, as
+	// hold, a transfer index respelt): a row stored under one earlier, as
 	// sent, is the same delivery, not a conflict. Nil: none.
-	SentAs []byte
+	SentAs [][]byte
+	// Hash is the content hash to store when it is not the event's own:
+	// a post or void of an unknown hold is stored with amount 0 (the
+	// ledger's mark) but its content keeps the amount it gave. Nil: the
+	// event's own.
+	Hash []byte
 	// Block is the block a scanner pass found the transfer in: a rescan
 	// job keeps its id only while a restart can read that block again.
 	Block uint64
 }
 
 // sameContent tells whether the content stored under the event's id is
-// this delivery's: its hash, or the hash of it as sent.
+// this delivery's: its hash, or a hash of it as sent.
 func (e NewEvent) sameContent(stored, hash []byte) bool {
-	return bytes.Equal(stored, hash) || e.SentAs != nil && bytes.Equal(stored, e.SentAs)
+	if bytes.Equal(stored, hash) {
+		return true
+	}
+	for _, sent := range e.SentAs {
+		if bytes.Equal(stored, sent) {
+			return true
+		}
+	}
+	return false
+}
+
+// contentHash is the content hash stored for the event.
+func (e NewEvent) contentHash() []byte {
+	if e.Hash != nil {
+		return e.Hash
+	}
+	return e.Event.Content().Hash()
 }
 
 // recipient is the stored to_address: the deposit's recipient the
@@ -74,7 +95,7 @@ func insertEvent(ctx context.Context, qr querier, e NewEvent) (bool, error) {
 	if e.Source == "" {
 		e.Source = SourcePayments
 	}
-	hash := ev.Content().Hash()
+	hash := e.contentHash()
 	stmt := q("insert_event")
 	for range insertRaceRetries {
 		var inserted int64

@@ -117,7 +117,7 @@ func (g *Ingest) InsertEvent(ctx context.Context, e NewEvent) (inserted bool, er
 	}
 	ctx, span := startIngestSpan(ctx, e)
 	defer func() { endIngestSpan(span, inserted, err) }()
-	resp, err := g.engine.Submit(ctx, ingestItem{event: e, hash: e.Event.Content().Hash(), traceparent: tracing.Traceparent(ctx)})
+	resp, err := g.engine.Submit(ctx, ingestItem{event: e, hash: e.contentHash(), traceparent: tracing.Traceparent(ctx)})
 	if err != nil {
 		return false, err
 	}

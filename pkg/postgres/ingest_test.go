@@ -174,14 +174,14 @@ func TestInsertMatchesContentAsSent(t *testing.T) {
 	ingest := postgres.NewIngest(f.db, 64, 1)
 	defer ingest.Close()
 	for name, insert := range map[string]func(context.Context, postgres.NewEvent) (bool, error){"alone": f.db.InsertEvent, "in a batch": ingest.InsertEvent} {
-		inserted, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: asSent.Content().Hash()})
+		inserted, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: [][]byte{asSent.Content().Hash()}})
 		require.NoError(t, err, name)
 		require.False(t, inserted, name)
 		_, err = insert(ctx, postgres.NewEvent{Event: filled})
 		require.ErrorIs(t, err, payment.ErrConflict, name)
 		other := asSent
 		other.Amount = dec("2")
-		_, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: other.Content().Hash()})
+		_, err = insert(ctx, postgres.NewEvent{Event: filled, SentAs: [][]byte{other.Content().Hash()}})
 		require.ErrorIs(t, err, payment.ErrConflict, name)
 	}
 }
