@@ -59,12 +59,17 @@ func (h *harness) postQuickNode(body []byte, sent time.Time, gz bool) response {
 	return h.do(http.MethodPost, "/webhook/quicknode", body, hdr)
 }
 
-// Without their secrets the provider routes do not exist.
+// Without their secrets the provider routes do not exist, by any method.
 func TestProviderRoutesNeedTheirSecrets(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
-	for _, path := range []string{"/webhook/quicknode", "/webhook/moralis"} {
-		requireCode(t, h.do(http.MethodPost, path, []byte(`{}`), nil), http.StatusNotFound, httpapi.CodeNotFound)
+	h := newHarness(t, harnessOptions{change: func(o *httpapi.Options) { o.AlchemySigningKeys = nil }})
+	for _, path := range []string{"/webhook/alchemy", "/webhook/quicknode", "/webhook/moralis"} {
+		for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodPut} {
+			requireCode(t, h.do(method, path, []byte(`{}`), nil), http.StatusNotFound, httpapi.CodeNotFound)
+		}
 	}
+	// With one, a wrong method is a 405, as on any route.
+	on := newHarness(t, harnessOptions{})
+	requireCode(t, on.do(http.MethodGet, "/webhook/alchemy", nil, nil), http.StatusMethodNotAllowed, httpapi.CodeMethodNotAllowed)
 }
 
 // A QuickNode delivery through the intake: accepted once, a duplicate

@@ -320,9 +320,17 @@ func New(opts Options) (*Server, error) {
 	// Middleware is attached per route, not per group: echo gives a group
 	// with middleware a catch-all that would turn a 405 into a 404.
 	e.POST(routeWebhookPayments, s.webhookPayments, s.rateLimitMiddleware(HeaderSignature, HeaderAlchemySignature))
-	e.POST(routeWebhookAlchemy, s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware(HeaderAlchemySignature))
-	e.POST(routeWebhookQuickNode, s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware(HeaderQuickNodeSignature))
-	e.POST(routeWebhookMoralis, s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware(HeaderMoralisSignature))
+	// A provider route exists only with its secret: without one every
+	// method is the 404 of an unknown path (a 405 would say it exists).
+	if len(s.alchemyKeys) > 0 {
+		e.POST(routeWebhookAlchemy, s.deliveries(providerAlchemy, s.webhookAlchemy), s.rateLimitMiddleware(HeaderAlchemySignature))
+	}
+	if len(s.quickNodeTokens) > 0 {
+		e.POST(routeWebhookQuickNode, s.deliveries(providerQuickNode, s.webhookQuickNode), s.rateLimitMiddleware(HeaderQuickNodeSignature))
+	}
+	if len(s.moralisSecrets) > 0 {
+		e.POST(routeWebhookMoralis, s.deliveries(providerMoralis, s.webhookMoralis), s.rateLimitMiddleware(HeaderMoralisSignature))
+	}
 
 	readAuth := s.requireToken(false, s.readers...)
 	e.GET("/v1/users/:id/balances", s.userBalances, readAuth)

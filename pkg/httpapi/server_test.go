@@ -238,12 +238,19 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		}
 		return out
 	}
-	plain := newHarness(t, harnessOptions{})
+	// Every provider route configured: one without its secret does not
+	// exist (TestProviderRoutesNeedTheirSecrets).
+	providers := func(o *httpapi.Options) {
+		o.QuickNodeTokens = []string{quickNodeToken}
+		o.MoralisSecrets = []string{moralisSecret}
+	}
+	plain := newHarness(t, harnessOptions{change: providers})
 	require.Equal(t, sortedKeys(builtin), sortedKeys(registered(plain)))
 
 	// The routes the api binary really contributes, so the spec cannot
 	// drift from them.
 	full := newHarness(t, harnessOptions{change: func(o *httpapi.Options) {
+		providers(o)
 		o.AdminRoutes = append(adminapi.Routes(nil), notifyadmin.Routes(nil)...)
 		store, ok := o.Store.(console.Store)
 		require.True(t, ok)

@@ -21,9 +21,6 @@ const HeaderMoralisSignature = "X-Signature"
 // duplicate), and the network's finality policy, not the flag, decides
 // the credit. The test delivery of a new stream is answered 200.
 func (s *Server) webhookMoralis(c echo.Context) error {
-	if len(s.moralisSecrets) == 0 {
-		return newError(http.StatusNotFound, "not found")
-	}
 	body, err := s.readSigned(c, sourceMoralis, s.providerBodyMax, func(r *http.Request, body []byte) bool {
 		return moralis.Verify(body, r.Header.Get(HeaderMoralisSignature), s.moralisSecrets...)
 	})

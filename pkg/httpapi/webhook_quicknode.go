@@ -32,9 +32,6 @@ var errUnsupportedEncoding = errors.New("unsupported Content-Encoding")
 // first (over the uncompressed body, with a replay window), then decoded,
 // then handed to the intake.
 func (s *Server) webhookQuickNode(c echo.Context) error {
-	if len(s.quickNodeTokens) == 0 {
-		return newError(http.StatusNotFound, "not found")
-	}
 	stale := false
 	body, err := s.readSignedDecoded(c, sourceQuickNode, s.providerBodyMax, gunzip, func(r *http.Request, body []byte) bool {
 		timestamp := r.Header.Get(HeaderQuickNodeTimestamp)
