@@ -39,3 +39,15 @@ func (w *Waker) Quiet(queue string) bool {
 	at, ok := w.quiet[task.PendingListKey(queue)]
 	return ok && time.Since(at) < w.quietFor()
 }
+
+// QuietLeft is how long the waker still takes queue as empty without
+// asking Redis (0: it asks).
+func (w *Waker) QuietLeft(queue string) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	at, ok := w.quiet[task.PendingListKey(queue)]
+	if !ok {
+		return 0
+	}
+	return max(w.quietFor()-time.Since(at), 0)
+}

@@ -158,3 +158,21 @@ return #ids`, 2, scheduled, pending, time.Now().Unix())
 	_, quiet = w.knownQuiet(pending)
 	require.True(t, quiet, "an empty look left the queue awake")
 }
+
+// TestQuietMarkRunsOut: a queue found empty is taken as empty for
+// QuietWaits waits, never beyond WakeWaitMax; the first look after that
+// asks Redis and is counted. The mark is dated back, not waited for.
+func TestQuietMarkRunsOut(t *testing.T) {
+	key := task.PendingListKey(task.QueueNotifications)
+	for wait, lasts := range map[time.Duration]time.Duration{
+		time.Second:     QuietWaits * time.Second,
+		5 * time.Second: WakeWaitMax,
+	} {
+		w := NewWaker(nil, wait)
+		require.Equal(t, lasts, w.quietFor(), "wait %v", wait)
+		w.quiet[key] = time.Now().Add(-lasts)
+		_, quiet := w.knownQuiet(key)
+		require.False(t, quiet, "wait %v: a mark %v old still answered", wait, lasts)
+		require.Equal(t, WakeCounts{QuietRanOut: 1}, w.Counts(), "wait %v", wait)
+	}
+}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,38 +124,50 @@ func TestIdleWorkerWaitsForTheEnqueuersWakeUp(t *testing.T) {
 
 // TestForwardedRetryWakesTheWorker: a retry moved into the queue by
 // asynq's forwarder comes without a published wake-up; the hook sees the
-// move and the retry runs at once.
+// move and the retry is taken at once, not left to the poll.
 func TestForwardedRetryWakesTheWorker(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	var runs atomic.Int32
-	done := make(chan time.Time, 1)
-	failedAt := make(chan time.Time, 1)
-	wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
-		if runs.Add(1) == 1 {
-			failedAt <- time.Now()
+	var failed sync.Map // task IDs whose first run failed
+	retried := make(chan string, 4)
+	waker, _ := wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if _, again := failed.LoadOrStore(id, true); !again {
 			return errors.New("once")
 		}
-		done <- time.Now()
+		retried <- id
 		return nil
 	}))
-	time.Sleep(300 * time.Millisecond)
+	waitingAll(t, p, waker)
 	client := asynq.NewClientFromRedisClient(p.rdb)
-	_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(task.QueuePayments), asynq.MaxRetry(3))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishWake(context.Background(), p.rdb))
-	var failed time.Time
-	select {
-	case failed = <-failedAt:
-	case <-time.After(wakeWait / 2):
-		t.Fatal("the first run did not come with the wake-up")
-	}
-	select {
-	case retried := <-done:
-		// Forwarder tick 100 ms, retry delay 10 ms; without the hook's
-		// wake-up the retry waits for the wait begun after the failure
-		// to end, at least 2.5 s.
-		require.Less(t, retried.Sub(failed), 2*time.Second, "the retry waited for the worker's poll")
-	case <-time.After(wakeWait * 2):
-		t.Fatal("no retry")
+	// A retry is proof when no wait ran out between its task's enqueue
+	// and its run: after the failure an idle worker looks only after a
+	// wait, and only the hook's booking of the forward (the tasks it
+	// announces, its own wake-up) ends one. The enqueue, failure and
+	// retry take ~100 ms (forwarder tick 100 ms, retry delay 10 ms), a
+	// wait runs out every 5 s: a task during which one did proves
+	// nothing and another is sent. Broken, every retry waits for the
+	// wait begun after its failure to run out.
+	const unprovenMax = 3
+	for i, unproven := 0, 0; ; i++ {
+		id := fmt.Sprintf("retry-%d", i)
+		before := waker.Counts()
+		_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(task.QueuePayments), asynq.MaxRetry(3), asynq.TaskID(id))
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishWake(context.Background(), p.rdb))
+		select {
+		case got := <-retried:
+			require.Equal(t, id, got)
+		case <-time.After(hangGuard):
+			t.Fatalf("%s: no retry", id)
+		}
+		after := waker.Counts()
+		if after.RanOut == before.RanOut {
+			// The forward's own wake-up ends the wait it finds, or is
+			// left for the next one.
+			p.waitFor("the forward's own wake-up popped", hangGuard, func() bool { return waker.Counts().WokenOwn > before.WokenOwn })
+			return
+		}
+		unproven++
+		require.Less(t, unproven, unprovenMax, "%d retries were taken only after a wait ran out (the forward woke no wait): %+v then %+v", unproven, before, after)
 	}
 }

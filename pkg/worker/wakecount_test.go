@@ -2,8 +2,9 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,17 +149,18 @@ func sumCounts(wakers []*worker.Waker) worker.WakeCounts {
 }
 
 // TestShortAnnouncementLosesNoTask: three tasks announced as one, and
-// three with an unsaid count: every one runs, the unannounced ones within
-// the longest wait and together, not a wait each.
+// three with an unsaid count: every one runs, the unannounced ones after
+// the wait under way and together, not a wait each.
 func TestShortAnnouncementLosesNoTask(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 8)
-	// Whole waits: on p.rdb a wait is cut to 1.5 s, and a task that
-	// waited a wait of its own still came well within the bounds.
-	waker, _ := wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	rdb := unboundedRedis(t, p)
+	waker, _ := wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
 	}))
+	trips := &tripLog{}
+	rdb.AddHook(trips) // inside the waker's hook: what reaches Redis
 	waitingAll(t, p, waker)
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	ctx := context.Background()
@@ -166,30 +168,116 @@ func TestShortAnnouncementLosesNoTask(t *testing.T) {
 		func() error { return outbox.PublishWakeFor(ctx, p.rdb, 1) },
 		func() error { return outbox.PublishWake(ctx, p.rdb) },
 	} {
+		from := trips.len()
 		for i := range 3 {
 			_, err := client.Enqueue(asynq.NewTask("test:short", nil), asynq.Queue(task.QueuePayments), asynq.TaskID(fmt.Sprintf("short-%d-%d", round, i)))
 			require.NoError(t, err)
 		}
-		started := time.Now()
 		require.NoError(t, publish())
-		var at []time.Time
 		for i := range 3 {
 			select {
-			case r := <-ran:
-				at = append(at, r)
-			case <-time.After(3 * wakeWait):
+			case <-ran:
+			case <-time.After(hangGuard):
 				t.Fatalf("round %d: task %d not run", round, i)
 			}
 		}
-		slices.SortFunc(at, time.Time.Compare)
-		// A task found that nobody announced makes the worker look again
-		// at once; had it waited first, the third task would come a
-		// whole wait (5 s: waits end on multiples of it) after the second.
-		require.Less(t, at[2].Sub(at[1]), 2*time.Second, "round %d: an unannounced task waited a wait of its own", round)
-		// The unannounced tasks come after the wait under way: at most
-		// the longest wait, and a run of tens of ms.
-		require.Less(t, at[2].Sub(started), longestWait+2*time.Second, "round %d: a task waited more than the longest wait", round)
+		// Until the third take, at most one wait may run out: the one
+		// under way when the announcement fell short (or before it
+		// came), whose look finds an unannounced task and makes the
+		// worker look again at once. A task that waited a wait of its
+		// own costs a second. Counted in round trips, not seconds: a
+		// stalled test adds none before the third take.
+		got := trips.since(from)
+		ranOut, took := 0, 0
+		for _, trip := range got {
+			if took == 3 {
+				break
+			}
+			if trip.wait == waitRanOut {
+				ranOut++
+			}
+			if trip.took {
+				took++
+			}
+		}
+		require.Equal(t, 3, took, "round %d: takes recorded: %+v", round, got)
+		require.LessOrEqual(t, ranOut, 1, "round %d: an unannounced task waited a wait of its own: %+v", round, got)
 	}
+}
+
+// How the wait in front of a look ended (tripLog); "" when it had none.
+const (
+	waitRanOut  = "ran out" // no wake-up came
+	waitWoken   = "woken"   // a wake-up, the waker's own or task.WakeList's
+	waitRefused = "refused" // Redis refused the BLPOP
+)
+
+// trip is one round trip of the payments queue's dequeue.
+type trip struct {
+	wait string
+	took bool
+}
+
+// tripLog records in order the round trips that carry a dequeue of the
+// payments queue: how the wait in front of it ended and whether it took a
+// task. It sits inside the waker's hook: what reaches Redis.
+type tripLog struct {
+	mu    sync.Mutex
+	trips []trip
+}
+
+func (l *tripLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (l *tripLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		l.record([]redis.Cmder{cmd})
+		return err
+	}
+}
+func (l *tripLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		l.record(cmds)
+		return err
+	}
+}
+
+func (l *tripLog) record(cmds []redis.Cmder) {
+	tr, dequeue := trip{}, false
+	for _, c := range cmds {
+		args := c.Args()
+		switch {
+		case c.Name() == "blpop" && errors.Is(c.Err(), redis.Nil):
+			tr.wait = waitRanOut
+		case c.Name() == "blpop" && c.Err() == nil:
+			tr.wait = waitWoken
+		case c.Name() == "blpop":
+			tr.wait = waitRefused
+		case (c.Name() == "evalsha" || c.Name() == "eval") && len(args) > 3 && args[2] == 4 && args[3] == task.PendingListKey(task.QueuePayments):
+			dequeue = true
+			if d, ok := c.(*redis.Cmd); ok && d.Err() == nil && d.Val() != nil {
+				tr.took = true // a task's message, not an empty answer
+			}
+		}
+	}
+	if dequeue {
+		l.mu.Lock()
+		l.trips = append(l.trips, tr)
+		l.mu.Unlock()
+	}
+}
+
+func (l *tripLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.trips)
+}
+
+// since is the trips recorded after the first from.
+func (l *tripLog) since(from int) []trip {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]trip(nil), l.trips[from:]...)
 }
 
 // TestQuietQueuesAreAskedOncePerWait: at a trickle of payment tasks the
@@ -220,7 +308,7 @@ func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 		require.NoError(t, outbox.PublishWakeFor(ctx, p.rdb, 1))
 		select {
 		case <-ran:
-		case <-time.After(wakeWait):
+		case <-time.After(hangGuard):
 			t.Fatalf("task %d not run", i)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -235,35 +323,31 @@ func TestQuietQueuesAreAskedOncePerWait(t *testing.T) {
 }
 
 // TestQuietQueuesStillRunTheirTasks: a task enqueued without a wake-up
-// into a queue found empty runs within the quiet mark's time and one wait
-// (of the payments queue, which asynq's drawn order may put before it: as
-// before quiet marks, when a round's payments wait could come first too).
+// into a queue found empty runs when the queue's quiet mark runs out (how
+// long a mark lasts: TestQuietMarkRunsOut).
 func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	type run struct {
-		id string
-		at time.Time
-	}
-	ran := make(chan run, 16)
-	wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+	ran := make(chan string, 16)
+	waker := wakingServer(t, p, asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		ran <- run{id, time.Now()}
+		ran <- id
 		return nil
 	}))
-	time.Sleep(300 * time.Millisecond) // both quiet queues have been looked at, empty
 	client := asynq.NewClientFromRedisClient(p.rdb)
 	for _, q := range []string{task.QueueNotifications, task.QueueMaintenance} {
-		sent := time.Now()
+		p.waitFor(q+" found empty", hangGuard, func() bool { return waker.Quiet(q) })
+		before := waker.Counts()
 		_, err := client.Enqueue(asynq.NewTask("test:"+q, nil), asynq.Queue(q), asynq.TaskID("plain-"+q))
 		require.NoError(t, err)
 		select {
-		case r := <-ran:
-			require.Equal(t, "plain-"+q, r.id)
-			limit := min(worker.QuietWaits*wakeWait, worker.WakeWaitMax) + longestWait + time.Second
-			require.Less(t, r.at.Sub(sent), limit, "%s task waited beyond the quiet mark and a wait", q)
-		case <-time.After(5 * wakeWait):
-			t.Fatalf("%s task not run", q)
+		case id := <-ran:
+			require.Equal(t, "plain-"+q, id)
+		case <-time.After(hangGuard):
+			t.Fatalf("%s task not run (its quiet mark never ran out?)", q)
 		}
+		// The queue was quiet when the task came and nothing named it:
+		// only a look whose mark had run out could find it.
+		require.Greater(t, waker.Counts().QuietRanOut, before.QuietRanOut, "the %s task ran with no quiet mark run out: the queue was not taken as empty", q)
 	}
 }
 
@@ -272,45 +356,64 @@ func TestQuietQueuesStillRunTheirTasks(t *testing.T) {
 // payments wait the processor is in.
 func TestForwardedRetryEndsTheQuietMark(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
-	type run struct {
-		id string
-		at time.Time
-	}
-	ran := make(chan run, 16)
-	var failed atomic.Bool
-	// Whole waits: on p.rdb a wait is cut to 1.5 s, and a forward
-	// that left the payments wait to run out cost ~1.5 s, under the bound.
-	waker, _ := wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(ctx context.Context, tk *asynq.Task) error {
+	var failed sync.Map // task IDs whose first run failed
+	failing, fail := make(chan string), make(chan struct{})
+	retried := make(chan string, 4)
+	// Whole waits (2.5 to 7.5 s): fewer run out during a retry.
+	waker, _ := wakingServerOn(t, unboundedRedis(t, p), asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		if failed.CompareAndSwap(false, true) {
-			ran <- run{id + "-failed", time.Now()}
-			return fmt.Errorf("once")
+		if _, again := failed.LoadOrStore(id, true); !again {
+			failing <- id
+			<-fail
+			return errors.New("once")
 		}
-		ran <- run{id, time.Now()}
+		retried <- id
 		return nil
 	}))
 	waitingAll(t, p, waker)
 	ctx := context.Background()
-	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:retried", nil), asynq.Queue(task.QueueMaintenance), asynq.TaskID("retried"), asynq.MaxRetry(3))
-	require.NoError(t, err)
-	require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, task.QueueMaintenance))
-	var failedAt time.Time
-	for _, want := range []string{"retried-failed", "retried"} {
+	client := asynq.NewClientFromRedisClient(p.rdb)
+	// A retry is proof when neither a payments wait nor a quiet mark ran
+	// out between its task's failure and its run: the queue was found
+	// empty again before the failure, the processor waits, and only the
+	// hook's booking of the forward ends both. A retry takes ~100 ms
+	// (due 10 ms after the failure, forwarded within the forwarder's
+	// 100 ms); a wait runs out every 5 s, a mark every 10 s per queue: a
+	// retry during which one did proves nothing and another task is
+	// sent. Broken, every retry waits for both.
+	const unprovenMax = 3
+	for i, unproven := 0, 0; ; i++ {
+		id := fmt.Sprintf("retried-%d", i)
+		_, err := client.Enqueue(asynq.NewTask("test:retried", nil), asynq.Queue(task.QueueMaintenance), asynq.TaskID(id), asynq.MaxRetry(3))
+		require.NoError(t, err)
+		require.NoError(t, outbox.PublishQueueWake(ctx, p.rdb, task.QueueMaintenance))
 		select {
-		case r := <-ran:
-			require.Equal(t, want, r.id)
-			if want == "retried-failed" {
-				failedAt = r.at
-				continue
-			}
-			// Due 10 ms after the failure, forwarded within the
-			// forwarder's 100 ms. Missed, the forward costs the quiet
-			// mark (10 s) or the payments wait begun as the first run
-			// was taken (at least 2.5 s); a run takes tens of ms.
-			require.Less(t, r.at.Sub(failedAt), 2*time.Second, "the retry waited for the quiet queue's wait")
-		case <-time.After(3 * wakeWait):
-			t.Fatalf("%s not seen", want)
+		case got := <-failing:
+			require.Equal(t, id, got)
+		case <-time.After(hangGuard):
+			t.Fatalf("%s not run", id)
 		}
+		// The first run fails once the processor has found the queue
+		// empty again (the task is active), so the retry comes to a
+		// quiet queue.
+		p.waitFor("the maintenance queue found empty", hangGuard, func() bool { return waker.Quiet(task.QueueMaintenance) })
+		before := waker.Counts()
+		fail <- struct{}{}
+		select {
+		case got := <-retried:
+			require.Equal(t, id, got)
+		case <-time.After(hangGuard):
+			t.Fatalf("%s: no retry", id)
+		}
+		after := waker.Counts()
+		if after.RanOut == before.RanOut && after.QuietRanOut == before.QuietRanOut {
+			// The forward's own wake-up ends the wait it finds, or is
+			// left for the next one.
+			p.waitFor("the forward's own wake-up popped", hangGuard, func() bool { return waker.Counts().WokenOwn > before.WokenOwn })
+			return
+		}
+		unproven++
+		require.Less(t, unproven, unprovenMax, "%d retries were taken only after a wait or a quiet mark ran out (the forward ended neither): %+v then %+v", unproven, before, after)
 	}
 }
 
@@ -360,36 +463,68 @@ func TestForwarderAsksOncePerRound(t *testing.T) {
 	require.GreaterOrEqual(t, waker.ForwardsAnswered()-answered, 6*(rounds-1))
 
 	client := asynq.NewClientFromRedisClient(p.rdb)
+	// A crowd is proof when no quiet mark ran out from its enqueue to its
+	// last run and none of its payments tasks was taken unannounced: then
+	// the hook booked every forward (a forward into a quiet queue ends its
+	// mark; one into the payments queue announces its tasks). A crowd
+	// takes 2 to 3 s and starts with both marks (10 s, each renewed as
+	// it runs out) more than markLeft from running out: both are, for
+	// part of every 10 s, whatever their phases. One during which a mark
+	// ran out all the same (a stall), or whose payments tasks came
+	// before their booking (a look racing the forward's answer), proves
+	// nothing and another crowd is sent. Broken, every crowd waits for
+	// a mark or is taken unannounced.
+	const unprovenMax, markLeft = 3, 4500 * time.Millisecond
+	for attempt, unproven := 0, 0; ; attempt++ {
+		p.waitFor("both quiet marks far from running out", hangGuard, func() bool {
+			return waker.QuietLeft(task.QueueNotifications) > markLeft && waker.QuietLeft(task.QueueMaintenance) > markLeft
+		})
+		before := waker.Counts()
+		late := scheduleCrowd(t, client, attempt, ran)
+		after := waker.Counts()
+		if !late && after.QuietRanOut == before.QuietRanOut && after.Unannounced == before.Unannounced {
+			break
+		}
+		unproven++
+		require.Less(t, unproven, unprovenMax, "%d crowds unproven (enqueued late: %v; a quiet mark ran out or a task was taken unannounced: %+v then %+v)", unproven, late, before, after)
+	}
+	require.Positive(t, forwards.n.Load()-scripts, "the due tasks moved without the real script?")
+}
+
+// scheduleCrowd schedules a crowd of tasks (more than a forward script
+// moves at once), a fifth of them on the notifications queue, the rest
+// on the payments queue, for a time a second or two away, and requires
+// every one to run, none before its time. late: some were enqueued after
+// it (straight into the pending list, without the forwarder).
+func scheduleCrowd(t *testing.T, client *asynq.Client, attempt int, ran <-chan string) (late bool) {
+	t.Helper()
 	const crowd = 250
 	// asynq dates a scheduled task to the second (its score is the unix
 	// second), and enqueues one whose time has passed straight into the
-	// pending list, without the forwarder or a wake-up: the time is on a
-	// second, with at least a second to enqueue the crowd before it.
+	// pending list: the time is on a second, at least a second away.
 	due := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	for i := range crowd {
 		q := task.QueuePayments
 		if i%5 == 0 {
 			q = task.QueueNotifications
 		}
-		info, err := client.Enqueue(asynq.NewTask("test:later", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprintf("later-%d", i)), asynq.ProcessAt(due))
+		info, err := client.Enqueue(asynq.NewTask("test:later", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprintf("later-%d-%d", attempt, i)), asynq.ProcessAt(due))
 		require.NoError(t, err)
-		require.Equal(t, asynq.TaskStateScheduled, info.State, "task %d enqueued after its time (the crowd took over a second)", i)
+		late = late || info.State != asynq.TaskStateScheduled
 	}
 	seen := map[string]bool{}
-	// Generous for a loaded machine, yet short of what a missed forward
-	// costs: a quiet queue's mark (10 s) or the payments wait (up to 7.5 s).
-	const within = 6 * time.Second
-	deadline := time.After(time.Until(due) + within)
+	deadline := time.After(time.Until(due) + hangGuard)
 	for len(seen) < crowd {
 		select {
 		case id := <-ran:
+			// A scheduled task's time is what the test is about.
 			require.False(t, time.Now().Before(due), "%s ran before its time", id)
 			seen[id] = true
 		case <-deadline:
-			t.Fatalf("%d of %d scheduled tasks ran within %v of their time", len(seen), crowd, within)
+			t.Fatalf("%d of %d scheduled tasks ran", len(seen), crowd)
 		}
 	}
-	require.Positive(t, forwards.n.Load()-scripts, "the due tasks moved without the real script?")
+	return late
 }
 
 // TestQueueWakeUpEndsTheQuietMark: a task on a queue found empty, with

@@ -217,30 +217,44 @@ func (r *refusedWaits) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 
 // TestRefusedWaitLosesNoTask: when Redis refuses the wait, the dequeue
-// behind it still runs, and a task with or without a wake-up runs at
+// behind it still runs, and a task with or without a wake-up is taken at
 // once (the worker polls instead of waiting).
 func TestRefusedWaitLosesNoTask(t *testing.T) {
 	p := newPipeline(t, pipelineOptions{noWorker: true, noEnqueuer: true})
 	ran := make(chan time.Time, 16)
-	// Whole waits: a wait that blocks costs the unannounced task at least
-	// 2.5 s less trickle's 100 ms gap (~1.4 s on a redisconn client).
-	rdb := unboundedRedis(t, p)
-	wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+	rdb := unboundedRedis(t, p) // a wait that blocked would run 2.5 to 7.5 s
+	waker, _ := wakingServerOn(t, rdb, asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
 		ran <- time.Now()
 		return nil
 	}))
 	refused := &refusedWaits{}
 	rdb.AddHook(refused)
-	time.Sleep(300 * time.Millisecond)
+	trips := &tripLog{}
+	rdb.AddHook(trips)
+	p.waitFor("a wait refused", hangGuard, func() bool { return refused.refused.Load() > 0 })
 	trickle(t, p, "refused", 3, ran)
-	sent := time.Now()
+	// Two more refused waits: the worker is past the looks that follow
+	// a take, in the waits of an idle worker.
+	idle := refused.refused.Load()
+	p.waitFor("the worker waiting again", hangGuard, func() bool { return refused.refused.Load() >= idle+2 })
+	from := trips.len()
 	_, err := asynq.NewClientFromRedisClient(p.rdb).Enqueue(asynq.NewTask("test:unannounced", nil), asynq.Queue(task.QueuePayments))
 	require.NoError(t, err)
 	select {
-	case at := <-ran:
-		require.Less(t, at.Sub(sent), 2*time.Second, "an unannounced task waited although no wait can block")
-	case <-time.After(wakeWait):
+	case <-ran:
+	case <-time.After(hangGuard):
 		t.Fatal("the unannounced task did not run")
 	}
-	require.Positive(t, refused.refused.Load(), "no wait was refused: the test tested nothing")
+	// An idle worker looks only behind a wait: the task was taken by the
+	// look in the round trip of a refused one.
+	var took []trip
+	for _, tr := range trips.since(from) {
+		if tr.took {
+			took = append(took, tr)
+		}
+	}
+	require.Equal(t, []trip{{wait: waitRefused, took: true}}, took, "the unannounced task's take")
+	// No wait blocked: none ran out, none was woken.
+	c := waker.Counts()
+	require.Zero(t, c.RanOut+c.Woken+c.WokenOwn, "a wait was not refused: %+v", c)
 }
