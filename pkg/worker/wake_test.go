@@ -29,10 +29,6 @@ const wakeWait = 5 * time.Second
 // test that hangs, never one that is slow.
 const hangGuard = 30 * time.Second
 
-// longestWait is one empty dequeue's longest wait: it ends on a multiple
-// of the wait, at least half a wait away (Waker.aligned).
-const longestWait = wakeWait * 3 / 2
-
 // wakingServer is an asynq server as the worker runs it: a short
 // TaskCheckInterval and the Waker's hook on its Redis client.
 func wakingServer(t *testing.T, p *pipeline, handler asynq.Handler) *worker.Waker {
