@@ -176,10 +176,9 @@ func (s *Server) webhookPayments(c echo.Context) error {
 		// Its content keeps the amount it gave, so the same id with
 		// another amount is a conflict; one stored before it did is
 		// still this delivery.
-		c := event.Content()
-		c.Amount = given
-		stored.Hash = c.Hash()
-		stored.SentAs = append(stored.SentAs, event.Content().Hash())
+		var before []byte
+		stored.Hash, before = givenAmountHashes(event.Content(), given)
+		stored.SentAs = append(stored.SentAs, before)
 	}
 	inserted, err := s.store.InsertEvent(ctx, stored)
 	if err != nil {
@@ -232,9 +231,18 @@ func contentAsSent(sent paymentRequest, stored payment.Event, filled bool, regis
 	if err != nil {
 		return nil // refused as sent: nothing was stored so
 	}
-	without := c.Hash()
+	hash, before := givenAmountHashes(c, given)
+	return [][]byte{hash, before}
+}
+
+// givenAmountHashes are the hashes of a post or void of an unknown hold
+// that gave an amount: its content with that amount, as stored, and with
+// amount 0, as stored before the amount it gave counted.
+func givenAmountHashes(c payment.Content, given decimal.Decimal) (stored, before []byte) {
+	c.Amount = decimal.Zero
+	before = c.Hash()
 	c.Amount = given
-	return [][]byte{c.Hash(), without}
+	return c.Hash(), before
 }
 
 // verifyPayments checks X-Signature (or X-Alchemy-Signature).

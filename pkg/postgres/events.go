@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,15 +53,8 @@ type NewEvent struct {
 // sameContent tells whether the content stored under the event's id is
 // this delivery's: its hash, or a hash of it as sent.
 func (e NewEvent) sameContent(stored, hash []byte) bool {
-	if bytes.Equal(stored, hash) {
-		return true
-	}
-	for _, sent := range e.SentAs {
-		if bytes.Equal(stored, sent) {
-			return true
-		}
-	}
-	return false
+	same := func(h []byte) bool { return bytes.Equal(stored, h) }
+	return same(hash) || slices.ContainsFunc(e.SentAs, same)
 }
 
 // contentHash is the content hash stored for the event.

@@ -143,8 +143,7 @@ func TestForwardedRetryWakesTheWorker(t *testing.T) {
 	// wait runs out every 5 s: a task during which one did proves
 	// nothing and another is sent. Broken, every retry waits for the
 	// wait begun after its failure to run out.
-	const unprovenMax = 3
-	for i, unproven := 0, 0; ; i++ {
+	provenRetry(t, p, waker, "the forward woke no wait", func(i int) worker.WakeCounts {
 		id := fmt.Sprintf("retry-%d", i)
 		before := waker.Counts()
 		_, err := client.Enqueue(asynq.NewTask("test:retry", nil), asynq.Queue(task.QueuePayments), asynq.MaxRetry(3), asynq.TaskID(id))
@@ -156,14 +155,26 @@ func TestForwardedRetryWakesTheWorker(t *testing.T) {
 		case <-time.After(hangGuard):
 			t.Fatalf("%s: no retry", id)
 		}
+		return before
+	}, func(before, after worker.WakeCounts) bool { return after.RanOut > before.RanOut })
+}
+
+// provenRetry sends retries until one is taken with no wait run out
+// while it was (ranOut false), then waits for the forward's own wake-up
+// to be popped: it ends the wait it finds, or is left for the next one.
+// A retry during which a wait ran out proves nothing; the third such
+// fails, saying what the forward did not do.
+func provenRetry(t *testing.T, p *pipeline, waker *worker.Waker, failure string, retry func(i int) (before worker.WakeCounts), ranOut func(before, after worker.WakeCounts) bool) {
+	t.Helper()
+	const unprovenMax = 3
+	for i, unproven := 0, 0; ; i++ {
+		before := retry(i)
 		after := waker.Counts()
-		if after.RanOut == before.RanOut {
-			// The forward's own wake-up ends the wait it finds, or is
-			// left for the next one.
+		if !ranOut(before, after) {
 			p.waitFor("the forward's own wake-up popped", hangGuard, func() bool { return waker.Counts().WokenOwn > before.WokenOwn })
 			return
 		}
 		unproven++
-		require.Less(t, unproven, unprovenMax, "%d retries were taken only after a wait ran out (the forward woke no wait): %+v then %+v", unproven, before, after)
+		require.Less(t, unproven, unprovenMax, "%d retries were taken only after a wait ran out (%s): %+v then %+v", unproven, failure, before, after)
 	}
 }
