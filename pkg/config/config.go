@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Env reads settings and remembers every problem it met.
@@ -87,13 +88,19 @@ func (e *Env) Required(name string) string {
 }
 
 // Secret is a required setting of at least minLength characters that is
-// not a placeholder (WeakSecret).
+// not a placeholder (WeakSecret); "" when refused, as Required's.
 func (e *Env) Secret(name string, minLength int) string {
 	v := e.Required(name)
-	if v != "" && len(v) < minLength {
-		e.fail(name, "must be at least %d characters, got %d", minLength, len(v))
-	} else if why := WeakSecret(v); v != "" && why != "" {
+	if v == "" {
+		return ""
+	}
+	if n := utf8.RuneCountInString(v); n < minLength {
+		e.fail(name, "must be at least %d characters, got %d", minLength, n)
+		return ""
+	}
+	if why := WeakSecret(v); why != "" {
 		e.fail(name, "%s: generate one with `openssl rand -hex 32`", why)
+		return ""
 	}
 	return v
 }
@@ -193,15 +200,16 @@ func (e *Env) Bool(name string, def bool) bool {
 	return b
 }
 
-// OneOf accepts only the listed values.
+// OneOf accepts only the listed values, spaces around them ignored as
+// Int's and Bool's are.
 func (e *Env) OneOf(name, def string, allowed ...string) string {
 	v, ok := e.raw(name)
 	if !ok {
 		return def
 	}
 	for _, a := range allowed {
-		if v == a {
-			return v
+		if strings.TrimSpace(v) == a {
+			return a
 		}
 	}
 	e.fail(name, "%q is not one of %s", v, strings.Join(allowed, ", "))

@@ -31,6 +31,33 @@ func TestSecretRefusesPlaceholdersAndWeakValues(t *testing.T) {
 	require.Empty(t, config.WeakSecret("test-webhook-secret-0123456789abcdef"))
 }
 
+// TestSecretCountsCharacters: the length a secret's refusal names is in
+// characters, as it says, and a refused secret is not handed back.
+func TestSecretCountsCharacters(t *testing.T) {
+	short := strings.Repeat("é", 10) + "0123456789abcdef" // 26 characters, 36 bytes
+	env := config.FromMap(map[string]string{"WEBHOOK_SECRET": short})
+	require.Empty(t, env.Secret("WEBHOOK_SECRET", 32))
+	require.EqualError(t, env.Err(), "setting WEBHOOK_SECRET: must be at least 32 characters, got 26")
+
+	long := strings.Repeat("é", 16) + "0123456789abcdef" // 32 characters
+	env = config.FromMap(map[string]string{"WEBHOOK_SECRET": long})
+	require.Equal(t, long, env.Secret("WEBHOOK_SECRET", 32))
+	require.NoError(t, env.Err())
+
+	env = config.FromMap(map[string]string{"WEBHOOK_SECRET": strings.Repeat("ab", 20)})
+	require.Empty(t, env.Secret("WEBHOOK_SECRET", 32), "a weak secret was handed back")
+	require.Error(t, env.Err())
+}
+
+// TestOneOfIgnoresSpaces: a choice read from a file with a trailing space
+// is the choice, as a number or a flag would be.
+func TestOneOfIgnoresSpaces(t *testing.T) {
+	env := config.FromMap(map[string]string{"SCAN_TRACES": " on\t", "LOG_LEVEL": "o n"})
+	require.Equal(t, "on", env.OneOf("SCAN_TRACES", "off", "on", "off"))
+	require.Equal(t, "info", env.OneOf("LOG_LEVEL", "info", "debug", "info"))
+	require.EqualError(t, env.Err(), `setting LOG_LEVEL: "o n" is not one of debug, info`)
+}
+
 func TestBadURLIsNotPrinted(t *testing.T) {
 	env := config.FromMap(map[string]string{"ALERT_WEBHOOK_URL": "hooks.example/SECRETPATH"})
 	env.URL("ALERT_WEBHOOK_URL", "", "https")

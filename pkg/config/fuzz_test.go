@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -160,20 +161,22 @@ func checkSecret(t *testing.T, value string) {
 		}
 		if m[4] != "" {
 			require.Equal(t, strconv.Itoa(minLength), m[4])
-			require.Equal(t, strconv.Itoa(len(value)), m[5])
+			require.Equal(t, strconv.Itoa(utf8.RuneCountInString(value)), m[5], "characters, not bytes")
 		}
 	}
 	if unread(t, value, got, "", msg, true) {
 		return
 	}
-	if len(value) >= minLength && weak == "" {
+	if utf8.RuneCountInString(value) >= minLength && weak == "" {
 		require.Empty(t, msg, "a strong secret was refused")
 	}
-	if msg == "" {
-		require.Equal(t, value, got)
-		require.GreaterOrEqual(t, len(value), minLength)
-		require.Empty(t, weak)
+	if msg != "" {
+		require.Empty(t, got, "a refused secret was returned")
+		return
 	}
+	require.Equal(t, value, got)
+	require.GreaterOrEqual(t, utf8.RuneCountInString(value), minLength)
+	require.Empty(t, weak)
 }
 
 func checkNumbers(t *testing.T, value string) {
@@ -260,7 +263,7 @@ func checkOneOf(t *testing.T, value string) {
 		return
 	}
 	for _, a := range allowed {
-		if value == a {
+		if strings.TrimSpace(value) == a {
 			require.Empty(t, msg, "%q refused", value)
 		}
 	}
@@ -268,7 +271,7 @@ func checkOneOf(t *testing.T, value string) {
 		require.Equal(t, "info", got, "a refused value gave no default")
 		return
 	}
-	require.Equal(t, value, got)
+	require.Equal(t, strings.TrimSpace(value), got)
 	require.Contains(t, allowed, got)
 }
 
