@@ -43,7 +43,8 @@ var (
 	buildErr  error
 )
 
-// Binaries builds the commands once per test process and returns their
+// Binaries builds the commands, once per test process, into the
+// checkout's bin/test (bin/test-race with -race) and returns that
 // directory.
 func Binaries(t testing.TB) string {
 	t.Helper()
@@ -53,15 +54,21 @@ func Binaries(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		binDir, err = os.MkdirTemp("", "settle-bin-")
-		if err != nil {
+		// One directory per checkout and kind, shared by every test
+		// package: go build leaves a binary whose build ID is already
+		// the one it would link, so only the first package of a run
+		// links the four (~50 CPU-s with -race) and the rest find them
+		// up to date. A stale one is replaced by rename, which a running
+		// copy survives.
+		kind := "test"
+		if RaceBinaries() {
+			kind = "test-race"
+		}
+		binDir = filepath.Join(root, "bin", kind)
+		if err = os.MkdirAll(binDir, 0o755); err != nil {
 			buildErr = err
 			return
 		}
-		// Four binaries, ~100 MB with -race, for every test package run:
-		// gone when the package's tests are.
-		dir := binDir
-		testenv.AtExit(func() { _ = os.RemoveAll(dir) })
 		args := []string{"build", "-o", binDir + "/"}
 		if RaceBinaries() {
 			args = append(args, "-race")
