@@ -139,19 +139,22 @@ func TestAddAssetConcurrently(t *testing.T) {
 	require.Equal(t, 1, additions)
 }
 
-// A kept registry sees an addition within its interval.
+// A kept registry sees an addition within its interval. A reload is
+// bounded by the interval, so on a loaded machine one may time out: it
+// is logged, and the next one must still see the addition.
 func TestKeepRegistrySeesAdditions(t *testing.T) {
 	db := testenv.DB(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	registry, err := db.Assets(ctx)
 	require.NoError(t, err)
-	const every = 50 * time.Millisecond
+	const every = 200 * time.Millisecond
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		db.KeepRegistry(ctx, registry, every, func(err error) { t.Errorf("reload: %v", err) })
+		db.KeepRegistry(ctx, registry, every, func(err error) { t.Logf("reload: %v", err) })
 	}()
+	defer func() { cancel(); <-done }() // no Logf after the test ends
 	listing := payment.Asset{Code: "LATE", Network: "ARB_MAINNET", Contract: "0x0987654321098765432109876543210987654321", Decimals: 6}
 	_, ok := registry.ByContract(listing.Network, listing.Contract)
 	require.False(t, ok)
@@ -160,9 +163,7 @@ func TestKeepRegistrySeesAdditions(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, ok := registry.ByContract(listing.Network, listing.Contract)
 		return ok
-	}, 100*every, every/5)
-	cancel()
-	<-done
+	}, 100*every, every/5, "the addition never reached the kept registry")
 }
 
 // TestKeepRegistryOnAFrozenDatabaseGoesOn: a PostgreSQL that stops
