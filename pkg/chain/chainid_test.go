@@ -1,3 +1,5 @@
+//go:build !fuzzing
+
 package chain
 
 import (

@@ -1,3 +1,5 @@
+//go:build !fuzzing
+
 package finality_test
 
 import (
