@@ -59,10 +59,18 @@ func (h *handoff) claimed() []postgres.Claimed {
 	return append([]postgres.Claimed(nil), h.given...)
 }
 
-// notified waits a moment for a NOTIFY on the outbox channel.
-func notified(t *testing.T, conn *pgx.Conn) bool {
+// Waits for a NOTIFY on the outbox channel: long when one is expected
+// (it was sent at a commit that has returned; only a stalled machine
+// delays it), a moment when none is.
+const (
+	notifyExpected = 5 * time.Second
+	notifyNone     = 300 * time.Millisecond
+)
+
+// notified waits up to wait for a NOTIFY on the outbox channel.
+func notified(t *testing.T, conn *pgx.Conn, wait time.Duration) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	_, err := conn.WaitForNotification(ctx)
 	return err == nil
@@ -95,7 +103,7 @@ func TestIngestHandsATrickleToTheQueueInItsOwnCommit(t *testing.T) {
 	status, _ := f.status("h-1")
 	require.Equal(t, payment.StatusEnqueued, status)
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = 'h-1' AND task_id = $1`, given[0].TaskID))
-	require.False(t, notified(t, f.sql), "a handed event must not wake the scheduler")
+	require.False(t, notified(t, f.sql, notifyNone), "a handed event must not wake the scheduler")
 
 	// A duplicate delivery inserts nothing and claims nothing.
 	inserted, err = ingest.InsertEvent(ctx, deposit("h-1", "1"))
@@ -107,7 +115,7 @@ func TestIngestHandsATrickleToTheQueueInItsOwnCommit(t *testing.T) {
 	// transaction's) stays the scheduler's when a duplicate comes.
 	_, err = f.db.InsertEvent(ctx, deposit("p-1", "1"))
 	require.NoError(t, err)
-	require.True(t, notified(t, f.sql))
+	require.True(t, notified(t, f.sql, notifyExpected))
 	_, err = ingest.InsertEvent(ctx, deposit("p-1", "1"))
 	require.NoError(t, err)
 	status, _ = f.status("p-1")
@@ -149,7 +157,7 @@ func TestIngestLeavesABatchAboveTheHandoffPending(t *testing.T) {
 	status, _ := f.status("big")
 	require.Equal(t, payment.StatusPending, status)
 	require.Empty(t, h.claimed())
-	require.True(t, notified(t, f.sql), "a pending event wakes the scheduler")
+	require.True(t, notified(t, f.sql, notifyExpected), "a pending event wakes the scheduler")
 }
 
 func TestReleaseHandedSendsBackOnlyWhatIsStillTheTasks(t *testing.T) {
@@ -176,7 +184,7 @@ func TestReleaseHandedSendsBackOnlyWhatIsStillTheTasks(t *testing.T) {
 	released, err := f.db.ReleaseHanded(ctx, given)
 	require.NoError(t, err)
 	require.Equal(t, 1, released)
-	require.True(t, notified(t, f.sql), "the enqueuer is woken for what came back")
+	require.True(t, notified(t, f.sql, notifyExpected), "the enqueuer is woken for what came back")
 	status, _ = f.status("r-1")
 	require.Equal(t, payment.StatusPending, status)
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM payment_events WHERE event_id = 'r-1' AND generation = 1 AND task_id IS NULL AND retry_count = 0`))
