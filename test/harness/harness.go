@@ -60,19 +60,16 @@ func Binaries(t testing.TB) string {
 		// links the four (~50 CPU-s with -race) and the rest find them
 		// up to date. A stale one is replaced by rename, which a running
 		// copy survives.
-		kind := "test"
+		kind, args := "test", []string{"build"}
 		if RaceBinaries() {
-			kind = "test-race"
+			kind, args = "test-race", append(args, "-race")
 		}
 		binDir = filepath.Join(root, "bin", kind)
 		if err = os.MkdirAll(binDir, 0o755); err != nil {
 			buildErr = err
 			return
 		}
-		args := []string{"build", "-o", binDir + "/"}
-		if RaceBinaries() {
-			args = append(args, "-race")
-		}
+		args = append(args, "-o", binDir+"/")
 		cmd := exec.Command("go", append(args, "./cmd/api", "./cmd/worker", "./cmd/scheduler", "./cmd/settlectl")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
