@@ -51,6 +51,12 @@ step idle go test ./test/bench -run '^$' -bench Idle -benchtime 1x -timeout 10m 
 step e2e-steady-100 e2es -e2e.events 6000 -e2e.rate 120 -e2e.concurrency 16
 # The same hops as a deposit at 100/s with nothing in them: what the path costs on this host.
 step trickle-floor go test ./test/bench -run '^$' -bench TrickleFloor -benchtime 1x -count "$runs" -floor.events 6000 -floor.rate 120
+# The queue's share of a trickle event (what a plainer queue could save at
+# most): the same hops on one P (as settle's processes run at a trickle),
+# once with a plain Redis list and once through settle's own asynq path.
+floor1p() { go test ./test/bench -run '^$' -bench TrickleFloor -benchtime 1x -count "$runs" -floor.events 6000 -floor.rate 120 -floor.gomaxprocs 1 "$@"; }
+step trickle-floor-list-1p floor1p -floor.queue list
+step trickle-floor-asynq-1p floor1p -floor.queue asynq
 step e2e-deposits e2es -e2e.events 20000 -e2e.duplicates 20
 # 20,000 events as for deposits (5,000 until session 18: a window of 1-2 s,
 # ramp and tail included); 400 per user keeps a third of them short of funds.
@@ -108,6 +114,15 @@ above_floor() {
 		awk -v p="$p" -v a="$a" -v b="$b" 'BEGIN { printf "%s %s-%s=%+.3f  ", p, a, b, a - b }'
 	done
 }
+# queue_share: the one-P floor through asynq against the one through a
+# plain list, each as a multiple of its own load generator's CPU (the host
+# drifts between the steps), and the difference.
+queue_share() {
+	local a b
+	a=$(metric trickle-floor-asynq-1p x-loadgen) b=$(metric trickle-floor-list-1p x-loadgen)
+	if [ "$a" = - ] || [ "$b" = - ]; then echo -; return; fi
+	awk -v a="$a" -v b="$b" 'BEGIN { printf "asynq %s - list %s = %+.3f", a, b, a - b }'
+}
 {
 	printf '\n=== summary (issue 19 targets; every figure from this sitting)\n'
 	printf '%-44s %-22s %s\n' target wanted measured
@@ -115,6 +130,7 @@ above_floor() {
 	printf '%-44s %-22s %s / %s ms%s\n' "100 events/s: webhook-to-terminal p50 / p99" "<= 25 / <= 100" "$(metric e2e-steady-100 p50-ms)" "$(metric e2e-steady-100 p99-ms)" "$(each e2e-steady-100 p99-ms 'ms p99')"
 	printf '%-44s %-22s %s ms/event%s\n' "100 events/s: the same hops, nothing in them" "(the host's floor)" "$(metric trickle-floor cpu-ms/event)" "$(each trickle-floor cpu-ms/event)"
 	printf '%-44s %-22s %s\n' "100 events/s: settle above the floor" "(ms/event, medians)" "$(above_floor | sed "s/ *$//")"
+	printf '%-44s %-22s %s\n' "100 events/s: the queue's share (one P)" "(x load generator)" "$(queue_share)"
 	printf '%-44s %-22s %s %% of a core\n' "100 events/s: the hypervisor's steal" "(the host, not settle)" "$(metric e2e-steady-100 steal-core-%)"
 	printf '%-44s %-22s %s / %s%s\n' "CPU/event x load generator: 100/s / flat out" "(across hosts)" "$(metric e2e-steady-100 x-loadgen)" "$(metric e2e-deposits x-loadgen)" "$(each e2e-deposits x-loadgen)"
 	printf '%-44s %-22s %s %% of a core\n' "idle: api+worker+scheduler+PostgreSQL+Redis" "<= 1" "$(metric idle idle-core-%)"

@@ -34,6 +34,8 @@ var (
 	flagFloorRate   = flag.Float64("floor.rate", 120, "webhooks per second BenchmarkTrickleFloor sends, duplicates included (as -e2e.rate)")
 	flagFloorDups   = flag.Int("floor.duplicates", 20, "percent of events BenchmarkTrickleFloor delivers a second time (as -e2e.duplicates)")
 	flagFloorExtra  = flag.Int("floor.extra-statements", 0, "trivial statements the skeleton worker adds to each of its round trips")
+	flagFloorProcs  = flag.Int("floor.gomaxprocs", 0, "GOMAXPROCS of the skeleton's processes (0: the runtime's default); settle's own adapt theirs (pkg/procs) and run on one at a trickle")
+	flagFloorQueue  = flag.String("floor.queue", floorQueueList, "the skeleton's queue: list (an LPUSH and a BRPOP) or asynq (settle's own: the api's hand-off, the worker's asynq server and waker)")
 )
 
 // The skeleton's processes are this test binary run again with the role
@@ -45,6 +47,9 @@ const (
 	// floorTail is how long the last event has to finish before the
 	// window closes: about a hundred times a trickle event's latency.
 	floorTail = 300 * time.Millisecond
+
+	floorQueueList  = "list"
+	floorQueueAsynq = "asynq"
 )
 
 // BenchmarkTrickleFloor sends a steady trickle through the hops a deposit
@@ -67,6 +72,9 @@ func BenchmarkTrickleFloor(b *testing.B) {
 }
 
 func runFloor(b *testing.B) loadgen.CPUUse {
+	if q := *flagFloorQueue; q != floorQueueList && q != floorQueueAsynq {
+		b.Fatalf("-floor.queue %q: want %s or %s", q, floorQueueList, floorQueueAsynq)
+	}
 	s := harness.NewStack(b)
 	rds := ownRedis(b, s)
 	ctx := b.Context()
@@ -81,7 +89,10 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 		b.Fatal(err)
 	}
 
-	env := []string{"DATABASE_URL=" + s.DatabaseURL, "REDIS_URL=" + s.RedisURL, "GOGC=400", fmt.Sprintf("FLOOR_EXTRA=%d", *flagFloorExtra)}
+	env := []string{"DATABASE_URL=" + s.DatabaseURL, "REDIS_URL=" + s.RedisURL, "GOGC=400", fmt.Sprintf("FLOOR_EXTRA=%d", *flagFloorExtra), "FLOOR_QUEUE=" + *flagFloorQueue}
+	if *flagFloorProcs > 0 {
+		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", *flagFloorProcs))
+	}
 	api, addr := startFloorChild(b, "api", env)
 	worker, _ := startFloorChild(b, "worker", env)
 	procs := []loadgen.Proc{
@@ -152,7 +163,7 @@ func runFloor(b *testing.B) loadgen.CPUUse {
 		b.Fatalf("%d of %d events done %v after the last was sent: the window missed work", n, warm+events, floorTail)
 	}
 	use := loadgen.CPUBetween(before, after, events)
-	fmt.Printf("trickle floor: %d events, %d%% delivered twice, %.0f webhooks/s\n%s", events, *flagFloorDups, *flagFloorRate, use.Text())
+	fmt.Printf("trickle floor: %d events, %d%% delivered twice, %.0f webhooks/s, queue %s\n%s", events, *flagFloorDups, *flagFloorRate, *flagFloorQueue, use.Text())
 	if lg := use.MsPerEvent[loadgen.CPULoadGenerator]; lg > 0 {
 		fmt.Printf("CPU per event relative to the load generator's: %.2f\n", use.MsPerEvent[loadgen.CPUTotal]/lg)
 	}
@@ -217,10 +228,16 @@ func floorChild(role string) int {
 		fmt.Fprintln(os.Stderr, "skeleton:", err)
 		return 1
 	}
-	switch role {
-	case "api":
-		err = floorAPI(ctx, pool, rdb)
-	case "worker":
+	asynqQueue := os.Getenv("FLOOR_QUEUE") == floorQueueAsynq
+	switch {
+	case role == "api" && asynqQueue:
+		err = floorAPI(ctx, pool, floorHandoff(rdb))
+	case role == "api":
+		err = floorAPI(ctx, pool, func(ctx context.Context, id string) error { return rdb.LPush(ctx, floorQueue, id).Err() })
+	case role == "worker" && asynqQueue:
+		fmt.Println("ready")
+		err = floorAsynqWorker(ctx, pool, rdb)
+	case role == "worker":
 		fmt.Println("ready")
 		err = floorWorker(ctx, pool, rdb)
 	default:
@@ -230,7 +247,8 @@ func floorChild(role string) int {
 	return 1
 }
 
-func floorAPI(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient) error {
+// floorAPI serves the skeleton's webhook; push queues a new event's id.
+func floorAPI(ctx context.Context, pool *pgxpool.Pool, push func(context.Context, string) error) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -259,7 +277,7 @@ func floorAPI(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient
 			w.WriteHeader(http.StatusOK)
 			return
 		}
-		if err := rdb.LPush(ctx, floorQueue, id).Err(); err != nil {
+		if err := push(ctx, id); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -273,32 +291,40 @@ func floorWorker(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalCli
 		return err
 	}
 	defer conn.Release()
-	extra, _ := strconv.Atoi(os.Getenv("FLOOR_EXTRA"))
+	extra := floorExtra()
 	for {
 		got, err := rdb.BRPop(ctx, 0, floorQueue).Result()
 		if err != nil {
 			return err
 		}
-		id := got[1]
-		// Round trip 1: begin and lock the row; round trip 2: write and
-		// commit.
-		batch := &pgx.Batch{}
-		batch.Queue("BEGIN")
-		batch.Queue(`SELECT body FROM floor_events WHERE id = $1 AND status = 'enqueued' FOR UPDATE`, id)
-		for range extra {
-			batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
-		}
-		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
-			return err
-		}
-		batch = &pgx.Batch{}
-		batch.Queue(`UPDATE floor_events SET status = 'done', done_at = clock_timestamp() WHERE id = $1`, id)
-		for range extra {
-			batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
-		}
-		batch.Queue("COMMIT")
-		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		if err := floorApply(ctx, conn.Conn(), got[1], extra); err != nil {
 			return err
 		}
 	}
+}
+
+func floorExtra() int {
+	extra, _ := strconv.Atoi(os.Getenv("FLOOR_EXTRA"))
+	return extra
+}
+
+// floorApply is the skeleton's ledger: round trip 1 begins and locks the
+// row, round trip 2 writes and commits.
+func floorApply(ctx context.Context, conn *pgx.Conn, id string, extra int) error {
+	batch := &pgx.Batch{}
+	batch.Queue("BEGIN")
+	batch.Queue(`SELECT body FROM floor_events WHERE id = $1 AND status = 'enqueued' FOR UPDATE`, id)
+	for range extra {
+		batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
+	}
+	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		return err
+	}
+	batch = &pgx.Batch{}
+	batch.Queue(`UPDATE floor_events SET status = 'done', done_at = clock_timestamp() WHERE id = $1`, id)
+	for range extra {
+		batch.Queue(`SELECT status FROM floor_events WHERE id = $1`, id)
+	}
+	batch.Queue("COMMIT")
+	return conn.SendBatch(ctx, batch).Close()
 }
