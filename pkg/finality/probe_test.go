@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,12 +103,18 @@ func TestTraceProbeAtStart(t *testing.T) {
 	require.Contains(t, logs.String(), "BASE_MAINNET's RPC does not serve debug_traceTransaction")
 	require.Contains(t, logs.String(), "give RPC_URL_BASE_MAINNET an endpoint with the debug API, or set INTERNAL_TRANSFER_CHECK_BASE_MAINNET=status")
 	require.NotContains(t, logs.String(), "POLYGON_MAINNET's RPC", "status asks for no trace")
-	require.Contains(t, logs.String(), "could not ask the RPC whether it serves debug_traceTransaction")
+	// The down node is asked last, after the others' gauges are set.
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "could not ask the RPC whether it serves debug_traceTransaction")
+	}, 30*time.Second, 20*time.Millisecond)
 
 	// The node comes up (without the debug API): asked again, and told.
 	serve(devchain.Options{Port: downPort, NoTraces: true})
 	require.Eventually(t, func() bool { return untraceable()["ARBITRUM_ONE"] == 1 }, 30*time.Second, 20*time.Millisecond)
-	require.Contains(t, logs.String(), "ARBITRUM_ONE's RPC does not serve debug_traceTransaction")
+	// The gauge is set just before the warning is written.
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "ARBITRUM_ONE's RPC does not serve debug_traceTransaction")
+	}, 30*time.Second, 20*time.Millisecond)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
