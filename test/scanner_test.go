@@ -130,6 +130,15 @@ func TestScannerCreditsWhatNoWebhookReported(t *testing.T) {
 	require.Equal(t, 3, c.Count(`SELECT count(*) FROM payment_events`))
 	require.Equal(t, 3, c.Count(`SELECT count(*) FROM balance_events`))
 	require.Equal(t, 3, c.Count(`SELECT count(*) FROM chain_transfers`))
+	// The pass counts its deposits and sets the lag after its commit
+	// moved the cursor (waitScanned).
+	require.Eventually(t, func() bool {
+		page := metricsPage(t, c.scheduler(t))
+		scanned, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="scanner"`)
+		reported, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="reported"`)
+		lagBlocks, ok := seriesValue(t, page, "settle_scan_head_lag_blocks", `network="ETH_MAINNET"`)
+		return scanned == 2 && reported == 1 && ok && lagBlocks == 0
+	}, 30*time.Second, 20*time.Millisecond)
 	page := metricsPage(t, c.scheduler(t))
 	scanned, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="scanner"`)
 	reported, _ := seriesValue(t, page, "settle_scan_deposits_total", `network="ETH_MAINNET",source="reported"`)

@@ -258,7 +258,8 @@ func TestWaitsForMigrationsBeforeTakingTasks(t *testing.T) {
 	_, err = db.Migrate(ctx)
 	require.NoError(t, err)
 	waitFor("the deposit confirmed", func() bool { return status() == "confirmed" })
-	require.Contains(t, stderr.String(), "worker started")
+	// Logged after asynq's processors start, which may confirm it first.
+	waitFor("the start", func() bool { return strings.Contains(stderr.String(), "worker started") })
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {

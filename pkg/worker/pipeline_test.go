@@ -321,7 +321,8 @@ func TestExhaustedRetriesEndInTheDLQ(t *testing.T) {
 	require.Greater(t, ttl, 24*time.Hour)
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM payment_events WHERE event_id='w-locked' AND outcome='dead_lettered'`))
 	require.Equal(t, 1, p.count(`SELECT count(*) FROM dead_letter_queue WHERE event_id='w-locked' AND source='worker' AND attempt = $1`, task.RetryMax+1))
-	require.Equal(t, 1, p.alerts.count("dead_letter:retries_exhausted"))
+	// The alert is raised after the event's failed row is committed.
+	p.waitFor("the dead letter's alert", 30*time.Second, func() bool { return p.alerts.count("dead_letter:retries_exhausted") == 1 })
 	require.Zero(t, p.count(`SELECT count(*) FROM balance_events`))
 	p.requireInvariants()
 }
